@@ -1,0 +1,147 @@
+//! The 51-bit physical address (PA) that keys the data plane (ADR-0011):
+//! which SIP, cube and PE, which memory space, and the byte offset there.
+//!
+//! ```text
+//! bit  50..48  47..43  42..39  38..35  34..0
+//!      space   sip     cube    pe      offset (32 GiB)
+//! ```
+//! HBM is per cube; its `pe` field names the PE partition (PE-local HBM).
+//! SRAM is per cube (`pe` = 0). Host space holds the trace's tensor data:
+//! bits 47..36 are the tensor index and bits 35..0 the byte offset.
+
+use crate::types::Space;
+
+pub const PA_BITS: u32 = 51;
+pub const OFFSET_BITS: u32 = 35;
+pub const MAX_SIPS: u32 = 32;
+pub const MAX_CUBES: u32 = 16;
+pub const MAX_PES: u32 = 16;
+const HOST_OFFSET_BITS: u32 = 36;
+
+/// A decoded device physical address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pa {
+    pub space: Space,
+    pub sip: u32,
+    pub cube: u32,
+    pub pe: u32,
+    pub offset: u64,
+}
+
+impl Pa {
+    /// Encode; `None` if a field is out of range.
+    pub fn encode(&self) -> Option<u64> {
+        if self.space == Space::Host
+            || self.sip >= MAX_SIPS
+            || self.cube >= MAX_CUBES
+            || self.pe >= MAX_PES
+            || self.offset >= 1 << OFFSET_BITS
+        {
+            return None;
+        }
+        Some(
+            (self.space as u64) << 48
+                | (self.sip as u64) << 43
+                | (self.cube as u64) << 39
+                | (self.pe as u64) << 35
+                | self.offset,
+        )
+    }
+
+    /// Decode a device PA; `None` for host addresses or bits above 50.
+    pub fn decode(pa: u64) -> Option<Pa> {
+        if pa >> PA_BITS != 0 {
+            return None;
+        }
+        let space = Space::from_code((pa >> 48) as u8 & 7)?;
+        if space == Space::Host {
+            return None;
+        }
+        Some(Pa {
+            space,
+            sip: (pa >> 43) as u32 & 31,
+            cube: (pa >> 39) as u32 & 15,
+            pe: (pa >> 35) as u32 & 15,
+            offset: pa & ((1 << OFFSET_BITS) - 1),
+        })
+    }
+}
+
+/// Space of any 51-bit address (device or host); `None` if invalid.
+pub fn space_of(pa: u64) -> Option<Space> {
+    if pa >> PA_BITS != 0 {
+        return None;
+    }
+    Space::from_code((pa >> 48) as u8 & 7)
+}
+
+/// Host-space address of byte `offset` of tensor `tensor`'s host data.
+pub fn host(tensor: u32, offset: u64) -> u64 {
+    debug_assert!(tensor < 1 << 12 && offset < 1 << HOST_OFFSET_BITS);
+    (Space::Host as u64) << 48 | (tensor as u64) << HOST_OFFSET_BITS | offset
+}
+
+/// Split a host-space address into (tensor index, byte offset).
+pub fn split_host(addr: u64) -> Option<(u32, u64)> {
+    if space_of(addr)? != Space::Host {
+        return None;
+    }
+    Some((
+        ((addr >> HOST_OFFSET_BITS) & 0xfff) as u32,
+        addr & ((1 << HOST_OFFSET_BITS) - 1),
+    ))
+}
+
+/// Largest tensor index a host address can carry.
+pub const MAX_HOST_TENSORS: u32 = 1 << 12;
+
+impl std::fmt::Display for Pa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sip{}.cube{}.pe{}.{}+{:#x}",
+            self.sip,
+            self.cube,
+            self.pe,
+            self.space.name(),
+            self.offset
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_pa_round_trips_and_rejects_out_of_range() {
+        let p = Pa {
+            space: Space::Tcm,
+            sip: 3,
+            cube: 7,
+            pe: 15,
+            offset: (1 << 35) - 1,
+        };
+        let raw = p.encode().unwrap();
+        assert!(raw < 1 << 51);
+        assert_eq!(Pa::decode(raw), Some(p));
+        assert_eq!(Pa { sip: 32, ..p }.encode(), None);
+        assert_eq!(
+            Pa {
+                offset: 1 << 35,
+                ..p
+            }
+            .encode(),
+            None
+        );
+        assert_eq!(Pa::decode(1 << 51), None);
+    }
+
+    #[test]
+    fn host_addresses_are_distinct_from_device_ones() {
+        let h = host(5, 1234);
+        assert_eq!(space_of(h), Some(Space::Host));
+        assert_eq!(split_host(h), Some((5, 1234)));
+        assert_eq!(Pa::decode(h), None);
+    }
+}

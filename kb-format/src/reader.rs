@@ -1,0 +1,775 @@
+//! Reading traces: `StreamReader` over any `io::Read` (sequential, no full
+//! spool), and `MmapTrace` over a file (random access through the footer
+//! index, tensor data viewed zero-copy). Both validate the same way.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use crate::chunk::{self, BLOCK, ChunkHeader, ChunkKind, Trailer};
+use crate::error::{FormatError, Result};
+use crate::footer::Footer;
+use crate::record_codec::RecordDecoder;
+use crate::types::{Meta, Ps, Record, VerifySpec};
+
+/// The string table (component and op names), grown by strings chunks.
+#[derive(Debug, Default, Clone)]
+pub struct Strings {
+    items: Vec<String>,
+}
+
+impl Strings {
+    pub fn get(&self, id: u32) -> Option<&str> {
+        self.items.get(id as usize).map(String::as_str)
+    }
+
+    /// The string, or `"?<id>"` for an id that is not defined.
+    pub fn name(&self, id: u32) -> std::borrow::Cow<'_, str> {
+        match self.get(id) {
+            Some(s) => s.into(),
+            None => format!("?{id}").into(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.items.iter().map(String::as_str)
+    }
+
+    fn append(&mut self, h: &ChunkHeader, p: &[u8], at: u64) -> Result<()> {
+        let [first, n, _] = h.aux;
+        if first != self.items.len() as u64 {
+            return Err(FormatError::malformed(
+                at,
+                "strings chunk",
+                format!("first id {first}, expected {}", self.items.len()),
+            ));
+        }
+        if n > p.len() as u64 {
+            return Err(FormatError::BadLength {
+                offset: at,
+                what: "string count".into(),
+                len: n,
+                limit: p.len() as u64,
+            });
+        }
+        let mut pos = 0usize;
+        for i in 0..n {
+            let mut len = 0u64;
+            let mut shift = 0;
+            loop {
+                let b = *p.get(pos).ok_or_else(|| {
+                    FormatError::malformed(
+                        at + pos as u64,
+                        "strings chunk",
+                        "string length runs past the chunk",
+                    )
+                })?;
+                pos += 1;
+                len |= ((b & 0x7f) as u64) << shift;
+                if b & 0x80 == 0 {
+                    break;
+                }
+                shift += 7;
+                if shift > 63 {
+                    return Err(FormatError::malformed(
+                        at + pos as u64,
+                        "strings chunk",
+                        "overlong varint",
+                    ));
+                }
+            }
+            let end = pos
+                .checked_add(len as usize)
+                .filter(|&e| e <= p.len() && len <= p.len() as u64)
+                .ok_or_else(|| FormatError::BadLength {
+                    offset: at + pos as u64,
+                    what: format!("string {}", first + i),
+                    len,
+                    limit: (p.len() - pos) as u64,
+                })?;
+            let s = std::str::from_utf8(&p[pos..end]).map_err(|e| {
+                FormatError::malformed(
+                    at + pos as u64,
+                    "strings chunk",
+                    format!("string is not UTF-8: {e}"),
+                )
+            })?;
+            self.items.push(s.to_string());
+            pos = end;
+        }
+        if pos != p.len() {
+            return Err(FormatError::malformed(
+                at + pos as u64,
+                "strings chunk",
+                "bytes after the last string",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A records chunk being decoded. Checks ids against the string table and
+/// record order against the previous records of the trace.
+#[derive(Debug)]
+pub struct RecordChunk<'a> {
+    dec: RecordDecoder<'a>,
+    strings: &'a Strings,
+    last: &'a mut Option<(Ps, u64)>,
+    at: u64,
+}
+
+impl<'a> RecordChunk<'a> {
+    /// Decode the next record into `r` (reusing its allocations); false at
+    /// the end of the chunk.
+    pub fn next_into(&mut self, r: &mut Record) -> Result<bool> {
+        if !self.dec.next_into(r)? {
+            return Ok(false);
+        }
+        let n = self.strings.len() as u64;
+        for (what, id) in [("component", r.component), ("op name", r.op_name)] {
+            if id as u64 >= n {
+                return Err(FormatError::DanglingId {
+                    offset: self.at,
+                    what,
+                    id: id as u64,
+                    detail: format!(
+                        "op {} refers to string {id}, but only {n} are defined",
+                        r.op_id
+                    ),
+                });
+            }
+        }
+        for &d in &r.deps {
+            if d >= r.op_id {
+                return Err(FormatError::DanglingId {
+                    offset: self.at,
+                    what: "dependency",
+                    id: d,
+                    detail: format!("op {} depends on an op that does not precede it", r.op_id),
+                });
+            }
+        }
+        let key = (r.t_start, r.op_id);
+        if let Some(last) = *self.last
+            && key <= last
+        {
+            return Err(FormatError::malformed(
+                self.at,
+                "records chunk",
+                format!(
+                    "op {} at {} ps is out of (t_start, op_id) order after op {} at {} ps",
+                    r.op_id, r.t_start, last.1, last.0
+                ),
+            ));
+        }
+        *self.last = Some(key);
+        Ok(true)
+    }
+
+    pub fn strings(&self) -> &Strings {
+        self.strings
+    }
+}
+
+/// What a stream reader yields, chunk by chunk.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// Host-provided bytes of tensor `tensor` at byte `offset`.
+    Tensor {
+        tensor: u32,
+        offset: u64,
+        data: &'a [u8],
+    },
+    Records(RecordChunk<'a>),
+}
+
+/// Validation state shared by both readers.
+#[derive(Debug, Default)]
+struct State {
+    meta: Meta,
+    strings: Strings,
+    verify: Option<VerifySpec>,
+    footer: Option<Footer>,
+    last: Option<(Ps, u64)>,
+    records: u64,
+    tensor_bytes: u64,
+    chunks: u64,
+}
+
+impl State {
+    fn meta(p: &[u8], at: u64) -> Result<Meta> {
+        postcard::from_bytes(p)
+            .map_err(|e| FormatError::malformed(at, "metadata chunk", e.to_string()))
+    }
+
+    fn tensor(&mut self, h: &ChunkHeader, at: u64) -> Result<()> {
+        let [id, off, _] = h.aux;
+        let t = self
+            .meta
+            .tensors
+            .get(id as usize)
+            .ok_or_else(|| FormatError::DanglingId {
+                offset: at,
+                what: "tensor",
+                id,
+                detail: format!("the metadata lists {} tensors", self.meta.tensors.len()),
+            })?;
+        let size = t.nbytes();
+        if off.checked_add(h.len).is_none_or(|e| e > size) {
+            return Err(FormatError::BadLength {
+                offset: at,
+                what: format!("data of tensor {:?} at byte {off}", t.name),
+                len: h.len,
+                limit: size.saturating_sub(off),
+            });
+        }
+        self.tensor_bytes += h.len;
+        Ok(())
+    }
+
+    fn verify(p: &[u8], at: u64) -> Result<VerifySpec> {
+        postcard::from_bytes(p)
+            .map_err(|e| FormatError::malformed(at, "verify chunk", e.to_string()))
+    }
+
+    /// Compare the footer with what was read.
+    fn check_footer(&self, f: &Footer, at: u64, digest: Option<u64>) -> Result<()> {
+        let c = &f.counts;
+        let checks = [
+            ("record count", c.records, self.records),
+            ("chunk count", c.chunks, self.chunks),
+            ("tensor byte count", c.tensor_bytes, self.tensor_bytes),
+            ("string count", c.strings, self.strings.len() as u64),
+            ("index length", f.index.len() as u64, self.chunks),
+        ];
+        for (what, stored, seen) in checks {
+            if stored != seen {
+                return Err(FormatError::malformed(
+                    at,
+                    "footer",
+                    format!("{what} is {stored}, but the stream holds {seen}"),
+                ));
+            }
+        }
+        if let Some(d) = digest
+            && d != f.digest
+        {
+            return Err(FormatError::Checksum {
+                offset: at,
+                what: "stream digest".into(),
+                stored: f.digest,
+                computed: d,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Sequential reader over any `io::Read`. Reads one chunk at a time; memory
+/// is bounded by the largest chunk, not the stream.
+pub struct StreamReader<R: Read> {
+    r: R,
+    offset: u64,
+    digest: Xxh3,
+    buf: Vec<u8>,
+    state: State,
+    ordinal: u32,
+}
+
+impl<R: Read> std::fmt::Debug for StreamReader<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamReader")
+            .field("offset", &self.offset)
+            .finish()
+    }
+}
+
+impl<R: Read> StreamReader<R> {
+    /// Read and validate the header and the metadata chunk.
+    pub fn open(r: R) -> Result<Self> {
+        let mut s = StreamReader {
+            r,
+            offset: 0,
+            digest: Xxh3::new(),
+            buf: Vec::new(),
+            state: State::default(),
+            ordinal: 0,
+        };
+        let mut h = [0u8; BLOCK];
+        s.read_exact(&mut h, "the 64-byte file header")?;
+        chunk::decode_file_header(&h)?;
+        let (hd, at) = s.read_chunk()?;
+        if hd.kind != ChunkKind::Meta {
+            return Err(FormatError::malformed(
+                at,
+                "trace",
+                format!("first chunk is {}, expected meta", hd.kind.name()),
+            ));
+        }
+        s.state.meta = State::meta(&s.buf, at)?;
+        s.state.chunks = 1;
+        Ok(s)
+    }
+
+    pub fn meta(&self) -> &Meta {
+        &self.state.meta
+    }
+
+    pub fn strings(&self) -> &Strings {
+        &self.state.strings
+    }
+
+    /// The verification spec, once the stream has been read to its end.
+    pub fn verify_spec(&self) -> Option<&VerifySpec> {
+        self.state.verify.as_ref()
+    }
+
+    /// The footer, once the stream has been read to its end.
+    pub fn footer(&self) -> Option<&Footer> {
+        self.state.footer.as_ref()
+    }
+
+    /// Bytes consumed so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn read_exact(&mut self, b: &mut [u8], expected: &str) -> Result<()> {
+        let mut got = 0;
+        while got < b.len() {
+            match self.r.read(&mut b[got..]) {
+                Ok(0) => return Err(FormatError::truncated(self.offset + got as u64, expected)),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.digest.update(b);
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+
+    /// Read one chunk into `self.buf`; returns its header and payload offset.
+    fn read_chunk(&mut self) -> Result<(ChunkHeader, u64)> {
+        let at = self.offset;
+        let mut hb = [0u8; BLOCK];
+        self.read_exact(&mut hb, "a chunk header (the trace ends before its footer)")?;
+        let h = ChunkHeader::decode(&hb, at, None)?;
+        if h.ordinal != self.ordinal {
+            return Err(FormatError::malformed(
+                at + 48,
+                "chunk header",
+                format!("chunk ordinal {}, expected {}", h.ordinal, self.ordinal),
+            ));
+        }
+        self.ordinal += 1;
+        let pat = self.offset;
+        let padded = chunk::pad_to_align(h.len);
+        // Grow with the data actually read, so a large declared length
+        // on a short input never allocates more than the input holds.
+        self.buf.clear();
+        let got = (&mut self.r).take(padded).read_to_end(&mut self.buf)? as u64;
+        if got < padded {
+            return Err(FormatError::truncated(
+                pat + got,
+                format!(
+                    "{} more bytes of {} chunk #{} payload",
+                    padded - got,
+                    h.kind.name(),
+                    h.ordinal
+                ),
+            ));
+        }
+        self.digest_pending(&h, pat)?;
+        self.buf.truncate(h.len as usize);
+        Ok((h, pat))
+    }
+
+    fn digest_pending(&mut self, h: &ChunkHeader, pat: u64) -> Result<()> {
+        self.digest.update(&self.buf);
+        self.offset += self.buf.len() as u64;
+        h.check_payload(&self.buf[..h.len as usize], pat)
+    }
+
+    /// The next tensor or records chunk; `None` after the footer and trailer
+    /// have been read and checked.
+    pub fn next_event(&mut self) -> Result<Option<Event<'_>>> {
+        loop {
+            if self.state.footer.is_some() {
+                return Ok(None);
+            }
+            // The stream digest covers every byte before the footer chunk.
+            let digest_before = self.digest.digest();
+            let (h, at) = self.read_chunk()?;
+            match h.kind {
+                ChunkKind::Meta => {
+                    return Err(FormatError::malformed(at, "trace", "a second meta chunk"));
+                }
+                ChunkKind::Strings => {
+                    self.state.strings.append(&h, &self.buf, at)?;
+                    self.state.chunks += 1;
+                }
+                ChunkKind::Verify => {
+                    self.state.verify = Some(State::verify(&self.buf, at)?);
+                    self.state.chunks += 1;
+                }
+                ChunkKind::Footer => {
+                    // The digest must exclude the footer chunk header too.
+                    let footer = Footer::decode(&self.buf, at)?;
+                    self.state.check_footer(&footer, at, Some(digest_before))?;
+                    let mut tb = [0u8; BLOCK];
+                    let tat = self.offset;
+                    self.read_exact(&mut tb, "the 64-byte trailer")?;
+                    let t = Trailer::decode(&tb, tat)?;
+                    if t.footer_offset != at - BLOCK as u64 || t.total_len != self.offset {
+                        return Err(FormatError::malformed(
+                            tat,
+                            "trailer",
+                            "footer offset or total length disagree with the stream",
+                        ));
+                    }
+                    let mut extra = [0u8; 1];
+                    if self.r.read(&mut extra)? != 0 {
+                        return Err(FormatError::malformed(
+                            self.offset,
+                            "trace",
+                            "bytes after the trailer",
+                        ));
+                    }
+                    self.state.footer = Some(footer);
+                    return Ok(None);
+                }
+                ChunkKind::Tensor => {
+                    self.state.tensor(&h, at)?;
+                    self.state.chunks += 1;
+                    return Ok(Some(Event::Tensor {
+                        tensor: h.aux[0] as u32,
+                        offset: h.aux[1],
+                        data: &self.buf,
+                    }));
+                }
+                ChunkKind::Records => {
+                    self.state.records += h.aux[0];
+                    self.state.chunks += 1;
+                    return Ok(Some(Event::Records(RecordChunk {
+                        dec: RecordDecoder::new(&self.buf, at, h.aux[0]),
+                        strings: &self.state.strings,
+                        last: &mut self.state.last,
+                        at,
+                    })));
+                }
+            }
+        }
+    }
+
+    /// Read to the end, decoding every record; returns the record count.
+    pub fn skip_to_end(&mut self) -> Result<u64> {
+        let mut r = Record::default();
+        let mut n = 0;
+        while let Some(ev) = self.next_event()? {
+            if let Event::Records(mut c) = ev {
+                while c.next_into(&mut r)? {
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// A trace file mapped into memory.
+#[derive(Debug)]
+pub struct MmapTrace {
+    map: memmap2::Mmap,
+    meta: Meta,
+    strings: Strings,
+    verify: VerifySpec,
+    footer: Footer,
+    footer_offset: u64,
+}
+
+impl MmapTrace {
+    /// Map and validate a trace: header, trailer, footer, the chunk index
+    /// (every entry must point at a chunk header of the stated kind), the
+    /// metadata, strings and verify chunks. Record and tensor payloads are
+    /// checked when they are read.
+    pub fn open(path: &Path) -> Result<MmapTrace> {
+        let file = File::open(path)?;
+        // SAFETY: the map is read-only and private to this process. A trace
+        // modified by another process while mapped could change under us;
+        // every read re-validates lengths and checksums, so that yields an
+        // error, not undefined behaviour in our code. Exercised by every
+        // test that opens a trace file (e.g. tests/pipeline.rs).
+        #[allow(unsafe_code)]
+        let map = unsafe { memmap2::Mmap::map(&file)? };
+        Self::from_map(map)
+    }
+
+    fn from_map(map: memmap2::Mmap) -> Result<MmapTrace> {
+        let b: &[u8] = &map;
+        let len = b.len() as u64;
+        let block = |at: u64| -> Result<&[u8; BLOCK]> {
+            b.get(at as usize..at as usize + BLOCK)
+                .map(|s| s.try_into().expect("64 bytes"))
+                .ok_or_else(|| FormatError::truncated(len, format!("64 bytes at offset {at}")))
+        };
+        chunk::decode_file_header(block(0)?)?;
+        if len < 3 * BLOCK as u64 || !len.is_multiple_of(chunk::ALIGN) {
+            return Err(FormatError::truncated(
+                len,
+                "a file of whole 64-byte blocks ending in a trailer",
+            ));
+        }
+        let tat = len - BLOCK as u64;
+        let t = Trailer::decode(block(tat)?, tat)?;
+        if t.total_len != len {
+            return Err(FormatError::truncated(
+                len,
+                format!("{} bytes, as the trailer states", t.total_len),
+            ));
+        }
+        let fat = t.footer_offset;
+        if fat < BLOCK as u64 || fat >= tat {
+            return Err(FormatError::malformed(
+                tat + 8,
+                "trailer",
+                format!("footer offset {fat} is outside the file"),
+            ));
+        }
+        let fh = ChunkHeader::decode(block(fat)?, fat, Some(tat - fat - BLOCK as u64))?;
+        if fh.kind != ChunkKind::Footer {
+            return Err(FormatError::malformed(
+                fat,
+                "trailer",
+                "footer offset does not point at the footer chunk",
+            ));
+        }
+        let fp = &b[(fat as usize + BLOCK)..(fat as usize + BLOCK + fh.len as usize)];
+        fh.check_payload(fp, fat + BLOCK as u64)?;
+        let footer = Footer::decode(fp, fat + BLOCK as u64)?;
+        if fat + fh.total_len() != tat {
+            return Err(FormatError::malformed(
+                fat,
+                "footer",
+                "footer chunk does not end at the trailer",
+            ));
+        }
+
+        let mut state = State::default();
+        let mut expect_at = BLOCK as u64;
+        for (i, e) in footer.index.iter().enumerate() {
+            if e.offset != expect_at || e.ordinal as usize != i {
+                return Err(FormatError::malformed(
+                    fat,
+                    "footer index",
+                    format!(
+                        "entry {i} points at offset {}, expected chunk #{i} at {expect_at}",
+                        e.offset
+                    ),
+                ));
+            }
+            let h = ChunkHeader::decode(
+                block(e.offset)?,
+                e.offset,
+                Some(fat - e.offset - BLOCK as u64),
+            )?;
+            if h.kind != e.kind || h.ordinal != e.ordinal || [h.aux[0], h.aux[1]] != e.aux {
+                return Err(FormatError::malformed(
+                    e.offset,
+                    "chunk header",
+                    format!("does not match footer index entry {i}"),
+                ));
+            }
+            let pat = e.offset + BLOCK as u64;
+            let payload = &b[pat as usize..(pat + h.len) as usize];
+            match h.kind {
+                ChunkKind::Meta if i == 0 => {
+                    h.check_payload(payload, pat)?;
+                    state.meta = State::meta(payload, pat)?;
+                }
+                ChunkKind::Meta => {
+                    return Err(FormatError::malformed(
+                        e.offset,
+                        "trace",
+                        "a second meta chunk",
+                    ));
+                }
+                _ if i == 0 => {
+                    return Err(FormatError::malformed(
+                        e.offset,
+                        "trace",
+                        "first chunk is not meta",
+                    ));
+                }
+                ChunkKind::Strings => {
+                    h.check_payload(payload, pat)?;
+                    state.strings.append(&h, payload, pat)?;
+                }
+                ChunkKind::Verify => {
+                    h.check_payload(payload, pat)?;
+                    state.verify = Some(State::verify(payload, pat)?);
+                }
+                ChunkKind::Tensor => state.tensor(&h, e.offset)?,
+                ChunkKind::Records => state.records += h.aux[0],
+                ChunkKind::Footer => {
+                    return Err(FormatError::malformed(
+                        e.offset,
+                        "footer index",
+                        "lists a footer chunk",
+                    ));
+                }
+            }
+            state.chunks += 1;
+            expect_at += h.total_len();
+        }
+        if expect_at != fat {
+            return Err(FormatError::malformed(
+                fat,
+                "footer index",
+                format!("chunks end at {expect_at}, but the footer is at {fat}"),
+            ));
+        }
+        state.check_footer(&footer, fat, None)?;
+        let verify = state
+            .verify
+            .take()
+            .ok_or_else(|| FormatError::malformed(fat, "trace", "no verify chunk"))?;
+        Ok(MmapTrace {
+            map,
+            meta: state.meta,
+            strings: state.strings,
+            verify,
+            footer,
+            footer_offset: fat,
+        })
+    }
+
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    pub fn strings(&self) -> &Strings {
+        &self.strings
+    }
+
+    pub fn verify_spec(&self) -> &VerifySpec {
+        &self.verify
+    }
+
+    pub fn footer(&self) -> &Footer {
+        &self.footer
+    }
+
+    /// Hash the stream and compare with the footer digest (catches damage
+    /// in padding, which no chunk checksum covers).
+    pub fn verify_digest(&self) -> Result<()> {
+        let computed = xxh3_64(&self.map[..self.footer_offset as usize]);
+        if computed != self.footer.digest {
+            return Err(FormatError::Checksum {
+                offset: self.footer_offset,
+                what: "stream digest".into(),
+                stored: self.footer.digest,
+                computed,
+            });
+        }
+        Ok(())
+    }
+
+    fn payload(&self, offset: u64) -> Result<(ChunkHeader, &[u8], u64)> {
+        let hb: &[u8; BLOCK] = self.map[offset as usize..offset as usize + BLOCK]
+            .try_into()
+            .expect("index validated at open");
+        let h = ChunkHeader::decode(hb, offset, None)?;
+        let pat = offset + BLOCK as u64;
+        let p = &self.map[pat as usize..(pat + h.len) as usize];
+        h.check_payload(p, pat)?;
+        Ok((h, p, pat))
+    }
+
+    /// Tensor data chunks of tensor `tensor`, as (byte offset, bytes)
+    /// borrowed from the map (zero-copy), each checksum-verified.
+    pub fn tensor_chunks(&self, tensor: u32) -> Result<Vec<(u64, &[u8])>> {
+        let mut out = Vec::new();
+        for e in &self.footer.index {
+            if e.kind == ChunkKind::Tensor && e.aux[0] == tensor as u64 {
+                let (h, p, _) = self.payload(e.offset)?;
+                out.push((h.aux[1], p));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Index entries of the records chunks, in stream order.
+    pub fn record_chunks(&self) -> impl Iterator<Item = &crate::footer::IndexEntry> {
+        self.footer
+            .index
+            .iter()
+            .filter(|e| e.kind == ChunkKind::Records)
+    }
+
+    /// Decode every record in order, calling `f` with each one.
+    pub fn for_each_record(
+        &self,
+        mut f: impl FnMut(&Record, &Strings) -> Result<()>,
+    ) -> Result<()> {
+        let mut r = Record::default();
+        let mut last = None;
+        for e in self.record_chunks() {
+            let (h, p, pat) = self.payload(e.offset)?;
+            let mut c = RecordChunk {
+                dec: RecordDecoder::new(p, pat, h.aux[0]),
+                strings: &self.strings,
+                last: &mut last,
+                at: pat,
+            };
+            while c.next_into(&mut r)? {
+                f(&r, &self.strings)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Visit the chunks in stream order like a `StreamReader` would:
+    /// tensor data and records chunks, each payload checksum-verified.
+    pub fn for_each_event(&self, mut f: impl FnMut(Event<'_>) -> Result<()>) -> Result<()> {
+        let mut last = None;
+        for e in &self.footer.index {
+            match e.kind {
+                ChunkKind::Tensor => {
+                    let (h, p, _) = self.payload(e.offset)?;
+                    f(Event::Tensor {
+                        tensor: h.aux[0] as u32,
+                        offset: h.aux[1],
+                        data: p,
+                    })?;
+                }
+                ChunkKind::Records => {
+                    let (h, p, pat) = self.payload(e.offset)?;
+                    f(Event::Records(RecordChunk {
+                        dec: RecordDecoder::new(p, pat, h.aux[0]),
+                        strings: &self.strings,
+                        last: &mut last,
+                        at: pat,
+                    }))?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole file as bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+}

@@ -1,0 +1,445 @@
+//! The data model carried by a trace: metadata, tensors, op records and the
+//! verification spec. Encoding lives elsewhere (`record_codec`, `writer`).
+
+use serde::{Deserialize, Serialize};
+
+/// Simulated time in integer picoseconds.
+pub type Ps = u64;
+
+/// Element type of a tensor or operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum Dtype {
+    F32 = 0,
+    F16 = 1,
+    Bf16 = 2,
+    I8 = 3,
+    I32 = 4,
+    U8 = 5,
+}
+
+impl Dtype {
+    pub const ALL: [Dtype; 6] = [
+        Dtype::F32,
+        Dtype::F16,
+        Dtype::Bf16,
+        Dtype::I8,
+        Dtype::I32,
+        Dtype::U8,
+    ];
+
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 | Dtype::I32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+            Dtype::I8 | Dtype::U8 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+            Dtype::I8 => "i8",
+            Dtype::I32 => "i32",
+            Dtype::U8 => "u8",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Dtype> {
+        Dtype::ALL.into_iter().find(|d| d.name() == s)
+    }
+
+    pub fn from_code(code: u8) -> Option<Dtype> {
+        Dtype::ALL.get(code as usize).copied()
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Memory space an address lives in.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[repr(u8)]
+pub enum Space {
+    /// Host memory (tensor data chunks of the trace).
+    Host = 0,
+    #[default]
+    Hbm = 1,
+    Tcm = 2,
+    Sram = 3,
+}
+
+impl Space {
+    pub const ALL: [Space; 4] = [Space::Host, Space::Hbm, Space::Tcm, Space::Sram];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Space::Host => "host",
+            Space::Hbm => "hbm",
+            Space::Tcm => "tcm",
+            Space::Sram => "sram",
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Space> {
+        Space::ALL.get(code as usize).copied()
+    }
+}
+
+/// Phase 2 dispatch class of an op (ADR-0020 D5, ADR-0052 D1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum OpKind {
+    #[default]
+    Memory,
+    Gemm,
+    Math,
+    /// A kind this reader does not know (written by a newer tool). Its
+    /// params are kept as raw bytes; replay skips it and counts it.
+    Unknown(u8),
+}
+
+impl OpKind {
+    pub fn code(self) -> u8 {
+        match self {
+            OpKind::Memory => 0,
+            OpKind::Gemm => 1,
+            OpKind::Math => 2,
+            OpKind::Unknown(c) => c,
+        }
+    }
+
+    pub fn from_code(code: u8) -> OpKind {
+        match code {
+            0 => OpKind::Memory,
+            1 => OpKind::Gemm,
+            2 => OpKind::Math,
+            c => OpKind::Unknown(c),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Memory => "memory",
+            OpKind::Gemm => "gemm",
+            OpKind::Math => "math",
+            OpKind::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// An address as a kernel or component used it: a space and a byte address
+/// in that space's address model (PA, VA or LA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Addr {
+    pub space: Space,
+    pub addr: u64,
+}
+
+/// A physical byte range touched by an op: `rows` runs of `len` bytes, the
+/// first at `pa`, each next one `stride` bytes after the previous.
+/// A contiguous range has `rows == 1` (stride is then ignored and encoded as 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Extent {
+    pub pa: u64,
+    pub len: u64,
+    pub rows: u32,
+    pub stride: u64,
+}
+
+impl Extent {
+    pub fn contiguous(pa: u64, len: u64) -> Extent {
+        Extent {
+            pa,
+            len,
+            rows: 1,
+            stride: 0,
+        }
+    }
+
+    /// Total bytes touched.
+    pub fn bytes(&self) -> u64 {
+        self.len.saturating_mul(self.rows as u64)
+    }
+}
+
+/// When and where an op's reads observe memory, or its writes become visible.
+/// `seq` is the global order in which Phase 1 applied data effects: replay
+/// applies effects in `seq` order and so reproduces what Phase 1 observed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Effect {
+    pub time: Ps,
+    pub seq: u64,
+    pub ranges: Vec<Extent>,
+}
+
+/// DMA params (ADR-0020 D5 memory, ADR-0052 D3 dma_read/dma_write): a 2-D
+/// block of `rows` x `row_bytes` from `src` to `dst`, each side with its own
+/// row stride (equal to `row_bytes` when contiguous).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryParams {
+    pub src: Addr,
+    pub dst: Addr,
+    pub rows: u32,
+    pub row_bytes: u64,
+    pub src_stride: u64,
+    pub dst_stride: u64,
+    pub dtype: Option<Dtype>,
+}
+
+impl MemoryParams {
+    pub fn nbytes(&self) -> u64 {
+        self.row_bytes.saturating_mul(self.rows as u64)
+    }
+}
+
+/// Matrix layout of a GEMM operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    #[default]
+    RowMajor,
+    ColMajor,
+}
+
+/// GEMM params (ADR-0020 D5 gemm, ADR-0052 D3 gemm_<dtype>): out = a x b (+ acc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmParams {
+    pub a: Addr,
+    pub b: Addr,
+    pub out: Addr,
+    /// Accumulator input, when the dot accumulates into an existing tile.
+    pub acc: Option<Addr>,
+    pub m: u32,
+    pub k: u32,
+    pub n: u32,
+    pub dtype_in: Dtype,
+    pub dtype_acc: Dtype,
+    pub dtype_out: Dtype,
+    pub transpose_a: bool,
+    pub transpose_b: bool,
+    pub layout_a: Layout,
+    pub layout_b: Layout,
+    pub layout_out: Layout,
+}
+
+/// Vector/elementwise/reduction operator of a math op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MathOp {
+    Exp = 0,
+    Log = 1,
+    Sqrt = 2,
+    Rsqrt = 3,
+    Add = 4,
+    Sub = 5,
+    Mul = 6,
+    Div = 7,
+    Max = 8,
+    Min = 9,
+    Where = 10,
+    Cast = 11,
+    Sum = 12,
+    ReduceMax = 13,
+    Copy = 14,
+}
+
+impl MathOp {
+    pub const ALL: [MathOp; 15] = [
+        MathOp::Exp,
+        MathOp::Log,
+        MathOp::Sqrt,
+        MathOp::Rsqrt,
+        MathOp::Add,
+        MathOp::Sub,
+        MathOp::Mul,
+        MathOp::Div,
+        MathOp::Max,
+        MathOp::Min,
+        MathOp::Where,
+        MathOp::Cast,
+        MathOp::Sum,
+        MathOp::ReduceMax,
+        MathOp::Copy,
+    ];
+
+    pub fn from_code(code: u8) -> Option<MathOp> {
+        MathOp::ALL.get(code as usize).copied()
+    }
+}
+
+/// One operand of a math op: a tile in memory or an immediate scalar.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MathInput {
+    Tile {
+        addr: Addr,
+        rows: u32,
+        cols: u32,
+        dtype: Dtype,
+    },
+    Scalar(f64),
+}
+
+/// Math params (ADR-0020 D5 math, ADR-0052 D3 math).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MathParams {
+    pub op: MathOp,
+    pub inputs: Vec<MathInput>,
+    pub out: Addr,
+    pub rows: u32,
+    pub cols: u32,
+    pub dtype: Dtype,
+    /// Reduction axis, for reductions.
+    pub axis: Option<u8>,
+}
+
+/// Typed params of a record, one variant per op kind.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Params {
+    #[default]
+    None,
+    Memory(MemoryParams),
+    Gemm(GemmParams),
+    Math(MathParams),
+    /// Params of an unknown op kind, kept verbatim.
+    Raw(Vec<u8>),
+}
+
+/// One op record: what ran where and when, what it touched, and a
+/// fingerprint of the bytes it moved (memory ops, where Phase 1 knew them).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Record {
+    /// Stable id, unique in the trace, assigned in creation order.
+    pub op_id: u64,
+    pub t_start: Ps,
+    pub t_end: Ps,
+    /// String id of the component node id (e.g. `sip0.cube0.pe0.pe_dma`).
+    pub component: u32,
+    /// String id of the op name (e.g. `dma_read`, `TileToken/DMA_READ`).
+    pub op_name: u32,
+    pub kind: OpKind,
+    pub params: Params,
+    /// Explicit dependencies: op ids that must run before this one.
+    pub deps: Vec<u64>,
+    pub fingerprint: Option<u64>,
+    pub read: Option<Effect>,
+    pub write: Option<Effect>,
+}
+
+/// How a tensor's bytes are laid out on the device: each shard is a block of
+/// `rows` x `row_bytes` of the tensor (rows `tensor_row_stride` bytes apart
+/// in the tensor), stored contiguously at physical address `pa`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub tensor_offset: u64,
+    pub rows: u64,
+    pub row_bytes: u64,
+    pub tensor_row_stride: u64,
+    pub pa: u64,
+}
+
+/// A named tensor of the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorMeta {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// The address kernels use for element 0 (PA, VA or LA by model).
+    pub address: u64,
+    /// True when the host provides the data (tensor chunks in the trace).
+    pub host_data: bool,
+    pub shards: Vec<Shard>,
+}
+
+impl TensorMeta {
+    pub fn nbytes(&self) -> u64 {
+        self.shape.iter().product::<u64>() * self.dtype.size() as u64
+    }
+}
+
+/// The machine a trace was made on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TopologyMeta {
+    pub name: String,
+    pub address_model: String,
+    /// The resolved topology, as YAML.
+    pub resolved: String,
+}
+
+/// Run metadata: the first chunk of every trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Meta {
+    pub tool: String,
+    pub tool_version: String,
+    pub command_line: Vec<String>,
+    pub topology: TopologyMeta,
+    pub benchmark: String,
+    pub params: Vec<(String, String)>,
+    pub seed: u64,
+    pub tensors: Vec<TensorMeta>,
+}
+
+impl Meta {
+    pub fn tensor(&self, name: &str) -> Option<(u32, &TensorMeta)> {
+        self.tensors
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.name == name)
+            .map(|(i, t)| (i as u32, t))
+    }
+}
+
+/// A reference expression over named input tensors, evaluated by kb-replay
+/// in f64 independently of the op replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Expr {
+    Tensor(String),
+    Matmul(Box<Expr>, Box<Expr>),
+    Transpose(Box<Expr>),
+    Add(Box<Expr>, Box<Expr>),
+    Sub(Box<Expr>, Box<Expr>),
+    Mul(Box<Expr>, Box<Expr>),
+    Div(Box<Expr>, Box<Expr>),
+    Exp(Box<Expr>),
+    Softmax { input: Box<Expr>, axis: u8 },
+    Sum { input: Box<Expr>, axis: u8 },
+    Max { input: Box<Expr>, axis: u8 },
+    Scalar(f64),
+}
+
+/// Tolerance for comparing an output with its reference.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+/// One checked output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifyOutput {
+    pub tensor: String,
+    pub reference: Expr,
+    /// Overrides the per-dtype default (ADR-0020 D11) when set.
+    pub tolerance: Option<Tolerance>,
+}
+
+/// The verification spec: which outputs to check and against what.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct VerifySpec {
+    pub outputs: Vec<VerifyOutput>,
+}
+
+/// Counts written in the footer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub records: u64,
+    pub chunks: u64,
+    pub tensor_bytes: u64,
+    pub strings: u64,
+    pub max_t_end: Ps,
+}

@@ -1,0 +1,372 @@
+//! Writing a trace to any `io::Write`: records go through a reorder buffer
+//! and come out in (t_start, op_id) order; a path target is written to a
+//! temporary file and renamed into place only on success.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use crate::chunk::{self, ALIGN, BLOCK, ChunkHeader, ChunkKind, Trailer};
+use crate::error::{FormatError, Result};
+use crate::footer::{Footer, IndexEntry};
+use crate::record_codec::RecordEncoder;
+use crate::types::{Counts, Meta, Ps, Record, VerifySpec};
+
+/// Records chunks are cut when their payload reaches this size.
+pub const RECORDS_CHUNK_TARGET: usize = 64 << 10;
+/// Tensor data is split into chunks of at most this many bytes.
+pub const TENSOR_CHUNK_MAX: usize = 64 << 20;
+
+/// Writes bytes while tracking the offset and the stream digest.
+struct Sink<W: Write> {
+    out: W,
+    offset: u64,
+    digest: Xxh3,
+}
+
+impl<W: Write> Sink<W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<()> {
+        self.out.write_all(b)?;
+        self.digest.update(b);
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+}
+
+struct Pending(Record);
+
+impl Pending {
+    fn key(&self) -> (Ps, u64) {
+        (self.0.t_start, self.0.op_id)
+    }
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+/// Streams a trace into `W`.
+///
+/// Protocol: `new` (header + metadata), then any mix of `intern`,
+/// `tensor_data`, `push` and `advance`, then `finish` (verify spec, footer,
+/// trailer). Memory use is bounded by the records pushed but not yet
+/// released by `advance`, never by the length of the run.
+pub struct TraceWriter<W: Write> {
+    sink: Sink<W>,
+    ordinal: u32,
+    index: Vec<IndexEntry>,
+    string_ids: HashMap<String, u32>,
+    strings_unwritten: Vec<String>,
+    string_count: u32,
+    reorder: BinaryHeap<Reverse<Pending>>,
+    watermark: Ps,
+    last_emitted: Option<(Ps, u64)>,
+    enc: RecordEncoder,
+    counts: Counts,
+    tensor_sizes: Vec<u64>,
+}
+
+impl<W: Write> std::fmt::Debug for TraceWriter<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceWriter")
+            .field("offset", &self.sink.offset)
+            .field("counts", &self.counts)
+            .field("buffered", &self.reorder.len())
+            .finish()
+    }
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Write the file header and the metadata chunk.
+    pub fn new(out: W, meta: &Meta) -> Result<Self> {
+        let mut w = TraceWriter {
+            sink: Sink {
+                out,
+                offset: 0,
+                digest: Xxh3::new(),
+            },
+            ordinal: 0,
+            index: Vec::new(),
+            string_ids: HashMap::new(),
+            strings_unwritten: Vec::new(),
+            string_count: 0,
+            reorder: BinaryHeap::new(),
+            watermark: 0,
+            last_emitted: None,
+            enc: RecordEncoder::default(),
+            counts: Counts::default(),
+            tensor_sizes: meta.tensors.iter().map(|t| t.nbytes()).collect(),
+        };
+        w.sink.write(&chunk::encode_file_header())?;
+        let payload = postcard::to_stdvec(meta)
+            .map_err(|e| FormatError::Usage(format!("encoding metadata: {e}")))?;
+        w.chunk(ChunkKind::Meta, [0, 0, 0], &payload)?;
+        Ok(w)
+    }
+
+    /// The id of a string (component or op name), defining it if new.
+    /// Definitions are written before the first records chunk that uses them.
+    pub fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = self.string_count;
+        self.string_count += 1;
+        self.string_ids.insert(s.to_string(), id);
+        self.strings_unwritten.push(s.to_string());
+        id
+    }
+
+    /// Host-provided bytes of tensor `tensor` (index into `Meta::tensors`),
+    /// starting at byte `offset`. Write them before the records that read them.
+    pub fn tensor_data(&mut self, tensor: u32, offset: u64, data: &[u8]) -> Result<()> {
+        let size = *self.tensor_sizes.get(tensor as usize).ok_or_else(|| {
+            FormatError::Usage(format!("tensor id {tensor} is not in the metadata"))
+        })?;
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|end| end > size)
+        {
+            return Err(FormatError::Usage(format!(
+                "tensor {tensor}: bytes {offset}..+{} exceed its size {size}",
+                data.len()
+            )));
+        }
+        for (i, piece) in data.chunks(TENSOR_CHUNK_MAX).enumerate() {
+            let at = offset + (i * TENSOR_CHUNK_MAX) as u64;
+            self.chunk(ChunkKind::Tensor, [tensor as u64, at, 0], piece)?;
+            self.counts.tensor_bytes += piece.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Buffer a finished record. Its t_start must not be below the last
+    /// `advance` watermark.
+    pub fn push(&mut self, rec: Record) -> Result<()> {
+        if rec.t_start < self.watermark {
+            return Err(FormatError::Usage(format!(
+                "op {} starts at {} ps, before the watermark {} ps already released",
+                rec.op_id, rec.t_start, self.watermark
+            )));
+        }
+        if rec.t_end < rec.t_start {
+            return Err(FormatError::Usage(format!(
+                "op {} ends at {} ps before it starts at {} ps",
+                rec.op_id, rec.t_end, rec.t_start
+            )));
+        }
+        if rec.component >= self.string_count || rec.op_name >= self.string_count {
+            return Err(FormatError::Usage(format!(
+                "op {} uses a string id that was not interned",
+                rec.op_id
+            )));
+        }
+        self.reorder.push(Reverse(Pending(rec)));
+        Ok(())
+    }
+
+    /// Promise that no record pushed from now on starts before `watermark`,
+    /// and emit every buffered record that starts before it.
+    pub fn advance(&mut self, watermark: Ps) -> Result<()> {
+        if watermark > self.watermark {
+            self.watermark = watermark;
+        }
+        while let Some(Reverse(top)) = self.reorder.peek() {
+            if top.0.t_start >= self.watermark {
+                break;
+            }
+            let Reverse(Pending(rec)) = self.reorder.pop().expect("peeked");
+            self.emit(&rec)?;
+        }
+        Ok(())
+    }
+
+    /// Records buffered in the reorder buffer, waiting for the watermark.
+    pub fn buffered(&self) -> usize {
+        self.reorder.len()
+    }
+
+    fn emit(&mut self, rec: &Record) -> Result<()> {
+        let key = (rec.t_start, rec.op_id);
+        if let Some(last) = self.last_emitted
+            && key <= last
+        {
+            return Err(FormatError::Usage(format!(
+                "op {} at {} ps is not after op {} at {} ps (duplicate op id?)",
+                rec.op_id, rec.t_start, last.1, last.0
+            )));
+        }
+        self.last_emitted = Some(key);
+        self.enc.push(rec);
+        self.counts.records += 1;
+        self.counts.max_t_end = self.counts.max_t_end.max(rec.t_end);
+        if self.enc.len() >= RECORDS_CHUNK_TARGET {
+            self.flush_records()?;
+        }
+        Ok(())
+    }
+
+    fn flush_strings(&mut self) -> Result<()> {
+        if self.strings_unwritten.is_empty() {
+            return Ok(());
+        }
+        let first = (self.string_count as usize - self.strings_unwritten.len()) as u64;
+        let mut p = Vec::new();
+        for s in &self.strings_unwritten {
+            let mut v = s.len() as u64;
+            while v >= 0x80 {
+                p.push((v as u8) | 0x80);
+                v >>= 7;
+            }
+            p.push(v as u8);
+            p.extend_from_slice(s.as_bytes());
+        }
+        let n = self.strings_unwritten.len() as u64;
+        self.strings_unwritten.clear();
+        self.counts.strings += n;
+        self.chunk(ChunkKind::Strings, [first, n, 0], &p)
+    }
+
+    fn flush_records(&mut self) -> Result<()> {
+        if self.enc.is_empty() {
+            return Ok(());
+        }
+        self.flush_strings()?;
+        let (t0, id0) = self.enc.first.expect("non-empty chunk has a first record");
+        let buf = std::mem::take(&mut self.enc.buf);
+        let count = self.enc.count;
+        let res = self.chunk(ChunkKind::Records, [count, t0, id0], &buf);
+        self.enc.buf = buf;
+        self.enc.reset();
+        res
+    }
+
+    fn chunk(&mut self, kind: ChunkKind, aux: [u64; 3], payload: &[u8]) -> Result<()> {
+        let header = ChunkHeader {
+            kind,
+            len: payload.len() as u64,
+            aux,
+            payload_checksum: xxh3_64(payload),
+            ordinal: self.ordinal,
+        };
+        if kind != ChunkKind::Footer {
+            self.index.push(IndexEntry {
+                offset: self.sink.offset,
+                kind,
+                ordinal: self.ordinal,
+                aux: [aux[0], aux[1]],
+            });
+        }
+        self.ordinal += 1;
+        self.sink.write(&header.encode())?;
+        self.sink.write(payload)?;
+        let pad = (chunk::pad_to_align(payload.len() as u64) - payload.len() as u64) as usize;
+        self.sink.write(&[0u8; ALIGN as usize][..pad])?;
+        Ok(())
+    }
+
+    /// Emit every buffered record, the verification spec, the footer and the
+    /// trailer; flush and return the inner writer.
+    pub fn finish(mut self, verify: &VerifySpec) -> Result<W> {
+        self.advance(Ps::MAX)?;
+        while let Some(Reverse(Pending(rec))) = self.reorder.pop() {
+            self.emit(&rec)?;
+        }
+        self.flush_records()?;
+        self.flush_strings()?;
+        let payload = postcard::to_stdvec(verify)
+            .map_err(|e| FormatError::Usage(format!("encoding verify spec: {e}")))?;
+        self.chunk(ChunkKind::Verify, [0, 0, 0], &payload)?;
+        self.counts.chunks = self.index.len() as u64;
+        let footer_offset = self.sink.offset;
+        let footer = Footer {
+            counts: self.counts,
+            digest: self.sink.digest.digest(),
+            index: std::mem::take(&mut self.index),
+        };
+        self.chunk(ChunkKind::Footer, [0, 0, 0], &footer.encode())?;
+        let total_len = self.sink.offset + BLOCK as u64;
+        self.sink.write(
+            &Trailer {
+                footer_offset,
+                total_len,
+            }
+            .encode(),
+        )?;
+        self.sink.out.flush()?;
+        Ok(self.sink.out)
+    }
+
+    /// Bytes written so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.sink.offset
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+}
+
+/// A file written under a temporary name in the target's directory and
+/// renamed to the target only by `commit`. Dropped without `commit` (an
+/// error, a panic), the temporary file is removed; a killed process leaves
+/// only a `.<name>.partial*` file, never the target name.
+#[derive(Debug)]
+pub struct AtomicFile {
+    target: PathBuf,
+    file: io::BufWriter<tempfile::NamedTempFile>,
+}
+
+impl AtomicFile {
+    pub fn create(target: &Path) -> io::Result<AtomicFile> {
+        let dir = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}.partial"))
+            .tempfile_in(dir)?;
+        Ok(AtomicFile {
+            target: target.to_path_buf(),
+            file: io::BufWriter::with_capacity(1 << 20, tmp),
+        })
+    }
+
+    /// Flush, sync and rename into place.
+    pub fn commit(self) -> io::Result<()> {
+        let tmp = self.file.into_inner().map_err(|e| e.into_error())?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(&self.target).map_err(|e| e.error)?;
+        Ok(())
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
