@@ -1,1 +1,271 @@
-fn main() {}
+//! The `kb-sim` command line.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
+use kb_format::AtomicFile;
+use kb_sim::bench;
+use kb_sim::machine::Machine;
+use kb_sim::run::{RunConfig, run};
+use kb_sim::topology::{EMBEDDED, Topology};
+
+const EXIT_CODES: &str = "Exit codes: 0 success; 2 error (bad flags, topology, benchmark parameters, or a failed simulation).";
+
+/// Phase 1 of kb: simulate a kernel on the modelled accelerator and write a trace.
+///
+/// With no command, runs the default benchmark on the default topology and
+/// writes the trace to stdout (refusing a terminal): `kb-sim | kb-replay --verify`.
+#[derive(Debug, Parser)]
+#[command(name = "kb-sim", version, args_conflicts_with_subcommands = true, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Simulate a benchmark and write its trace (the default command).
+    Run(RunArgs),
+    /// List the built-in benchmarks with their parameters and defaults.
+    List,
+    /// Print and validate a topology: counts, nodes, links, a sample route.
+    Topology {
+        /// An embedded topology name (small, default, large) or a YAML file.
+        topology: String,
+    },
+    /// Time one uncontended transfer between two nodes.
+    Probe {
+        #[arg(short, long, default_value = "default")]
+        topology: String,
+        /// Source node id, e.g. sip0.cube0.pe0.pe_dma.
+        #[arg(long)]
+        from: String,
+        /// Destination node id, e.g. sip0.cube0.hbm_ctrl.
+        #[arg(long)]
+        to: String,
+        /// Message size in bytes.
+        #[arg(long, default_value_t = 4096)]
+        bytes: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Topology: an embedded name (small, default, large) or a YAML file.
+    #[arg(short, long, default_value = "default")]
+    topology: String,
+    /// Benchmark to run (see `kb-sim list`).
+    #[arg(short, long, default_value = "copy")]
+    bench: String,
+    /// Benchmark parameter, KEY=VALUE; repeatable.
+    #[arg(short, long = "param", value_parser = parse_kv)]
+    params: Vec<(String, String)>,
+    /// Seed for the benchmark's random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the trace here ("-" for stdout). Default: stdout, unless it is a terminal.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Do not print the run summary on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => cmd_run(cli.run),
+        Some(Cmd::Run(a)) => cmd_run(a),
+        Some(Cmd::List) => cmd_list(),
+        Some(Cmd::Topology { topology }) => cmd_topology(&topology),
+        Some(Cmd::Probe {
+            topology,
+            from,
+            to,
+            bytes,
+        }) => cmd_probe(&topology, &from, &to, bytes),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kb-sim: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn cmd_run(a: RunArgs) -> Result<(), String> {
+    let topology = Topology::load(&a.topology).map_err(|e| e.to_string())?;
+    let cfg = RunConfig {
+        topology,
+        bench: a.bench.clone(),
+        params: a.params.clone(),
+        seed: a.seed,
+        command_line: std::env::args().collect(),
+    };
+    let wall = Instant::now();
+    let to_stdout = match &a.output {
+        None => true,
+        Some(p) => p.as_os_str() == "-",
+    };
+    let stats = if to_stdout {
+        let stdout = std::io::stdout();
+        if stdout.is_terminal() {
+            return Err("refusing to write a binary trace to a terminal: pipe it (kb-sim | kb-replay --verify) or use -o FILE".into());
+        }
+        let out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+        let (mut out, stats) = run(&cfg, out).map_err(|e| e.to_string())?;
+        out.flush()
+            .map_err(|e| format!("writing the trace to stdout: {e}"))?;
+        stats
+    } else {
+        let path = a.output.as_ref().expect("checked");
+        let file = AtomicFile::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let (file, stats) = run(&cfg, file).map_err(|e| e.to_string())?;
+        file.commit()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        stats
+    };
+    if !a.quiet {
+        eprintln!(
+            "kb-sim: {} on {}: {} records, {} events, simulated {:.3} us (kernels from {:.3} us), wall {:.3} s",
+            cfg.bench,
+            cfg.topology.name,
+            stats.records,
+            stats.events,
+            stats.end_time as f64 / 1e6,
+            stats.kernel_start as f64 / 1e6,
+            wall.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn cmd_list() -> Result<(), String> {
+    let mut out = String::new();
+    for b in bench::all() {
+        out += &format!("{:<12} {}\n", b.name(), b.about());
+        for p in b.params() {
+            out += &format!("    {:<12} default {:<8} {}\n", p.name, p.default, p.help);
+        }
+    }
+    out += &format!(
+        "\nTopologies: {}\n",
+        EMBEDDED
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    print!("{out}");
+    Ok(())
+}
+
+fn cmd_topology(name: &str) -> Result<(), String> {
+    let t = Topology::load(name).map_err(|e| e.to_string())?;
+    let built = Instant::now();
+    let m = Machine::build(&t);
+    let build_s = built.elapsed().as_secs_f64();
+    let c = t.counts;
+    println!(
+        "topology {} (address model {})",
+        t.name,
+        t.address_model.name()
+    );
+    println!(
+        "counts: {} SIPs x {} cubes x {} PEs = {} PEs",
+        c.sips,
+        c.cubes_per_sip,
+        c.pes_per_cube,
+        t.total_pes()
+    );
+    println!(
+        "nodes: {}, directed links: {} (built in {:.3} s)",
+        m.nodes.len(),
+        m.links.len(),
+        build_s
+    );
+    let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();
+    for n in &m.nodes {
+        *kinds.entry(n.kind.name()).or_default() += 1;
+    }
+    println!(
+        "node kinds: {}",
+        kinds
+            .iter()
+            .map(|(k, n)| format!("{k} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut classes: std::collections::BTreeMap<&str, (usize, f64, f64)> = Default::default();
+    for l in &m.links {
+        let e = classes
+            .entry(l.class)
+            .or_insert((0, l.latency_ps as f64 / 1000.0, l.bw_gbs));
+        e.0 += 1;
+    }
+    println!("link classes:");
+    for (class, (n, lat, bw)) in classes {
+        println!("  {class:<12} x{n:<5} latency {lat} ns, {bw} GB/s");
+    }
+    println!(
+        "hbm per cube: {} GiB, {} pseudo channels x {} GB/s = {} GB/s",
+        t.hbm.size_gib.0,
+        t.hbm.pseudo_channels,
+        t.hbm.channel_bw_gbs.0,
+        t.hbm.pseudo_channels as f64 * t.hbm.channel_bw_gbs.0
+    );
+    let last = m.pe_coord(t.total_pes() as usize - 1);
+    let from = format!("{last}.pe_dma");
+    print_route(&m, &from, "sip0.cube0.hbm_ctrl", 4096)?;
+    Ok(())
+}
+
+fn print_route(m: &Machine, from: &str, to: &str, bytes: u64) -> Result<(), String> {
+    let node = |n: &str| {
+        m.node_by_name(n)
+            .ok_or_else(|| format!("topology {}: no node named {n:?}", m.topo.name))
+    };
+    let (a, b) = (node(from)?, node(to)?);
+    let route = m.route(a, b);
+    let mut path = vec![m.nodes[a as usize].name.clone()];
+    path.extend(
+        route
+            .iter()
+            .map(|&l| m.nodes[m.links[l as usize].to as usize].name.clone()),
+    );
+    let ps = m.uncontended_ps(&route, bytes);
+    println!(
+        "route {from} -> {to} ({} hops): {}",
+        route.len(),
+        path.join(" -> ")
+    );
+    println!(
+        "  {bytes} bytes: latency {:.3} ns, effective bandwidth {:.2} GB/s",
+        ps as f64 / 1000.0,
+        if ps > 0 {
+            bytes as f64 * 1000.0 / ps as f64
+        } else {
+            f64::INFINITY
+        }
+    );
+    Ok(())
+}
+
+fn cmd_probe(topology: &str, from: &str, to: &str, bytes: u64) -> Result<(), String> {
+    let t = Topology::load(topology).map_err(|e| e.to_string())?;
+    let m = Machine::build(&t);
+    print_route(&m, from, to, bytes)
+}

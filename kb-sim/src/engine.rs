@@ -1,0 +1,909 @@
+//! The simulation framework: the event loop, messages walking the fabric,
+//! the op-log hook, data effects, and the host and DMA protocols.
+//!
+//! Fabric model (cut-through): a message of B bytes crosses link i when the
+//! link is free; the link is then busy for B / bw. Its head reaches the next
+//! node after the link latency plus a first-flit overhead at each
+//! intermediate node; its tail can leave a link no earlier than it arrived
+//! there. The destination handles the message when the tail arrives. Every
+//! hop is an event, so contention is resolved in simulated-time order.
+//!
+//! Op-log hook: `hook_start` / `hook_end` are the only places records are
+//! made; they wrap the service of a data-op message at the component that
+//! serves it (pe_dma for DMA commands, hbm_ctrl for host writes). Every data
+//! effect is applied to the data plane by an event at the simulated time the
+//! record states, and numbered in application order (`seq`).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::io::Write;
+use std::rc::Rc;
+
+use kb_format::pa::{self, Pa};
+use kb_format::{
+    Addr, Effect, Extent, MemoryParams, OpKind, Params, Ps, Record, Space, TraceWriter,
+};
+
+use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad};
+use crate::data::DataPlane;
+use crate::event::{EventQueue, ns_to_ps};
+use crate::machine::{LinkId, Machine, NodeId, NodeKind, PeCoord};
+use crate::program::{Command, DmaCmd, PeProgram};
+use crate::runtime::Tensor;
+
+/// Size of a control message (requests, acks, launch, command issue).
+pub const CONTROL_BYTES: u64 = 64;
+
+/// A failed simulation.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("kernel on {pe} at {time_ns} ns: {message}")]
+    Kernel {
+        pe: PeCoord,
+        time_ns: f64,
+        message: String,
+    },
+    #[error("writing the trace: {0}")]
+    Trace(#[from] kb_format::FormatError),
+    #[error("simulation stalled at {time_ns} ns with unfinished kernels: {pes}")]
+    Stalled { time_ns: f64, pes: String },
+}
+
+/// What happens when a message's tail reaches its destination.
+#[derive(Debug, Clone, Copy)]
+enum Arrive {
+    DmaCmdAtDma(u32),
+    DmaReqAtHbm(u32),
+    DmaDataAtDma(u32),
+    DmaDataAtHbm(u32),
+    DmaAckAtDma(u32),
+    CmdDoneAtCpu(u32),
+    HostWriteAtHbm(u32),
+    HostAck,
+    LaunchAtIo(u32),
+    LaunchAtMcpu { sip: u32, cube: u32, target: Ps },
+    LaunchAtPe { pe: u32, target: Ps },
+}
+
+/// A protocol step scheduled at a time.
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    DmaBegin(u32),
+    DmaFetch(u32),
+    DmaSrcRead(u32),
+    DmaDeliver(u32),
+    DmaDstWrite(u32),
+    DmaFinish(u32),
+    HostWriteDone(u32),
+    IoFanout { sip: u32, target: Ps },
+    McpuFanout { sip: u32, cube: u32, target: Ps },
+    KernelStart(u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ev {
+    Hop(u32),
+    Arrive(u32),
+    Act(Act),
+}
+
+#[derive(Debug)]
+struct Msg {
+    route: Rc<[LinkId]>,
+    hop: usize,
+    bytes: u64,
+    /// When the tail is at the current node.
+    tail: Ps,
+    then: Arrive,
+}
+
+/// A data op between hook_start and hook_end.
+#[derive(Debug, Clone, Copy)]
+struct OpenOp {
+    op_id: u64,
+    t_start: Ps,
+    component: u32,
+    op_name: u32,
+    kind: OpKind,
+}
+
+#[derive(Debug)]
+struct Dma {
+    pe: u32,
+    cmd: DmaCmd,
+    op: Option<OpenOp>,
+    data: Vec<u8>,
+    fingerprint: u64,
+    read: Option<Effect>,
+    write: Option<Effect>,
+}
+
+#[derive(Debug)]
+struct HostWrite {
+    tensor: u32,
+    shard: u32,
+    op: Option<OpenOp>,
+    data: Vec<u8>,
+    read: Option<Effect>,
+}
+
+/// A pool of items addressed by u32 index, reusing freed slots.
+#[derive(Debug)]
+struct Slab<T> {
+    items: Vec<Option<T>>,
+    free: Vec<u32>,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Self {
+        Slab {
+            items: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    fn insert(&mut self, t: T) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.items[i as usize] = Some(t);
+                i
+            }
+            None => {
+                self.items.push(Some(t));
+                (self.items.len() - 1) as u32
+            }
+        }
+    }
+
+    fn get(&mut self, i: u32) -> &mut T {
+        self.items[i as usize].as_mut().expect("live slab entry")
+    }
+
+    fn remove(&mut self, i: u32) -> T {
+        self.free.push(i);
+        self.items[i as usize].take().expect("live slab entry")
+    }
+}
+
+/// DMA engines of one PE: up to `engines` commands in service, the rest
+/// queued in arrival order.
+#[derive(Debug)]
+struct DmaEngines {
+    idle: u32,
+    waiting: VecDeque<u32>,
+}
+
+/// Run totals.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunStats {
+    pub end_time: Ps,
+    pub records: u64,
+    pub events: u64,
+    pub kernel_start: Ps,
+}
+
+/// The op log: assigns op ids and effect sequence numbers, feeds the
+/// trace writer, and releases records once no earlier one can appear.
+struct OpLog<W: Write> {
+    writer: TraceWriter<W>,
+    next_op: u64,
+    next_seq: u64,
+    open: BTreeSet<(Ps, u64)>,
+    names: Vec<Option<u32>>,
+}
+
+pub struct Engine<'m, W: Write> {
+    m: &'m Machine,
+    q: EventQueue<Ev>,
+    link_free: Vec<Ps>,
+    comps: Vec<Option<Box<dyn Component>>>,
+    engines: Vec<DmaEngines>,
+    dma_setup_ps: Ps,
+    msgs: Slab<Msg>,
+    dmas: Slab<Dma>,
+    host_writes: Slab<HostWrite>,
+    host_pending: usize,
+    data: DataPlane,
+    log: OpLog<W>,
+    tensors: &'m [Tensor],
+    programs: Vec<Box<dyn PeProgram>>,
+    finished: Vec<bool>,
+    stats: RunStats,
+}
+
+impl<W: Write> std::fmt::Debug for Engine<'_, W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("now", &self.q.now())
+            .finish()
+    }
+}
+
+fn ns(t: Ps) -> f64 {
+    t as f64 / 1000.0
+}
+
+impl<'m, W: Write> Engine<'m, W> {
+    pub fn new(
+        m: &'m Machine,
+        writer: TraceWriter<W>,
+        tensors: &'m [Tensor],
+        programs: Vec<Box<dyn PeProgram>>,
+    ) -> Self {
+        let t = &m.topo;
+        let comps = m
+            .nodes
+            .iter()
+            .map(|n| -> Option<Box<dyn Component>> {
+                match n.kind {
+                    NodeKind::HbmCtrl => Some(Box::new(HbmController::new(t))),
+                    NodeKind::Tcm => Some(Box::new(Scratchpad::new(
+                        t.tcm.latency_ns.0,
+                        t.tcm.bw_gbs.0,
+                    ))),
+                    NodeKind::Sram => Some(Box::new(Scratchpad::new(
+                        t.sram.latency_ns.0,
+                        t.links.noc_sram.bw_gbs.0,
+                    ))),
+                    NodeKind::IoCpu | NodeKind::MCpu | NodeKind::PeCpu => {
+                        Some(Box::new(ControlCpu::new(t.cpu.handle_ns.0)))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        let n_pes = t.total_pes() as usize;
+        Engine {
+            m,
+            q: EventQueue::default(),
+            link_free: vec![0; m.links.len()],
+            comps,
+            engines: (0..n_pes)
+                .map(|_| DmaEngines {
+                    idle: t.pe_dma.engines,
+                    waiting: VecDeque::new(),
+                })
+                .collect(),
+            dma_setup_ps: ns_to_ps(t.pe_dma.setup_ns.0),
+            msgs: Slab::new(),
+            dmas: Slab::new(),
+            host_writes: Slab::new(),
+            host_pending: 0,
+            data: DataPlane::new(),
+            log: OpLog {
+                writer,
+                next_op: 0,
+                next_seq: 0,
+                open: BTreeSet::new(),
+                names: vec![None; m.nodes.len()],
+            },
+            tensors,
+            finished: vec![false; programs.len()],
+            programs,
+            stats: RunStats::default(),
+        }
+    }
+
+    /// Deploy every tensor with host data, launch the kernels behind a
+    /// global start barrier, and run to completion.
+    pub fn run(mut self) -> Result<(TraceWriter<W>, RunStats), SimError> {
+        self.deploy();
+        if self.host_pending == 0 {
+            self.launch();
+        }
+        while let Some((_, ev)) = self.q.pop() {
+            match ev {
+                Ev::Hop(msg) => self.hop(msg),
+                Ev::Arrive(msg) => {
+                    let then = self.msgs.remove(msg).then;
+                    self.arrive(then)?;
+                }
+                Ev::Act(a) => self.act(a)?,
+            }
+        }
+        let stuck: Vec<String> = self
+            .finished
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| !**f)
+            .map(|(i, _)| self.m.pe_coord(i).to_string())
+            .collect();
+        if !stuck.is_empty() {
+            return Err(SimError::Stalled {
+                time_ns: ns(self.q.now()),
+                pes: stuck.join(", "),
+            });
+        }
+        self.stats.end_time = self.q.now();
+        self.stats.events = self.q.scheduled();
+        self.stats.records = self.log.next_op;
+        Ok((self.log.writer, self.stats))
+    }
+
+    // ---- fabric ----
+
+    fn send(&mut self, from: NodeId, to: NodeId, bytes: u64, then: Arrive) {
+        let now = self.q.now();
+        let route = self.m.route(from, to);
+        if route.is_empty() {
+            let id = self.msgs.insert(Msg {
+                route,
+                hop: 0,
+                bytes,
+                tail: now,
+                then,
+            });
+            self.q.push(now, Ev::Arrive(id));
+            return;
+        }
+        let id = self.msgs.insert(Msg {
+            route,
+            hop: 0,
+            bytes,
+            tail: now,
+            then,
+        });
+        self.q.push(now, Ev::Hop(id));
+    }
+
+    /// The head of `msg` is at the start of link `route[hop]`.
+    fn hop(&mut self, id: u32) {
+        let now = self.q.now();
+        let flit = self.m.first_flit_ps;
+        let msg = self.msgs.get(id);
+        let l = msg.route[msg.hop] as usize;
+        let link = &self.m.links[l];
+        let start = now.max(self.link_free[l]);
+        let end = (start + link.serialize_ps(msg.bytes)).max(msg.tail);
+        self.link_free[l] = end;
+        msg.tail = end + link.latency_ps;
+        msg.hop += 1;
+        if msg.hop == msg.route.len() {
+            let tail = msg.tail;
+            self.q.push(tail, Ev::Arrive(id));
+        } else {
+            self.q.push(start + link.latency_ps + flit, Ev::Hop(id));
+        }
+    }
+
+    fn serve(&mut self, node: NodeId, req: Request) -> Ps {
+        let now = self.q.now();
+        let c = self.comps[node as usize]
+            .as_mut()
+            .expect("node has a timing model");
+        c.serve(now, &req).end
+    }
+
+    fn at(&mut self, t: Ps, a: Act) {
+        self.q.push(t, Ev::Act(a));
+    }
+
+    // ---- op-log hook ----
+
+    fn hook_start(&mut self, node: NodeId, op_name: &str, kind: OpKind) -> OpenOp {
+        let t_start = self.q.now();
+        let log = &mut self.log;
+        let component = match log.names[node as usize] {
+            Some(id) => id,
+            None => {
+                let id = log.writer.intern(&self.m.nodes[node as usize].name);
+                log.names[node as usize] = Some(id);
+                id
+            }
+        };
+        let op_name = log.writer.intern(op_name);
+        let op_id = log.next_op;
+        log.next_op += 1;
+        log.open.insert((t_start, op_id));
+        OpenOp {
+            op_id,
+            t_start,
+            component,
+            op_name,
+            kind,
+        }
+    }
+
+    fn hook_end(
+        &mut self,
+        op: OpenOp,
+        params: Params,
+        fingerprint: Option<u64>,
+        read: Option<Effect>,
+        write: Option<Effect>,
+    ) -> Result<(), SimError> {
+        let now = self.q.now();
+        let log = &mut self.log;
+        log.open.remove(&(op.t_start, op.op_id));
+        log.writer.push(Record {
+            op_id: op.op_id,
+            t_start: op.t_start,
+            t_end: now,
+            component: op.component,
+            op_name: op.op_name,
+            kind: op.kind,
+            params,
+            deps: Vec::new(),
+            fingerprint,
+            read,
+            write,
+        })?;
+        let watermark = log.open.first().map_or(now, |&(t, _)| t.min(now));
+        log.writer.advance(watermark)?;
+        Ok(())
+    }
+
+    /// Number a data effect applied now.
+    fn effect(&mut self, ranges: Vec<Extent>) -> Effect {
+        let seq = self.log.next_seq;
+        self.log.next_seq += 1;
+        Effect {
+            time: self.q.now(),
+            seq,
+            ranges,
+        }
+    }
+
+    // ---- host runtime ----
+
+    fn deploy(&mut self) {
+        let tensors = self.tensors;
+        for t in tensors.iter().filter(|t| t.data.is_some()) {
+            for (k, shard) in t.meta.shards.iter().enumerate() {
+                let pe = t.shard_pes[k];
+                let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                let job = self.host_writes.insert(HostWrite {
+                    tensor: t.id,
+                    shard: k as u32,
+                    op: None,
+                    data: Vec::new(),
+                    read: None,
+                });
+                self.host_pending += 1;
+                self.send(
+                    self.m.host(),
+                    hbm,
+                    shard.rows * shard.row_bytes,
+                    Arrive::HostWriteAtHbm(job),
+                );
+            }
+        }
+    }
+
+    fn launch(&mut self) {
+        for sip in 0..self.m.topo.counts.sips {
+            let io = self.m.sip_node(sip, NodeKind::IoCpu);
+            self.send(self.m.host(), io, CONTROL_BYTES, Arrive::LaunchAtIo(sip));
+        }
+    }
+
+    /// The latest any PE of `sip` can receive a launch stamped at io_cpu:
+    /// uncontended fan-out latency plus the m_cpu and pe_cpu handling.
+    fn launch_lead(&self, sip: u32) -> Ps {
+        let io = self.m.sip_node(sip, NodeKind::IoCpu);
+        let handle = ns_to_ps(self.m.topo.cpu.handle_ns.0);
+        self.m
+            .pes()
+            .filter(|p| p.sip == sip)
+            .map(|p| {
+                let mcpu = self.m.cube_node(sip, p.cube, NodeKind::MCpu);
+                let cpu = self.m.pe_node(p, NodeKind::PeCpu);
+                self.m
+                    .uncontended_ps(&self.m.route(io, mcpu), CONTROL_BYTES)
+                    + self
+                        .m
+                        .uncontended_ps(&self.m.route(mcpu, cpu), CONTROL_BYTES)
+                    + 2 * handle
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn arrive(&mut self, then: Arrive) -> Result<(), SimError> {
+        let now = self.q.now();
+        match then {
+            Arrive::HostWriteAtHbm(job) => {
+                let (tensor, shard) = {
+                    let j = self.host_writes.get(job);
+                    (j.tensor, j.shard)
+                };
+                let t = &self.tensors[tensor as usize];
+                let s = t.meta.shards[shard as usize].clone();
+                let pe = t.shard_pes[shard as usize];
+                let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                let op = self.hook_start(hbm, "host_write", OpKind::Memory);
+                let host = t.data.as_deref().expect("deployed tensors have host data");
+                let mut data = Vec::with_capacity((s.rows * s.row_bytes) as usize);
+                for r in 0..s.rows {
+                    let at = (s.tensor_offset + r * s.tensor_row_stride) as usize;
+                    data.extend_from_slice(&host[at..at + s.row_bytes as usize]);
+                }
+                let read = self.effect(vec![Extent {
+                    pa: pa::host(tensor, s.tensor_offset),
+                    len: s.row_bytes,
+                    rows: s.rows as u32,
+                    stride: s.tensor_row_stride,
+                }]);
+                let end = self.serve(
+                    hbm,
+                    Request {
+                        pa: s.pa,
+                        row_bytes: s.rows * s.row_bytes,
+                        rows: 1,
+                        stride: 0,
+                    },
+                );
+                let j = self.host_writes.get(job);
+                j.op = Some(op);
+                j.data = data;
+                j.read = Some(read);
+                self.at(end, Act::HostWriteDone(job));
+            }
+            Arrive::HostAck => {
+                self.host_pending -= 1;
+                if self.host_pending == 0 {
+                    self.launch();
+                }
+            }
+            Arrive::LaunchAtIo(sip) => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let end = self.serve(io, Request::control());
+                let target = end + self.launch_lead(sip);
+                self.at(end, Act::IoFanout { sip, target });
+            }
+            Arrive::LaunchAtMcpu { sip, cube, target } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                let end = self.serve(mcpu, Request::control());
+                self.at(end, Act::McpuFanout { sip, cube, target });
+            }
+            Arrive::LaunchAtPe { pe, target } => {
+                let cpu = self
+                    .m
+                    .pe_node(self.m.pe_coord(pe as usize), NodeKind::PeCpu);
+                let end = self.serve(cpu, Request::control());
+                self.at(end.max(target), Act::KernelStart(pe));
+            }
+            Arrive::DmaCmdAtDma(d) => {
+                let pe = self.dmas.get(d).pe as usize;
+                let e = &mut self.engines[pe];
+                if e.idle > 0 {
+                    e.idle -= 1;
+                    self.at(now, Act::DmaBegin(d));
+                } else {
+                    e.waiting.push_back(d);
+                }
+            }
+            Arrive::DmaReqAtHbm(d) => {
+                let cmd = self.dmas.get(d).cmd;
+                let hbm = self.hbm_of(cmd.src.addr);
+                let end = self.serve(
+                    hbm,
+                    Request {
+                        pa: cmd.src.addr,
+                        row_bytes: cmd.row_bytes,
+                        rows: cmd.rows,
+                        stride: cmd.src_stride,
+                    },
+                );
+                self.at(end, Act::DmaSrcRead(d));
+            }
+            Arrive::DmaDataAtDma(d) => self.at(now, Act::DmaDeliver(d)),
+            Arrive::DmaDataAtHbm(d) => {
+                let cmd = self.dmas.get(d).cmd;
+                let hbm = self.hbm_of(cmd.dst.addr);
+                let end = self.serve(
+                    hbm,
+                    Request {
+                        pa: cmd.dst.addr,
+                        row_bytes: cmd.row_bytes,
+                        rows: cmd.rows,
+                        stride: cmd.dst_stride,
+                    },
+                );
+                self.at(end, Act::DmaDstWrite(d));
+            }
+            Arrive::DmaAckAtDma(d) => self.at(now, Act::DmaFinish(d)),
+            Arrive::CmdDoneAtCpu(pe) => self.step_program(pe)?,
+        }
+        Ok(())
+    }
+
+    fn act(&mut self, a: Act) -> Result<(), SimError> {
+        let now = self.q.now();
+        match a {
+            Act::HostWriteDone(job) => {
+                let j = self.host_writes.remove(job);
+                let t = &self.tensors[j.tensor as usize];
+                let s = &t.meta.shards[j.shard as usize];
+                let pe = t.shard_pes[j.shard as usize];
+                self.data.write(s.pa, &j.data);
+                let write = self.effect(vec![Extent::contiguous(s.pa, s.rows * s.row_bytes)]);
+                let params = Params::Memory(MemoryParams {
+                    src: Addr {
+                        space: Space::Host,
+                        addr: pa::host(j.tensor, s.tensor_offset),
+                    },
+                    dst: Addr {
+                        space: Space::Hbm,
+                        addr: s.pa,
+                    },
+                    rows: s.rows as u32,
+                    row_bytes: s.row_bytes,
+                    src_stride: s.tensor_row_stride,
+                    dst_stride: s.row_bytes,
+                    dtype: Some(t.meta.dtype),
+                });
+                let fp = kb_format::fingerprint(&j.data);
+                self.hook_end(
+                    j.op.expect("started"),
+                    params,
+                    Some(fp),
+                    j.read,
+                    Some(write),
+                )?;
+                let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                self.send(hbm, self.m.host(), CONTROL_BYTES, Arrive::HostAck);
+            }
+            Act::IoFanout { sip, target } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                for cube in 0..self.m.topo.counts.cubes_per_sip {
+                    let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                    self.send(
+                        io,
+                        mcpu,
+                        CONTROL_BYTES,
+                        Arrive::LaunchAtMcpu { sip, cube, target },
+                    );
+                }
+            }
+            Act::McpuFanout { sip, cube, target } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                for p in 0..self.m.topo.counts.pes_per_cube {
+                    let pc = PeCoord { sip, cube, pe: p };
+                    let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+                    let pe = self.m.pe_index(pc) as u32;
+                    self.send(mcpu, cpu, CONTROL_BYTES, Arrive::LaunchAtPe { pe, target });
+                }
+            }
+            Act::KernelStart(pe) => {
+                if self.stats.kernel_start == 0 {
+                    self.stats.kernel_start = now;
+                }
+                self.step_program(pe)?;
+            }
+            Act::DmaBegin(d) => {
+                let pe = self.m.pe_coord(self.dmas.get(d).pe as usize);
+                let dma = self.m.pe_node(pe, NodeKind::PeDma);
+                let name = if self.dmas.get(d).cmd.dst.space == Space::Tcm {
+                    "dma_read"
+                } else {
+                    "dma_write"
+                };
+                let op = self.hook_start(dma, name, OpKind::Memory);
+                self.dmas.get(d).op = Some(op);
+                self.at(now + self.dma_setup_ps, Act::DmaFetch(d));
+            }
+            Act::DmaFetch(d) => {
+                let (pe, cmd) = {
+                    let x = self.dmas.get(d);
+                    (self.m.pe_coord(x.pe as usize), x.cmd)
+                };
+                match cmd.src.space {
+                    Space::Tcm => {
+                        let tcm = self.m.pe_node(pe, NodeKind::Tcm);
+                        let end = self.serve(
+                            tcm,
+                            Request {
+                                pa: cmd.src.addr,
+                                row_bytes: cmd.row_bytes,
+                                rows: cmd.rows,
+                                stride: cmd.src_stride,
+                            },
+                        );
+                        self.at(end, Act::DmaSrcRead(d));
+                    }
+                    _ => {
+                        let dma = self.m.pe_node(pe, NodeKind::PeDma);
+                        let hbm = self.hbm_of(cmd.src.addr);
+                        self.send(dma, hbm, CONTROL_BYTES, Arrive::DmaReqAtHbm(d));
+                    }
+                }
+            }
+            Act::DmaSrcRead(d) => {
+                let (pe, cmd) = {
+                    let x = self.dmas.get(d);
+                    (self.m.pe_coord(x.pe as usize), x.cmd)
+                };
+                let src = Extent {
+                    pa: cmd.src.addr,
+                    len: cmd.row_bytes,
+                    rows: cmd.rows,
+                    stride: cmd.src_stride,
+                };
+                let mut data = Vec::with_capacity(src.bytes() as usize);
+                if let Err(e) = self.data.read_extent(&src, &mut data) {
+                    return Err(SimError::Kernel {
+                        pe,
+                        time_ns: ns(now),
+                        message: format!("DMA read refused: {e}"),
+                    });
+                }
+                let read = self.effect(vec![src]);
+                let x = self.dmas.get(d);
+                x.fingerprint = kb_format::fingerprint(&data);
+                x.data = data;
+                x.read = Some(read);
+                if cmd.src.space == Space::Tcm {
+                    self.at(now, Act::DmaDeliver(d));
+                } else {
+                    let hbm = self.hbm_of(cmd.src.addr);
+                    let dma = self.m.pe_node(pe, NodeKind::PeDma);
+                    self.send(hbm, dma, src.bytes(), Arrive::DmaDataAtDma(d));
+                }
+            }
+            Act::DmaDeliver(d) => {
+                let (pe, cmd) = {
+                    let x = self.dmas.get(d);
+                    (self.m.pe_coord(x.pe as usize), x.cmd)
+                };
+                match cmd.dst.space {
+                    Space::Tcm => {
+                        let tcm = self.m.pe_node(pe, NodeKind::Tcm);
+                        let end = self.serve(
+                            tcm,
+                            Request {
+                                pa: cmd.dst.addr,
+                                row_bytes: cmd.row_bytes,
+                                rows: cmd.rows,
+                                stride: cmd.dst_stride,
+                            },
+                        );
+                        self.at(end, Act::DmaDstWrite(d));
+                    }
+                    _ => {
+                        let dma = self.m.pe_node(pe, NodeKind::PeDma);
+                        let hbm = self.hbm_of(cmd.dst.addr);
+                        self.send(
+                            dma,
+                            hbm,
+                            cmd.row_bytes * cmd.rows as u64,
+                            Arrive::DmaDataAtHbm(d),
+                        );
+                    }
+                }
+            }
+            Act::DmaDstWrite(d) => {
+                let (pe, cmd) = {
+                    let x = self.dmas.get(d);
+                    (self.m.pe_coord(x.pe as usize), x.cmd)
+                };
+                let dst = Extent {
+                    pa: cmd.dst.addr,
+                    len: cmd.row_bytes,
+                    rows: cmd.rows,
+                    stride: cmd.dst_stride,
+                };
+                let data = std::mem::take(&mut self.dmas.get(d).data);
+                self.data.write_extent(&dst, &data);
+                let write = self.effect(vec![dst]);
+                self.dmas.get(d).write = Some(write);
+                if cmd.dst.space == Space::Tcm {
+                    self.at(now, Act::DmaFinish(d));
+                } else {
+                    let hbm = self.hbm_of(cmd.dst.addr);
+                    let dma = self.m.pe_node(pe, NodeKind::PeDma);
+                    self.send(hbm, dma, CONTROL_BYTES, Arrive::DmaAckAtDma(d));
+                }
+            }
+            Act::DmaFinish(d) => {
+                let x = self.dmas.remove(d);
+                let c = x.cmd;
+                let params = Params::Memory(MemoryParams {
+                    src: c.src,
+                    dst: c.dst,
+                    rows: c.rows,
+                    row_bytes: c.row_bytes,
+                    src_stride: c.src_stride,
+                    dst_stride: c.dst_stride,
+                    dtype: c.dtype,
+                });
+                self.hook_end(
+                    x.op.expect("started"),
+                    params,
+                    Some(x.fingerprint),
+                    x.read,
+                    x.write,
+                )?;
+                let pe = x.pe as usize;
+                let e = &mut self.engines[pe];
+                match e.waiting.pop_front() {
+                    Some(next) => self.at(now, Act::DmaBegin(next)),
+                    None => e.idle += 1,
+                }
+                let pc = self.m.pe_coord(pe);
+                let (dma, cpu) = (
+                    self.m.pe_node(pc, NodeKind::PeDma),
+                    self.m.pe_node(pc, NodeKind::PeCpu),
+                );
+                self.send(dma, cpu, CONTROL_BYTES, Arrive::CmdDoneAtCpu(pe as u32));
+            }
+        }
+        Ok(())
+    }
+
+    fn hbm_of(&self, addr: u64) -> NodeId {
+        let p = Pa::decode(addr).expect("validated at issue");
+        self.m.cube_node(p.sip, p.cube, NodeKind::HbmCtrl)
+    }
+
+    /// Resume a PE's program and issue its next command.
+    fn step_program(&mut self, pe: u32) -> Result<(), SimError> {
+        let Some(cmd) = self.programs[pe as usize].next() else {
+            self.finished[pe as usize] = true;
+            return Ok(());
+        };
+        let pc = self.m.pe_coord(pe as usize);
+        match cmd {
+            Command::Dma(c) => {
+                self.validate_dma(pc, &c)?;
+                let d = self.dmas.insert(Dma {
+                    pe,
+                    cmd: c,
+                    op: None,
+                    data: Vec::new(),
+                    fingerprint: 0,
+                    read: None,
+                    write: None,
+                });
+                let (cpu, dma) = (
+                    self.m.pe_node(pc, NodeKind::PeCpu),
+                    self.m.pe_node(pc, NodeKind::PeDma),
+                );
+                self.send(cpu, dma, CONTROL_BYTES, Arrive::DmaCmdAtDma(d));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_dma(&self, pe: PeCoord, c: &DmaCmd) -> Result<(), SimError> {
+        let err = |message: String| SimError::Kernel {
+            pe,
+            time_ns: ns(self.q.now()),
+            message,
+        };
+        let c_ = self.m.topo.counts;
+        for (side, a, stride) in [
+            ("source", c.src, c.src_stride),
+            ("destination", c.dst, c.dst_stride),
+        ] {
+            let p = Pa::decode(a.addr)
+                .ok_or_else(|| err(format!("DMA {side} {:#x} is not a device PA", a.addr)))?;
+            if p.space != a.space {
+                return Err(err(format!(
+                    "DMA {side} {:#x} is in {}, not {}",
+                    a.addr,
+                    p.space.name(),
+                    a.space.name()
+                )));
+            }
+            if p.sip >= c_.sips || p.cube >= c_.cubes_per_sip || p.pe >= c_.pes_per_cube {
+                return Err(err(format!("DMA {side} {p} is outside the machine")));
+            }
+            if p.space == Space::Tcm && (p.sip, p.cube, p.pe) != (pe.sip, pe.cube, pe.pe) {
+                return Err(err(format!("DMA {side} {p} is another PE's TCM")));
+            }
+            if !matches!(p.space, Space::Tcm | Space::Hbm) {
+                return Err(err(format!(
+                    "DMA {side} space {} is not supported yet",
+                    p.space.name()
+                )));
+            }
+            if c.rows > 1 && stride < c.row_bytes {
+                return Err(err(format!(
+                    "DMA {side} stride {stride} is below the row size {}",
+                    c.row_bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+}

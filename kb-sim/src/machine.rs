@@ -1,0 +1,347 @@
+//! The machine built from a topology: named nodes (the seeds' components),
+//! directed links with latency and bandwidth, and memoized shortest routes.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+use crate::event::{Ps, ns_to_ps};
+use crate::topology::{LinkSpec, Topology};
+
+pub type NodeId = u32;
+pub type LinkId = u32;
+
+/// What a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeKind {
+    Host,
+    PcieEp,
+    IoCpu,
+    MCpu,
+    Noc,
+    HbmRouter,
+    HbmCtrl,
+    Sram,
+    PeCpu,
+    PeDma,
+    PeGemm,
+    PeMath,
+    Tcm,
+}
+
+impl NodeKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeKind::Host => "host",
+            NodeKind::PcieEp => "pcie_ep",
+            NodeKind::IoCpu => "io_cpu",
+            NodeKind::MCpu => "m_cpu",
+            NodeKind::Noc => "noc",
+            NodeKind::HbmRouter => "hbm_router",
+            NodeKind::HbmCtrl => "hbm_ctrl",
+            NodeKind::Sram => "sram",
+            NodeKind::PeCpu => "pe_cpu",
+            NodeKind::PeDma => "pe_dma",
+            NodeKind::PeGemm => "pe_gemm",
+            NodeKind::PeMath => "pe_math",
+            NodeKind::Tcm => "tcm",
+        }
+    }
+
+    const PE_KINDS: [NodeKind; 5] = [
+        NodeKind::PeCpu,
+        NodeKind::PeDma,
+        NodeKind::PeGemm,
+        NodeKind::PeMath,
+        NodeKind::Tcm,
+    ];
+    const CUBE_KINDS: [NodeKind; 5] = [
+        NodeKind::MCpu,
+        NodeKind::Noc,
+        NodeKind::HbmRouter,
+        NodeKind::HbmCtrl,
+        NodeKind::Sram,
+    ];
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub name: String,
+    pub kind: NodeKind,
+    pub sip: u32,
+    pub cube: u32,
+    pub pe: u32,
+}
+
+/// A directed link.
+#[derive(Debug, Clone)]
+pub struct Link {
+    pub from: NodeId,
+    pub to: NodeId,
+    pub latency_ps: Ps,
+    pub bw_gbs: f64,
+    pub class: &'static str,
+}
+
+impl Link {
+    /// Time to serialize `bytes` onto this link.
+    #[inline]
+    pub fn serialize_ps(&self, bytes: u64) -> Ps {
+        // GB/s = bytes per ns; x1000 for ps.
+        (bytes as f64 * 1000.0 / self.bw_gbs).ceil() as Ps
+    }
+}
+
+/// Coordinates of a PE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeCoord {
+    pub sip: u32,
+    pub cube: u32,
+    pub pe: u32,
+}
+
+impl std::fmt::Display for PeCoord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sip{}.cube{}.pe{}", self.sip, self.cube, self.pe)
+    }
+}
+
+/// The built machine. Immutable after construction except the route cache.
+#[derive(Debug)]
+pub struct Machine {
+    pub topo: Topology,
+    pub nodes: Vec<Node>,
+    pub links: Vec<Link>,
+    adj: Vec<Vec<(NodeId, LinkId)>>,
+    sip_base: Vec<NodeId>,
+    cube_base: Vec<NodeId>,
+    pe_base: Vec<NodeId>,
+    routes: RefCell<HashMap<(NodeId, NodeId), Rc<[LinkId]>>>,
+    pub first_flit_ps: Ps,
+}
+
+impl Machine {
+    pub fn build(topo: &Topology) -> Machine {
+        let c = topo.counts;
+        let mut m = Machine {
+            topo: topo.clone(),
+            nodes: Vec::new(),
+            links: Vec::new(),
+            adj: Vec::new(),
+            sip_base: Vec::new(),
+            cube_base: Vec::new(),
+            pe_base: Vec::new(),
+            routes: RefCell::new(HashMap::new()),
+            first_flit_ps: ns_to_ps(topo.fabric.first_flit_ns.0),
+        };
+        let host = m.add_node("host".into(), NodeKind::Host, 0, 0, 0);
+        for s in 0..c.sips {
+            m.sip_base.push(m.nodes.len() as NodeId);
+            m.add_node(format!("sip{s}.pcie_ep"), NodeKind::PcieEp, s, 0, 0);
+            m.add_node(format!("sip{s}.io_cpu"), NodeKind::IoCpu, s, 0, 0);
+            for q in 0..c.cubes_per_sip {
+                m.cube_base.push(m.nodes.len() as NodeId);
+                for k in NodeKind::CUBE_KINDS {
+                    m.add_node(format!("sip{s}.cube{q}.{}", k.name()), k, s, q, 0);
+                }
+                for p in 0..c.pes_per_cube {
+                    m.pe_base.push(m.nodes.len() as NodeId);
+                    for k in NodeKind::PE_KINDS {
+                        m.add_node(format!("sip{s}.cube{q}.pe{p}.{}", k.name()), k, s, q, p);
+                    }
+                }
+            }
+        }
+        let l = topo.links;
+        for s in 0..c.sips {
+            let pcie = m.sip_node(s, NodeKind::PcieEp);
+            let io = m.sip_node(s, NodeKind::IoCpu);
+            m.connect(host, pcie, l.host_pcie, "host_pcie");
+            m.connect(pcie, io, l.pcie_io, "pcie_io");
+            if c.sips > 1 && (s + 1 < c.sips || c.sips > 2) {
+                let next = m.sip_node((s + 1) % c.sips, NodeKind::IoCpu);
+                m.connect(io, next, l.sip_link, "sip_link");
+            }
+            for q in 0..c.cubes_per_sip {
+                let cn = |m: &Machine, k| m.cube_node(s, q, k);
+                let (mcpu, noc, router, hbm, sram) = (
+                    cn(&m, NodeKind::MCpu),
+                    cn(&m, NodeKind::Noc),
+                    cn(&m, NodeKind::HbmRouter),
+                    cn(&m, NodeKind::HbmCtrl),
+                    cn(&m, NodeKind::Sram),
+                );
+                m.connect(io, mcpu, l.io_mcpu, "io_mcpu");
+                m.connect(mcpu, noc, l.mcpu_noc, "mcpu_noc");
+                m.connect(noc, router, l.noc_hbm, "noc_hbm");
+                m.connect(router, hbm, l.noc_hbm, "noc_hbm");
+                m.connect(noc, sram, l.noc_sram, "noc_sram");
+                if c.cubes_per_sip > 1 && (q + 1 < c.cubes_per_sip || c.cubes_per_sip > 2) {
+                    let next = m.cube_node(s, (q + 1) % c.cubes_per_sip, NodeKind::Noc);
+                    m.connect(noc, next, l.cube_link, "cube_link");
+                }
+                for p in 0..c.pes_per_cube {
+                    let pc = PeCoord {
+                        sip: s,
+                        cube: q,
+                        pe: p,
+                    };
+                    let (cpu, dma, gemm, math, tcm) = (
+                        m.pe_node(pc, NodeKind::PeCpu),
+                        m.pe_node(pc, NodeKind::PeDma),
+                        m.pe_node(pc, NodeKind::PeGemm),
+                        m.pe_node(pc, NodeKind::PeMath),
+                        m.pe_node(pc, NodeKind::Tcm),
+                    );
+                    m.connect(noc, dma, l.noc_pe, "noc_pe");
+                    for unit in [dma, gemm, math] {
+                        m.connect(cpu, unit, l.pe_internal, "pe_internal");
+                        m.connect(unit, tcm, l.tcm_port, "tcm_port");
+                    }
+                }
+            }
+        }
+        m
+    }
+
+    fn add_node(&mut self, name: String, kind: NodeKind, sip: u32, cube: u32, pe: u32) -> NodeId {
+        self.nodes.push(Node {
+            name,
+            kind,
+            sip,
+            cube,
+            pe,
+        });
+        self.adj.push(Vec::new());
+        (self.nodes.len() - 1) as NodeId
+    }
+
+    fn connect(&mut self, a: NodeId, b: NodeId, spec: LinkSpec, class: &'static str) {
+        for (from, to) in [(a, b), (b, a)] {
+            let id = self.links.len() as LinkId;
+            self.links.push(Link {
+                from,
+                to,
+                latency_ps: ns_to_ps(spec.latency_ns.0),
+                bw_gbs: spec.bw_gbs.0,
+                class,
+            });
+            self.adj[from as usize].push((to, id));
+        }
+    }
+
+    pub fn host(&self) -> NodeId {
+        0
+    }
+
+    pub fn sip_node(&self, sip: u32, kind: NodeKind) -> NodeId {
+        let off = match kind {
+            NodeKind::PcieEp => 0,
+            NodeKind::IoCpu => 1,
+            _ => panic!("{kind:?} is not a SIP-level node"),
+        };
+        self.sip_base[sip as usize] + off
+    }
+
+    pub fn cube_node(&self, sip: u32, cube: u32, kind: NodeKind) -> NodeId {
+        let off = NodeKind::CUBE_KINDS
+            .iter()
+            .position(|&k| k == kind)
+            .unwrap_or_else(|| panic!("{kind:?} is not a cube-level node"));
+        self.cube_base[(sip * self.topo.counts.cubes_per_sip + cube) as usize] + off as NodeId
+    }
+
+    pub fn pe_node(&self, pe: PeCoord, kind: NodeKind) -> NodeId {
+        let off = NodeKind::PE_KINDS
+            .iter()
+            .position(|&k| k == kind)
+            .unwrap_or_else(|| panic!("{kind:?} is not a PE-level node"));
+        self.pe_base[self.pe_index(pe)] + off as NodeId
+    }
+
+    /// Dense index of a PE, 0..total_pes.
+    pub fn pe_index(&self, pe: PeCoord) -> usize {
+        let c = self.topo.counts;
+        ((pe.sip * c.cubes_per_sip + pe.cube) * c.pes_per_cube + pe.pe) as usize
+    }
+
+    pub fn pe_coord(&self, index: usize) -> PeCoord {
+        let c = self.topo.counts;
+        let i = index as u32;
+        PeCoord {
+            sip: i / (c.cubes_per_sip * c.pes_per_cube),
+            cube: (i / c.pes_per_cube) % c.cubes_per_sip,
+            pe: i % c.pes_per_cube,
+        }
+    }
+
+    pub fn pes(&self) -> impl Iterator<Item = PeCoord> + '_ {
+        (0..self.topo.total_pes() as usize).map(|i| self.pe_coord(i))
+    }
+
+    pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .map(|i| i as NodeId)
+    }
+
+    /// The shortest route (fewest hops; ties by link creation order) from
+    /// `from` to `to`, as link ids. Computed once per pair.
+    pub fn route(&self, from: NodeId, to: NodeId) -> Rc<[LinkId]> {
+        if let Some(r) = self.routes.borrow().get(&(from, to)) {
+            return r.clone();
+        }
+        let r: Rc<[LinkId]> = self.bfs(from, to).into();
+        self.routes.borrow_mut().insert((from, to), r.clone());
+        r
+    }
+
+    fn bfs(&self, from: NodeId, to: NodeId) -> Vec<LinkId> {
+        let n = self.nodes.len();
+        let mut via: Vec<Option<LinkId>> = vec![None; n];
+        let mut seen = vec![false; n];
+        let mut q = VecDeque::new();
+        seen[from as usize] = true;
+        q.push_back(from);
+        while let Some(u) = q.pop_front() {
+            if u == to {
+                break;
+            }
+            for &(v, l) in &self.adj[u as usize] {
+                if !seen[v as usize] {
+                    seen[v as usize] = true;
+                    via[v as usize] = Some(l);
+                    q.push_back(v);
+                }
+            }
+        }
+        let mut path = Vec::new();
+        let mut at = to;
+        while at != from {
+            let l = via[at as usize].expect("the fabric is connected");
+            path.push(l);
+            at = self.links[l as usize].from;
+        }
+        path.reverse();
+        path
+    }
+
+    /// Uncontended time for a message of `bytes` to cross `route`
+    /// (cut-through: latencies, a first-flit overhead per intermediate
+    /// node, and the slowest link's serialization).
+    pub fn uncontended_ps(&self, route: &[LinkId], bytes: u64) -> Ps {
+        let mut head: Ps = 0;
+        let mut tail: Ps = 0;
+        for (i, &l) in route.iter().enumerate() {
+            let link = &self.links[l as usize];
+            if i > 0 {
+                head += self.first_flit_ps;
+            }
+            let end = (head + link.serialize_ps(bytes)).max(tail);
+            tail = end + link.latency_ps;
+            head += link.latency_ps;
+        }
+        tail
+    }
+}

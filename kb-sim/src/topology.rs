@@ -1,0 +1,474 @@
+//! Topologies: the machine description in YAML (counts, per-component
+//! attributes with units in their names), parsed strictly: unknown fields
+//! and bad values are errors naming the file, line and field.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Topologies shipped with kb-sim, embedded in the binary.
+pub const EMBEDDED: &[(&str, &str)] = &[
+    ("small", include_str!("../../topologies/small.yaml")),
+    ("default", include_str!("../../topologies/default.yaml")),
+    ("large", include_str!("../../topologies/large.yaml")),
+];
+
+/// A strictly positive, finite number (bandwidths, sizes, rates);
+/// checked after parsing by `check_units`, which knows the field's line.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Positive(pub f64);
+
+/// A non-negative, finite number (latencies, overheads); checked after
+/// parsing like [`Positive`].
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NonNegative(pub f64);
+
+/// A link class: latency and bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpec {
+    pub latency_ns: NonNegative,
+    pub bw_gbs: Positive,
+}
+
+/// Address model (ADR-0011). Only `pa` is built so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AddressModel {
+    Pa,
+}
+
+impl AddressModel {
+    pub fn name(self) -> &'static str {
+        match self {
+            AddressModel::Pa => "pa",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Counts {
+    pub sips: u32,
+    pub cubes_per_sip: u32,
+    pub pes_per_cube: u32,
+}
+
+/// Links of the fabric, by class.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Links {
+    /// host <-> each SIP's pcie_ep.
+    pub host_pcie: LinkSpec,
+    /// pcie_ep <-> io_cpu.
+    pub pcie_io: LinkSpec,
+    /// io_cpu <-> each cube's m_cpu (the deploy and launch fan-out).
+    pub io_mcpu: LinkSpec,
+    /// m_cpu <-> noc.
+    pub mcpu_noc: LinkSpec,
+    /// noc <-> each PE's pe_dma.
+    pub noc_pe: LinkSpec,
+    /// noc <-> hbm_router, and hbm_router <-> hbm_ctrl.
+    pub noc_hbm: LinkSpec,
+    /// noc <-> sram.
+    pub noc_sram: LinkSpec,
+    /// pe_cpu <-> pe_dma / pe_gemm / pe_math (command issue).
+    pub pe_internal: LinkSpec,
+    /// pe_dma / pe_gemm / pe_math <-> tcm.
+    pub tcm_port: LinkSpec,
+    /// noc <-> noc of the next cube in the SIP (a ring).
+    pub cube_link: LinkSpec,
+    /// io_cpu <-> io_cpu of the next SIP (a ring).
+    pub sip_link: LinkSpec,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricSpec {
+    /// Per-hop forwarding overhead before the first flit leaves a node
+    /// (cut-through routing).
+    pub first_flit_ns: NonNegative,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HbmSpec {
+    /// HBM capacity per cube.
+    pub size_gib: Positive,
+    pub pseudo_channels: u32,
+    pub channel_bw_gbs: Positive,
+    /// Access latency of a pseudo channel, added to each request's service.
+    pub latency_ns: NonNegative,
+    /// Bytes of contiguous address per pseudo channel before the next one.
+    pub interleave_bytes: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DmaSpec {
+    /// Independent DMA engines per PE (commands in service at once).
+    pub engines: u32,
+    /// Per-command setup time before the first request leaves.
+    pub setup_ns: NonNegative,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcmSpec {
+    pub size_kib: Positive,
+    pub latency_ns: NonNegative,
+    pub bw_gbs: Positive,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SramSpec {
+    pub size_kib: Positive,
+    pub latency_ns: NonNegative,
+}
+
+/// Peak throughput per dtype, in TFLOP/s (GEMM) or GFLOP/s (vector).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerDtype {
+    pub f32: Positive,
+    pub f16: Positive,
+    pub bf16: Positive,
+    pub i8: Positive,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmSpec {
+    pub tflops: PerDtype,
+    pub setup_ns: NonNegative,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MathSpec {
+    pub gflops: PerDtype,
+    pub setup_ns: NonNegative,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuSpec {
+    /// Time io_cpu, m_cpu and pe_cpu take to handle one control message.
+    pub handle_ns: NonNegative,
+}
+
+/// A whole machine description.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    pub name: String,
+    pub address_model: AddressModel,
+    pub counts: Counts,
+    pub fabric: FabricSpec,
+    pub links: Links,
+    pub hbm: HbmSpec,
+    pub pe_dma: DmaSpec,
+    pub tcm: TcmSpec,
+    pub sram: SramSpec,
+    pub pe_gemm: GemmSpec,
+    pub pe_math: MathSpec,
+    pub cpu: CpuSpec,
+}
+
+/// A topology that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("{source_name}: {message}")]
+pub struct TopologyError {
+    pub source_name: String,
+    pub message: String,
+}
+
+/// Units are in field names: `*_gbs`, `*_gib`, `*_kib` and the per-dtype
+/// throughputs under `tflops`/`gflops` must be positive; `*_ns` must be
+/// non-negative. Returns the offending field's path.
+fn check_units(
+    v: &serde_yaml_ng::Value,
+    path: &mut Vec<String>,
+) -> Result<(), (Vec<String>, String)> {
+    use serde_yaml_ng::Value;
+    match v {
+        Value::Mapping(m) => {
+            for (k, v) in m {
+                path.push(k.as_str().unwrap_or("?").to_string());
+                check_units(v, path)?;
+                path.pop();
+            }
+        }
+        Value::Number(n) => {
+            let key = path.last().map(String::as_str).unwrap_or("");
+            let parent = path
+                .len()
+                .checked_sub(2)
+                .map(|i| path[i].as_str())
+                .unwrap_or("");
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            let positive = key.ends_with("_gbs")
+                || key.ends_with("_gib")
+                || key.ends_with("_kib")
+                || parent == "tflops"
+                || parent == "gflops";
+            if positive && !(x.is_finite() && x > 0.0) {
+                return Err((path.clone(), format!("must be a positive number, got {x}")));
+            }
+            if key.ends_with("_ns") && !(x.is_finite() && x >= 0.0) {
+                return Err((
+                    path.clone(),
+                    format!("must be a non-negative number, got {x}"),
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The 1-based line where the key at `path` is written, following block
+/// indentation and one level of `{flow: mappings}`.
+fn line_of(text: &str, path: &[String]) -> Option<usize> {
+    let mut stack: Vec<(usize, &str)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let body = line.split('#').next().unwrap_or("");
+        let trimmed = body.trim_start();
+        if trimmed.is_empty() {
+            continue;
+        }
+        let indent = body.len() - trimmed.len();
+        let Some((key, rest)) = trimmed.split_once(':') else {
+            continue;
+        };
+        while stack.last().is_some_and(|&(d, _)| d >= indent) {
+            stack.pop();
+        }
+        stack.push((indent, key.trim()));
+        let keys: Vec<&str> = stack.iter().map(|&(_, k)| k).collect();
+        if keys.len() == path.len() && keys.iter().zip(path).all(|(a, b)| a == b) {
+            return Some(i + 1);
+        }
+        if keys.len() + 1 == path.len()
+            && keys.iter().zip(path).all(|(a, b)| a == b)
+            && rest.trim_start().starts_with('{')
+            && rest.contains(&format!("{}:", path[path.len() - 1]))
+        {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+impl Topology {
+    /// Load by embedded name (`small`, `default`, `large`) or by file path.
+    pub fn load(name_or_path: &str) -> Result<Topology, TopologyError> {
+        if let Some((_, text)) = EMBEDDED.iter().find(|(n, _)| *n == name_or_path) {
+            return Topology::parse(text, &format!("topologies/{name_or_path}.yaml (embedded)"));
+        }
+        let path = Path::new(name_or_path);
+        let text = std::fs::read_to_string(path).map_err(|e| TopologyError {
+            source_name: name_or_path.to_string(),
+            message: format!(
+                "cannot read topology: {e} (embedded topologies: {})",
+                EMBEDDED
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })?;
+        Topology::parse(&text, name_or_path)
+    }
+
+    /// Parse YAML text; `source_name` names the file in errors.
+    pub fn parse(text: &str, source_name: &str) -> Result<Topology, TopologyError> {
+        let err = |message: String| TopologyError {
+            source_name: source_name.to_string(),
+            message,
+        };
+        let t: Topology = serde_yaml_ng::from_str(text)
+            .map_err(|e| {
+                // serde_yaml_ng says "path: message at line L column C"; lead
+                // with file:line so editors can jump to it.
+                let msg = e.to_string();
+                match e.location() {
+                    Some(loc) => format!("line {}: {msg}", loc.line()),
+                    None => msg,
+                }
+            })
+            .map_err(err)?;
+        let value: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(text).map_err(|e| err(e.to_string()))?;
+        check_units(&value, &mut Vec::new()).map_err(|(path, why)| {
+            let at = line_of(text, &path)
+                .map(|l| format!("line {l}: "))
+                .unwrap_or_default();
+            err(format!("{at}{}: {why}", path.join(".")))
+        })?;
+        t.validate().map_err(|(path, why)| {
+            let segs: Vec<String> = path.split('.').map(String::from).collect();
+            let at = line_of(text, &segs)
+                .map(|l| format!("line {l}: "))
+                .unwrap_or_default();
+            err(format!("{at}{path}: {why}"))
+        })?;
+        Ok(t)
+    }
+
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let c = &self.counts;
+        let check = |ok: bool, field: &'static str, why: String| {
+            if ok { Ok(()) } else { Err((field, why)) }
+        };
+        check(
+            (1..=kb_format::pa::MAX_SIPS).contains(&c.sips),
+            "counts.sips",
+            format!("must be 1..={}, got {}", kb_format::pa::MAX_SIPS, c.sips),
+        )?;
+        check(
+            (1..=kb_format::pa::MAX_CUBES).contains(&c.cubes_per_sip),
+            "counts.cubes_per_sip",
+            format!(
+                "must be 1..={}, got {}",
+                kb_format::pa::MAX_CUBES,
+                c.cubes_per_sip
+            ),
+        )?;
+        check(
+            (1..=kb_format::pa::MAX_PES).contains(&c.pes_per_cube),
+            "counts.pes_per_cube",
+            format!(
+                "must be 1..={}, got {}",
+                kb_format::pa::MAX_PES,
+                c.pes_per_cube
+            ),
+        )?;
+        check(
+            self.hbm.pseudo_channels >= 1 && self.hbm.pseudo_channels <= 1024,
+            "hbm.pseudo_channels",
+            format!("must be 1..=1024, got {}", self.hbm.pseudo_channels),
+        )?;
+        check(
+            self.hbm.interleave_bytes >= 64 && self.hbm.interleave_bytes.is_power_of_two(),
+            "hbm.interleave_bytes",
+            format!(
+                "must be a power of two >= 64, got {}",
+                self.hbm.interleave_bytes
+            ),
+        )?;
+        let per_pe = self.hbm.size_gib.0 * (1u64 << 30) as f64 / c.pes_per_cube as f64;
+        check(
+            per_pe <= (1u64 << kb_format::pa::OFFSET_BITS) as f64,
+            "hbm.size_gib",
+            "more than 32 GiB per PE partition does not fit the PA offset".into(),
+        )?;
+        check(
+            (1..=64).contains(&self.pe_dma.engines),
+            "pe_dma.engines",
+            format!("must be 1..=64, got {}", self.pe_dma.engines),
+        )?;
+        Ok(())
+    }
+
+    /// The topology as YAML (what the trace's metadata records).
+    pub fn to_yaml(&self) -> String {
+        serde_yaml_ng::to_string(self).unwrap_or_default()
+    }
+
+    pub fn total_pes(&self) -> u32 {
+        self.counts.sips * self.counts.cubes_per_sip * self.counts.pes_per_cube
+    }
+
+    /// HBM bytes of one PE's partition.
+    pub fn hbm_bytes_per_pe(&self) -> u64 {
+        (self.hbm.size_gib.0 * (1u64 << 30) as f64) as u64 / self.counts.pes_per_cube as u64
+    }
+
+    pub fn tcm_bytes(&self) -> u64 {
+        (self.tcm.size_kib.0 * 1024.0) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_topologies_parse_with_the_documented_counts() {
+        let t = Topology::load("small").unwrap();
+        assert_eq!(
+            (t.counts.sips, t.counts.cubes_per_sip, t.counts.pes_per_cube),
+            (1, 1, 4)
+        );
+        let t = Topology::load("default").unwrap();
+        assert_eq!(
+            (t.counts.sips, t.counts.cubes_per_sip, t.counts.pes_per_cube),
+            (1, 4, 8)
+        );
+        let t = Topology::load("large").unwrap();
+        assert_eq!(t.total_pes(), 256);
+    }
+
+    #[test]
+    fn unknown_field_names_line_and_field() {
+        let text = EMBEDDED[0].1.replace("engines:", "engines_typo:");
+        let e = Topology::parse(&text, "bad.yaml").unwrap_err().to_string();
+        assert!(e.starts_with("bad.yaml: line "), "{e}");
+        assert!(e.contains("engines_typo"), "{e}");
+    }
+
+    #[test]
+    fn negative_bandwidth_is_rejected_with_its_line() {
+        let text = EMBEDDED[0]
+            .1
+            .replacen("channel_bw_gbs: 32", "channel_bw_gbs: -32", 1);
+        assert_ne!(text, EMBEDDED[0].1);
+        let e = Topology::parse(&text, "neg.yaml").unwrap_err().to_string();
+        let line = text.lines().position(|l| l.contains("-32")).unwrap() + 1;
+        assert!(e.contains(&format!("line {line}")), "{e}");
+        assert!(
+            e.contains("hbm.channel_bw_gbs") && e.contains("positive"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_yaml_and_out_of_range_counts_are_errors() {
+        assert!(
+            Topology::parse("name: [", "x.yaml")
+                .unwrap_err()
+                .to_string()
+                .contains("line")
+        );
+        let text = EMBEDDED[0]
+            .1
+            .replacen("pes_per_cube: 4", "pes_per_cube: 0", 1);
+        let e = Topology::parse(&text, "x.yaml").unwrap_err().to_string();
+        let line = text
+            .lines()
+            .position(|l| l.contains("pes_per_cube: 0"))
+            .unwrap()
+            + 1;
+        assert!(
+            e.contains("counts.pes_per_cube") && e.contains(&format!("line {line}:")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn flow_mapping_fields_are_located() {
+        let text = EMBEDDED[0]
+            .1
+            .replacen("bw_gbs: 64}    # host", "bw_gbs: 0}    # host", 1);
+        assert_ne!(text, EMBEDDED[0].1);
+        let e = Topology::parse(&text, "x.yaml").unwrap_err().to_string();
+        let line = text.lines().position(|l| l.contains("bw_gbs: 0}")).unwrap() + 1;
+        assert!(
+            e.contains(&format!("line {line}: links.host_pcie.bw_gbs")),
+            "{e}"
+        );
+    }
+}
