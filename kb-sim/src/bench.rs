@@ -8,7 +8,7 @@ use kb_format::{Addr, Dtype, Expr, Space, VerifyOutput, VerifySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::program::{Command, DmaCmd, PeProgram};
+use crate::program::{Command, DmaCmd, PeProgram, Script};
 use crate::runtime::{Runtime, SetupError, Sharding};
 
 /// A benchmark parameter with its default.
@@ -269,9 +269,7 @@ impl Benchmark for Copy {
                     r += nr;
                 }
             }
-            programs.push(Box::new(Script {
-                cmds: cmds.into_iter(),
-            }));
+            programs.push(Box::new(Script::new(cmds)));
         }
         Ok(Built {
             programs,
@@ -283,17 +281,5 @@ impl Benchmark for Copy {
                 }],
             },
         })
-    }
-}
-
-/// A program that issues a fixed list of commands in order.
-#[derive(Debug)]
-struct Script {
-    cmds: std::vec::IntoIter<Command>,
-}
-
-impl PeProgram for Script {
-    fn next(&mut self) -> Option<Command> {
-        self.cmds.next()
     }
 }

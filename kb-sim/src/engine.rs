@@ -56,7 +56,7 @@ enum Arrive {
     DmaDataAtDma(u32),
     DmaDataAtHbm(u32),
     DmaAckAtDma(u32),
-    CmdDoneAtCpu(u32),
+    CmdDoneAtCpu { pe: u32, dma: u32 },
     HostWriteAtHbm(u32),
     HostAck,
     LaunchAtIo(u32),
@@ -206,8 +206,26 @@ pub struct Engine<'m, W: Write> {
     log: OpLog<W>,
     tensors: &'m [Tensor],
     programs: Vec<Box<dyn PeProgram>>,
-    finished: Vec<bool>,
+    pes: Vec<PeState>,
     stats: RunStats,
+}
+
+/// Per-PE kernel state.
+#[derive(Debug, Clone, Copy, Default)]
+struct PeState {
+    finished: bool,
+    /// DMAs issued and not yet completed.
+    outstanding: u32,
+    /// What the program waits on: a specific DMA, or all of them.
+    waiting: Wait,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Wait {
+    #[default]
+    Nothing,
+    Dma(u32),
+    All,
 }
 
 impl<W: Write> std::fmt::Debug for Engine<'_, W> {
@@ -277,7 +295,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 names: vec![None; m.nodes.len()],
             },
             tensors,
-            finished: vec![false; programs.len()],
+            pes: vec![PeState::default(); programs.len()],
             programs,
             stats: RunStats::default(),
         }
@@ -301,11 +319,11 @@ impl<'m, W: Write> Engine<'m, W> {
             }
         }
         let stuck: Vec<String> = self
-            .finished
+            .pes
             .iter()
             .enumerate()
-            .filter(|(_, f)| !**f)
-            .map(|(i, _)| self.m.pe_coord(i).to_string())
+            .filter(|(_, s)| !s.finished)
+            .map(|(i, s)| format!("{} (waiting on {:?})", self.m.pe_coord(i), s.waiting))
             .collect();
         if !stuck.is_empty() {
             return Err(SimError::Stalled {
@@ -602,7 +620,19 @@ impl<'m, W: Write> Engine<'m, W> {
                 self.at(end, Act::DmaDstWrite(d));
             }
             Arrive::DmaAckAtDma(d) => self.at(now, Act::DmaFinish(d)),
-            Arrive::CmdDoneAtCpu(pe) => self.step_program(pe)?,
+            Arrive::CmdDoneAtCpu { pe, dma } => {
+                let s = &mut self.pes[pe as usize];
+                s.outstanding -= 1;
+                let resume = match s.waiting {
+                    Wait::Dma(d) => d == dma,
+                    Wait::All => s.outstanding == 0,
+                    Wait::Nothing => false,
+                };
+                if resume {
+                    s.waiting = Wait::Nothing;
+                    self.step_program(pe)?;
+                }
+            }
         }
         Ok(())
     }
@@ -824,7 +854,15 @@ impl<'m, W: Write> Engine<'m, W> {
                     self.m.pe_node(pc, NodeKind::PeDma),
                     self.m.pe_node(pc, NodeKind::PeCpu),
                 );
-                self.send(dma, cpu, CONTROL_BYTES, Arrive::CmdDoneAtCpu(pe as u32));
+                self.send(
+                    dma,
+                    cpu,
+                    CONTROL_BYTES,
+                    Arrive::CmdDoneAtCpu {
+                        pe: pe as u32,
+                        dma: d,
+                    },
+                );
             }
         }
         Ok(())
@@ -835,33 +873,51 @@ impl<'m, W: Write> Engine<'m, W> {
         self.m.cube_node(p.sip, p.cube, NodeKind::HbmCtrl)
     }
 
-    /// Resume a PE's program and issue its next command.
+    /// Resume a PE's program: issue commands until it blocks or ends.
     fn step_program(&mut self, pe: u32) -> Result<(), SimError> {
-        let Some(cmd) = self.programs[pe as usize].next() else {
-            self.finished[pe as usize] = true;
-            return Ok(());
-        };
         let pc = self.m.pe_coord(pe as usize);
-        match cmd {
-            Command::Dma(c) => {
-                self.validate_dma(pc, &c)?;
-                let d = self.dmas.insert(Dma {
-                    pe,
-                    cmd: c,
-                    op: None,
-                    data: Vec::new(),
-                    fingerprint: 0,
-                    read: None,
-                    write: None,
-                });
-                let (cpu, dma) = (
-                    self.m.pe_node(pc, NodeKind::PeCpu),
-                    self.m.pe_node(pc, NodeKind::PeDma),
-                );
-                self.send(cpu, dma, CONTROL_BYTES, Arrive::DmaCmdAtDma(d));
+        loop {
+            let Some(cmd) = self.programs[pe as usize].next() else {
+                self.pes[pe as usize].finished = true;
+                return Ok(());
+            };
+            match cmd {
+                Command::Dma(c) => {
+                    let d = self.issue_dma(pc, pe, c)?;
+                    self.pes[pe as usize].waiting = Wait::Dma(d);
+                    return Ok(());
+                }
+                Command::DmaAsync(c) => {
+                    self.issue_dma(pc, pe, c)?;
+                }
+                Command::WaitAll => {
+                    if self.pes[pe as usize].outstanding > 0 {
+                        self.pes[pe as usize].waiting = Wait::All;
+                        return Ok(());
+                    }
+                }
             }
         }
-        Ok(())
+    }
+
+    fn issue_dma(&mut self, pc: PeCoord, pe: u32, c: DmaCmd) -> Result<u32, SimError> {
+        self.validate_dma(pc, &c)?;
+        let d = self.dmas.insert(Dma {
+            pe,
+            cmd: c,
+            op: None,
+            data: Vec::new(),
+            fingerprint: 0,
+            read: None,
+            write: None,
+        });
+        self.pes[pe as usize].outstanding += 1;
+        let (cpu, dma) = (
+            self.m.pe_node(pc, NodeKind::PeCpu),
+            self.m.pe_node(pc, NodeKind::PeDma),
+        );
+        self.send(cpu, dma, CONTROL_BYTES, Arrive::DmaCmdAtDma(d));
+        Ok(d)
     }
 
     fn validate_dma(&self, pe: PeCoord, c: &DmaCmd) -> Result<(), SimError> {

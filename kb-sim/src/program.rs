@@ -20,11 +20,37 @@ pub struct DmaCmd {
 /// A command a PE program issues.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
+    /// Issue a DMA and resume when it completes.
     Dma(DmaCmd),
+    /// Issue a DMA and resume at once; `WaitAll` waits for it.
+    DmaAsync(DmaCmd),
+    /// Resume when every DMA this PE issued has completed.
+    WaitAll,
 }
 
-/// A PE's program: `next` is called at kernel start and after each command
-/// completes; `None` ends the kernel.
+/// A PE's program: `next` is called at kernel start, after a blocking
+/// command completes, and right after an asynchronous one is issued;
+/// `None` ends the kernel (outstanding DMAs still complete).
 pub trait PeProgram: std::fmt::Debug {
     fn next(&mut self) -> Option<Command>;
+}
+
+/// A program that issues a fixed list of commands in order.
+#[derive(Debug)]
+pub struct Script {
+    cmds: std::vec::IntoIter<Command>,
+}
+
+impl Script {
+    pub fn new(cmds: Vec<Command>) -> Script {
+        Script {
+            cmds: cmds.into_iter(),
+        }
+    }
+}
+
+impl PeProgram for Script {
+    fn next(&mut self) -> Option<Command> {
+        self.cmds.next()
+    }
 }

@@ -1,0 +1,160 @@
+//! The pipeline through a pipe and through a file, determinism, and clean
+//! failures of kb-sim.
+
+use kb_e2e::*;
+
+#[test]
+fn bare_pipeline_verifies() {
+    let (sim, replay) = pipe(("kb-sim", &["--quiet"]), ("kb-replay", &["--verify"]));
+    assert!(sim.status.success(), "kb-sim: {}", stderr(&sim));
+    assert_eq!(
+        replay.status.code(),
+        Some(0),
+        "kb-replay: {}",
+        stderr(&replay)
+    );
+}
+
+#[test]
+fn file_pipeline_verifies_and_inspects() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.kbt");
+    let t = t.to_str().unwrap();
+    let sim = run("kb-sim", &["-q", "-o", t], b"");
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    let replay = run("kb-replay", &[t, "--verify"], b"");
+    assert_eq!(replay.status.code(), Some(0), "{}", stderr(&replay));
+    let summary = run("kb-inspect", &["summary", t], b"");
+    assert_eq!(summary.status.code(), Some(0), "{}", stderr(&summary));
+    let text = String::from_utf8_lossy(&summary.stdout);
+    assert!(text.contains("copy") && text.contains("default"), "{text}");
+}
+
+#[test]
+fn copy_verifies_on_every_shipped_topology() {
+    for topo in ["small", "default", "large"] {
+        for params in [
+            &["-p", "rows=300", "-p", "cols=37", "-p", "tile_rows=7"][..],
+            &[][..],
+        ] {
+            let mut args = vec!["-q", "-t", topo, "-b", "copy"];
+            args.extend_from_slice(params);
+            let (sim, replay) = pipe(("kb-sim", &args), ("kb-replay", &["--verify"]));
+            assert!(sim.status.success(), "{topo} {params:?}: {}", stderr(&sim));
+            assert_eq!(
+                replay.status.code(),
+                Some(0),
+                "{topo} {params:?}: {}",
+                stderr(&replay)
+            );
+        }
+    }
+}
+
+#[test]
+fn same_inputs_give_byte_identical_traces() {
+    for topo in ["small", "default"] {
+        let args = ["-q", "-t", topo, "-o", "-", "--seed", "7"];
+        let a = run("kb-sim", &args, b"");
+        let b = run("kb-sim", &args, b"");
+        assert!(a.status.success(), "{}", stderr(&a));
+        assert!(a.stdout.len() > 1000);
+        assert!(a.stdout == b.stdout, "{topo}: traces differ");
+        let c = run("kb-sim", &["-q", "-t", topo, "-o", "-", "--seed", "8"], b"");
+        assert!(
+            a.stdout != c.stdout,
+            "a different seed must change the trace"
+        );
+    }
+}
+
+#[test]
+fn failed_run_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("out.kbt");
+    let o = run(
+        "kb-sim",
+        &["-q", "-o", t.to_str().unwrap(), "-p", "rows=0"],
+        b"",
+    );
+    assert_clean_error(&o, "rows=0");
+    assert!(stderr(&o).contains("rows"), "{}", stderr(&o));
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[test]
+fn bad_flags_topologies_and_params_exit_2() {
+    assert_clean_error(&run("kb-sim", &["--no-such-flag"], b""), "unknown flag");
+    assert_clean_error(
+        &run("kb-sim", &["-o", "-", "-b", "nope"], b""),
+        "unknown bench",
+    );
+    assert_clean_error(
+        &run("kb-sim", &["-o", "-", "-p", "bogus=1"], b""),
+        "unknown param",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    let small = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../topologies/small.yaml"
+    ))
+    .unwrap();
+    std::fs::write(
+        &bad,
+        small.replace("channel_bw_gbs: 32", "channel_bw_gbs: -1"),
+    )
+    .unwrap();
+    let o = run("kb-sim", &["topology", bad.to_str().unwrap()], b"");
+    assert_clean_error(&o, "negative bandwidth");
+    let line = small
+        .lines()
+        .position(|l| l.contains("channel_bw_gbs"))
+        .unwrap()
+        + 1;
+    assert!(
+        stderr(&o).contains(&format!("bad.yaml: line {line}: hbm.channel_bw_gbs")),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(&bad, "name: [unclosed").unwrap();
+    let o = run("kb-sim", &["-o", "-", "-t", bad.to_str().unwrap()], b"");
+    assert_clean_error(&o, "bad yaml");
+    assert!(stderr(&o).contains("bad.yaml: line 1"), "{}", stderr(&o));
+}
+
+#[test]
+fn topology_and_probe_work_for_every_shipped_topology() {
+    for topo in ["small", "default", "large"] {
+        let o = run("kb-sim", &["topology", topo], b"");
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("counts:") && text.contains("route"), "{text}");
+        let o = run(
+            "kb-sim",
+            &[
+                "probe",
+                "-t",
+                topo,
+                "--from",
+                "sip0.cube0.pe0.pe_dma",
+                "--to",
+                "sip0.cube0.hbm_ctrl",
+                "--bytes",
+                "4096",
+            ],
+            b"",
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("GB/s"));
+    }
+    assert_clean_error(
+        &run(
+            "kb-sim",
+            &["probe", "--from", "nowhere", "--to", "host"],
+            b"",
+        ),
+        "bad node",
+    );
+}
