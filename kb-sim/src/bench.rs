@@ -220,8 +220,8 @@ impl Benchmark for Copy {
                 )
             })?;
         let data = random_data(rng, dtype, n as usize);
-        let x = rt.tensor("x", dtype, [rows, cols], Some(data), Sharding::RowWise)?;
-        let y = rt.tensor("y", dtype, [rows, cols], None, Sharding::RowWise)?;
+        let x = rt.tensor("x", dtype, [rows, cols], Some(data), Sharding::ROWS)?;
+        let y = rt.tensor("y", dtype, [rows, cols], None, Sharding::ROWS)?;
         let row_bytes = cols * dtype.size() as u64;
         let mut programs: Vec<Box<dyn PeProgram>> = Vec::new();
         let pes: Vec<_> = rt.machine.pes().collect();

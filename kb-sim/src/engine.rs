@@ -27,7 +27,7 @@ use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad
 use crate::data::DataPlane;
 use crate::event::{EventQueue, ns_to_ps};
 use crate::machine::{LinkId, Machine, NodeId, NodeKind, PeCoord};
-use crate::program::{Command, DmaCmd, PeProgram};
+use crate::program::{Command, DataOp, DmaCmd, PeProgram};
 use crate::runtime::Tensor;
 
 /// Size of a control message (requests, acks, launch, command issue).
@@ -57,6 +57,7 @@ enum Arrive {
     DmaDataAtHbm(u32),
     DmaAckAtDma(u32),
     CmdDoneAtCpu { pe: u32, dma: u32 },
+    DeployAtIo { tensor: u32, sip: u32 },
     HostWriteAtHbm(u32),
     HostAck,
     LaunchAtIo(u32),
@@ -73,6 +74,7 @@ enum Act {
     DmaDeliver(u32),
     DmaDstWrite(u32),
     DmaFinish(u32),
+    DeployFanout { tensor: u32, sip: u32 },
     HostWriteDone(u32),
     IoFanout { sip: u32, target: Ps },
     McpuFanout { sip: u32, cube: u32, target: Ps },
@@ -124,6 +126,41 @@ struct HostWrite {
     op: Option<OpenOp>,
     data: Vec<u8>,
     read: Option<Effect>,
+}
+
+/// The host's write of one shard of a tensor into HBM.
+struct ShardWrite<'a> {
+    tensor: &'a Tensor,
+    shard: usize,
+}
+
+impl DataOp for ShardWrite<'_> {
+    fn op_name(&self) -> &'static str {
+        "host_write"
+    }
+
+    fn op_kind(&self) -> OpKind {
+        OpKind::Memory
+    }
+
+    fn params(&self) -> Params {
+        let s = &self.tensor.meta.shards[self.shard];
+        Params::Memory(MemoryParams {
+            src: Addr {
+                space: Space::Host,
+                addr: pa::host(self.tensor.id, s.tensor_offset),
+            },
+            dst: Addr {
+                space: Space::Hbm,
+                addr: s.pa,
+            },
+            rows: s.rows as u32,
+            row_bytes: s.row_bytes,
+            src_stride: s.tensor_row_stride,
+            dst_stride: s.row_bytes,
+            dtype: Some(self.tensor.meta.dtype),
+        })
+    }
 }
 
 /// A pool of items addressed by u32 index, reusing freed slots.
@@ -202,6 +239,8 @@ pub struct Engine<'m, W: Write> {
     dmas: Slab<Dma>,
     host_writes: Slab<HostWrite>,
     host_pending: usize,
+    /// Per (tensor, SIP): shard writes not yet in HBM.
+    deploy_left: Vec<u32>,
     data: DataPlane,
     log: OpLog<W>,
     tensors: &'m [Tensor],
@@ -286,6 +325,16 @@ impl<'m, W: Write> Engine<'m, W> {
             dmas: Slab::new(),
             host_writes: Slab::new(),
             host_pending: 0,
+            deploy_left: {
+                let sips = t.counts.sips;
+                let mut v = vec![0u32; tensors.len() * sips as usize];
+                for tensor in tensors.iter().filter(|t| t.data.is_some()) {
+                    for pe in &tensor.shard_pes {
+                        v[(tensor.id * sips + pe.sip) as usize] += 1;
+                    }
+                }
+                v
+            },
             data: DataPlane::new(),
             log: OpLog {
                 writer,
@@ -397,7 +446,8 @@ impl<'m, W: Write> Engine<'m, W> {
 
     // ---- op-log hook ----
 
-    fn hook_start(&mut self, node: NodeId, op_name: &str, kind: OpKind) -> OpenOp {
+    fn hook_start(&mut self, node: NodeId, op: &dyn DataOp) -> OpenOp {
+        let (op_name, kind) = (op.op_name(), op.op_kind());
         let t_start = self.q.now();
         let log = &mut self.log;
         let component = match log.names[node as usize] {
@@ -424,7 +474,7 @@ impl<'m, W: Write> Engine<'m, W> {
     fn hook_end(
         &mut self,
         op: OpenOp,
-        params: Params,
+        decl: &dyn DataOp,
         fingerprint: Option<u64>,
         read: Option<Effect>,
         write: Option<Effect>,
@@ -439,7 +489,7 @@ impl<'m, W: Write> Engine<'m, W> {
             component: op.component,
             op_name: op.op_name,
             kind: op.kind,
-            params,
+            params: decl.params(),
             deps: Vec::new(),
             fingerprint,
             read,
@@ -463,26 +513,32 @@ impl<'m, W: Write> Engine<'m, W> {
 
     // ---- host runtime ----
 
+    /// Deploy: per tensor and SIP, the host sends the SIP's data once over
+    /// PCIe to io_cpu, which fans it out as one write per shard to the
+    /// cubes' HBM.
     fn deploy(&mut self) {
         let tensors = self.tensors;
         for t in tensors.iter().filter(|t| t.data.is_some()) {
-            for (k, shard) in t.meta.shards.iter().enumerate() {
-                let pe = t.shard_pes[k];
-                let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
-                let job = self.host_writes.insert(HostWrite {
-                    tensor: t.id,
-                    shard: k as u32,
-                    op: None,
-                    data: Vec::new(),
-                    read: None,
-                });
-                self.host_pending += 1;
-                self.send(
-                    self.m.host(),
-                    hbm,
-                    shard.rows * shard.row_bytes,
-                    Arrive::HostWriteAtHbm(job),
-                );
+            for sip in 0..self.m.topo.counts.sips {
+                let bytes: u64 = t
+                    .meta
+                    .shards
+                    .iter()
+                    .zip(&t.shard_pes)
+                    .filter(|(_, pe)| pe.sip == sip)
+                    .map(|(s, _)| s.rows * s.row_bytes)
+                    .sum();
+                if bytes > 0 {
+                    let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                    self.host_pending += 1;
+                    let unique = bytes.min(t.meta.nbytes());
+                    self.send(
+                        self.m.host(),
+                        io,
+                        unique,
+                        Arrive::DeployAtIo { tensor: t.id, sip },
+                    );
+                }
             }
         }
     }
@@ -519,16 +575,28 @@ impl<'m, W: Write> Engine<'m, W> {
     fn arrive(&mut self, then: Arrive) -> Result<(), SimError> {
         let now = self.q.now();
         match then {
+            Arrive::DeployAtIo { tensor, sip } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let end = self.serve(io, Request::control());
+                self.at(end, Act::DeployFanout { tensor, sip });
+            }
             Arrive::HostWriteAtHbm(job) => {
                 let (tensor, shard) = {
                     let j = self.host_writes.get(job);
                     (j.tensor, j.shard)
                 };
-                let t = &self.tensors[tensor as usize];
+                let tensors = self.tensors;
+                let t = &tensors[tensor as usize];
                 let s = t.meta.shards[shard as usize].clone();
                 let pe = t.shard_pes[shard as usize];
                 let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
-                let op = self.hook_start(hbm, "host_write", OpKind::Memory);
+                let op = self.hook_start(
+                    hbm,
+                    &ShardWrite {
+                        tensor: t,
+                        shard: shard as usize,
+                    },
+                );
                 let host = t.data.as_deref().expect("deployed tensors have host data");
                 let mut data = Vec::with_capacity((s.rows * s.row_bytes) as usize);
                 for r in 0..s.rows {
@@ -640,38 +708,47 @@ impl<'m, W: Write> Engine<'m, W> {
     fn act(&mut self, a: Act) -> Result<(), SimError> {
         let now = self.q.now();
         match a {
+            Act::DeployFanout { tensor, sip } => {
+                let tensors = self.tensors;
+                let t = &tensors[tensor as usize];
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                for (k, (s, pe)) in t.meta.shards.iter().zip(&t.shard_pes).enumerate() {
+                    if pe.sip != sip {
+                        continue;
+                    }
+                    let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                    let job = self.host_writes.insert(HostWrite {
+                        tensor,
+                        shard: k as u32,
+                        op: None,
+                        data: Vec::new(),
+                        read: None,
+                    });
+                    self.send(io, hbm, s.rows * s.row_bytes, Arrive::HostWriteAtHbm(job));
+                }
+            }
             Act::HostWriteDone(job) => {
                 let j = self.host_writes.remove(job);
-                let t = &self.tensors[j.tensor as usize];
+                let tensors = self.tensors;
+                let t = &tensors[j.tensor as usize];
                 let s = &t.meta.shards[j.shard as usize];
                 let pe = t.shard_pes[j.shard as usize];
                 self.data.write(s.pa, &j.data);
                 let write = self.effect(vec![Extent::contiguous(s.pa, s.rows * s.row_bytes)]);
-                let params = Params::Memory(MemoryParams {
-                    src: Addr {
-                        space: Space::Host,
-                        addr: pa::host(j.tensor, s.tensor_offset),
-                    },
-                    dst: Addr {
-                        space: Space::Hbm,
-                        addr: s.pa,
-                    },
-                    rows: s.rows as u32,
-                    row_bytes: s.row_bytes,
-                    src_stride: s.tensor_row_stride,
-                    dst_stride: s.row_bytes,
-                    dtype: Some(t.meta.dtype),
-                });
                 let fp = kb_format::fingerprint(&j.data);
-                self.hook_end(
-                    j.op.expect("started"),
-                    params,
-                    Some(fp),
-                    j.read,
-                    Some(write),
-                )?;
-                let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
-                self.send(hbm, self.m.host(), CONTROL_BYTES, Arrive::HostAck);
+                let decl = ShardWrite {
+                    tensor: t,
+                    shard: j.shard as usize,
+                };
+                self.hook_end(j.op.expect("started"), &decl, Some(fp), j.read, Some(write))?;
+                let sips_left =
+                    &mut self.deploy_left[(j.tensor * self.m.topo.counts.sips + pe.sip) as usize];
+                *sips_left -= 1;
+                if *sips_left == 0 {
+                    // The SIP's last shard of this tensor is in place: ack the host.
+                    let io = self.m.sip_node(pe.sip, NodeKind::IoCpu);
+                    self.send(io, self.m.host(), CONTROL_BYTES, Arrive::HostAck);
+                }
             }
             Act::IoFanout { sip, target } => {
                 let io = self.m.sip_node(sip, NodeKind::IoCpu);
@@ -703,12 +780,8 @@ impl<'m, W: Write> Engine<'m, W> {
             Act::DmaBegin(d) => {
                 let pe = self.m.pe_coord(self.dmas.get(d).pe as usize);
                 let dma = self.m.pe_node(pe, NodeKind::PeDma);
-                let name = if self.dmas.get(d).cmd.dst.space == Space::Tcm {
-                    "dma_read"
-                } else {
-                    "dma_write"
-                };
-                let op = self.hook_start(dma, name, OpKind::Memory);
+                let cmd = self.dmas.get(d).cmd;
+                let op = self.hook_start(dma, &cmd);
                 self.dmas.get(d).op = Some(op);
                 self.at(now + self.dma_setup_ps, Act::DmaFetch(d));
             }
@@ -826,19 +899,9 @@ impl<'m, W: Write> Engine<'m, W> {
             }
             Act::DmaFinish(d) => {
                 let x = self.dmas.remove(d);
-                let c = x.cmd;
-                let params = Params::Memory(MemoryParams {
-                    src: c.src,
-                    dst: c.dst,
-                    rows: c.rows,
-                    row_bytes: c.row_bytes,
-                    src_stride: c.src_stride,
-                    dst_stride: c.dst_stride,
-                    dtype: c.dtype,
-                });
                 self.hook_end(
                     x.op.expect("started"),
-                    params,
+                    &x.cmd,
                     Some(x.fingerprint),
                     x.read,
                     x.write,

@@ -13,6 +13,7 @@
 //! Flow: topology -> machine -> benchmark (tensors, programs) -> engine
 //! (deploy, launch, run) -> records -> trace.
 
+pub mod alloc;
 pub mod bench;
 pub mod component;
 pub mod data;

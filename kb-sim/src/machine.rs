@@ -106,6 +106,9 @@ impl std::fmt::Display for PeCoord {
     }
 }
 
+/// Routes by (from, to), filled on first use.
+type RouteCache = HashMap<(NodeId, NodeId), Rc<[LinkId]>>;
+
 /// The built machine. Immutable after construction except the route cache.
 #[derive(Debug)]
 pub struct Machine {
@@ -116,7 +119,7 @@ pub struct Machine {
     sip_base: Vec<NodeId>,
     cube_base: Vec<NodeId>,
     pe_base: Vec<NodeId>,
-    routes: RefCell<HashMap<(NodeId, NodeId), Rc<[LinkId]>>>,
+    routes: RefCell<RouteCache>,
     pub first_flit_ps: Ps,
 }
 

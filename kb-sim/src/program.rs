@@ -2,7 +2,7 @@
 //! resumed when it completes. (The kernels issue replaces hand-written
 //! programs with `tl` kernels driven by a KernelRunner through this seam.)
 
-use kb_format::{Addr, Dtype};
+use kb_format::{Addr, Dtype, MemoryParams, OpKind, Params, Space};
 
 /// A 2-D DMA: `rows` x `row_bytes` from `src` to `dst`, rows `*_stride`
 /// bytes apart on each side. Addresses are PAs (the PA address model).
@@ -15,6 +15,41 @@ pub struct DmaCmd {
     pub src_stride: u64,
     pub dst_stride: u64,
     pub dtype: Option<Dtype>,
+}
+
+/// A message that is a data op declares itself (ADR-0020 D4); the
+/// framework's op-log hook records its service from this declaration, so
+/// no component or protocol names op kinds itself.
+pub trait DataOp {
+    fn op_name(&self) -> &'static str;
+    fn op_kind(&self) -> OpKind;
+    fn params(&self) -> Params;
+}
+
+impl DataOp for DmaCmd {
+    fn op_name(&self) -> &'static str {
+        match (self.src.space, self.dst.space) {
+            (_, Space::Tcm) => "dma_read",
+            (Space::Tcm, _) => "dma_write",
+            _ => "dma_copy",
+        }
+    }
+
+    fn op_kind(&self) -> OpKind {
+        OpKind::Memory
+    }
+
+    fn params(&self) -> Params {
+        Params::Memory(MemoryParams {
+            src: self.src,
+            dst: self.dst,
+            rows: self.rows,
+            row_bytes: self.row_bytes,
+            src_stride: self.src_stride,
+            dst_stride: self.dst_stride,
+            dtype: self.dtype,
+        })
+    }
 }
 
 /// A command a PE program issues.

@@ -1,46 +1,76 @@
 //! The host runtime's setup side: per-PE memory allocators, tensors and
-//! their sharding over PEs. (Deploy and launch are timed by `engine`.)
+//! their sharding over cubes and PEs, and freeing. (Deploy, launch and the
+//! timed free are protocols of `engine`.)
 
 use kb_format::pa::Pa;
 use kb_format::{Dtype, Shard, Space, TensorMeta};
 
+use crate::alloc::FreeList;
 use crate::machine::{Machine, PeCoord};
 
-/// How a 2-D tensor is spread over the PEs.
+/// How one level of the hierarchy splits its part of a 2-D tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sharding {
-    /// Every PE holds the whole tensor.
+pub enum Policy {
+    /// Every member holds the whole part.
     Replicate,
-    /// PE k of P holds rows [k*R/P, (k+1)*R/P).
+    /// Member k of N holds rows [k*R/N, (k+1)*R/N).
     RowWise,
-    /// PE k of P holds columns [k*C/P, (k+1)*C/P), stored contiguously.
+    /// Member k of N holds columns [k*C/N, (k+1)*C/N), stored contiguously.
     ColumnWise,
 }
 
-/// A bump allocator over one PE-local space (free lists come with the
-/// address-models issue).
-#[derive(Debug, Clone)]
-struct Bump {
-    next: u64,
-    limit: u64,
+impl Policy {
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "replicate" => Some(Policy::Replicate),
+            "row_wise" => Some(Policy::RowWise),
+            "column_wise" => Some(Policy::ColumnWise),
+            _ => None,
+        }
+    }
+
+    /// Member `k` of `n`'s part of the rectangle `[r0, r1) x [c0, c1)`.
+    fn split(self, rect: [u64; 4], k: u64, n: u64) -> [u64; 4] {
+        let [r0, r1, c0, c1] = rect;
+        match self {
+            Policy::Replicate => rect,
+            Policy::RowWise => [r0 + k * (r1 - r0) / n, r0 + (k + 1) * (r1 - r0) / n, c0, c1],
+            Policy::ColumnWise => [r0, r1, c0 + k * (c1 - c0) / n, c0 + (k + 1) * (c1 - c0) / n],
+        }
+    }
 }
 
-impl Bump {
-    fn alloc(&mut self, bytes: u64, align: u64) -> Option<u64> {
-        let at = self.next.div_ceil(align) * align;
-        let end = at.checked_add(bytes)?;
-        (end <= self.limit).then(|| {
-            self.next = end;
-            at
-        })
-    }
+/// Sharding of a tensor: first over all cubes of the machine, then over
+/// the PEs of each cube (the seeds' DPPolicy with `cube` and `pe` levels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sharding {
+    pub cube: Policy,
+    pub pe: Policy,
+}
+
+impl Sharding {
+    /// Split rows over every PE of the machine.
+    pub const ROWS: Sharding = Sharding {
+        cube: Policy::RowWise,
+        pe: Policy::RowWise,
+    };
+    /// Split columns over every PE of the machine.
+    pub const COLUMNS: Sharding = Sharding {
+        cube: Policy::ColumnWise,
+        pe: Policy::ColumnWise,
+    };
+    /// A full copy in every PE.
+    pub const REPLICATE: Sharding = Sharding {
+        cube: Policy::Replicate,
+        pe: Policy::Replicate,
+    };
 }
 
 /// Errors while setting up a run.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     #[error(
-        "{pe}: out of {space} memory allocating {bytes} bytes for {what} ({used} of {limit} bytes in use)"
+        "{pe}: out of {space} memory allocating {bytes} bytes for {what} ({used} of {limit} bytes in use, largest free block {largest})"
     )]
     OutOfMemory {
         pe: PeCoord,
@@ -49,6 +79,7 @@ pub enum SetupError {
         what: String,
         used: u64,
         limit: u64,
+        largest: u64,
     },
     #[error("tensor {0:?}: {1}")]
     Tensor(String, String),
@@ -63,6 +94,7 @@ pub struct Tensor {
     pub data: Option<Vec<u8>>,
     /// Which PE holds each shard, parallel to `meta.shards`.
     pub shard_pes: Vec<PeCoord>,
+    pub freed: bool,
 }
 
 impl Tensor {
@@ -79,8 +111,8 @@ impl Tensor {
 #[derive(Debug)]
 pub struct Runtime<'m> {
     pub machine: &'m Machine,
-    hbm: Vec<Bump>,
-    tcm: Vec<Bump>,
+    hbm: Vec<FreeList>,
+    tcm: Vec<FreeList>,
     pub tensors: Vec<Tensor>,
 }
 
@@ -89,21 +121,17 @@ impl<'m> Runtime<'m> {
         let n = machine.topo.total_pes() as usize;
         Runtime {
             machine,
-            hbm: vec![
-                Bump {
-                    next: 0,
-                    limit: machine.topo.hbm_bytes_per_pe()
-                };
-                n
-            ],
-            tcm: vec![
-                Bump {
-                    next: 0,
-                    limit: machine.topo.tcm_bytes()
-                };
-                n
-            ],
+            hbm: vec![FreeList::new(machine.topo.hbm_bytes_per_pe()); n],
+            tcm: vec![FreeList::new(machine.topo.tcm_bytes()); n],
             tensors: Vec::new(),
+        }
+    }
+
+    fn pool(&mut self, pe: PeCoord, space: Space) -> &mut FreeList {
+        let i = self.machine.pe_index(pe);
+        match space {
+            Space::Tcm => &mut self.tcm[i],
+            _ => &mut self.hbm[i],
         }
     }
 
@@ -114,11 +142,7 @@ impl<'m> Runtime<'m> {
         bytes: u64,
         what: &str,
     ) -> Result<u64, SetupError> {
-        let i = self.machine.pe_index(pe);
-        let pool = match space {
-            Space::Tcm => &mut self.tcm[i],
-            _ => &mut self.hbm[i],
-        };
+        let pool = self.pool(pe, space);
         let offset = pool
             .alloc(bytes, 64)
             .ok_or_else(|| SetupError::OutOfMemory {
@@ -126,8 +150,9 @@ impl<'m> Runtime<'m> {
                 space: space.name(),
                 bytes,
                 what: what.to_string(),
-                used: pool.next,
-                limit: pool.limit,
+                used: pool.used(),
+                limit: pool.limit(),
+                largest: pool.largest_free(),
             })?;
         Ok(Pa {
             space,
@@ -140,12 +165,28 @@ impl<'m> Runtime<'m> {
         .expect("topology validation keeps PAs in range"))
     }
 
+    fn release(&mut self, pa: u64) {
+        let p = Pa::decode(pa).expect("allocated PA");
+        let pe = PeCoord {
+            sip: p.sip,
+            cube: p.cube,
+            pe: p.pe,
+        };
+        let freed = self.pool(pe, p.space).free(p.offset);
+        debug_assert!(freed, "release of an address that is not allocated");
+    }
+
     /// Allocate `bytes` of the PE's TCM; returns its PA.
     pub fn tcm_alloc(&mut self, pe: PeCoord, bytes: u64, what: &str) -> Result<u64, SetupError> {
         self.alloc(pe, Space::Tcm, bytes, what)
     }
 
-    /// Declare a 2-D tensor sharded over every PE, with optional host data.
+    /// Return TCM allocated by `tcm_alloc`.
+    pub fn tcm_free(&mut self, pa: u64) {
+        self.release(pa);
+    }
+
+    /// Declare a 2-D tensor sharded over the machine, with optional host data.
     pub fn tensor(
         &mut self,
         name: &str,
@@ -169,29 +210,22 @@ impl<'m> Runtime<'m> {
         if id >= kb_format::pa::MAX_HOST_TENSORS {
             return Err(SetupError::Tensor(name.into(), "too many tensors".into()));
         }
-        let pes: Vec<PeCoord> = self.machine.pes().collect();
-        let p = pes.len() as u64;
+        let c = self.machine.topo.counts;
+        let cubes = (c.sips * c.cubes_per_sip) as u64;
+        let per_cube = c.pes_per_cube as u64;
         let mut shards = Vec::new();
         let mut shard_pes = Vec::new();
-        for (k, &pe) in pes.iter().enumerate() {
-            let k = k as u64;
-            let (tensor_offset, srows, row_bytes) = match sharding {
-                Sharding::Replicate => (0, rows, cols * es),
-                Sharding::RowWise => {
-                    let (r0, r1) = (k * rows / p, (k + 1) * rows / p);
-                    (r0 * cols * es, r1 - r0, cols * es)
-                }
-                Sharding::ColumnWise => {
-                    let (c0, c1) = (k * cols / p, (k + 1) * cols / p);
-                    (c0 * es, rows, (c1 - c0) * es)
-                }
-            };
+        for pe in self.machine.pes().collect::<Vec<_>>() {
+            let cube_index = (pe.sip * c.cubes_per_sip + pe.cube) as u64;
+            let cube_rect = sharding.cube.split([0, rows, 0, cols], cube_index, cubes);
+            let [r0, r1, c0, c1] = sharding.pe.split(cube_rect, pe.pe as u64, per_cube);
+            let (srows, row_bytes) = (r1 - r0, (c1 - c0) * es);
             if srows == 0 || row_bytes == 0 {
                 continue;
             }
             let pa = self.alloc(pe, Space::Hbm, srows * row_bytes, name)?;
             shards.push(Shard {
-                tensor_offset,
+                tensor_offset: (r0 * cols + c0) * es,
                 rows: srows,
                 row_bytes,
                 tensor_row_stride: cols * es,
@@ -212,7 +246,133 @@ impl<'m> Runtime<'m> {
             meta,
             data,
             shard_pes,
+            freed: false,
         });
         Ok(id)
+    }
+
+    /// Return a tensor's device memory to the allocators.
+    pub fn free(&mut self, id: u32) -> Result<(), SetupError> {
+        let t = &mut self.tensors[id as usize];
+        if t.freed {
+            return Err(SetupError::Tensor(
+                t.meta.name.clone(),
+                "freed twice".into(),
+            ));
+        }
+        t.freed = true;
+        let pas: Vec<u64> = t.meta.shards.iter().map(|s| s.pa).collect();
+        for pa in pas {
+            self.release(pa);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Topology;
+
+    fn shards(t: &Tensor) -> Vec<(u64, u64, u64)> {
+        t.meta
+            .shards
+            .iter()
+            .map(|s| (s.tensor_offset, s.rows, s.row_bytes))
+            .collect()
+    }
+
+    #[test]
+    fn two_level_sharding_covers_the_tensor_as_the_policy_says() {
+        let m = Machine::build(&Topology::load("default").unwrap()); // 4 cubes x 8 PEs
+        let mut rt = Runtime::new(&m);
+        // 64 x 32 f32, rows over cubes (16 each), columns over PEs (4 each).
+        let id = rt
+            .tensor(
+                "a",
+                Dtype::F32,
+                [64, 32],
+                None,
+                Sharding {
+                    cube: Policy::RowWise,
+                    pe: Policy::ColumnWise,
+                },
+            )
+            .unwrap();
+        let t = &rt.tensors[id as usize];
+        assert_eq!(t.meta.shards.len(), 32);
+        let s = t
+            .shard_of(PeCoord {
+                sip: 0,
+                cube: 2,
+                pe: 3,
+            })
+            .unwrap();
+        assert_eq!(
+            (s.tensor_offset, s.rows, s.row_bytes, s.tensor_row_stride),
+            ((32 * 32 + 12) * 4, 16, 16, 128)
+        );
+        // Replicated over cubes, rows over PEs: each cube holds all 64 rows.
+        let id = rt
+            .tensor(
+                "b",
+                Dtype::F32,
+                [64, 32],
+                None,
+                Sharding {
+                    cube: Policy::Replicate,
+                    pe: Policy::RowWise,
+                },
+            )
+            .unwrap();
+        let t = &rt.tensors[id as usize];
+        let cube1: Vec<_> = shards(t).into_iter().skip(8).take(8).collect();
+        assert_eq!(
+            cube1,
+            (0..8).map(|k| (k * 8 * 128, 8, 128)).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn uneven_shapes_leave_no_gaps_and_skip_empty_shards() {
+        let m = Machine::build(&Topology::load("small").unwrap()); // 4 PEs
+        let mut rt = Runtime::new(&m);
+        let id = rt
+            .tensor("x", Dtype::F16, [3, 5], None, Sharding::ROWS)
+            .unwrap();
+        let t = &rt.tensors[id as usize];
+        let rows: u64 = t.meta.shards.iter().map(|s| s.rows).sum();
+        assert_eq!(rows, 3);
+        assert_eq!(t.meta.shards.len(), 3, "one PE gets no rows");
+    }
+
+    #[test]
+    fn freed_memory_is_reused_and_exhaustion_names_the_pe() {
+        let m = Machine::build(&Topology::load("small").unwrap());
+        let mut rt = Runtime::new(&m);
+        let pe = PeCoord {
+            sip: 0,
+            cube: 0,
+            pe: 1,
+        };
+        let tcm = m.topo.tcm_bytes();
+        let a = rt.tcm_alloc(pe, tcm, "all of it").unwrap();
+        let e = rt.tcm_alloc(pe, 64, "one more").unwrap_err().to_string();
+        assert!(
+            e.contains("sip0.cube0.pe1") && e.contains("tcm") && e.contains("one more"),
+            "{e}"
+        );
+        rt.tcm_free(a);
+        assert_eq!(rt.tcm_alloc(pe, 64, "again").unwrap(), a);
+        let x = rt
+            .tensor("x", Dtype::F32, [16, 16], None, Sharding::ROWS)
+            .unwrap();
+        let first = rt.tensors[x as usize].meta.shards[0].pa;
+        rt.free(x).unwrap();
+        assert!(rt.free(x).is_err());
+        let y = rt
+            .tensor("y", Dtype::F32, [16, 16], None, Sharding::ROWS)
+            .unwrap();
+        assert_eq!(rt.tensors[y as usize].meta.shards[0].pa, first);
     }
 }

@@ -1,0 +1,149 @@
+//! A free-list allocator with coalescing over one address range (per-PE
+//! HBM partitions and TCMs). First fit, lowest address first, so the same
+//! sequence of requests always gets the same addresses.
+
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+pub struct FreeList {
+    /// start -> length of each free block; blocks never touch (coalesced).
+    free: BTreeMap<u64, u64>,
+    /// start -> length of each live allocation.
+    live: BTreeMap<u64, u64>,
+    limit: u64,
+}
+
+impl FreeList {
+    pub fn new(limit: u64) -> FreeList {
+        let mut free = BTreeMap::new();
+        if limit > 0 {
+            free.insert(0, limit);
+        }
+        FreeList {
+            free,
+            live: BTreeMap::new(),
+            limit,
+        }
+    }
+
+    /// Allocate `bytes` (at least 1) aligned to `align` (a power of two).
+    pub fn alloc(&mut self, bytes: u64, align: u64) -> Option<u64> {
+        let bytes = bytes.max(1);
+        let (start, len, at) = self.free.iter().find_map(|(&s, &l)| {
+            let at = s.div_ceil(align) * align;
+            (at.checked_add(bytes)? <= s + l).then_some((s, l, at))
+        })?;
+        self.free.remove(&start);
+        if at > start {
+            self.free.insert(start, at - start);
+        }
+        let end = at + bytes;
+        if end < start + len {
+            self.free.insert(end, start + len - end);
+        }
+        self.live.insert(at, bytes);
+        Some(at)
+    }
+
+    /// Free the allocation starting at `at`; false if there is none.
+    pub fn free(&mut self, at: u64) -> bool {
+        let Some(len) = self.live.remove(&at) else {
+            return false;
+        };
+        let (mut start, mut end) = (at, at + len);
+        if let Some((&ps, &pl)) = self.free.range(..at).next_back()
+            && ps + pl == at
+        {
+            self.free.remove(&ps);
+            start = ps;
+        }
+        if let Some(&nl) = self.free.get(&end) {
+            self.free.remove(&end);
+            end += nl;
+        }
+        self.free.insert(start, end - start);
+        true
+    }
+
+    /// Bytes allocated.
+    pub fn used(&self) -> u64 {
+        self.live.values().sum()
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Largest free block.
+    pub fn largest_free(&self) -> u64 {
+        self.free.values().copied().max().unwrap_or(0)
+    }
+
+    #[cfg(test)]
+    fn free_blocks(&self) -> Vec<(u64, u64)> {
+        self.free.iter().map(|(&s, &l)| (s, l)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn freeing_coalesces_neighbours() {
+        let mut f = FreeList::new(1000);
+        let a = f.alloc(100, 1).unwrap();
+        let b = f.alloc(100, 1).unwrap();
+        let c = f.alloc(100, 1).unwrap();
+        assert_eq!((a, b, c), (0, 100, 200));
+        assert!(f.free(a));
+        assert!(f.free(c));
+        assert_eq!(f.free_blocks(), vec![(0, 100), (200, 800)]);
+        assert!(f.free(b));
+        assert_eq!(f.free_blocks(), vec![(0, 1000)]);
+        assert!(!f.free(b), "double free is refused");
+    }
+
+    #[test]
+    fn alignment_and_exhaustion() {
+        let mut f = FreeList::new(256);
+        assert_eq!(f.alloc(10, 1), Some(0));
+        assert_eq!(f.alloc(64, 64), Some(64));
+        assert_eq!(f.alloc(200, 1), None);
+        assert_eq!(f.alloc(118, 1), Some(128));
+        assert_eq!(f.largest_free(), 54);
+    }
+
+    proptest! {
+        /// Live allocations never overlap and stay in range; after freeing
+        /// everything, the free list is one block again.
+        #[test]
+        fn alloc_free_keeps_invariants(ops in prop::collection::vec((1u64..300, 0u32..4, any::<bool>()), 1..200)) {
+            let mut f = FreeList::new(8192);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            for (size, align_pow, do_free) in ops {
+                if do_free && !live.is_empty() {
+                    let (at, _) = live.remove((size as usize) % live.len());
+                    prop_assert!(f.free(at));
+                } else if let Some(at) = f.alloc(size, 1 << (align_pow * 2)) {
+                    prop_assert_eq!(at % (1 << (align_pow * 2)), 0);
+                    prop_assert!(at + size <= 8192);
+                    for &(o, l) in &live {
+                        prop_assert!(at + size <= o || o + l <= at, "overlap");
+                    }
+                    live.push((at, size));
+                }
+                prop_assert_eq!(f.used(), live.iter().map(|x| x.1).sum::<u64>());
+                let blocks = f.free_blocks();
+                for w in blocks.windows(2) {
+                    prop_assert!(w[0].0 + w[0].1 < w[1].0, "adjacent free blocks must be merged");
+                }
+            }
+            for (at, _) in live {
+                prop_assert!(f.free(at));
+            }
+            prop_assert_eq!(f.free_blocks(), vec![(0, 8192)]);
+        }
+    }
+}
