@@ -1,1 +1,95 @@
-fn main() {}
+//! `kb-replay`: replay a kb trace with real data and verify its outputs.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use kb_replay::app::{self, Config, Input};
+use kb_replay::engine::ReplayOptions;
+use kb_replay::ops::NaiveGemm;
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  replay succeeded (and, with --verify or --expect, every output passed)
+  1  verification mismatch: an output differs from its reference
+  2  error: bad flags, an unreadable, corrupt or truncated trace, an op that
+     cannot be replayed (e.g. a fingerprint mismatch), a bad .npy file
+
+Tolerances (ADR-0020 D11, unless the trace's spec gives one):
+  f32 rtol=atol=1e-5, f16 1e-3, bf16 1e-2, integers exact;
+  an element passes when |out - ref| <= atol + rtol * |ref|.
+
+--dump-outputs writes bf16 tensors as float32 (numpy has no bf16).";
+
+/// Replay a kb trace (Phase 2) with real data and verify its outputs.
+#[derive(Debug, Parser)]
+#[command(name = "kb-replay", version, after_help = AFTER_HELP)]
+struct Args {
+    /// Trace file, or `-` for stdin [default: stdin when it is not a terminal]
+    trace: Option<PathBuf>,
+
+    /// Verify the outputs the trace's verification spec names
+    #[arg(long)]
+    verify: bool,
+
+    /// Write a JSON report to FILE (`-` for stdout)
+    #[arg(long, value_name = "FILE|-")]
+    report: Option<PathBuf>,
+
+    /// Use FILE.npy as the reference for tensor NAME (adds the output or
+    /// replaces its spec reference; implies --verify). Repeatable.
+    #[arg(long, value_name = "NAME=FILE.npy", value_parser = parse_expect)]
+    expect: Vec<(String, PathBuf)>,
+
+    /// Write each checked output and every tensor without host data to
+    /// DIR/NAME.npy
+    #[arg(long, value_name = "DIR")]
+    dump_outputs: Option<PathBuf>,
+
+    /// No summary on stderr (errors are still printed)
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn parse_expect(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, file)) if !name.is_empty() && !file.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(file)))
+        }
+        _ => Err(format!("expected NAME=FILE.npy, got {s:?}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let input = match args.trace {
+        Some(p) if p.as_os_str() == "-" => Input::Stdin,
+        Some(p) => Input::Path(p),
+        None if std::io::stdin().is_terminal() => {
+            eprintln!(
+                "kb-replay: no trace given and stdin is a terminal; pass a TRACE path or pipe a \
+                 trace in (see --help)"
+            );
+            return ExitCode::from(2);
+        }
+        None => Input::Stdin,
+    };
+    let cfg = Config {
+        input,
+        verify: args.verify,
+        report: args.report,
+        expect: args.expect,
+        dump_outputs: args.dump_outputs,
+        quiet: args.quiet,
+        options: ReplayOptions::default(),
+    };
+    match app::run(&cfg, &NaiveGemm) {
+        Ok(report) if report.pass() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("kb-replay: {}", e.message(&cfg.input.name()));
+            ExitCode::from(2)
+        }
+    }
+}

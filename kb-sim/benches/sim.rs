@@ -78,6 +78,7 @@ fn copy_run() {
             ("tile_rows".into(), "4".into()),
         ],
         seed: 0,
+        executor: Default::default(),
         command_line: vec![],
     };
     let t = Instant::now();

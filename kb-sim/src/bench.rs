@@ -4,11 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use kb_format::{Addr, Dtype, Expr, Space, VerifyOutput, VerifySpec};
+use kb_format::{Dtype, Expr, VerifyOutput, VerifySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::program::{Command, DmaCmd, PeProgram, Script};
+use crate::kernel::{Block, KernelArgs, KernelFn, TensorArg, Tl};
+use crate::program::PeProgram;
 use crate::runtime::{Runtime, SetupError, Sharding};
 
 /// A benchmark parameter with its default.
@@ -19,12 +20,56 @@ pub struct ParamSpec {
     pub help: &'static str,
 }
 
+/// What runs on the PEs.
+pub enum Programs {
+    /// One hand-written program per PE, in `Machine::pes()` order.
+    Scripts(Vec<Box<dyn PeProgram>>),
+    /// One kernel launched on every PE (program id = PE index).
+    Kernel {
+        name: &'static str,
+        kernel: KernelFn,
+        args: KernelArgs,
+    },
+}
+
+impl std::fmt::Debug for Programs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Programs::Scripts(p) => write!(f, "Scripts({})", p.len()),
+            Programs::Kernel { name, .. } => write!(f, "Kernel({name})"),
+        }
+    }
+}
+
 /// What a benchmark builds for a run.
 #[derive(Debug)]
 pub struct Built {
-    /// One program per PE, in `Machine::pes()` order.
-    pub programs: Vec<Box<dyn PeProgram>>,
+    pub programs: Programs,
     pub verify: VerifySpec,
+}
+
+/// The launch arguments for tensors `ids` of the runtime.
+pub fn kernel_args(rt: &Runtime, ids: &[u32]) -> KernelArgs {
+    KernelArgs {
+        tensors: ids
+            .iter()
+            .map(|&id| {
+                let t = &rt.tensors[id as usize];
+                TensorArg {
+                    name: t.meta.name.clone(),
+                    dtype: t.meta.dtype,
+                    shape: [t.meta.shape[0], t.meta.shape[1]],
+                    shards: t
+                        .shard_pes
+                        .iter()
+                        .copied()
+                        .zip(t.meta.shards.iter().cloned())
+                        .collect(),
+                }
+            })
+            .collect(),
+        scalars: Vec::new(),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -159,8 +204,9 @@ pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
 
-/// `copy`: y = x. The host deploys x row-wise over the PEs; each PE copies
-/// its rows tile by tile HBM -> TCM -> HBM.
+/// `copy`: y = x. The host deploys x row-wise over the PEs; each PE's
+/// kernel loads its rows tile by tile into TCM and stores them to y (the
+/// store of one tile overlaps the load of the next).
 #[derive(Debug)]
 pub struct Copy;
 
@@ -178,7 +224,7 @@ const COPY_PARAMS: &[ParamSpec] = &[
     ParamSpec {
         name: "tile_rows",
         default: "8",
-        help: "rows per DMA tile",
+        help: "rows per tile",
     },
     ParamSpec {
         name: "dtype",
@@ -187,13 +233,29 @@ const COPY_PARAMS: &[ParamSpec] = &[
     },
 ];
 
+fn copy_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (x, y) = (args.tensor("x"), args.tensor("y"));
+    let tile_rows = args.scalar("tile_rows");
+    let (Some(xs), Some(ys)) = (x.shard(tl.pe()), y.shard(tl.pe())) else {
+        return;
+    };
+    let cols = (xs.row_bytes / x.elem_bytes()) as u32;
+    let mut r = 0;
+    while r < xs.rows {
+        let n = tile_rows.min(xs.rows - r) as u32;
+        let tile = tl.load(Block::in_shard(x, xs, r, 0, n, cols));
+        tl.store(Block::in_shard(y, ys, r, 0, n, cols), &tile);
+        r += n as u64;
+    }
+}
+
 impl Benchmark for Copy {
     fn name(&self) -> &'static str {
         "copy"
     }
 
     fn about(&self) -> &'static str {
-        "y = x: each PE copies its row shard HBM -> TCM -> HBM, one tile at a time"
+        "y = x: each PE copies its row shard HBM -> TCM -> HBM, tile by tile"
     }
 
     fn params(&self) -> &'static [ParamSpec] {
@@ -222,57 +284,14 @@ impl Benchmark for Copy {
         let data = random_data(rng, dtype, n as usize);
         let x = rt.tensor("x", dtype, [rows, cols], Some(data), Sharding::ROWS)?;
         let y = rt.tensor("y", dtype, [rows, cols], None, Sharding::ROWS)?;
-        let row_bytes = cols * dtype.size() as u64;
-        let mut programs: Vec<Box<dyn PeProgram>> = Vec::new();
-        let pes: Vec<_> = rt.machine.pes().collect();
-        for pe in pes {
-            let (xs, ys) = (
-                rt.tensors[x as usize].shard_of(pe).cloned(),
-                rt.tensors[y as usize].shard_of(pe).cloned(),
-            );
-            let mut cmds = Vec::new();
-            if let (Some(xs), Some(ys)) = (xs, ys) {
-                let tile = tile_rows.min(xs.rows);
-                let buf = rt.tcm_alloc(pe, tile * row_bytes, "copy tile buffer")?;
-                let mut r = 0;
-                while r < xs.rows {
-                    let nr = tile.min(xs.rows - r);
-                    let bytes = nr * row_bytes;
-                    let load = DmaCmd {
-                        src: Addr {
-                            space: Space::Hbm,
-                            addr: xs.pa + r * row_bytes,
-                        },
-                        dst: Addr {
-                            space: Space::Tcm,
-                            addr: buf,
-                        },
-                        rows: 1,
-                        row_bytes: bytes,
-                        src_stride: bytes,
-                        dst_stride: bytes,
-                        dtype: Some(dtype),
-                    };
-                    let store = DmaCmd {
-                        src: Addr {
-                            space: Space::Tcm,
-                            addr: buf,
-                        },
-                        dst: Addr {
-                            space: Space::Hbm,
-                            addr: ys.pa + r * row_bytes,
-                        },
-                        ..load
-                    };
-                    cmds.push(Command::Dma(load));
-                    cmds.push(Command::Dma(store));
-                    r += nr;
-                }
-            }
-            programs.push(Box::new(Script::new(cmds)));
-        }
+        let mut args = kernel_args(rt, &[x, y]);
+        args.scalars.push(("tile_rows".into(), tile_rows));
         Ok(Built {
-            programs,
+            programs: Programs::Kernel {
+                name: "copy",
+                kernel: copy_kernel,
+                args,
+            },
             verify: VerifySpec {
                 outputs: vec![VerifyOutput {
                     tensor: "y".into(),

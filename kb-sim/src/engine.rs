@@ -27,7 +27,7 @@ use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad
 use crate::data::DataPlane;
 use crate::event::{EventQueue, ns_to_ps};
 use crate::machine::{LinkId, Machine, NodeId, NodeKind, PeCoord};
-use crate::program::{Command, DataOp, DmaCmd, PeProgram};
+use crate::program::{Command, DataOp, DmaCmd, PeProgram, Reply};
 use crate::runtime::Tensor;
 
 /// Size of a control message (requests, acks, launch, command issue).
@@ -112,6 +112,8 @@ struct OpenOp {
 struct Dma {
     pe: u32,
     cmd: DmaCmd,
+    /// A store: data effects were applied at issue; the transfer is timing only.
+    at_issue: bool,
     op: Option<OpenOp>,
     data: Vec<u8>,
     fingerprint: u64,
@@ -246,6 +248,7 @@ pub struct Engine<'m, W: Write> {
     tensors: &'m [Tensor],
     programs: Vec<Box<dyn PeProgram>>,
     pes: Vec<PeState>,
+    replies: Vec<PendingReply>,
     stats: RunStats,
 }
 
@@ -258,6 +261,9 @@ struct PeState {
     /// What the program waits on: a specific DMA, or all of them.
     waiting: Wait,
 }
+
+/// Per-PE reply data: the bytes of the blocking DMA it waits on.
+type PendingReply = Option<Vec<u8>>;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum Wait {
@@ -345,6 +351,7 @@ impl<'m, W: Write> Engine<'m, W> {
             },
             tensors,
             pes: vec![PeState::default(); programs.len()],
+            replies: vec![None; programs.len()],
             programs,
             stats: RunStats::default(),
         }
@@ -698,7 +705,11 @@ impl<'m, W: Write> Engine<'m, W> {
                 };
                 if resume {
                     s.waiting = Wait::Nothing;
-                    self.step_program(pe)?;
+                    let reply = match self.replies[pe as usize].take() {
+                        Some(data) => Reply::Data(data),
+                        None => Reply::Done,
+                    };
+                    self.step_program(pe, reply)?;
                 }
             }
         }
@@ -775,7 +786,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 if self.stats.kernel_start == 0 {
                     self.stats.kernel_start = now;
                 }
-                self.step_program(pe)?;
+                self.step_program(pe, Reply::Go)?;
             }
             Act::DmaBegin(d) => {
                 let pe = self.m.pe_coord(self.dmas.get(d).pe as usize);
@@ -822,19 +833,21 @@ impl<'m, W: Write> Engine<'m, W> {
                     rows: cmd.rows,
                     stride: cmd.src_stride,
                 };
-                let mut data = Vec::with_capacity(src.bytes() as usize);
-                if let Err(e) = self.data.read_extent(&src, &mut data) {
-                    return Err(SimError::Kernel {
-                        pe,
-                        time_ns: ns(now),
-                        message: format!("DMA read refused: {e}"),
-                    });
+                if !self.dmas.get(d).at_issue {
+                    let mut data = Vec::with_capacity(src.bytes() as usize);
+                    if let Err(e) = self.data.read_extent(&src, &mut data) {
+                        return Err(SimError::Kernel {
+                            pe,
+                            time_ns: ns(now),
+                            message: format!("DMA read refused: {e}"),
+                        });
+                    }
+                    let read = self.effect(vec![src]);
+                    let x = self.dmas.get(d);
+                    x.fingerprint = kb_format::fingerprint(&data);
+                    x.data = data;
+                    x.read = Some(read);
                 }
-                let read = self.effect(vec![src]);
-                let x = self.dmas.get(d);
-                x.fingerprint = kb_format::fingerprint(&data);
-                x.data = data;
-                x.read = Some(read);
                 if cmd.src.space == Space::Tcm {
                     self.at(now, Act::DmaDeliver(d));
                 } else {
@@ -885,10 +898,11 @@ impl<'m, W: Write> Engine<'m, W> {
                     rows: cmd.rows,
                     stride: cmd.dst_stride,
                 };
-                let data = std::mem::take(&mut self.dmas.get(d).data);
-                self.data.write_extent(&dst, &data);
-                let write = self.effect(vec![dst]);
-                self.dmas.get(d).write = Some(write);
+                if !self.dmas.get(d).at_issue {
+                    self.data.write_extent(&dst, &self.dmas.get(d).data);
+                    let write = self.effect(vec![dst]);
+                    self.dmas.get(d).write = Some(write);
+                }
                 if cmd.dst.space == Space::Tcm {
                     self.at(now, Act::DmaFinish(d));
                 } else {
@@ -907,6 +921,9 @@ impl<'m, W: Write> Engine<'m, W> {
                     x.write,
                 )?;
                 let pe = x.pe as usize;
+                if self.pes[pe].waiting == Wait::Dma(d) && x.cmd.dst.space == Space::Tcm {
+                    self.replies[pe] = Some(x.data);
+                }
                 let e = &mut self.engines[pe];
                 match e.waiting.pop_front() {
                     Some(next) => self.at(now, Act::DmaBegin(next)),
@@ -937,12 +954,24 @@ impl<'m, W: Write> Engine<'m, W> {
     }
 
     /// Resume a PE's program: issue commands until it blocks or ends.
-    fn step_program(&mut self, pe: u32) -> Result<(), SimError> {
+    fn step_program(&mut self, pe: u32, mut reply: Reply) -> Result<(), SimError> {
         let pc = self.m.pe_coord(pe as usize);
         loop {
-            let Some(cmd) = self.programs[pe as usize].next() else {
-                self.pes[pe as usize].finished = true;
-                return Ok(());
+            let program = &mut self.programs[pe as usize];
+            let next = program.resume(std::mem::replace(&mut reply, Reply::Go));
+            let cmd = match next {
+                Ok(Some(cmd)) => cmd,
+                Ok(None) => {
+                    self.pes[pe as usize].finished = true;
+                    return Ok(());
+                }
+                Err(message) => {
+                    return Err(SimError::Kernel {
+                        pe: pc,
+                        time_ns: ns(self.q.now()),
+                        message: format!("kernel {} failed: {message}", program.name()),
+                    });
+                }
             };
             match cmd {
                 Command::Dma(c) => {
@@ -952,6 +981,10 @@ impl<'m, W: Write> Engine<'m, W> {
                 }
                 Command::DmaAsync(c) => {
                     self.issue_dma(pc, pe, c)?;
+                }
+                Command::Store(c) => {
+                    let d = self.issue_dma(pc, pe, c)?;
+                    self.apply_at_issue(pc, d)?;
                 }
                 Command::WaitAll => {
                     if self.pes[pe as usize].outstanding > 0 {
@@ -968,6 +1001,7 @@ impl<'m, W: Write> Engine<'m, W> {
         let d = self.dmas.insert(Dma {
             pe,
             cmd: c,
+            at_issue: false,
             op: None,
             data: Vec::new(),
             fingerprint: 0,
@@ -981,6 +1015,41 @@ impl<'m, W: Write> Engine<'m, W> {
         );
         self.send(cpu, dma, CONTROL_BYTES, Arrive::DmaCmdAtDma(d));
         Ok(d)
+    }
+
+    /// Apply a store's read and write now, at issue.
+    fn apply_at_issue(&mut self, pe: PeCoord, d: u32) -> Result<(), SimError> {
+        let now = self.q.now();
+        let cmd = self.dmas.get(d).cmd;
+        let src = Extent {
+            pa: cmd.src.addr,
+            len: cmd.row_bytes,
+            rows: cmd.rows,
+            stride: cmd.src_stride,
+        };
+        let dst = Extent {
+            pa: cmd.dst.addr,
+            len: cmd.row_bytes,
+            rows: cmd.rows,
+            stride: cmd.dst_stride,
+        };
+        let mut data = Vec::with_capacity(src.bytes() as usize);
+        self.data
+            .read_extent(&src, &mut data)
+            .map_err(|e| SimError::Kernel {
+                pe,
+                time_ns: ns(now),
+                message: format!("store refused: {e}"),
+            })?;
+        let read = self.effect(vec![src]);
+        self.data.write_extent(&dst, &data);
+        let write = self.effect(vec![dst]);
+        let x = self.dmas.get(d);
+        x.at_issue = true;
+        x.fingerprint = kb_format::fingerprint(&data);
+        x.read = Some(read);
+        x.write = Some(write);
+        Ok(())
     }
 
     fn validate_dma(&self, pe: PeCoord, c: &DmaCmd) -> Result<(), SimError> {

@@ -19,6 +19,7 @@ pub mod component;
 pub mod data;
 pub mod engine;
 pub mod event;
+pub mod kernel;
 pub mod machine;
 pub mod program;
 pub mod run;

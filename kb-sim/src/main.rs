@@ -8,6 +8,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use kb_format::AtomicFile;
 use kb_sim::bench;
+use kb_sim::kernel::Executor;
 use kb_sim::machine::Machine;
 use kb_sim::run::{RunConfig, run};
 use kb_sim::topology::{EMBEDDED, Topology};
@@ -68,12 +69,21 @@ struct RunArgs {
     /// Seed for the benchmark's random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// How kernels run: `coroutine` (stackful coroutines on the simulation
+    /// thread, the fastest) or `thread` (one OS thread per kernel). Both
+    /// write identical traces.
+    #[arg(long, default_value = "coroutine", value_parser = parse_executor)]
+    executor: Executor,
     /// Write the trace here ("-" for stdout). Default: stdout, unless it is a terminal.
     #[arg(short, long)]
     output: Option<PathBuf>,
     /// Do not print the run summary on stderr.
     #[arg(short, long)]
     quiet: bool,
+}
+
+fn parse_executor(s: &str) -> Result<Executor, String> {
+    Executor::parse(s).ok_or_else(|| format!("unknown executor {s:?} (coroutine, thread)"))
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -84,6 +94,14 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 }
 
 fn main() -> ExitCode {
+    // Kernel panics are reported as errors naming the kernel, PE and time;
+    // any other panic is a bug in kb-sim and keeps the default report.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !kb_sim::kernel::exec::in_kernel() {
+            default_hook(info);
+        }
+    }));
     let cli = Cli::parse();
     let result = match cli.command {
         None => cmd_run(cli.run),
@@ -113,6 +131,7 @@ fn cmd_run(a: RunArgs) -> Result<(), String> {
         bench: a.bench.clone(),
         params: a.params.clone(),
         seed: a.seed,
+        executor: a.executor,
         command_line: std::env::args().collect(),
     };
     let wall = Instant::now();

@@ -59,15 +59,36 @@ pub enum Command {
     Dma(DmaCmd),
     /// Issue a DMA and resume at once; `WaitAll` waits for it.
     DmaAsync(DmaCmd),
+    /// A store (`tl.store`): its data effects happen at issue, so a load
+    /// right after it sees the new bytes (ADR-0020 Store Visibility
+    /// Rule); the transfer's timing runs on asynchronously.
+    Store(DmaCmd),
     /// Resume when every DMA this PE issued has completed.
     WaitAll,
 }
 
-/// A PE's program: `next` is called at kernel start, after a blocking
-/// command completes, and right after an asynchronous one is issued;
-/// `None` ends the kernel (outstanding DMAs still complete).
+/// What a PE program is resumed with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// The kernel starts, or an asynchronous command was issued.
+    Go,
+    /// A blocking command completed.
+    Done,
+    /// A blocking DMA into TCM completed; these are the bytes it wrote.
+    Data(Vec<u8>),
+}
+
+/// A PE's program: resumed at kernel start, after a blocking command
+/// completes and right after an asynchronous one is issued. `Ok(None)`
+/// ends the kernel (outstanding DMAs still complete); `Err` is a kernel
+/// failure (a panic), reported with its message.
 pub trait PeProgram: std::fmt::Debug {
-    fn next(&mut self) -> Option<Command>;
+    fn resume(&mut self, reply: Reply) -> Result<Option<Command>, String>;
+
+    /// What the program is, for error messages (e.g. the kernel's name).
+    fn name(&self) -> &str {
+        "script"
+    }
 }
 
 /// A program that issues a fixed list of commands in order.
@@ -85,7 +106,7 @@ impl Script {
 }
 
 impl PeProgram for Script {
-    fn next(&mut self) -> Option<Command> {
-        self.cmds.next()
+    fn resume(&mut self, _reply: Reply) -> Result<Option<Command>, String> {
+        Ok(self.cmds.next())
     }
 }

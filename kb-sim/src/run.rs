@@ -4,9 +4,11 @@ use std::io::Write;
 
 use kb_format::{Meta, TopologyMeta, TraceWriter};
 
-use crate::bench::{self, BenchError, BenchParams};
+use crate::bench::{self, BenchError, BenchParams, Programs};
 use crate::engine::{Engine, RunStats, SimError};
+use crate::kernel::{self, Executor};
 use crate::machine::Machine;
+use crate::program::PeProgram;
 use crate::runtime::Runtime;
 use crate::topology::Topology;
 
@@ -17,6 +19,8 @@ pub struct RunConfig {
     pub bench: String,
     pub params: Vec<(String, String)>,
     pub seed: u64,
+    /// How kernels run; every executor writes the same trace.
+    pub executor: Executor,
     /// Recorded in the trace metadata.
     pub command_line: Vec<String>,
 }
@@ -29,6 +33,8 @@ pub enum RunError {
     Sim(#[from] SimError),
     #[error("writing the trace: {0}")]
     Trace(#[from] kb_format::FormatError),
+    #[error("starting kernels: {0}")]
+    Executor(String),
 }
 
 /// Simulate and write the trace to `out`; returns `out` and run totals.
@@ -59,7 +65,25 @@ pub fn run<W: Write>(cfg: &RunConfig, out: W) -> Result<(W, RunStats), RunError>
             writer.tensor_data(t.id, 0, d)?;
         }
     }
-    let engine = Engine::new(&machine, writer, &rt.tensors, built.programs);
+    let programs: Vec<Box<dyn PeProgram>> = match built.programs {
+        Programs::Scripts(p) => p,
+        Programs::Kernel { name, kernel, args } => {
+            let args = std::sync::Arc::new(args);
+            let n = machine.topo.total_pes();
+            let mut programs = Vec::with_capacity(n as usize);
+            for (i, pe) in machine.pes().enumerate() {
+                let tcm = rt.take_tcm(pe);
+                let body = kernel::body(kernel, args.clone(), pe, i as u32, n, tcm);
+                programs.push(
+                    cfg.executor
+                        .spawn(format!("{name}[{i}]"), body)
+                        .map_err(RunError::Executor)?,
+                );
+            }
+            programs
+        }
+    };
+    let engine = Engine::new(&machine, writer, &rt.tensors, programs);
     let (writer, stats) = engine.run()?;
     let out = writer.finish(&built.verify)?;
     Ok((out, stats))

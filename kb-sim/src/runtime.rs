@@ -186,6 +186,13 @@ impl<'m> Runtime<'m> {
         self.release(pa);
     }
 
+    /// Hand a PE's TCM allocator to the kernel that runs there (tiles are
+    /// allocated kernel-side during the run).
+    pub fn take_tcm(&mut self, pe: PeCoord) -> FreeList {
+        let i = self.machine.pe_index(pe);
+        std::mem::replace(&mut self.tcm[i], FreeList::new(0))
+    }
+
     /// Declare a 2-D tensor sharded over the machine, with optional host data.
     pub fn tensor(
         &mut self,

@@ -1,0 +1,259 @@
+//! What the binary does, as a library function: load a trace (file or
+//! stream), replay it, verify, dump outputs, write the report.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kb_format::{Event, FormatError, Meta, MmapTrace, Record, StreamReader, Strings, VerifySpec};
+
+use crate::engine::{ReplayOptions, Replayer};
+use crate::error::{Error, Result};
+use crate::npy;
+use crate::ops::GemmBackend;
+use crate::report::Report;
+use crate::verify::{self, plan_checks};
+
+/// Where the trace comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    Path(PathBuf),
+    Stdin,
+}
+
+impl Input {
+    /// How errors name it.
+    pub fn name(&self) -> String {
+        match self {
+            Input::Path(p) => p.display().to_string(),
+            Input::Stdin => "<stdin>".into(),
+        }
+    }
+}
+
+/// A run's settings (the binary's flags).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub input: Input,
+    pub verify: bool,
+    /// `-` for stdout.
+    pub report: Option<PathBuf>,
+    /// `--expect NAME=FILE.npy`, in order; implies `verify`.
+    pub expect: Vec<(String, PathBuf)>,
+    pub dump_outputs: Option<PathBuf>,
+    pub quiet: bool,
+    pub options: ReplayOptions,
+}
+
+/// A trace read into a replayer, ready to run.
+#[derive(Debug)]
+pub struct Loaded {
+    pub meta: Meta,
+    pub strings: Strings,
+    /// `None` when a stream had no verify chunk.
+    pub spec: Option<VerifySpec>,
+    pub replayer: Replayer,
+}
+
+fn on_event(rep: &mut Replayer, ev: Event<'_>) -> Result<()> {
+    match ev {
+        Event::Tensor {
+            tensor,
+            offset,
+            data,
+        } => rep.load_host(tensor, offset, data)?,
+        Event::Records(mut c) => {
+            let mut r = Record::default();
+            while c.next_into(&mut r)? {
+                rep.push(r.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Read a trace file through the memory map (checking the stream digest).
+pub fn load_mmap(path: &Path, opts: &ReplayOptions) -> Result<Loaded> {
+    let trace = MmapTrace::open(path)?;
+    let mut rep = Replayer::new(trace.meta(), opts);
+    let mut mine = None;
+    let res = trace.for_each_event(|ev| {
+        on_event(&mut rep, ev).map_err(|e| match e {
+            Error::Format(f) => f,
+            e => {
+                mine = Some(e);
+                FormatError::Usage("stopped".into())
+            }
+        })
+    });
+    if let Some(e) = mine {
+        return Err(e);
+    }
+    res?;
+    // After the chunks, so that damage inside one is reported by its own
+    // checksum; this catches the rest (padding).
+    trace.verify_digest()?;
+    Ok(Loaded {
+        meta: trace.meta().clone(),
+        strings: trace.strings().clone(),
+        spec: Some(trace.verify_spec().clone()),
+        replayer: rep,
+    })
+}
+
+/// Read a trace from a stream, chunk by chunk as it arrives.
+pub fn load_stream<R: Read>(r: R, opts: &ReplayOptions) -> Result<Loaded> {
+    let mut reader = StreamReader::open(r)?;
+    let mut rep = Replayer::new(reader.meta(), opts);
+    while let Some(ev) = reader.next_event()? {
+        on_event(&mut rep, ev)?;
+    }
+    Ok(Loaded {
+        meta: reader.meta().clone(),
+        strings: reader.strings().clone(),
+        spec: reader.verify_spec().cloned(),
+        replayer: rep,
+    })
+}
+
+/// Load from the configured input. Paths to regular files are mapped;
+/// pipes and devices (`<(cmd)`, `/dev/stdin`) are streamed.
+pub fn load(input: &Input, opts: &ReplayOptions) -> Result<Loaded> {
+    match input {
+        Input::Stdin => load_stream(std::io::stdin().lock(), opts),
+        Input::Path(p) => {
+            let md = std::fs::metadata(p).map_err(FormatError::from)?;
+            if md.is_file() {
+                load_mmap(p, opts)
+            } else {
+                let f = File::open(p).map_err(FormatError::from)?;
+                load_stream(std::io::BufReader::new(f), opts)
+            }
+        }
+    }
+}
+
+/// A file name for a tensor: characters other than ASCII letters, digits,
+/// `.`, `_` and `-` become `_`, and a leading `.` becomes `_`.
+pub fn dump_name(tensor: &str) -> String {
+    let mut s: String = tensor
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() || s.starts_with('.') {
+        s.insert(0, '_');
+    }
+    s + ".npy"
+}
+
+fn dump(dir: &Path, loaded: &Loaded, names: &[String]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, e))?;
+    let mut done: Vec<&str> = Vec::new();
+    let wanted = names.iter().map(String::as_str).chain(
+        loaded
+            .meta
+            .tensors
+            .iter()
+            .filter(|t| !t.host_data)
+            .map(|t| t.name.as_str()),
+    );
+    for name in wanted {
+        if done.contains(&name) {
+            continue;
+        }
+        done.push(name);
+        let Some((idx, t)) = loaded.meta.tensor(name) else {
+            continue;
+        };
+        let bytes = verify::gather_tensor(loaded.replayer.plane(), idx, t)?;
+        npy::write(&dir.join(dump_name(name)), t.dtype, &t.shape, &bytes)?;
+    }
+    Ok(())
+}
+
+fn write_report(target: &Path, report: &Report) -> Result<()> {
+    let mut text =
+        serde_json::to_string_pretty(&report.to_json()).map_err(|e| Error::file(target, e))?;
+    text.push('\n');
+    if target == Path::new("-") {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())
+            .and_then(|_| out.flush())
+            .map_err(|e| Error::file(Path::new("<stdout>"), e))
+    } else {
+        let mut f = kb_format::AtomicFile::create(target).map_err(|e| Error::file(target, e))?;
+        f.write_all(text.as_bytes())
+            .and_then(|_| f.commit())
+            .map_err(|e| Error::file(target, e))
+    }
+}
+
+/// Run everything the config asks for. `Ok` carries the report (its
+/// `pass()` says whether verification passed); `Err` is exit code 2.
+pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
+    let start = Instant::now();
+    // Reference files first: a typo should not cost a replay.
+    let mut expect = Vec::with_capacity(cfg.expect.len());
+    for (name, path) in &cfg.expect {
+        expect.push((name.clone(), path.clone(), npy::read(path)?));
+    }
+    let mut loaded = load(&cfg.input, &cfg.options)?;
+    let stats = loaded.replayer.run(&loaded.strings, backend)?;
+    let verifying = cfg.verify || !expect.is_empty();
+    let checks = plan_checks(loaded.spec.as_ref(), expect);
+    let outputs = if verifying {
+        if checks.is_empty() {
+            return Err(Error::Trace(
+                "nothing to verify: the trace's verify spec lists no outputs and no --expect was given"
+                    .into(),
+            ));
+        }
+        Some(verify::verify(
+            loaded.replayer.plane(),
+            &loaded.meta,
+            &checks,
+        )?)
+    } else {
+        None
+    };
+    if let Some(dir) = &cfg.dump_outputs {
+        let names: Vec<String> = checks.iter().map(|c| c.tensor.clone()).collect();
+        dump(dir, &loaded, &names)?;
+    }
+    let report = Report {
+        trace: cfg.input.name(),
+        stats,
+        outputs,
+        wall_seconds: start.elapsed().as_secs_f64(),
+    };
+    if let Some(target) = &cfg.report {
+        write_report(target, &report)?;
+    }
+    if !cfg.quiet {
+        let mut err = std::io::stderr().lock();
+        for line in report.summary() {
+            let _ = writeln!(err, "{line}");
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dump_names_are_safe_file_names() {
+        assert_eq!(dump_name("out"), "out.npy");
+        assert_eq!(dump_name("layer0/w q"), "layer0_w_q.npy");
+        assert_eq!(dump_name("../etc"), "_.._etc.npy");
+        assert_eq!(dump_name(""), "_.npy");
+    }
+}

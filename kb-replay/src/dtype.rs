@@ -1,0 +1,173 @@
+//! Element codecs for op replay: little-endian bytes of a [`Dtype`] to and
+//! from the arithmetic types the ops compute in.
+//!
+//! Conversions follow Rust's `as`: float to integer truncates toward zero
+//! and saturates (NaN becomes 0); integer to narrower integer wraps (as
+//! numpy's `astype` does); to f16/bf16 rounds to nearest even.
+//!
+//! The reference evaluation does not use this module (it has its own f64
+//! decoder), so a bug here cannot make a wrong replay agree with its
+//! reference.
+
+use half::{bf16, f16};
+use kb_format::Dtype;
+
+/// True for integer dtypes.
+pub fn is_int(d: Dtype) -> bool {
+    matches!(d, Dtype::I8 | Dtype::I32 | Dtype::U8)
+}
+
+fn words<const N: usize>(b: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+    b.chunks_exact(N).map(|c| {
+        let mut w = [0u8; N];
+        w.copy_from_slice(c);
+        w
+    })
+}
+
+/// Decode elements as f64 (exact for every dtype).
+pub fn to_f64(d: Dtype, b: &[u8]) -> Vec<f64> {
+    match d {
+        Dtype::F32 => words::<4>(b)
+            .map(|w| f32::from_le_bytes(w) as f64)
+            .collect(),
+        Dtype::F16 => words::<2>(b)
+            .map(|w| f16::from_le_bytes(w).to_f64())
+            .collect(),
+        Dtype::Bf16 => words::<2>(b)
+            .map(|w| bf16::from_le_bytes(w).to_f64())
+            .collect(),
+        Dtype::I8 => b.iter().map(|&x| x as i8 as f64).collect(),
+        Dtype::U8 => b.iter().map(|&x| x as f64).collect(),
+        Dtype::I32 => words::<4>(b)
+            .map(|w| i32::from_le_bytes(w) as f64)
+            .collect(),
+    }
+}
+
+/// Decode elements as f32 (exact except for large i32 values).
+pub fn to_f32(d: Dtype, b: &[u8]) -> Vec<f32> {
+    match d {
+        Dtype::F32 => words::<4>(b).map(f32::from_le_bytes).collect(),
+        Dtype::F16 => words::<2>(b)
+            .map(|w| f16::from_le_bytes(w).to_f32())
+            .collect(),
+        Dtype::Bf16 => words::<2>(b)
+            .map(|w| bf16::from_le_bytes(w).to_f32())
+            .collect(),
+        Dtype::I8 => b.iter().map(|&x| x as i8 as f32).collect(),
+        Dtype::U8 => b.iter().map(|&x| x as f32).collect(),
+        Dtype::I32 => words::<4>(b)
+            .map(|w| i32::from_le_bytes(w) as f32)
+            .collect(),
+    }
+}
+
+/// Decode elements as i64 (floats truncate toward zero, saturating).
+pub fn to_i64(d: Dtype, b: &[u8]) -> Vec<i64> {
+    match d {
+        Dtype::I8 => b.iter().map(|&x| x as i8 as i64).collect(),
+        Dtype::U8 => b.iter().map(|&x| x as i64).collect(),
+        Dtype::I32 => words::<4>(b)
+            .map(|w| i32::from_le_bytes(w) as i64)
+            .collect(),
+        _ => to_f64(d, b).into_iter().map(|v| v as i64).collect(),
+    }
+}
+
+/// Append `v` encoded as `d`.
+pub fn push_f64(d: Dtype, v: f64, out: &mut Vec<u8>) {
+    match d {
+        Dtype::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+        Dtype::F16 => out.extend_from_slice(&f16::from_f64(v).to_le_bytes()),
+        Dtype::Bf16 => out.extend_from_slice(&bf16::from_f64(v).to_le_bytes()),
+        Dtype::I8 => out.push(v as i8 as u8),
+        Dtype::U8 => out.push(v as u8),
+        Dtype::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+    }
+}
+
+/// Append `v` encoded as `d`.
+pub fn push_f32(d: Dtype, v: f32, out: &mut Vec<u8>) {
+    match d {
+        Dtype::F32 => out.extend_from_slice(&v.to_le_bytes()),
+        Dtype::F16 => out.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
+        Dtype::Bf16 => out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
+        _ => push_f64(d, v as f64, out),
+    }
+}
+
+/// Append `v` encoded as `d` (integers wrap to the width of `d`).
+pub fn push_i64(d: Dtype, v: i64, out: &mut Vec<u8>) {
+    match d {
+        Dtype::I8 => out.push(v as i8 as u8),
+        Dtype::U8 => out.push(v as u8),
+        Dtype::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+        _ => push_f64(d, v as f64, out),
+    }
+}
+
+/// Round `v` through the precision of `d` (for accumulators kept in f32).
+pub fn round_f32(d: Dtype, v: f32) -> f32 {
+    match d {
+        Dtype::F16 => f16::from_f32(v).to_f32(),
+        Dtype::Bf16 => bf16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(d: Dtype, vals: &[f64]) -> Vec<f64> {
+        let mut b = Vec::new();
+        for &v in vals {
+            push_f64(d, v, &mut b);
+        }
+        assert_eq!(b.len(), vals.len() * d.size());
+        to_f64(d, &b)
+    }
+
+    #[test]
+    fn exactly_representable_values_round_trip() {
+        let vals = [0.0, 1.0, -2.5, 96.0, -128.0];
+        for d in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            assert_eq!(round_trip(d, &vals), vals, "{d}");
+        }
+        assert_eq!(
+            round_trip(Dtype::I8, &[-128.0, 127.0, 3.0]),
+            [-128.0, 127.0, 3.0]
+        );
+        assert_eq!(round_trip(Dtype::I32, &[-70000.0]), [-70000.0]);
+    }
+
+    #[test]
+    fn narrowing_rounds_and_saturates() {
+        // f16 has 11 significant bits: 2049 rounds to even (2048).
+        assert_eq!(round_trip(Dtype::F16, &[2049.0]), [2048.0]);
+        // bf16 has 8: 257 rounds to 256.
+        assert_eq!(round_trip(Dtype::Bf16, &[257.0]), [256.0]);
+        // Float to int saturates and truncates; NaN becomes 0.
+        assert_eq!(
+            round_trip(Dtype::I8, &[300.0, -1.7, f64::NAN]),
+            [127.0, -1.0, 0.0]
+        );
+        // Integer to integer wraps.
+        let mut b = Vec::new();
+        push_i64(Dtype::I8, 200, &mut b);
+        assert_eq!(to_i64(Dtype::I8, &b), [-56]);
+    }
+
+    #[test]
+    fn known_bit_patterns_decode() {
+        // f16 0x3c00 = 1.0, bf16 0x3f80 = 1.0, f32 0x40490fdb = pi.
+        assert_eq!(to_f64(Dtype::F16, &[0x00, 0x3c]), [1.0]);
+        assert_eq!(to_f64(Dtype::Bf16, &[0x80, 0x3f]), [1.0]);
+        assert_eq!(
+            to_f32(Dtype::F32, &0x4049_0fdbu32.to_le_bytes()),
+            [std::f32::consts::PI]
+        );
+        assert_eq!(to_i64(Dtype::U8, &[255]), [255]);
+    }
+}

@@ -1,0 +1,282 @@
+//! Reading reference arrays (`--expect`) and writing outputs
+//! (`--dump-outputs`) as numpy `.npy` files, through npyz.
+//!
+//! Reading accepts float (f2, f4, f8), signed and unsigned integer (1, 2,
+//! 4, 8 bytes) and bool arrays of either endianness and order, converted to
+//! f64 in C order. The header's shape is checked against the file size
+//! before npyz sees it, so a corrupt header cannot make it allocate or
+//! overflow.
+//!
+//! Writing uses the tensor's dtype (`<f4`, `<f2`, `|i1`, `<i4`, `|u1`),
+//! except bf16, which numpy has no dtype for: it is written as `<f4`
+//! (exactly, every bf16 is an f32).
+
+use std::path::Path;
+
+use half::f16;
+use kb_format::{AtomicFile, Dtype};
+use npyz::{DType, NpyFile, Order, TypeChar, TypeStr, WriteOptions, WriterBuilder};
+
+use crate::error::{Error, Result};
+
+/// A numpy array as f64 values in C order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NpyArray {
+    pub shape: Vec<u64>,
+    pub data: Vec<f64>,
+}
+
+/// Parse the shape tuple out of an .npy header and check it against the
+/// bytes that follow, so npyz never sees a shape the file cannot hold.
+fn precheck(b: &[u8]) -> std::result::Result<(), String> {
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file (bad magic)".into());
+    }
+    let (hlen, start): (usize, usize) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+        v => return Err(format!("unsupported .npy version {v}")),
+    };
+    let header = b
+        .get(start..start.saturating_add(hlen))
+        .ok_or("truncated .npy header")?;
+    let header = String::from_utf8_lossy(header);
+    let data_len = (b.len() - start - hlen) as u64;
+    let at = header
+        .find("'shape'")
+        .or_else(|| header.find("\"shape\""))
+        .ok_or("the .npy header has no shape")?;
+    let rest = &header[at..];
+    let open = rest.find('(').ok_or("cannot parse the .npy shape")?;
+    let close = rest.find(')').ok_or("cannot parse the .npy shape")?;
+    if close < open {
+        return Err("cannot parse the .npy shape".into());
+    }
+    let mut count: u64 = 1;
+    for part in rest[open + 1..close].split(',') {
+        let part = part.trim().trim_end_matches('L');
+        if part.is_empty() {
+            continue;
+        }
+        let d: u64 = part
+            .parse()
+            .map_err(|_| format!("bad dimension {part:?} in the .npy shape"))?;
+        count = count
+            .checked_mul(d)
+            .ok_or("the .npy shape's element count overflows")?;
+    }
+    if count > data_len {
+        return Err(format!(
+            "the .npy shape holds {count} elements, but the file has {data_len} data bytes"
+        ));
+    }
+    Ok(())
+}
+
+fn convert<T: npyz::Deserialize>(
+    f: NpyFile<&[u8]>,
+    to: impl Fn(T) -> f64,
+) -> std::io::Result<Vec<f64>> {
+    Ok(f.into_vec::<T>()?.into_iter().map(to).collect())
+}
+
+/// C-order copy of Fortran-order data.
+fn fortran_to_c(shape: &[u64], data: &[f64]) -> Vec<f64> {
+    let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+    let n = data.len();
+    let mut out = Vec::with_capacity(n);
+    let mut idx = vec![0usize; dims.len()];
+    for _ in 0..n {
+        // Fortran offset: first index fastest.
+        let mut off = 0;
+        let mut stride = 1;
+        for (k, &d) in dims.iter().enumerate() {
+            off += idx[k] * stride;
+            stride *= d;
+        }
+        out.push(data[off]);
+        // Advance the C-order index: last index fastest.
+        for k in (0..dims.len()).rev() {
+            idx[k] += 1;
+            if idx[k] < dims[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    out
+}
+
+/// Read an .npy file as f64.
+pub fn read(path: &Path) -> Result<NpyArray> {
+    let bytes = std::fs::read(path).map_err(|e| Error::file(path, e))?;
+    precheck(&bytes).map_err(|e| Error::file(path, e))?;
+    let f = NpyFile::new(&bytes[..]).map_err(|e| Error::file(path, e))?;
+    let shape = f.shape().to_vec();
+    let order = f.order();
+    let DType::Plain(ts) = f.dtype() else {
+        return Err(Error::file(
+            path,
+            "structured .npy arrays are not supported",
+        ));
+    };
+    let data = match (ts.type_char(), ts.size_field()) {
+        (TypeChar::Float, 2) => convert(f, |v: f16| v.to_f64()),
+        (TypeChar::Float, 4) => convert(f, |v: f32| v as f64),
+        (TypeChar::Float, 8) => convert(f, |v: f64| v),
+        (TypeChar::Int, 1) => convert(f, |v: i8| v as f64),
+        (TypeChar::Int, 2) => convert(f, |v: i16| v as f64),
+        (TypeChar::Int, 4) => convert(f, |v: i32| v as f64),
+        (TypeChar::Int, 8) => convert(f, |v: i64| v as f64),
+        (TypeChar::Uint, 1) => convert(f, |v: u8| v as f64),
+        (TypeChar::Uint, 2) => convert(f, |v: u16| v as f64),
+        (TypeChar::Uint, 4) => convert(f, |v: u32| v as f64),
+        (TypeChar::Uint, 8) => convert(f, |v: u64| v as f64),
+        (TypeChar::Bool, 1) => convert(f, |v: bool| v as u8 as f64),
+        _ => return Err(Error::file(path, format!("unsupported .npy dtype {ts}"))),
+    }
+    .map_err(|e| Error::file(path, e))?;
+    let data = match order {
+        Order::Fortran if shape.len() > 1 => fortran_to_c(&shape, &data),
+        _ => data,
+    };
+    Ok(NpyArray { shape, data })
+}
+
+fn words<const N: usize>(b: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+    b.chunks_exact(N).map(|c| {
+        let mut w = [0u8; N];
+        w.copy_from_slice(c);
+        w
+    })
+}
+
+fn write_typed<T: npyz::Serialize>(
+    path: &Path,
+    descr: &str,
+    shape: &[u64],
+    vals: impl Iterator<Item = T>,
+) -> std::io::Result<()> {
+    let ts: TypeStr = descr
+        .parse()
+        .map_err(|e| std::io::Error::other(format!("dtype {descr}: {e}")))?;
+    let mut file = AtomicFile::create(path)?;
+    let mut w = WriteOptions::<T>::new()
+        .dtype(DType::Plain(ts))
+        .shape(shape)
+        .writer(&mut file)
+        .begin_nd()?;
+    w.extend(vals)?;
+    w.finish()?;
+    file.commit()
+}
+
+/// Write `bytes` (a tensor of `dtype` and `shape`, C order) as an .npy file.
+pub fn write(path: &Path, dtype: Dtype, shape: &[u64], bytes: &[u8]) -> Result<()> {
+    match dtype {
+        Dtype::F32 => write_typed(
+            path,
+            "<f4",
+            shape,
+            words::<4>(bytes).map(f32::from_le_bytes),
+        ),
+        Dtype::F16 => write_typed(
+            path,
+            "<f2",
+            shape,
+            words::<2>(bytes).map(f16::from_le_bytes),
+        ),
+        Dtype::Bf16 => write_typed(
+            path,
+            "<f4",
+            shape,
+            words::<2>(bytes).map(|w| f32::from_bits((u16::from_le_bytes(w) as u32) << 16)),
+        ),
+        Dtype::I8 => write_typed(path, "|i1", shape, bytes.iter().map(|&b| b as i8)),
+        Dtype::U8 => write_typed(path, "|u1", shape, bytes.iter().copied()),
+        Dtype::I32 => write_typed(
+            path,
+            "<i4",
+            shape,
+            words::<4>(bytes).map(i32::from_le_bytes),
+        ),
+    }
+    .map_err(|e| Error::file(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_files_read_back_for_every_dtype() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases: [(Dtype, Vec<u8>, Vec<f64>); 6] = [
+            (
+                Dtype::F32,
+                [1.5f32, -2.0]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                vec![1.5, -2.0],
+            ),
+            (Dtype::F16, vec![0x00, 0x3c, 0x00, 0xc0], vec![1.0, -2.0]),
+            (
+                Dtype::Bf16,
+                vec![0x49, 0x40, 0x80, 0xbf],
+                vec![3.140625, -1.0],
+            ),
+            (Dtype::I8, vec![0xff, 7], vec![-1.0, 7.0]),
+            (Dtype::U8, vec![0xff, 7], vec![255.0, 7.0]),
+            (
+                Dtype::I32,
+                [-9i32, 1 << 20]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                vec![-9.0, 1048576.0],
+            ),
+        ];
+        for (d, bytes, want) in cases {
+            let p = dir.path().join(format!("{d}.npy"));
+            write(&p, d, &[1, 2], &bytes).unwrap();
+            let a = read(&p).unwrap();
+            assert_eq!(a.shape, [1, 2], "{d}");
+            assert_eq!(a.data, want, "{d}");
+        }
+    }
+
+    #[test]
+    fn fortran_order_is_converted_to_c_order() {
+        // 2x3 [[0,1,2],[3,4,5]] in Fortran order is 0,3,1,4,2,5.
+        assert_eq!(
+            fortran_to_c(&[2, 3], &[0., 3., 1., 4., 2., 5.]),
+            [0., 1., 2., 3., 4., 5.]
+        );
+    }
+
+    #[test]
+    fn corrupt_files_are_errors_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.npy");
+        write(&p, Dtype::F32, &[2, 2], &[0u8; 16]).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        // A shape whose element count overflows, or exceeds the data.
+        let text = String::from_utf8_lossy(&good).into_owned();
+        for bad_shape in ["(99999999999, 99999999999)", "(1000, 1000)"] {
+            // Keep the header length: take the extra characters from its padding.
+            let extra = bad_shape.len() - "(2, 2, )".len();
+            let evil = text
+                .replacen("(2, 2, )", bad_shape, 1)
+                .replacen(&" ".repeat(extra), "", 1);
+            assert_eq!(evil.len(), text.len());
+            std::fs::write(&p, evil.as_bytes()).unwrap();
+            assert!(read(&p).is_err(), "{bad_shape}");
+        }
+        std::fs::write(&p, &good[..good.len() - 3]).unwrap();
+        assert!(read(&p).is_err());
+        std::fs::write(&p, b"not numpy").unwrap();
+        assert!(read(&p).unwrap_err().to_string().contains("magic"));
+        assert!(read(&dir.path().join("missing.npy")).is_err());
+    }
+}

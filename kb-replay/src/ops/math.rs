@@ -1,0 +1,559 @@
+//! Math op replay: elementwise, where, cast/copy and reductions over tiles.
+//!
+//! Tile inputs arrive concatenated in input order (`rows x cols` row-major
+//! elements of their dtype each); scalar inputs are immediates and take no
+//! bytes. The output is `rows x cols` of `dtype`.
+//!
+//! - Elementwise ops broadcast: an input of 1 x cols repeats across rows,
+//!   rows x 1 across columns, 1 x 1 (or a scalar) everywhere.
+//! - `where` takes (cond, a, b): a where cond is non-zero, else b.
+//! - `sum` / `reduce_max` reduce one tile along `axis` 0 (over rows, giving
+//!   1 x cols) or 1 (over columns, giving rows x 1); the output may be
+//!   declared as either vector orientation.
+//! - Values are computed in f64 and rounded once to the output dtype. When
+//!   the output and every input are integers (and scalars integral), add,
+//!   sub, mul, max, min, where, cast, copy, sum and reduce_max use wrapping
+//!   i64 arithmetic instead, wrapped to the output width like numpy.
+//!   Maximum and minimum propagate NaN, as numpy's do.
+//! - `copy`/`cast` between equal dtypes and shapes copy bytes verbatim.
+
+use kb_format::{Dtype, MathInput, MathOp, MathParams};
+
+use crate::dtype;
+
+/// A dense row-major matrix of values.
+#[derive(Debug, Clone)]
+struct Mat<T> {
+    rows: usize,
+    cols: usize,
+    data: Vec<T>,
+}
+
+impl<T: Copy> Mat<T> {
+    /// Element (i, j) of the broadcast matrix.
+    fn at(&self, i: usize, j: usize) -> T {
+        let r = if self.rows == 1 { 0 } else { i };
+        let c = if self.cols == 1 { 0 } else { j };
+        self.data[r * self.cols + c]
+    }
+}
+
+fn op_name(op: MathOp) -> &'static str {
+    match op {
+        MathOp::Exp => "exp",
+        MathOp::Log => "log",
+        MathOp::Sqrt => "sqrt",
+        MathOp::Rsqrt => "rsqrt",
+        MathOp::Add => "add",
+        MathOp::Sub => "sub",
+        MathOp::Mul => "mul",
+        MathOp::Div => "div",
+        MathOp::Max => "max",
+        MathOp::Min => "min",
+        MathOp::Where => "where",
+        MathOp::Cast => "cast",
+        MathOp::Sum => "sum",
+        MathOp::ReduceMax => "reduce_max",
+        MathOp::Copy => "copy",
+    }
+}
+
+fn arity(op: MathOp) -> usize {
+    match op {
+        MathOp::Add | MathOp::Sub | MathOp::Mul | MathOp::Div | MathOp::Max | MathOp::Min => 2,
+        MathOp::Where => 3,
+        _ => 1,
+    }
+}
+
+fn is_reduction(op: MathOp) -> bool {
+    matches!(op, MathOp::Sum | MathOp::ReduceMax)
+}
+
+fn tile_len(rows: u32, cols: u32, d: Dtype) -> Option<u64> {
+    (rows as u64)
+        .checked_mul(cols as u64)?
+        .checked_mul(d.size() as u64)
+}
+
+/// Bytes of the tile inputs, `None` on overflow.
+pub fn input_len(p: &MathParams) -> Option<u64> {
+    p.inputs.iter().try_fold(0u64, |acc, i| match *i {
+        MathInput::Tile {
+            rows, cols, dtype, ..
+        } => acc.checked_add(tile_len(rows, cols, dtype)?),
+        MathInput::Scalar(_) => Some(acc),
+    })
+}
+
+/// Bytes of the output, `None` on overflow.
+pub fn output_len(p: &MathParams) -> Option<u64> {
+    tile_len(p.rows, p.cols, p.dtype)
+}
+
+enum Operand<'a> {
+    Tile {
+        rows: usize,
+        cols: usize,
+        dtype: Dtype,
+        bytes: &'a [u8],
+    },
+    Scalar(f64),
+}
+
+impl Operand<'_> {
+    fn shape(&self) -> (usize, usize) {
+        match *self {
+            Operand::Tile { rows, cols, .. } => (rows, cols),
+            Operand::Scalar(_) => (1, 1),
+        }
+    }
+
+    fn f64s(&self) -> Mat<f64> {
+        match *self {
+            Operand::Tile {
+                rows,
+                cols,
+                dtype,
+                bytes,
+            } => Mat {
+                rows,
+                cols,
+                data: dtype::to_f64(dtype, bytes),
+            },
+            Operand::Scalar(v) => Mat {
+                rows: 1,
+                cols: 1,
+                data: vec![v],
+            },
+        }
+    }
+
+    fn i64s(&self) -> Mat<i64> {
+        match *self {
+            Operand::Tile {
+                rows,
+                cols,
+                dtype,
+                bytes,
+            } => Mat {
+                rows,
+                cols,
+                data: dtype::to_i64(dtype, bytes),
+            },
+            Operand::Scalar(v) => Mat {
+                rows: 1,
+                cols: 1,
+                data: vec![v as i64],
+            },
+        }
+    }
+
+    /// Integer-valued (an integer tile or an integral scalar).
+    fn is_integral(&self) -> bool {
+        match *self {
+            Operand::Tile { dtype, .. } => dtype::is_int(dtype),
+            Operand::Scalar(v) => v.fract() == 0.0 && v.abs() < 9.0e15,
+        }
+    }
+}
+
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+fn min_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+fn elementwise<T: Copy>(ins: &[Mat<T>], rows: usize, cols: usize, f: impl Fn(&[T]) -> T) -> Vec<T> {
+    let mut out = Vec::with_capacity(rows * cols);
+    let mut args = Vec::with_capacity(ins.len());
+    for i in 0..rows {
+        for j in 0..cols {
+            args.clear();
+            args.extend(ins.iter().map(|m| m.at(i, j)));
+            out.push(f(&args));
+        }
+    }
+    out
+}
+
+fn reduce<T: Copy>(x: &Mat<T>, axis: u8, f: impl Fn(T, T) -> T) -> Vec<T> {
+    if axis == 0 {
+        (0..x.cols)
+            .map(|j| (1..x.rows).fold(x.data[j], |acc, i| f(acc, x.data[i * x.cols + j])))
+            .collect()
+    } else {
+        x.data
+            .chunks_exact(x.cols)
+            .map(|row| row[1..].iter().fold(row[0], |acc, &v| f(acc, v)))
+            .collect()
+    }
+}
+
+/// Run one math op on its concatenated tile bytes; returns the output bytes.
+pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
+    let name = op_name(p.op);
+    if p.inputs.len() != arity(p.op) {
+        return Err(format!(
+            "math {name} takes {} inputs, but the record gives {}",
+            arity(p.op),
+            p.inputs.len()
+        ));
+    }
+    let want = input_len(p).ok_or("math tile sizes overflow")?;
+    if want != input.len() as u64 {
+        return Err(format!(
+            "math {name} needs {want} input bytes, but its read ranges hold {}",
+            input.len()
+        ));
+    }
+    let (rows, cols) = (p.rows as usize, p.cols as usize);
+    let count = rows.checked_mul(cols).ok_or("math output size overflows")?;
+    let mut pos = 0usize;
+    let mut ops = Vec::with_capacity(p.inputs.len());
+    for i in &p.inputs {
+        ops.push(match *i {
+            MathInput::Tile {
+                rows, cols, dtype, ..
+            } => {
+                let n = rows as usize * cols as usize * dtype.size();
+                let bytes = &input[pos..pos + n];
+                pos += n;
+                Operand::Tile {
+                    rows: rows as usize,
+                    cols: cols as usize,
+                    dtype,
+                    bytes,
+                }
+            }
+            MathInput::Scalar(v) => Operand::Scalar(v),
+        });
+    }
+
+    if is_reduction(p.op) {
+        let axis = p.axis.ok_or_else(|| format!("math {name} has no axis"))?;
+        let (ir, ic) = ops[0].shape();
+        let n = match axis {
+            0 => ic,
+            1 => ir,
+            a => return Err(format!("math {name} axis {a} is not 0 or 1")),
+        };
+        if ir == 0 || ic == 0 {
+            return Err(format!("math {name} of an empty {ir} x {ic} tile"));
+        }
+        if count != n || (rows != 1 && cols != 1) {
+            return Err(format!(
+                "math {name} along axis {axis} of a {ir} x {ic} tile gives {n} values, \
+                 but the output is {rows} x {cols}"
+            ));
+        }
+    } else {
+        for (k, o) in ops.iter().enumerate() {
+            let (r, c) = o.shape();
+            if !((r == rows || r == 1) && (c == cols || c == 1)) {
+                return Err(format!(
+                    "math {name} input {k} is {r} x {c}, which does not broadcast to the \
+                     {rows} x {cols} output"
+                ));
+            }
+        }
+    }
+
+    // Verbatim copy between equal dtypes and shapes.
+    if matches!(p.op, MathOp::Copy | MathOp::Cast)
+        && let Operand::Tile {
+            rows: r,
+            cols: c,
+            dtype,
+            bytes,
+        } = ops[0]
+        && dtype == p.dtype
+        && (r, c) == (rows, cols)
+    {
+        return Ok(bytes.to_vec());
+    }
+
+    let mut out = Vec::with_capacity(count * p.dtype.size());
+    let int_op = matches!(
+        p.op,
+        MathOp::Add
+            | MathOp::Sub
+            | MathOp::Mul
+            | MathOp::Max
+            | MathOp::Min
+            | MathOp::Where
+            | MathOp::Cast
+            | MathOp::Copy
+            | MathOp::Sum
+            | MathOp::ReduceMax
+    );
+    if int_op && dtype::is_int(p.dtype) && ops.iter().all(Operand::is_integral) {
+        let ins: Vec<Mat<i64>> = ops.iter().map(Operand::i64s).collect();
+        let vals = match p.op {
+            MathOp::Sum => reduce(&ins[0], p.axis.unwrap_or(0), i64::wrapping_add),
+            MathOp::ReduceMax => reduce(&ins[0], p.axis.unwrap_or(0), i64::max),
+            op => elementwise(&ins, rows, cols, |a| match op {
+                MathOp::Add => a[0].wrapping_add(a[1]),
+                MathOp::Sub => a[0].wrapping_sub(a[1]),
+                MathOp::Mul => a[0].wrapping_mul(a[1]),
+                MathOp::Max => a[0].max(a[1]),
+                MathOp::Min => a[0].min(a[1]),
+                MathOp::Where => {
+                    if a[0] != 0 {
+                        a[1]
+                    } else {
+                        a[2]
+                    }
+                }
+                _ => a[0],
+            }),
+        };
+        for v in vals {
+            dtype::push_i64(p.dtype, v, &mut out);
+        }
+    } else {
+        let ins: Vec<Mat<f64>> = ops.iter().map(Operand::f64s).collect();
+        let vals = match p.op {
+            MathOp::Sum => reduce(&ins[0], p.axis.unwrap_or(0), |a, b| a + b),
+            MathOp::ReduceMax => reduce(&ins[0], p.axis.unwrap_or(0), max_nan),
+            op => elementwise(&ins, rows, cols, |a| match op {
+                MathOp::Exp => a[0].exp(),
+                MathOp::Log => a[0].ln(),
+                MathOp::Sqrt => a[0].sqrt(),
+                MathOp::Rsqrt => 1.0 / a[0].sqrt(),
+                MathOp::Add => a[0] + a[1],
+                MathOp::Sub => a[0] - a[1],
+                MathOp::Mul => a[0] * a[1],
+                MathOp::Div => a[0] / a[1],
+                MathOp::Max => max_nan(a[0], a[1]),
+                MathOp::Min => min_nan(a[0], a[1]),
+                MathOp::Where => {
+                    if a[0] != 0.0 {
+                        a[1]
+                    } else {
+                        a[2]
+                    }
+                }
+                _ => a[0],
+            }),
+        };
+        for v in vals {
+            dtype::push_f64(p.dtype, v, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kb_format::Addr;
+
+    fn tile(rows: u32, cols: u32, dtype: Dtype) -> MathInput {
+        MathInput::Tile {
+            addr: Addr::default(),
+            rows,
+            cols,
+            dtype,
+        }
+    }
+
+    fn params(
+        op: MathOp,
+        inputs: Vec<MathInput>,
+        rows: u32,
+        cols: u32,
+        dtype: Dtype,
+    ) -> MathParams {
+        MathParams {
+            op,
+            inputs,
+            out: Addr::default(),
+            rows,
+            cols,
+            dtype,
+            axis: None,
+        }
+    }
+
+    fn f32b(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn run_f32(p: &MathParams, parts: &[&[f32]]) -> Vec<f32> {
+        let input: Vec<u8> = parts.iter().flat_map(|s| f32b(s)).collect();
+        dtype::to_f32(p.dtype, &execute(p, &input).unwrap())
+    }
+
+    #[test]
+    fn unary_ops() {
+        let f = Dtype::F32;
+        let x = [1.0f32, 4.0, 0.25];
+        assert_eq!(
+            run_f32(&params(MathOp::Sqrt, vec![tile(1, 3, f)], 1, 3, f), &[&x]),
+            [1.0, 2.0, 0.5]
+        );
+        assert_eq!(
+            run_f32(&params(MathOp::Rsqrt, vec![tile(1, 3, f)], 1, 3, f), &[&x]),
+            [1.0, 0.5, 2.0]
+        );
+        let e = run_f32(
+            &params(MathOp::Exp, vec![tile(1, 3, f)], 1, 3, f),
+            &[&[0.0, 1.0, -1.0]],
+        );
+        assert_eq!(e, [1.0, std::f32::consts::E, (-1.0f64).exp() as f32]);
+        let l = run_f32(&params(MathOp::Log, vec![tile(1, 3, f)], 1, 3, f), &[&x]);
+        assert_eq!(l, [0.0, 4f64.ln() as f32, 0.25f64.ln() as f32]);
+    }
+
+    #[test]
+    fn binary_ops_broadcast_rows_columns_and_scalars() {
+        let f = Dtype::F32;
+        // 2x3 tile + 1x3 row.
+        let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let p = params(MathOp::Add, vec![tile(2, 3, f), tile(1, 3, f)], 2, 3, f);
+        assert_eq!(
+            run_f32(&p, &[&a, &[10.0, 20.0, 30.0]]),
+            [11., 22., 33., 14., 25., 36.]
+        );
+        // 2x3 tile - 2x1 column.
+        let p = params(MathOp::Sub, vec![tile(2, 3, f), tile(2, 1, f)], 2, 3, f);
+        assert_eq!(run_f32(&p, &[&a, &[1.0, 4.0]]), [0., 1., 2., 0., 1., 2.]);
+        // Scalar on either side.
+        let p = params(
+            MathOp::Div,
+            vec![MathInput::Scalar(12.0), tile(2, 3, f)],
+            2,
+            3,
+            f,
+        );
+        assert_eq!(run_f32(&p, &[&a]), [12., 6., 4., 3., 2.4, 2.]);
+        let p = params(
+            MathOp::Mul,
+            vec![tile(2, 3, f), MathInput::Scalar(-1.0)],
+            2,
+            3,
+            f,
+        );
+        assert_eq!(run_f32(&p, &[&a]), [-1., -2., -3., -4., -5., -6.]);
+        // Row x column outer broadcast.
+        let p = params(MathOp::Max, vec![tile(1, 3, f), tile(2, 1, f)], 2, 3, f);
+        assert_eq!(
+            run_f32(&p, &[&[1.0, 5.0, 3.0], &[2.0, 4.0]]),
+            [2., 5., 3., 4., 5., 4.]
+        );
+        let p = params(MathOp::Min, vec![tile(1, 2, f), tile(1, 2, f)], 1, 2, f);
+        let m = run_f32(&p, &[&[1.0, f32::NAN], &[0.0, 1.0]]);
+        assert_eq!(m[0], 0.0);
+        assert!(m[1].is_nan(), "min propagates NaN");
+    }
+
+    #[test]
+    fn mismatched_shapes_are_errors() {
+        let f = Dtype::F32;
+        let p = params(MathOp::Add, vec![tile(2, 3, f), tile(3, 1, f)], 2, 3, f);
+        let err = execute(&p, &[0u8; 36]).unwrap_err();
+        assert!(err.contains("does not broadcast"), "{err}");
+        let p = params(MathOp::Add, vec![tile(2, 3, f)], 2, 3, f);
+        assert!(
+            execute(&p, &[0u8; 24])
+                .unwrap_err()
+                .contains("takes 2 inputs")
+        );
+        let p = params(MathOp::Exp, vec![tile(2, 3, f)], 2, 3, f);
+        assert!(execute(&p, &[0u8; 20]).unwrap_err().contains("needs 24"));
+    }
+
+    #[test]
+    fn where_selects_by_condition() {
+        let f = Dtype::F32;
+        let p = params(
+            MathOp::Where,
+            vec![
+                tile(1, 4, Dtype::U8),
+                tile(1, 4, f),
+                MathInput::Scalar(-1.0),
+            ],
+            1,
+            4,
+            f,
+        );
+        let mut input = vec![1u8, 0, 2, 0];
+        input.extend(f32b(&[10., 20., 30., 40.]));
+        let out = dtype::to_f32(f, &execute(&p, &input).unwrap());
+        assert_eq!(out, [10., -1., 30., -1.]);
+    }
+
+    #[test]
+    fn reductions_along_both_axes() {
+        let f = Dtype::F32;
+        let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]; // 2x3
+        let mut p = params(MathOp::Sum, vec![tile(2, 3, f)], 1, 3, f);
+        p.axis = Some(0);
+        assert_eq!(run_f32(&p, &[&a]), [5., 7., 9.]);
+        let mut p = params(MathOp::Sum, vec![tile(2, 3, f)], 2, 1, f);
+        p.axis = Some(1);
+        assert_eq!(run_f32(&p, &[&a]), [6., 15.]);
+        let mut p = params(MathOp::ReduceMax, vec![tile(2, 3, f)], 1, 2, f);
+        p.axis = Some(1);
+        assert_eq!(run_f32(&p, &[&[1., 9., 3., -4., -5., -6.]]), [9., -4.]);
+        p.axis = Some(0);
+        assert!(
+            execute(&p, &f32b(&a))
+                .unwrap_err()
+                .contains("gives 3 values")
+        );
+        p.axis = None;
+        assert!(execute(&p, &f32b(&a)).unwrap_err().contains("no axis"));
+    }
+
+    #[test]
+    fn integer_ops_wrap_and_casts_convert() {
+        let p = params(
+            MathOp::Add,
+            vec![tile(1, 2, Dtype::I8), MathInput::Scalar(100.0)],
+            1,
+            2,
+            Dtype::I8,
+        );
+        let out = execute(&p, &[100u8, (-5i8) as u8]).unwrap();
+        assert_eq!(dtype::to_i64(Dtype::I8, &out), [-56, 95]);
+        let mut p = params(MathOp::Sum, vec![tile(1, 3, Dtype::I32)], 1, 1, Dtype::I32);
+        p.axis = Some(1);
+        let big: Vec<u8> = [i32::MAX, 1, 1]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let out = execute(&p, &big).unwrap();
+        assert_eq!(dtype::to_i64(Dtype::I32, &out), [i32::MIN as i64 + 1]);
+        // Cast f32 -> f16 rounds; f32 -> i32 truncates.
+        let p = params(MathOp::Cast, vec![tile(1, 2, Dtype::F32)], 1, 2, Dtype::F16);
+        let out = execute(&p, &f32b(&[2049.0, 0.5])).unwrap();
+        assert_eq!(dtype::to_f64(Dtype::F16, &out), [2048.0, 0.5]);
+        let p = params(MathOp::Cast, vec![tile(1, 2, Dtype::F32)], 1, 2, Dtype::I32);
+        let out = execute(&p, &f32b(&[-2.7, 3.9])).unwrap();
+        assert_eq!(dtype::to_i64(Dtype::I32, &out), [-2, 3]);
+    }
+
+    #[test]
+    fn copy_of_equal_dtype_keeps_bits() {
+        let f = Dtype::F32;
+        let nan = f32::from_bits(0x7fc0_1234);
+        let p = params(MathOp::Copy, vec![tile(1, 2, f)], 1, 2, f);
+        let input = f32b(&[nan, 1.5]);
+        assert_eq!(execute(&p, &input).unwrap(), input);
+        // Copy with broadcasting goes through values.
+        let p = params(MathOp::Copy, vec![tile(1, 1, f)], 2, 2, f);
+        assert_eq!(run_f32(&p, &[&[7.0]]), [7.0; 4]);
+    }
+}

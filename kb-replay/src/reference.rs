@@ -1,0 +1,466 @@
+//! Reference evaluation of a verification [`Expr`] in f64 over the input
+//! tensors' host data (the contract's rule 5).
+//!
+//! Deliberately independent of op replay: its own element decoder (no
+//! `half`, no [`crate::dtype`]), its own matmul and reductions, f64
+//! throughout, so a bug in the replay path cannot be mirrored here.
+//!
+//! Values are matrices. A tensor of shape `[]` is 1 x 1, `[n]` is a 1 x n
+//! row, `[r, c]` is r x c, and higher ranks fold their leading dimensions
+//! into rows (`[a, b, c]` is (a*b) x c). Binary ops broadcast like numpy
+//! over two dimensions: a 1 x c row repeats across rows, an r x 1 column
+//! across columns, a 1 x 1 value (or a scalar) everywhere. Reductions and
+//! softmax take `axis` 0 (down the rows, per column) or 1 (along each row);
+//! `Sum`/`Max` along axis 0 give 1 x cols, along axis 1 rows x 1.
+
+use kb_format::{Dtype, Expr};
+
+/// A dense row-major f64 matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f64>,
+}
+
+impl Matrix {
+    pub fn new(rows: usize, cols: usize, data: Vec<f64>) -> Result<Matrix, String> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(format!(
+                "{} values do not make a {rows} x {cols} matrix",
+                data.len()
+            ));
+        }
+        Ok(Matrix { rows, cols, data })
+    }
+
+    pub fn scalar(v: f64) -> Matrix {
+        Matrix {
+            rows: 1,
+            cols: 1,
+            data: vec![v],
+        }
+    }
+
+    pub fn get(&self, i: usize, j: usize) -> f64 {
+        self.data[i * self.cols + j]
+    }
+}
+
+/// The matrix view of a tensor shape (see the module docs); `None` on overflow.
+pub fn matrix_shape(shape: &[u64]) -> Option<(usize, usize)> {
+    match shape {
+        [] => Some((1, 1)),
+        [n] => Some((1, usize::try_from(*n).ok()?)),
+        [lead @ .., c] => {
+            let rows = lead
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))?;
+            Some((rows, usize::try_from(*c).ok()?))
+        }
+    }
+}
+
+fn f16_to_f64(h: u16) -> f64 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let mant = (h & 0x3ff) as f64;
+    let mag = match exp {
+        0 => mant * 2f64.powi(-24),
+        0x1f if mant == 0.0 => f64::INFINITY,
+        0x1f => f64::NAN,
+        e => (1.0 + mant / 1024.0) * 2f64.powi(e - 15),
+    };
+    sign * mag
+}
+
+/// Decode little-endian elements of `dtype` as f64 (exact for every dtype).
+pub fn decode(dtype: Dtype, b: &[u8]) -> Vec<f64> {
+    let n = dtype.size();
+    b.chunks_exact(n)
+        .map(|c| match dtype {
+            Dtype::F32 => f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]])) as f64,
+            Dtype::F16 => f16_to_f64(u16::from_le_bytes([c[0], c[1]])),
+            Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64,
+            Dtype::I8 => c[0] as i8 as f64,
+            Dtype::U8 => c[0] as f64,
+            Dtype::I32 => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+        })
+        .collect()
+}
+
+/// Evaluates expressions; `tensor` resolves `Expr::Tensor` names.
+pub struct Evaluator<'a> {
+    pub tensor: &'a dyn Fn(&str) -> Result<Matrix, String>,
+    /// Most elements one intermediate may hold.
+    pub max_elems: usize,
+}
+
+impl std::fmt::Debug for Evaluator<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Evaluator")
+            .field("max_elems", &self.max_elems)
+            .finish()
+    }
+}
+
+const MAX_DEPTH: usize = 256;
+
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+impl Evaluator<'_> {
+    pub fn eval(&self, e: &Expr) -> Result<Matrix, String> {
+        self.eval_at(e, 0)
+    }
+
+    fn alloc_check(&self, rows: usize, cols: usize) -> Result<usize, String> {
+        rows.checked_mul(cols)
+            .filter(|&n| n <= self.max_elems)
+            .ok_or_else(|| format!("a {rows} x {cols} intermediate is too large"))
+    }
+
+    fn eval_at(&self, e: &Expr, depth: usize) -> Result<Matrix, String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("expression nests deeper than {MAX_DEPTH} levels"));
+        }
+        let sub = |x: &Expr| self.eval_at(x, depth + 1);
+        Ok(match e {
+            Expr::Tensor(name) => (self.tensor)(name)?,
+            Expr::Scalar(v) => Matrix::scalar(*v),
+            Expr::Matmul(a, b) => self.matmul(&sub(a)?, &sub(b)?)?,
+            Expr::Transpose(a) => {
+                let a = sub(a)?;
+                let mut data = Vec::with_capacity(a.data.len());
+                for j in 0..a.cols {
+                    for i in 0..a.rows {
+                        data.push(a.get(i, j));
+                    }
+                }
+                Matrix {
+                    rows: a.cols,
+                    cols: a.rows,
+                    data,
+                }
+            }
+            Expr::Add(a, b) => self.broadcast("add", &sub(a)?, &sub(b)?, |x, y| x + y)?,
+            Expr::Sub(a, b) => self.broadcast("sub", &sub(a)?, &sub(b)?, |x, y| x - y)?,
+            Expr::Mul(a, b) => self.broadcast("mul", &sub(a)?, &sub(b)?, |x, y| x * y)?,
+            Expr::Div(a, b) => self.broadcast("div", &sub(a)?, &sub(b)?, |x, y| x / y)?,
+            Expr::Exp(a) => {
+                let mut a = sub(a)?;
+                a.data.iter_mut().for_each(|v| *v = v.exp());
+                a
+            }
+            Expr::Softmax { input, axis } => softmax(sub(input)?, *axis)?,
+            Expr::Sum { input, axis } => reduce(&sub(input)?, *axis, 0.0, |a, b| a + b)?,
+            Expr::Max { input, axis } => reduce(&sub(input)?, *axis, f64::NEG_INFINITY, max_nan)?,
+        })
+    }
+
+    fn matmul(&self, a: &Matrix, b: &Matrix) -> Result<Matrix, String> {
+        if a.cols != b.rows {
+            return Err(format!(
+                "matmul of {} x {} by {} x {}: inner dimensions differ",
+                a.rows, a.cols, b.rows, b.cols
+            ));
+        }
+        let n = self.alloc_check(a.rows, b.cols)?;
+        let mut c = vec![0.0; n];
+        for i in 0..a.rows {
+            for p in 0..a.cols {
+                let av = a.get(i, p);
+                for j in 0..b.cols {
+                    c[i * b.cols + j] += av * b.get(p, j);
+                }
+            }
+        }
+        Ok(Matrix {
+            rows: a.rows,
+            cols: b.cols,
+            data: c,
+        })
+    }
+
+    fn broadcast(
+        &self,
+        what: &str,
+        a: &Matrix,
+        b: &Matrix,
+        f: impl Fn(f64, f64) -> f64,
+    ) -> Result<Matrix, String> {
+        let dim = |x: usize, y: usize| match (x, y) {
+            _ if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        };
+        let (Some(rows), Some(cols)) = (dim(a.rows, b.rows), dim(a.cols, b.cols)) else {
+            return Err(format!(
+                "{what} of {} x {} and {} x {}: shapes do not broadcast",
+                a.rows, a.cols, b.rows, b.cols
+            ));
+        };
+        let n = self.alloc_check(rows, cols)?;
+        let pick = |m: &Matrix, i: usize, j: usize| {
+            m.get(
+                if m.rows == 1 { 0 } else { i },
+                if m.cols == 1 { 0 } else { j },
+            )
+        };
+        let mut data = Vec::with_capacity(n);
+        for i in 0..rows {
+            for j in 0..cols {
+                data.push(f(pick(a, i, j), pick(b, i, j)));
+            }
+        }
+        Ok(Matrix { rows, cols, data })
+    }
+}
+
+fn check_axis(axis: u8) -> Result<(), String> {
+    if axis > 1 {
+        return Err(format!("axis {axis} is not 0 or 1"));
+    }
+    Ok(())
+}
+
+/// Indices of the lanes along `axis`: per column for 0, per row for 1.
+fn lanes(m: &Matrix, axis: u8) -> Vec<Vec<usize>> {
+    if axis == 0 {
+        (0..m.cols)
+            .map(|j| (0..m.rows).map(|i| i * m.cols + j).collect())
+            .collect()
+    } else {
+        (0..m.rows)
+            .map(|i| (0..m.cols).map(|j| i * m.cols + j).collect())
+            .collect()
+    }
+}
+
+fn reduce(m: &Matrix, axis: u8, init: f64, f: impl Fn(f64, f64) -> f64) -> Result<Matrix, String> {
+    check_axis(axis)?;
+    let data: Vec<f64> = lanes(m, axis)
+        .iter()
+        .map(|lane| lane.iter().fold(init, |acc, &k| f(acc, m.data[k])))
+        .collect();
+    Ok(if axis == 0 {
+        Matrix {
+            rows: 1,
+            cols: m.cols,
+            data,
+        }
+    } else {
+        Matrix {
+            rows: m.rows,
+            cols: 1,
+            data,
+        }
+    })
+}
+
+/// Numerically stable softmax: exp(x - max) / sum along the axis.
+fn softmax(mut m: Matrix, axis: u8) -> Result<Matrix, String> {
+    check_axis(axis)?;
+    for lane in lanes(&m, axis) {
+        let mx = lane
+            .iter()
+            .fold(f64::NEG_INFINITY, |acc, &k| max_nan(acc, m.data[k]));
+        let mut sum = 0.0;
+        for &k in &lane {
+            let e = (m.data[k] - mx).exp();
+            m.data[k] = e;
+            sum += e;
+        }
+        for &k in &lane {
+            m.data[k] /= sum;
+        }
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str) -> Box<Expr> {
+        Box::new(Expr::Tensor(name.into()))
+    }
+
+    fn inputs(name: &str) -> Result<Matrix, String> {
+        match name {
+            // [[1,2,3],[4,5,6]]
+            "a" => Matrix::new(2, 3, vec![1., 2., 3., 4., 5., 6.]),
+            // [[7,8],[9,10],[11,12]]
+            "b" => Matrix::new(3, 2, vec![7., 8., 9., 10., 11., 12.]),
+            "row" => Matrix::new(1, 3, vec![10., 20., 30.]),
+            "col" => Matrix::new(2, 1, vec![1., 2.]),
+            _ => Err(format!("no tensor {name:?}")),
+        }
+    }
+
+    fn eval(e: Expr) -> Result<Matrix, String> {
+        Evaluator {
+            tensor: &inputs,
+            max_elems: 1 << 20,
+        }
+        .eval(&e)
+    }
+
+    #[test]
+    fn matmul_matches_hand_computation() {
+        let m = eval(Expr::Matmul(t("a"), t("b"))).unwrap();
+        assert_eq!(m, Matrix::new(2, 2, vec![58., 64., 139., 154.]).unwrap());
+        // (a.b)^T = b^T . a^T
+        let lhs = eval(Expr::Transpose(Box::new(Expr::Matmul(t("a"), t("b"))))).unwrap();
+        let rhs = eval(Expr::Matmul(
+            Box::new(Expr::Transpose(t("b"))),
+            Box::new(Expr::Transpose(t("a"))),
+        ))
+        .unwrap();
+        assert_eq!(lhs, rhs);
+        assert!(
+            eval(Expr::Matmul(t("a"), t("a")))
+                .unwrap_err()
+                .contains("inner")
+        );
+    }
+
+    #[test]
+    fn softmax_rows_and_columns_sum_to_one() {
+        for axis in [0u8, 1] {
+            let m = eval(Expr::Softmax {
+                input: t("a"),
+                axis,
+            })
+            .unwrap();
+            let sums = eval(Expr::Sum {
+                input: Box::new(Expr::Softmax {
+                    input: t("a"),
+                    axis,
+                }),
+                axis,
+            })
+            .unwrap();
+            for s in &sums.data {
+                assert!((s - 1.0).abs() < 1e-15, "axis {axis}: {s}");
+            }
+            assert!(m.data.iter().all(|&v| v > 0.0 && v < 1.0));
+        }
+        // Row [1,2,3]: softmax = e^(x-3) / sum, by hand.
+        let m = eval(Expr::Softmax {
+            input: t("a"),
+            axis: 1,
+        })
+        .unwrap();
+        let z = (-2f64).exp() + (-1f64).exp() + 1.0;
+        assert!((m.get(0, 2) - 1.0 / z).abs() < 1e-15);
+        // Large values do not overflow.
+        let big = Expr::Softmax {
+            input: Box::new(Expr::Mul(t("a"), Box::new(Expr::Scalar(1000.0)))),
+            axis: 1,
+        };
+        assert!(eval(big).unwrap().data.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn elementwise_ops_broadcast() {
+        let m = eval(Expr::Add(t("a"), t("row"))).unwrap();
+        assert_eq!(m.data, [11., 22., 33., 14., 25., 36.]);
+        let m = eval(Expr::Sub(t("a"), t("col"))).unwrap();
+        assert_eq!(m.data, [0., 1., 2., 2., 3., 4.]);
+        let m = eval(Expr::Div(t("a"), Box::new(Expr::Scalar(2.0)))).unwrap();
+        assert_eq!(m.data, [0.5, 1., 1.5, 2., 2.5, 3.]);
+        let m = eval(Expr::Mul(t("col"), t("row"))).unwrap();
+        assert_eq!((m.rows, m.cols), (2, 3));
+        assert_eq!(m.data, [10., 20., 30., 20., 40., 60.]);
+        assert!(
+            eval(Expr::Add(t("a"), t("b")))
+                .unwrap_err()
+                .contains("broadcast")
+        );
+        let e = eval(Expr::Exp(Box::new(Expr::Scalar(1.0)))).unwrap();
+        assert_eq!(e.data, [std::f64::consts::E]);
+    }
+
+    #[test]
+    fn reductions_give_rows_or_columns() {
+        let s0 = eval(Expr::Sum {
+            input: t("a"),
+            axis: 0,
+        })
+        .unwrap();
+        assert_eq!(
+            (s0.rows, s0.cols, s0.data.clone()),
+            (1, 3, vec![5., 7., 9.])
+        );
+        let s1 = eval(Expr::Sum {
+            input: t("a"),
+            axis: 1,
+        })
+        .unwrap();
+        assert_eq!((s1.rows, s1.cols, s1.data.clone()), (2, 1, vec![6., 15.]));
+        let m1 = eval(Expr::Max {
+            input: t("b"),
+            axis: 1,
+        })
+        .unwrap();
+        assert_eq!(m1.data, [8., 10., 12.]);
+        assert!(
+            eval(Expr::Max {
+                input: t("b"),
+                axis: 2
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn errors_and_limits() {
+        assert!(
+            eval(Expr::Tensor("nope".into()))
+                .unwrap_err()
+                .contains("nope")
+        );
+        let mut e = Expr::Scalar(1.0);
+        for _ in 0..300 {
+            e = Expr::Exp(Box::new(e));
+        }
+        assert!(eval(e).unwrap_err().contains("deeper"));
+        let small = Evaluator {
+            tensor: &inputs,
+            max_elems: 3,
+        };
+        assert!(
+            small
+                .eval(&Expr::Matmul(t("a"), t("b")))
+                .unwrap_err()
+                .contains("too large")
+        );
+    }
+
+    #[test]
+    fn decoder_is_exact_for_every_dtype() {
+        assert_eq!(
+            decode(Dtype::F16, &[0x00, 0x3c, 0x00, 0xc0, 0x01, 0x00]),
+            [1.0, -2.0, 2f64.powi(-24)]
+        );
+        assert_eq!(decode(Dtype::F16, &[0x00, 0x7c]), [f64::INFINITY]);
+        assert!(decode(Dtype::F16, &[0x01, 0x7c])[0].is_nan());
+        // 0x3555 = 0.333251953125 (f16 nearest to 1/3).
+        assert_eq!(decode(Dtype::F16, &[0x55, 0x35]), [0.333251953125]);
+        assert_eq!(decode(Dtype::Bf16, &[0x49, 0x40]), [3.140625]);
+        assert_eq!(decode(Dtype::I8, &[0xff]), [-1.0]);
+        assert_eq!(decode(Dtype::U8, &[0xff]), [255.0]);
+        assert_eq!(decode(Dtype::I32, &(-5i32).to_le_bytes()), [-5.0]);
+        assert_eq!(matrix_shape(&[]), Some((1, 1)));
+        assert_eq!(matrix_shape(&[5]), Some((1, 5)));
+        assert_eq!(matrix_shape(&[2, 3, 4]), Some((6, 4)));
+        assert_eq!(matrix_shape(&[u64::MAX, 2, 1]), None);
+    }
+}

@@ -1,0 +1,225 @@
+//! The JSON report (`--report`) and the human summary on stderr.
+//!
+//! JSON numbers that are not finite (an infinite relative error, a NaN
+//! output value) are written as the strings `"inf"`, `"-inf"` and `"nan"`.
+
+use serde_json::{Value, json};
+
+use crate::engine::Stats;
+use crate::verify::OutputReport;
+
+/// A finite number as a JSON number, anything else as a string.
+pub fn num(v: f64) -> Value {
+    if v.is_finite() {
+        json!(v)
+    } else if v.is_nan() {
+        json!("nan")
+    } else if v > 0.0 {
+        json!("inf")
+    } else {
+        json!("-inf")
+    }
+}
+
+/// A compact error magnitude: `0`, or three significant digits.
+fn err(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else {
+        format!("{v:.3e}")
+    }
+}
+
+/// Everything one run found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub trace: String,
+    pub stats: Stats,
+    /// `None` when verification was not asked for.
+    pub outputs: Option<Vec<OutputReport>>,
+    pub wall_seconds: f64,
+}
+
+impl Report {
+    /// True when the replay succeeded and every checked output passed.
+    pub fn pass(&self) -> bool {
+        self.outputs
+            .as_ref()
+            .is_none_or(|o| o.iter().all(|r| r.pass))
+    }
+
+    /// GEMM throughput of the replay, in GFLOP/s.
+    pub fn gflops(&self) -> f64 {
+        if self.stats.replay_seconds > 0.0 {
+            self.stats.gemm_flops as f64 / self.stats.replay_seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        let s = &self.stats;
+        let outputs: Vec<Value> = self
+            .outputs
+            .iter()
+            .flatten()
+            .map(|o| {
+                json!({
+                    "name": o.name,
+                    "dtype": o.dtype.name(),
+                    "shape": o.shape,
+                    "reference": o.reference,
+                    "rtol": o.tolerance.rtol,
+                    "atol": o.tolerance.atol,
+                    "elements": o.elements,
+                    "max_abs_err": num(o.max_abs_err),
+                    "max_rel_err": num(o.max_rel_err),
+                    "mismatches": o.mismatches,
+                    "first_mismatch": o.first_mismatch.as_ref().map(|m| json!({
+                        "index": m.index,
+                        "got": num(m.got),
+                        "expected": num(m.expected),
+                    })),
+                    "pass": o.pass,
+                })
+            })
+            .collect();
+        json!({
+            "tool": "kb-replay",
+            "version": env!("CARGO_PKG_VERSION"),
+            "trace": self.trace,
+            "pass": self.pass(),
+            "verified": self.outputs.is_some(),
+            "outputs": outputs,
+            "records": s.records,
+            "ops": { "memory": s.memory, "gemm": s.gemm, "math": s.math },
+            "unknown_ops_skipped": s.unknown_skipped,
+            "fingerprints_checked": s.fingerprints_checked,
+            "bytes_read": s.bytes_read,
+            "bytes_written": s.bytes_written,
+            "gemm_flops": s.gemm_flops,
+            "gflops": num(self.gflops()),
+            "replay_seconds": num(s.replay_seconds),
+            "wall_seconds": num(self.wall_seconds),
+        })
+    }
+
+    /// Human-readable lines: one per output, then a summary.
+    pub fn summary(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for o in self.outputs.iter().flatten() {
+            let tol = format!("rtol {:e}, atol {:e}", o.tolerance.rtol, o.tolerance.atol);
+            if o.pass {
+                lines.push(format!(
+                    "PASS {} {} {:?}: max abs err {}, max rel err {} ({tol}; {})",
+                    o.name,
+                    o.dtype,
+                    o.shape,
+                    err(o.max_abs_err),
+                    err(o.max_rel_err),
+                    o.reference
+                ));
+            } else {
+                let first = o.first_mismatch.as_ref().map_or(String::new(), |m| {
+                    format!(
+                        "; first at {:?}: got {}, expected {}",
+                        m.index, m.got, m.expected
+                    )
+                });
+                lines.push(format!(
+                    "FAIL {} {} {:?}: {} of {} elements differ, max abs err {}, max rel err {} ({tol}; {}){first}",
+                    o.name,
+                    o.dtype,
+                    o.shape,
+                    o.mismatches,
+                    o.elements,
+                    err(o.max_abs_err),
+                    err(o.max_rel_err),
+                    o.reference
+                ));
+            }
+        }
+        let s = &self.stats;
+        let verdict = match &self.outputs {
+            None => "replay OK (not verified)".to_string(),
+            Some(o) => {
+                let failed = o.iter().filter(|r| !r.pass).count();
+                if failed == 0 {
+                    format!("verification PASSED ({} outputs)", o.len())
+                } else {
+                    format!("verification FAILED ({failed} of {} outputs)", o.len())
+                }
+            }
+        };
+        lines.push(format!(
+            "{} ops replayed (memory {}, gemm {}, math {}; {} unknown skipped), {} fingerprints checked, {:.3} s, {:.2} GFLOP/s; {verdict}",
+            s.memory + s.gemm + s.math,
+            s.memory,
+            s.gemm,
+            s.math,
+            s.unknown_skipped,
+            s.fingerprints_checked,
+            s.replay_seconds,
+            self.gflops(),
+        ));
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verify::Mismatch;
+    use kb_format::{Dtype, Tolerance};
+
+    fn output(pass: bool) -> OutputReport {
+        OutputReport {
+            name: "y".into(),
+            dtype: Dtype::F32,
+            shape: vec![2, 2],
+            reference: "spec".into(),
+            tolerance: Tolerance {
+                rtol: 1e-5,
+                atol: 1e-5,
+            },
+            elements: 4,
+            max_abs_err: if pass { 0.0 } else { 1.0 },
+            max_rel_err: f64::INFINITY,
+            mismatches: if pass { 0 } else { 1 },
+            first_mismatch: (!pass).then(|| Mismatch {
+                index: vec![1, 0],
+                got: 3.0,
+                expected: 2.0,
+            }),
+            pass,
+        }
+    }
+
+    #[test]
+    fn json_and_summary_carry_the_verdict() {
+        let mut r = Report {
+            trace: "t".into(),
+            stats: Stats::default(),
+            outputs: Some(vec![output(true), output(false)]),
+            wall_seconds: 0.5,
+        };
+        assert!(!r.pass());
+        let j = r.to_json();
+        assert_eq!(j["pass"], false);
+        assert_eq!(j["outputs"][1]["first_mismatch"]["index"], json!([1, 0]));
+        assert_eq!(j["outputs"][0]["first_mismatch"], Value::Null);
+        assert_eq!(j["outputs"][0]["max_rel_err"], "inf");
+        let lines = r.summary();
+        assert!(lines[0].starts_with("PASS y"));
+        assert!(lines[1].starts_with("FAIL y"));
+        assert!(
+            lines[1].contains("first at [1, 0]: got 3, expected 2"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[2].contains("FAILED (1 of 2"));
+        r.outputs = None;
+        assert!(r.pass());
+        assert_eq!(r.to_json()["verified"], false);
+    }
+}

@@ -1,0 +1,414 @@
+//! Verification: gather each output tensor from its shards after replay,
+//! compute its reference (the spec's [`Expr`] over input host data, or an
+//! `--expect` array) and compare element by element.
+//!
+//! Comparison follows numpy's `allclose`: `|got - ref| <= atol + rtol*|ref|`,
+//! with the tolerance from the spec or, by default, per ADR-0020 D11:
+//! f32 1e-5, f16 1e-3, bf16 1e-2 (rtol = atol), integers exact. NaN matches
+//! only NaN; an infinity matches only the same infinity. Output bytes are
+//! decoded by [`crate::reference::decode`], not by the replay's codecs.
+
+use std::path::PathBuf;
+
+use kb_format::{Dtype, Expr, Meta, TensorMeta, Tolerance, VerifySpec};
+
+use crate::error::{Error, Result};
+use crate::npy::NpyArray;
+use crate::plane::{DataPlane, tensor_nbytes};
+use crate::reference::{self, Evaluator, Matrix, matrix_shape};
+
+/// Where an output's reference comes from.
+#[derive(Debug, Clone)]
+pub enum RefSource {
+    /// The trace's verification spec.
+    Expr(Expr),
+    /// A numpy file given with `--expect`.
+    Npy { path: PathBuf, array: NpyArray },
+}
+
+impl RefSource {
+    pub fn describe(&self) -> String {
+        match self {
+            RefSource::Expr(_) => "spec".into(),
+            RefSource::Npy { path, .. } => format!("npy:{}", path.display()),
+        }
+    }
+}
+
+/// One output to check.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub tensor: String,
+    pub reference: RefSource,
+    /// Overrides the per-dtype default.
+    pub tolerance: Option<Tolerance>,
+}
+
+/// The spec's outputs, with `--expect` arrays replacing the reference of
+/// the tensors they name (keeping the spec's tolerance) or added as new
+/// checks, in the order given.
+pub fn plan_checks(
+    spec: Option<&VerifySpec>,
+    expect: Vec<(String, PathBuf, NpyArray)>,
+) -> Vec<Check> {
+    let mut checks: Vec<Check> = spec
+        .map(|s| {
+            s.outputs
+                .iter()
+                .map(|o| Check {
+                    tensor: o.tensor.clone(),
+                    reference: RefSource::Expr(o.reference.clone()),
+                    tolerance: o.tolerance,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for (name, path, array) in expect {
+        let reference = RefSource::Npy { path, array };
+        match checks.iter_mut().find(|c| c.tensor == name) {
+            Some(c) => c.reference = reference,
+            None => checks.push(Check {
+                tensor: name,
+                reference,
+                tolerance: None,
+            }),
+        }
+    }
+    checks
+}
+
+/// ADR-0020 D11 tolerance for a dtype.
+pub fn default_tolerance(d: Dtype) -> Tolerance {
+    let t = match d {
+        Dtype::F32 => 1e-5,
+        Dtype::F16 => 1e-3,
+        Dtype::Bf16 => 1e-2,
+        Dtype::I8 | Dtype::I32 | Dtype::U8 => 0.0,
+    };
+    Tolerance { rtol: t, atol: t }
+}
+
+/// The first element that differs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    /// Index in the tensor's shape.
+    pub index: Vec<u64>,
+    pub got: f64,
+    pub expected: f64,
+}
+
+/// The result of comparing one output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputReport {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub reference: String,
+    pub tolerance: Tolerance,
+    pub elements: u64,
+    /// Over elements where both values are finite.
+    pub max_abs_err: f64,
+    /// Over elements where both are finite and the reference is non-zero.
+    pub max_rel_err: f64,
+    pub mismatches: u64,
+    pub first_mismatch: Option<Mismatch>,
+    pub pass: bool,
+}
+
+/// Element comparison statistics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    pub max_abs_err: f64,
+    pub max_rel_err: f64,
+    pub mismatches: u64,
+    /// Flat index and values of the first mismatch.
+    pub first: Option<(usize, f64, f64)>,
+}
+
+/// Compare `got` with `expected` (same length) under `tol`.
+pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
+    let mut c = Comparison {
+        max_abs_err: 0.0,
+        max_rel_err: 0.0,
+        mismatches: 0,
+        first: None,
+    };
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        let ok = if g.is_nan() || e.is_nan() {
+            g.is_nan() && e.is_nan()
+        } else if g.is_infinite() || e.is_infinite() {
+            g == e
+        } else {
+            let abs = (g - e).abs();
+            c.max_abs_err = c.max_abs_err.max(abs);
+            if e != 0.0 {
+                c.max_rel_err = c.max_rel_err.max(abs / e.abs());
+            }
+            abs <= tol.atol + tol.rtol * e.abs()
+        };
+        if !ok {
+            c.mismatches += 1;
+            if c.first.is_none() {
+                c.first = Some((i, g, e));
+            }
+        }
+    }
+    c
+}
+
+/// Multi-index of flat index `i` in `shape` (C order).
+pub fn unravel(mut i: u64, shape: &[u64]) -> Vec<u64> {
+    let mut idx = vec![0; shape.len()];
+    for (k, &d) in shape.iter().enumerate().rev() {
+        if d > 0 {
+            idx[k] = i % d;
+            i /= d;
+        }
+    }
+    idx
+}
+
+fn tensor<'m>(meta: &'m Meta, name: &str) -> Result<(u32, &'m TensorMeta)> {
+    meta.tensor(name)
+        .ok_or_else(|| Error::Trace(format!("the trace has no tensor named {name:?}")))
+}
+
+fn checked_nbytes(t: &TensorMeta, max_bytes: u64) -> Result<u64> {
+    match tensor_nbytes(t) {
+        Some(n) if n <= max_bytes => Ok(n),
+        Some(n) => Err(Error::Trace(format!(
+            "tensor {:?} has {n} bytes, more than the limit of {max_bytes}",
+            t.name
+        ))),
+        None => Err(Error::Trace(format!(
+            "tensor {:?} has a shape {:?} whose size overflows",
+            t.name, t.shape
+        ))),
+    }
+}
+
+/// The bytes of tensor `idx` after replay, in tensor layout: gathered from
+/// its shards (device PAs), or from its host space when it has none.
+pub fn gather_tensor(plane: &DataPlane, idx: u32, t: &TensorMeta) -> Result<Vec<u8>> {
+    let max = plane.max_bytes();
+    let nbytes = checked_nbytes(t, max)?;
+    let mut buf = vec![0u8; nbytes as usize];
+    if t.shards.is_empty() {
+        plane
+            .read(kb_format::pa::host(idx, 0), &mut buf)
+            .map_err(|e| Error::Trace(format!("tensor {:?} host data: {e}", t.name)))?;
+        return Ok(buf);
+    }
+    let mut total = 0u64;
+    for (k, s) in t.shards.iter().enumerate() {
+        let err = |d: String| Error::Trace(format!("tensor {:?} shard {k}: {d}", t.name));
+        if s.row_bytes == 0 || s.rows == 0 {
+            continue;
+        }
+        total = s
+            .rows
+            .checked_mul(s.row_bytes)
+            .and_then(|b| b.checked_add(total))
+            .filter(|&b| b <= max)
+            .ok_or_else(|| err(format!("its shards hold more than {max} bytes")))?;
+        for r in 0..s.rows {
+            let dst = r
+                .checked_mul(s.tensor_row_stride)
+                .and_then(|o| o.checked_add(s.tensor_offset))
+                .filter(|&d| d.checked_add(s.row_bytes).is_some_and(|e| e <= nbytes))
+                .ok_or_else(|| {
+                    err(format!(
+                        "row {r} ({} bytes at tensor offset {} + {r} x {}) is outside the tensor's {nbytes} bytes",
+                        s.row_bytes, s.tensor_offset, s.tensor_row_stride
+                    ))
+                })? as usize;
+            let src = s.pa.saturating_add(r * s.row_bytes);
+            plane
+                .read(src, &mut buf[dst..dst + s.row_bytes as usize])
+                .map_err(|e| err(e.to_string()))?;
+        }
+    }
+    Ok(buf)
+}
+
+/// An input tensor's host data (as the trace gave it) as an f64 matrix.
+pub fn input_matrix(plane: &DataPlane, meta: &Meta, name: &str) -> Result<Matrix, String> {
+    let (idx, t) = meta
+        .tensor(name)
+        .ok_or_else(|| format!("the trace has no tensor named {name:?}"))?;
+    if !t.host_data {
+        return Err(format!(
+            "tensor {name:?} has no host data, so it cannot be a reference input"
+        ));
+    }
+    let nbytes = tensor_nbytes(t).ok_or_else(|| format!("tensor {name:?} size overflows"))?;
+    let (loaded, _) = plane.host_coverage(idx).unwrap_or((0, None));
+    if loaded < nbytes {
+        return Err(format!(
+            "the trace holds {loaded} of the {nbytes} bytes of tensor {name:?}'s host data"
+        ));
+    }
+    let (rows, cols) =
+        matrix_shape(&t.shape).ok_or_else(|| format!("tensor {name:?} shape overflows"))?;
+    let mut buf = vec![0u8; nbytes as usize];
+    plane
+        .read_host_input(idx, 0, &mut buf)
+        .map_err(|e| e.to_string())?;
+    Matrix::new(rows, cols, reference::decode(t.dtype, &buf))
+}
+
+/// Check every output; an error (exit 2) means a check could not be made.
+pub fn verify(plane: &DataPlane, meta: &Meta, checks: &[Check]) -> Result<Vec<OutputReport>> {
+    let lookup = |name: &str| input_matrix(plane, meta, name);
+    let eval = Evaluator {
+        tensor: &lookup,
+        max_elems: (plane.max_bytes() / 8) as usize,
+    };
+    let mut out = Vec::with_capacity(checks.len());
+    for c in checks {
+        let (idx, t) = tensor(meta, &c.tensor)?;
+        let (rows, cols) = matrix_shape(&t.shape)
+            .ok_or_else(|| Error::Trace(format!("tensor {:?} shape overflows", t.name)))?;
+        let expected = match &c.reference {
+            RefSource::Expr(e) => {
+                let m = eval.eval(e).map_err(|d| {
+                    Error::Trace(format!("reference for output {:?}: {d}", c.tensor))
+                })?;
+                let same = (m.rows, m.cols) == (rows, cols);
+                let both_vectors = (m.rows == 1 || m.cols == 1)
+                    && (rows == 1 || cols == 1)
+                    && m.data.len() == rows * cols;
+                if !same && !both_vectors {
+                    return Err(Error::Trace(format!(
+                        "reference for output {:?} is {} x {}, but the tensor's shape is {:?}",
+                        c.tensor, m.rows, m.cols, t.shape
+                    )));
+                }
+                m.data
+            }
+            RefSource::Npy { path, array } => {
+                if array.shape != t.shape {
+                    return Err(Error::file(
+                        path,
+                        format!(
+                            "shape {:?} does not match tensor {:?} of shape {:?}",
+                            array.shape, c.tensor, t.shape
+                        ),
+                    ));
+                }
+                array.data.clone()
+            }
+        };
+        let bytes = gather_tensor(plane, idx, t)?;
+        let got = reference::decode(t.dtype, &bytes);
+        if got.len() != expected.len() {
+            return Err(Error::Trace(format!(
+                "reference for output {:?} has {} values, but the tensor has {}",
+                c.tensor,
+                expected.len(),
+                got.len()
+            )));
+        }
+        let tol = c.tolerance.unwrap_or_else(|| default_tolerance(t.dtype));
+        let cmp = compare(&got, &expected, tol);
+        out.push(OutputReport {
+            name: c.tensor.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            reference: c.reference.describe(),
+            tolerance: tol,
+            elements: got.len() as u64,
+            max_abs_err: cmp.max_abs_err,
+            max_rel_err: cmp.max_rel_err,
+            mismatches: cmp.mismatches,
+            first_mismatch: cmp.first.map(|(i, g, e)| Mismatch {
+                index: unravel(i as u64, &t.shape),
+                got: g,
+                expected: e,
+            }),
+            pass: cmp.mismatches == 0,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOL: Tolerance = Tolerance {
+        rtol: 1e-3,
+        atol: 1e-3,
+    };
+
+    #[test]
+    fn allclose_rule_with_absolute_and_relative_parts() {
+        // |1001 - 1000| = 1 <= 1e-3 + 1e-3 * 1000 = 1.001: passes.
+        let c = compare(&[1001.0], &[1000.0], TOL);
+        assert_eq!(c.mismatches, 0);
+        assert_eq!(c.max_abs_err, 1.0);
+        assert_eq!(c.max_rel_err, 1e-3);
+        // 1.002 off at 1000 fails.
+        let c = compare(&[0.0, 1001.002], &[0.0, 1000.0], TOL);
+        assert_eq!((c.mismatches, c.first.map(|f| f.0)), (1, Some(1)));
+        // Near zero only atol counts.
+        assert_eq!(compare(&[0.0009], &[0.0], TOL).mismatches, 0);
+        assert_eq!(compare(&[0.0011], &[0.0], TOL).mismatches, 1);
+    }
+
+    #[test]
+    fn nan_and_infinity_match_only_themselves() {
+        let nan = f64::NAN;
+        let inf = f64::INFINITY;
+        let c = compare(&[nan, inf, -inf], &[nan, inf, -inf], TOL);
+        assert_eq!(c.mismatches, 0);
+        let c = compare(&[nan, 1.0, inf, 1.0], &[1.0, nan, -inf, inf], TOL);
+        assert_eq!(c.mismatches, 4);
+        assert_eq!(
+            c.max_abs_err, 0.0,
+            "non-finite pairs do not enter the error maxima"
+        );
+    }
+
+    #[test]
+    fn integers_are_exact_by_default() {
+        let t = default_tolerance(Dtype::I32);
+        assert_eq!(compare(&[3.0], &[3.0], t).mismatches, 0);
+        assert_eq!(compare(&[3.0], &[4.0], t).mismatches, 1);
+        assert_eq!(default_tolerance(Dtype::Bf16).rtol, 1e-2);
+        assert_eq!(default_tolerance(Dtype::F32).atol, 1e-5);
+    }
+
+    #[test]
+    fn unravel_gives_c_order_indices() {
+        assert_eq!(unravel(5, &[2, 3]), [1, 2]);
+        assert_eq!(unravel(7, &[2, 2, 2]), [1, 1, 1]);
+        assert_eq!(unravel(0, &[]), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn expect_overrides_or_adds_checks() {
+        let spec = VerifySpec {
+            outputs: vec![kb_format::VerifyOutput {
+                tensor: "y".into(),
+                reference: Expr::Tensor("x".into()),
+                tolerance: Some(TOL),
+            }],
+        };
+        let arr = NpyArray {
+            shape: vec![1],
+            data: vec![0.0],
+        };
+        let checks = plan_checks(
+            Some(&spec),
+            vec![
+                ("y".into(), "y.npy".into(), arr.clone()),
+                ("z".into(), "z.npy".into(), arr),
+            ],
+        );
+        assert_eq!(checks.len(), 2);
+        assert!(matches!(checks[0].reference, RefSource::Npy { .. }));
+        assert_eq!(checks[0].tolerance, Some(TOL));
+        assert_eq!(checks[1].tensor, "z");
+    }
+}

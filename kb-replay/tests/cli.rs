@@ -1,0 +1,320 @@
+//! The built binary: inputs, exit codes, messages, report and dumps.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+use kb_format::Dtype;
+use npyz::WriterBuilder;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kb-replay");
+
+fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn kb-replay");
+    if let Some(data) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin");
+        // The binary may exit before reading everything (an error): ignore EPIPE.
+        let _ = pipe.write_all(data);
+    }
+    child.wait_with_output().expect("wait")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_no_panic(o: &Output) {
+    let e = stderr(o);
+    assert!(!e.contains("panicked"), "panic: {e}");
+    assert_ne!(o.status.code(), Some(101), "{e}");
+}
+
+fn write_trace(dir: &Path, bytes: &[u8]) -> PathBuf {
+    let p = dir.join("chain.kbt");
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn npy_f32(path: &Path, shape: &[u64], data: &[f32]) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut f)
+        .begin_nd()
+        .unwrap();
+    w.extend(data.iter().copied()).unwrap();
+    w.finish().unwrap();
+}
+
+#[test]
+fn a_file_trace_verifies_and_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, _) = chain_trace();
+    let p = write_trace(dir.path(), &bytes);
+    let o = run(&[p.to_str().unwrap(), "--verify"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("PASS y f32 [4, 8]"), "{e}");
+    assert!(e.contains("verification PASSED (1 outputs)"), "{e}");
+    // --quiet prints nothing on success.
+    let o = run(&[p.to_str().unwrap(), "--verify", "--quiet"], None);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(o.stderr.is_empty(), "{}", stderr(&o));
+}
+
+#[test]
+fn stdin_input_with_dash_and_without_an_argument() {
+    let (bytes, _) = chain_trace();
+    for args in [&["-", "--verify"][..], &["--verify"][..]] {
+        let o = run(args, Some(&bytes));
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("PASS y"));
+    }
+    // A path that is a pipe, not a file, is streamed.
+    let o = run(&["/dev/stdin", "--verify"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Without --verify the replay alone succeeds.
+    let o = run(&["-"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("replay OK (not verified)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_trace_cut_short_in_a_pipe_says_it_was_truncated() {
+    let (bytes, _) = chain_trace();
+    for cut in [10, 64, 200, bytes.len() / 2, bytes.len() - 1] {
+        let o = run(&["-", "--verify"], Some(&bytes[..cut]));
+        assert_no_panic(&o);
+        assert_eq!(o.status.code(), Some(2), "cut {cut}");
+        let e = stderr(&o);
+        assert!(e.starts_with("kb-replay: <stdin>: "), "{e}");
+        assert!(e.contains("truncated"), "cut {cut}: {e}");
+    }
+}
+
+#[test]
+fn a_corrupted_file_exits_2_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, _) = chain_trace();
+    for at in [
+        0usize,
+        70,
+        300,
+        bytes.len() / 2,
+        bytes.len() - 100,
+        bytes.len() - 8,
+    ] {
+        let mut b = bytes.clone();
+        b[at] ^= 0x5a;
+        let p = write_trace(dir.path(), &b);
+        let o = run(&[p.to_str().unwrap(), "--verify"], None);
+        assert_no_panic(&o);
+        assert_eq!(o.status.code(), Some(2), "flip at {at}: {}", stderr(&o));
+        assert!(
+            stderr(&o).starts_with(&format!("kb-replay: {}: ", p.display())),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // A file cut short is reported as truncated too.
+    let p = write_trace(dir.path(), &bytes[..bytes.len() - 64]);
+    let o = run(&[p.to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("truncated"), "{}", stderr(&o));
+    // A missing file.
+    let o = run(&[dir.path().join("nope.kbt").to_str().unwrap()], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("nope.kbt"));
+}
+
+#[test]
+fn a_wrong_expected_array_exits_1_naming_the_first_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, x) = chain_trace();
+    let p = write_trace(dir.path(), &bytes);
+    let mut wrong = x.clone();
+    wrong[10] = 99.0; // index [1, 2]
+    let npy = dir.path().join("wrong.npy");
+    npy_f32(&npy, &[4, 8], &wrong);
+    let arg = format!("y={}", npy.display());
+    let o = run(&[p.to_str().unwrap(), "--expect", &arg], None);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("FAIL y f32 [4, 8]: 1 of 32 elements differ"),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!("first at [1, 2]: got {}, expected 99", x[10])),
+        "{e}"
+    );
+    // The right array passes.
+    let good = dir.path().join("good.npy");
+    npy_f32(&good, &[4, 8], &x);
+    let arg = format!("y={}", good.display());
+    let o = run(&[p.to_str().unwrap(), "--expect", &arg], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_expect_files_and_flags_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, x) = chain_trace();
+    let p = write_trace(dir.path(), &bytes);
+    let p = p.to_str().unwrap();
+    // Wrong shape.
+    let npy = dir.path().join("flat.npy");
+    npy_f32(&npy, &[32], &x);
+    let o = run(&[p, "--expect", &format!("y={}", npy.display())], None);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("flat.npy") && e.contains("does not match"),
+        "{e}"
+    );
+    // Unknown tensor.
+    let o = run(&[p, "--expect", &format!("nope={}", npy.display())], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no tensor named \"nope\""),
+        "{}",
+        stderr(&o)
+    );
+    // Not a numpy file.
+    let o = run(&[p, "--expect", &format!("y={p}")], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert_no_panic(&o);
+    // Malformed flags.
+    for args in [&[p, "--expect", "y"][..], &[p, "--bogus"][..]] {
+        let o = run(args, None);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+}
+
+#[test]
+fn fingerprint_mismatch_exits_2_naming_the_op() {
+    let x = vec![1u8; 8];
+    let tensors = vec![tensor("x", Dtype::U8, &[8], true, None)];
+    let mut ops = vec![mem(
+        42,
+        1500,
+        1,
+        vec![span(host(0, 0), 8)],
+        2,
+        vec![span(hbm(0), 8)],
+    )];
+    ops[0].fingerprint = Some(12345);
+    let bytes = build(tensors, &[(0, x)], &ops, vec![]);
+    let o = run(&["-"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.starts_with("kb-replay: <stdin>: op 42 (dma on sip0.cube0.pe0.pe_dma at 1.500 ns): fingerprint mismatch"),
+        "{e}"
+    );
+    assert!(e.contains("host:x+0x0 [8 B]"), "{e}");
+}
+
+#[test]
+fn report_to_stdout_is_json() {
+    let (bytes, _) = chain_trace();
+    let o = run(&["-", "--verify", "--report", "-", "--quiet"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+    assert_eq!(j["pass"], true);
+    assert_eq!(j["verified"], true);
+    assert_eq!(j["trace"], "<stdin>");
+    assert_eq!(j["ops"]["memory"], 5);
+    assert_eq!(j["ops"]["gemm"], 0);
+    assert_eq!(j["unknown_ops_skipped"], 0);
+    assert_eq!(j["fingerprints_checked"], 1);
+    let out = &j["outputs"][0];
+    assert_eq!(out["name"], "y");
+    assert_eq!(out["dtype"], "f32");
+    assert_eq!(out["shape"], serde_json::json!([4, 8]));
+    assert_eq!(out["mismatches"], 0);
+    assert_eq!(out["max_abs_err"], 0.0);
+    assert_eq!(out["first_mismatch"], serde_json::Value::Null);
+    assert!(j["wall_seconds"].is_number());
+    assert!(j["gflops"].is_number());
+}
+
+#[test]
+fn report_to_a_file_records_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, x) = chain_trace();
+    let p = write_trace(dir.path(), &bytes);
+    let mut wrong = x.clone();
+    wrong[31] += 0.5;
+    let npy = dir.path().join("w.npy");
+    npy_f32(&npy, &[4, 8], &wrong);
+    let report = dir.path().join("r.json");
+    let o = run(
+        &[
+            p.to_str().unwrap(),
+            "--expect",
+            &format!("y={}", npy.display()),
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(j["pass"], false);
+    let m = &j["outputs"][0]["first_mismatch"];
+    assert_eq!(m["index"], serde_json::json!([3, 7]));
+    assert_eq!(m["got"], x[31] as f64);
+    assert_eq!(m["expected"], (x[31] + 0.5) as f64);
+}
+
+#[test]
+fn dumped_outputs_are_numpy_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, x) = chain_trace();
+    let out = dir.path().join("dump");
+    let o = run(
+        &[
+            "-",
+            "--verify",
+            "--quiet",
+            "--dump-outputs",
+            out.to_str().unwrap(),
+        ],
+        Some(&bytes),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let f = npyz::NpyFile::new(std::fs::File::open(out.join("y.npy")).unwrap()).unwrap();
+    assert_eq!(f.shape(), [4, 8]);
+    assert_eq!(f.into_vec::<f32>().unwrap(), x);
+    // Only the output (x has host data).
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+}
+
+#[test]
+fn help_documents_exit_codes() {
+    let o = run(&["--help"], None);
+    assert_eq!(o.status.code(), Some(0));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("Exit codes:") && s.contains("1  verification mismatch"),
+        "{s}"
+    );
+}

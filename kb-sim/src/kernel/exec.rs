@@ -1,0 +1,398 @@
+//! Executors: how a kernel (a plain Rust function) runs beside the event
+//! loop. Both hand control back and forth so that exactly one side runs at
+//! a time, so both produce identical traces.
+//!
+//! - [`Executor::Coroutine`] (the default): each kernel is a stackful
+//!   coroutine (corosensei) on the simulation thread; a switch is a few
+//!   nanoseconds.
+//! - [`Executor::Thread`]: each kernel on its own OS thread; the handshake
+//!   is a baton (an atomic turn flag plus a slot) that each side spins on
+//!   briefly before parking.
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle, Thread};
+
+use corosensei::stack::DefaultStack;
+use corosensei::{Coroutine, CoroutineResult, Yielder};
+
+use crate::program::{Command, PeProgram, Reply};
+
+/// The kernel's side of the handshake.
+pub trait Port {
+    /// Hand `cmd` to the simulation and wait for its reply.
+    fn call(&mut self, cmd: Command) -> Reply;
+}
+
+/// Which executor runs kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Executor {
+    #[default]
+    Coroutine,
+    Thread,
+}
+
+impl Executor {
+    pub fn parse(s: &str) -> Option<Executor> {
+        match s {
+            "coroutine" => Some(Executor::Coroutine),
+            "thread" => Some(Executor::Thread),
+            _ => None,
+        }
+    }
+
+    /// Start `body` (which drives a kernel through the port) as a program.
+    pub fn spawn(self, name: String, body: KernelBody) -> Result<Box<dyn PeProgram>, String> {
+        match self {
+            Executor::Coroutine => {
+                CoroutineProgram::new(name, body).map(|p| Box::new(p) as Box<dyn PeProgram>)
+            }
+            Executor::Thread => {
+                ThreadProgram::new(name, body).map(|p| Box::new(p) as Box<dyn PeProgram>)
+            }
+        }
+    }
+}
+
+/// A kernel ready to run: given a port, runs to completion.
+pub type KernelBody = Box<dyn FnOnce(&mut dyn Port) + Send + 'static>;
+
+/// The message of a panic payload.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
+
+/// Unwinds a kernel whose run was cancelled (the simulation failed).
+struct Cancelled;
+
+thread_local! {
+    static IN_KERNEL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True while kernel code (not the simulation) runs on this thread. A
+/// panic hook uses it to stay quiet about kernel panics, which the
+/// simulation reports itself with the kernel, PE and time.
+pub fn in_kernel() -> bool {
+    IN_KERNEL.with(|k| k.get())
+}
+
+fn set_in_kernel(v: bool) {
+    IN_KERNEL.with(|k| k.set(v));
+}
+
+fn run_body(body: KernelBody, port: &mut dyn Port) -> Result<(), String> {
+    set_in_kernel(true);
+    let r = catch_unwind(AssertUnwindSafe(|| body(port)));
+    set_in_kernel(false);
+    match r {
+        Ok(()) => Ok(()),
+        Err(p) if p.is::<Cancelled>() => Err("cancelled".into()),
+        Err(p) => Err(panic_message(p.as_ref())),
+    }
+}
+
+const STACK_BYTES: usize = 1 << 20;
+
+struct YieldPort<'y> {
+    y: &'y Yielder<Reply, Command>,
+}
+
+impl Port for YieldPort<'_> {
+    fn call(&mut self, cmd: Command) -> Reply {
+        set_in_kernel(false);
+        let r = self.y.suspend(cmd);
+        set_in_kernel(true);
+        r
+    }
+}
+
+type KernelCoroutine = Coroutine<Reply, Command, Result<(), String>, DefaultStack>;
+
+/// A kernel as a stackful coroutine on the simulation thread.
+pub struct CoroutineProgram {
+    name: String,
+    co: Option<KernelCoroutine>,
+}
+
+impl std::fmt::Debug for CoroutineProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoroutineProgram")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl CoroutineProgram {
+    fn new(name: String, body: KernelBody) -> Result<Self, String> {
+        let stack = DefaultStack::new(STACK_BYTES)
+            .map_err(|e| format!("allocating a kernel stack: {e}"))?;
+        let co = Coroutine::with_stack(stack, move |y: &Yielder<Reply, Command>, _first: Reply| {
+            run_body(body, &mut YieldPort { y })
+        });
+        Ok(CoroutineProgram { name, co: Some(co) })
+    }
+}
+
+impl PeProgram for CoroutineProgram {
+    fn resume(&mut self, reply: Reply) -> Result<Option<Command>, String> {
+        let Some(co) = self.co.as_mut() else {
+            return Ok(None);
+        };
+        match co.resume(reply) {
+            CoroutineResult::Yield(cmd) => Ok(Some(cmd)),
+            CoroutineResult::Return(r) => {
+                self.co = None;
+                r.map(|()| None)
+            }
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+// ---- thread executor ----
+
+const SIM_TURN: u8 = 0;
+const KERNEL_TURN: u8 = 1;
+/// Spins before parking: the simulation waits for a kernel that is
+/// usually quick to answer; a kernel waits for a turn that may be long.
+const SIM_SPINS: u32 = 200_000;
+const KERNEL_SPINS: u32 = 2_000;
+
+enum Slot {
+    Empty,
+    Reply(Reply),
+    Command(Command),
+    Finished(Result<(), String>),
+}
+
+struct Baton {
+    turn: AtomicU8,
+    cancel: AtomicBool,
+    slot: Mutex<Slot>,
+    sim: Thread,
+}
+
+impl Baton {
+    fn put(&self, s: Slot) {
+        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+
+    fn take(&self) -> Slot {
+        std::mem::replace(
+            &mut *self.slot.lock().unwrap_or_else(|e| e.into_inner()),
+            Slot::Empty,
+        )
+    }
+
+    fn wait_for(&self, turn: u8, spins: u32) {
+        for _ in 0..spins {
+            if self.turn.load(Ordering::Acquire) == turn {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        while self.turn.load(Ordering::Acquire) != turn {
+            thread::park();
+        }
+    }
+}
+
+struct ThreadPort {
+    baton: Arc<Baton>,
+}
+
+impl Port for ThreadPort {
+    fn call(&mut self, cmd: Command) -> Reply {
+        let b = &self.baton;
+        b.put(Slot::Command(cmd));
+        b.turn.store(SIM_TURN, Ordering::Release);
+        b.sim.unpark();
+        b.wait_for(KERNEL_TURN, KERNEL_SPINS);
+        if b.cancel.load(Ordering::Acquire) {
+            resume_unwind(Box::new(Cancelled));
+        }
+        match b.take() {
+            Slot::Reply(r) => r,
+            _ => unreachable!("the simulation always answers a command with a reply"),
+        }
+    }
+}
+
+/// A kernel on its own OS thread.
+pub struct ThreadProgram {
+    name: String,
+    baton: Arc<Baton>,
+    thread: Option<JoinHandle<()>>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for ThreadProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadProgram")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl ThreadProgram {
+    fn new(name: String, body: KernelBody) -> Result<Self, String> {
+        let baton = Arc::new(Baton {
+            turn: AtomicU8::new(SIM_TURN),
+            cancel: AtomicBool::new(false),
+            slot: Mutex::new(Slot::Empty),
+            sim: thread::current(),
+        });
+        let b = baton.clone();
+        let thread = thread::Builder::new()
+            .name(format!("kernel {name}"))
+            .stack_size(STACK_BYTES)
+            .spawn(move || {
+                b.wait_for(KERNEL_TURN, 0);
+                let mut port = ThreadPort { baton: b.clone() };
+                let result = if b.cancel.load(Ordering::Acquire) {
+                    Err("cancelled".into())
+                } else {
+                    run_body(body, &mut port)
+                };
+                b.put(Slot::Finished(result));
+                b.turn.store(SIM_TURN, Ordering::Release);
+                b.sim.unpark();
+            })
+            .map_err(|e| format!("starting a kernel thread: {e}"))?;
+        Ok(ThreadProgram {
+            name,
+            baton,
+            thread: Some(thread),
+            finished: false,
+        })
+    }
+
+    fn kernel_thread(&self) -> &Thread {
+        self.thread.as_ref().expect("running").thread()
+    }
+}
+
+impl PeProgram for ThreadProgram {
+    fn resume(&mut self, reply: Reply) -> Result<Option<Command>, String> {
+        if self.finished {
+            return Ok(None);
+        }
+        let b = &self.baton;
+        b.put(Slot::Reply(reply));
+        b.turn.store(KERNEL_TURN, Ordering::Release);
+        self.kernel_thread().unpark();
+        b.wait_for(SIM_TURN, SIM_SPINS);
+        match b.take() {
+            Slot::Command(cmd) => Ok(Some(cmd)),
+            Slot::Finished(r) => {
+                self.finished = true;
+                if let Some(t) = self.thread.take() {
+                    let _ = t.join();
+                }
+                r.map(|()| None)
+            }
+            Slot::Empty | Slot::Reply(_) => Err("kernel thread handshake lost its message".into()),
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for ThreadProgram {
+    /// Unwind and join a kernel that has not finished, so no thread is
+    /// left behind when the simulation stops early.
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.baton.cancel.store(true, Ordering::Release);
+            self.baton.turn.store(KERNEL_TURN, Ordering::Release);
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counting_body(n: u32) -> KernelBody {
+        Box::new(move |port: &mut dyn Port| {
+            for _ in 0..n {
+                assert_eq!(port.call(Command::WaitAll), Reply::Done);
+            }
+        })
+    }
+
+    #[test]
+    fn both_executors_hand_commands_and_replies_back_and_forth() {
+        for ex in [Executor::Coroutine, Executor::Thread] {
+            let mut p = ex.spawn("k".into(), counting_body(3)).unwrap();
+            assert_eq!(p.resume(Reply::Go), Ok(Some(Command::WaitAll)), "{ex:?}");
+            assert_eq!(p.resume(Reply::Done), Ok(Some(Command::WaitAll)));
+            assert_eq!(p.resume(Reply::Done), Ok(Some(Command::WaitAll)));
+            assert_eq!(p.resume(Reply::Done), Ok(None));
+            assert_eq!(
+                p.resume(Reply::Done),
+                Ok(None),
+                "a finished kernel stays finished"
+            );
+        }
+    }
+
+    #[test]
+    fn a_panicking_kernel_reports_its_message() {
+        for ex in [Executor::Coroutine, Executor::Thread] {
+            let body: KernelBody = Box::new(|port: &mut dyn Port| {
+                port.call(Command::WaitAll);
+                panic!("boom at tile 3");
+            });
+            let mut p = ex.spawn("k".into(), body).unwrap();
+            assert!(p.resume(Reply::Go).unwrap().is_some());
+            assert_eq!(
+                p.resume(Reply::Done),
+                Err("boom at tile 3".to_string()),
+                "{ex:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn dropping_an_unfinished_kernel_unwinds_and_joins_it() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        struct Flag(Arc<AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        for ex in [Executor::Coroutine, Executor::Thread] {
+            dropped.store(false, Ordering::SeqCst);
+            let d = dropped.clone();
+            let body: KernelBody = Box::new(move |port: &mut dyn Port| {
+                let _flag = Flag(d);
+                loop {
+                    port.call(Command::WaitAll);
+                }
+            });
+            let mut p = ex.spawn("k".into(), body).unwrap();
+            assert!(p.resume(Reply::Go).unwrap().is_some());
+            drop(p);
+            assert!(
+                dropped.load(Ordering::SeqCst),
+                "{ex:?}: the kernel's stack was not unwound"
+            );
+        }
+    }
+}

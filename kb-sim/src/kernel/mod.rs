@@ -1,0 +1,321 @@
+//! Kernels: plain Rust functions that drive a PE through the `tl` API
+//! ([`Tl`]), run by an [`Executor`] beside the event loop (ADR-0020 D3).
+//!
+//! Phase 1 semantics: `load` returns a [`Tile`] holding the real bytes, so
+//! kernels can branch on loaded values; `store` is visible at issue
+//! (ADR-0020 "Store Visibility Rule"); tiles live in the PE's TCM and free
+//! it when dropped; running out of TCM is a kernel failure naming the PE
+//! and the sizes.
+
+pub mod exec;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use kb_format::pa::Pa;
+use kb_format::{Addr, Dtype, Shard, Space};
+use ndarray::Array2;
+
+pub use exec::{Executor, KernelBody, Port};
+
+use crate::alloc::FreeList;
+use crate::machine::PeCoord;
+use crate::program::{Command, DmaCmd, Reply};
+
+/// A tensor as a kernel sees it: shape, dtype and where each PE's shard is.
+#[derive(Debug, Clone)]
+pub struct TensorArg {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: [u64; 2],
+    pub shards: Vec<(PeCoord, Shard)>,
+}
+
+impl TensorArg {
+    /// The shard held by `pe`.
+    pub fn shard(&self, pe: PeCoord) -> Option<&Shard> {
+        self.shards.iter().find(|(p, _)| *p == pe).map(|(_, s)| s)
+    }
+
+    pub fn elem_bytes(&self) -> u64 {
+        self.dtype.size() as u64
+    }
+}
+
+/// Arguments shared by every kernel instance of a launch.
+#[derive(Debug, Default)]
+pub struct KernelArgs {
+    pub tensors: Vec<TensorArg>,
+    /// Named integer parameters (tile sizes and the like).
+    pub scalars: Vec<(String, u64)>,
+}
+
+impl KernelArgs {
+    /// The tensor named `name`; panics (a kernel failure) if absent.
+    pub fn tensor(&self, name: &str) -> &TensorArg {
+        self.tensors
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no tensor named {name:?} was passed to the kernel"))
+    }
+
+    /// The scalar named `name`; panics (a kernel failure) if absent.
+    pub fn scalar(&self, name: &str) -> u64 {
+        self.scalars
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, v)| v)
+            .unwrap_or_else(|| panic!("no scalar named {name:?} was passed to the kernel"))
+    }
+}
+
+/// A kernel: a plain function of the `tl` context and the launch arguments.
+pub type KernelFn = fn(&mut Tl<'_>, &KernelArgs);
+
+/// A 2-D block of memory: `rows` x `cols` elements of `dtype` starting at
+/// `addr`, rows `row_stride` bytes apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub addr: Addr,
+    pub rows: u32,
+    pub cols: u32,
+    pub row_stride: u64,
+    pub dtype: Dtype,
+}
+
+impl Block {
+    /// The block of rows [r0, r0+rows) x cols [c0, c0+cols) of a shard.
+    pub fn in_shard(t: &TensorArg, s: &Shard, r0: u64, c0: u64, rows: u32, cols: u32) -> Block {
+        let es = t.elem_bytes();
+        assert!(
+            r0 + rows as u64 <= s.rows && (c0 + cols as u64) * es <= s.row_bytes,
+            "block rows {r0}..+{rows} cols {c0}..+{cols} is outside the shard of {} ({} rows x {} cols)",
+            t.name,
+            s.rows,
+            s.row_bytes / es
+        );
+        Block {
+            addr: Addr {
+                space: Space::Hbm,
+                addr: s.pa + r0 * s.row_bytes + c0 * es,
+            },
+            rows,
+            cols,
+            row_stride: s.row_bytes,
+            dtype: t.dtype,
+        }
+    }
+
+    fn row_bytes(&self) -> u64 {
+        self.cols as u64 * self.dtype.size() as u64
+    }
+}
+
+/// A tile in TCM holding the real bytes Phase 1 loaded. Frees its TCM when
+/// dropped.
+#[derive(Debug)]
+pub struct Tile {
+    pa: u64,
+    rows: u32,
+    cols: u32,
+    dtype: Dtype,
+    data: Vec<u8>,
+    tcm: Rc<RefCell<FreeList>>,
+}
+
+impl Tile {
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows as usize, self.cols as usize)
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The raw little-endian bytes, row-major.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// The values as f64, row-major, as an ndarray.
+    pub fn to_f64(&self) -> Array2<f64> {
+        let es = self.dtype.size();
+        let v: Vec<f64> = self
+            .data
+            .chunks_exact(es)
+            .map(|b| decode(self.dtype, b))
+            .collect();
+        Array2::from_shape_vec(self.shape(), v).expect("tile data matches its shape")
+    }
+}
+
+impl Drop for Tile {
+    fn drop(&mut self) {
+        let offset = Pa::decode(self.pa).expect("TCM PA").offset;
+        self.tcm.borrow_mut().free(offset);
+    }
+}
+
+/// Decode one element to f64.
+pub fn decode(dtype: Dtype, b: &[u8]) -> f64 {
+    match dtype {
+        Dtype::F32 => f32::from_le_bytes(b.try_into().expect("4 bytes")) as f64,
+        Dtype::F16 => half::f16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
+        Dtype::Bf16 => half::bf16::from_le_bytes(b.try_into().expect("2 bytes")).to_f64(),
+        Dtype::I8 => b[0] as i8 as f64,
+        Dtype::U8 => b[0] as f64,
+        Dtype::I32 => i32::from_le_bytes(b.try_into().expect("4 bytes")) as f64,
+    }
+}
+
+/// The `tl` context a kernel runs with.
+pub struct Tl<'p> {
+    port: &'p mut dyn Port,
+    pe: PeCoord,
+    program_id: u32,
+    num_programs: u32,
+    tcm: Rc<RefCell<FreeList>>,
+}
+
+impl std::fmt::Debug for Tl<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tl")
+            .field("pe", &self.pe)
+            .field("program_id", &self.program_id)
+            .finish()
+    }
+}
+
+impl<'p> Tl<'p> {
+    pub fn new(
+        port: &'p mut dyn Port,
+        pe: PeCoord,
+        program_id: u32,
+        num_programs: u32,
+        tcm: FreeList,
+    ) -> Self {
+        Tl {
+            port,
+            pe,
+            program_id,
+            num_programs,
+            tcm: Rc::new(RefCell::new(tcm)),
+        }
+    }
+
+    pub fn pe(&self) -> PeCoord {
+        self.pe
+    }
+
+    pub fn program_id(&self) -> u32 {
+        self.program_id
+    }
+
+    pub fn num_programs(&self) -> u32 {
+        self.num_programs
+    }
+
+    fn tcm_alloc(&mut self, bytes: u64) -> u64 {
+        let mut tcm = self.tcm.borrow_mut();
+        let offset = tcm.alloc(bytes, 64).unwrap_or_else(|| {
+            panic!(
+                "{}: out of TCM allocating a {bytes}-byte tile ({} of {} bytes in use, largest free block {})",
+                self.pe,
+                tcm.used(),
+                tcm.limit(),
+                tcm.largest_free()
+            )
+        });
+        Pa {
+            space: Space::Tcm,
+            sip: self.pe.sip,
+            cube: self.pe.cube,
+            pe: self.pe.pe,
+            offset,
+        }
+        .encode()
+        .expect("TCM PA in range")
+    }
+
+    /// Load a block into a new TCM tile and wait for it; the tile holds
+    /// the bytes Phase 1 read.
+    pub fn load(&mut self, src: Block) -> Tile {
+        let rb = src.row_bytes();
+        let pa = self.tcm_alloc(rb * src.rows as u64);
+        // Created before the call, so a kernel unwound mid-load frees its TCM.
+        let mut tile = Tile {
+            pa,
+            rows: src.rows,
+            cols: src.cols,
+            dtype: src.dtype,
+            data: Vec::new(),
+            tcm: self.tcm.clone(),
+        };
+        let cmd = DmaCmd {
+            src: src.addr,
+            dst: Addr {
+                space: Space::Tcm,
+                addr: pa,
+            },
+            rows: src.rows,
+            row_bytes: rb,
+            src_stride: src.row_stride,
+            dst_stride: rb,
+            dtype: Some(src.dtype),
+        };
+        match self.port.call(Command::Dma(cmd)) {
+            Reply::Data(data) => {
+                tile.data = data;
+                tile
+            }
+            other => panic!("load: the simulation answered {other:?} instead of data"),
+        }
+    }
+
+    /// Store a tile to a block. Visible at issue; the transfer's timing
+    /// continues in the background (see `wait_all`).
+    pub fn store(&mut self, dst: Block, tile: &Tile) {
+        assert_eq!(
+            (dst.rows, dst.cols, dst.dtype),
+            (tile.rows, tile.cols, tile.dtype),
+            "store: block and tile differ in shape or dtype"
+        );
+        let rb = dst.row_bytes();
+        let cmd = DmaCmd {
+            src: Addr {
+                space: Space::Tcm,
+                addr: tile.pa,
+            },
+            dst: dst.addr,
+            rows: dst.rows,
+            row_bytes: rb,
+            src_stride: rb,
+            dst_stride: dst.row_stride,
+            dtype: Some(dst.dtype),
+        };
+        self.port.call(Command::Store(cmd));
+    }
+
+    /// Wait until every transfer this kernel issued has completed (timing
+    /// only).
+    pub fn wait_all(&mut self) {
+        self.port.call(Command::WaitAll);
+    }
+}
+
+/// Build the body that runs `kernel` on `pe` with a TCM allocator.
+pub fn body(
+    kernel: KernelFn,
+    args: Arc<KernelArgs>,
+    pe: PeCoord,
+    program_id: u32,
+    num_programs: u32,
+    tcm: FreeList,
+) -> KernelBody {
+    Box::new(move |port: &mut dyn Port| {
+        let mut tl = Tl::new(port, pe, program_id, num_programs, tcm);
+        kernel(&mut tl, &args);
+        tl.wait_all();
+    })
+}

@@ -1,0 +1,137 @@
+//! Kernels through the executors: identical traces, failures named with
+//! the kernel, PE and simulated time, TCM limits, store visibility.
+
+use std::sync::Arc;
+
+use kb_format::{Dtype, Meta, TraceWriter, VerifySpec};
+use kb_sim::engine::{Engine, SimError};
+use kb_sim::kernel::{self, Block, Executor, KernelArgs, KernelFn, Tl};
+use kb_sim::machine::Machine;
+use kb_sim::program::PeProgram;
+use kb_sim::run::{RunConfig, run};
+use kb_sim::runtime::{Runtime, Sharding};
+use kb_sim::topology::Topology;
+
+fn config(topo: &str, executor: Executor) -> RunConfig {
+    RunConfig {
+        topology: Topology::load(topo).unwrap(),
+        bench: "copy".into(),
+        params: vec![
+            ("rows".into(), "301".into()),
+            ("cols".into(), "45".into()),
+            ("tile_rows".into(), "6".into()),
+        ],
+        seed: 3,
+        executor,
+        command_line: vec!["kb-sim".into()],
+    }
+}
+
+#[test]
+fn both_executors_write_identical_traces() {
+    for topo in ["small", "default"] {
+        let (a, _) = run(&config(topo, Executor::Coroutine), Vec::new()).unwrap();
+        let (b, _) = run(&config(topo, Executor::Thread), Vec::new()).unwrap();
+        assert!(a.len() > 1000);
+        assert!(
+            a == b,
+            "{topo}: coroutine and thread executors wrote different traces"
+        );
+    }
+}
+
+/// Run `kernel` on every PE of `small` with one row-sharded input tensor.
+fn run_kernel(kernel: KernelFn, executor: Executor) -> Result<(), SimError> {
+    let m = Machine::build(&Topology::load("small").unwrap());
+    let mut rt = Runtime::new(&m);
+    let data: Vec<u8> = (0..64 * 16 * 4).map(|i| i as u8).collect();
+    let x = rt
+        .tensor("x", Dtype::F32, [64, 16], Some(data), Sharding::ROWS)
+        .unwrap();
+    let args = Arc::new(kb_sim::bench::kernel_args(&rt, &[x]));
+    let pes: Vec<_> = m.pes().collect();
+    let mut programs: Vec<Box<dyn PeProgram>> = Vec::new();
+    for (i, pe) in pes.into_iter().enumerate() {
+        let body = kernel::body(kernel, args.clone(), pe, i as u32, 4, rt.take_tcm(pe));
+        programs.push(executor.spawn(format!("test_kernel[{i}]"), body).unwrap());
+    }
+    let writer = TraceWriter::new(Vec::new(), &Meta::default()).unwrap();
+    let (w, _) = Engine::new(&m, writer, &rt.tensors, programs).run()?;
+    w.finish(&VerifySpec::default()).unwrap();
+    Ok(())
+}
+
+fn first_rows(tl: &mut Tl<'_>, args: &KernelArgs, rows: u32) -> kernel::Tile {
+    let x = args.tensor("x");
+    let s = x.shard(tl.pe()).unwrap();
+    tl.load(Block::in_shard(x, s, 0, 0, rows, 16))
+}
+
+fn panics_on_pe1(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let t = first_rows(tl, args, 2);
+    if tl.program_id() == 1 {
+        panic!("bad value {}", t.to_f64()[[0, 0]]);
+    }
+}
+
+#[test]
+fn a_panicking_kernel_is_named_with_its_pe_and_time() {
+    for ex in [Executor::Coroutine, Executor::Thread] {
+        let e = run_kernel(panics_on_pe1, ex).unwrap_err().to_string();
+        assert!(e.contains("sip0.cube0.pe1"), "{ex:?}: {e}");
+        assert!(
+            e.contains("test_kernel[1]") && e.contains("bad value"),
+            "{ex:?}: {e}"
+        );
+        assert!(e.contains(" ns"), "{ex:?}: {e}");
+    }
+}
+
+fn loads_too_much(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let _a = first_rows(tl, args, 16);
+    let _b = first_rows(tl, args, 16);
+    // 16 x 16 f32 = 1 KiB per tile; 2048 tiles exceed small's 1 MiB TCM.
+    let keep: Vec<_> = (0..2048).map(|_| first_rows(tl, args, 16)).collect();
+    drop(keep);
+}
+
+#[test]
+fn running_out_of_tcm_names_the_pe_and_sizes() {
+    let e = run_kernel(loads_too_much, Executor::Coroutine)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("out of TCM") && e.contains("1024-byte tile") && e.contains("1048576"),
+        "{e}"
+    );
+    assert!(e.contains("sip0.cube0.pe"), "{e}");
+}
+
+fn tiles_free_tcm_on_drop(tl: &mut Tl<'_>, args: &KernelArgs) {
+    for _ in 0..4096 {
+        let t = first_rows(tl, args, 16);
+        assert_eq!(t.shape(), (16, 16));
+    }
+}
+
+#[test]
+fn dropped_tiles_return_their_tcm() {
+    run_kernel(tiles_free_tcm_on_drop, Executor::Coroutine).unwrap();
+}
+
+fn store_then_load(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let x = args.tensor("x");
+    let s = x.shard(tl.pe()).unwrap();
+    let row0 = tl.load(Block::in_shard(x, s, 0, 0, 1, 16));
+    // Overwrite row 1 with row 0; the load right after must see it.
+    tl.store(Block::in_shard(x, s, 1, 0, 1, 16), &row0);
+    let row1 = tl.load(Block::in_shard(x, s, 1, 0, 1, 16));
+    assert_eq!(row0.bytes(), row1.bytes(), "a store is visible at issue");
+}
+
+#[test]
+fn a_store_is_visible_to_the_next_load() {
+    for ex in [Executor::Coroutine, Executor::Thread] {
+        run_kernel(store_then_load, ex).unwrap();
+    }
+}
