@@ -172,7 +172,12 @@ pub trait Benchmark: std::fmt::Debug {
 
 /// Every built-in benchmark.
 pub fn all() -> Vec<Box<dyn Benchmark>> {
-    vec![Box::new(Copy)]
+    vec![
+        Box::new(Copy),
+        Box::new(VectorAdd),
+        Box::new(GemmTiled),
+        Box::new(Softmax),
+    ]
 }
 
 pub fn find(name: &str) -> Result<Box<dyn Benchmark>, BenchError> {
@@ -299,6 +304,368 @@ impl Benchmark for Copy {
                     tolerance: None,
                 }],
             },
+        })
+    }
+}
+
+/// The element count `rows x cols`, bounded so host buffers stay sane.
+fn elements(p: &BenchParams, rows: u64, cols: u64) -> Result<usize, BenchError> {
+    rows.checked_mul(cols)
+        .filter(|&n| n <= 1 << 31)
+        .map(|n| n as usize)
+        .ok_or_else(|| {
+            p.err(
+                "rows",
+                format!("{rows} x {cols} elements is more than a benchmark supports (2^31)"),
+            )
+        })
+}
+
+fn verify_one(output: &str, reference: Expr) -> VerifySpec {
+    VerifySpec {
+        outputs: vec![VerifyOutput {
+            tensor: output.into(),
+            reference,
+            tolerance: None,
+        }],
+    }
+}
+
+fn tensor_expr(name: &str) -> Box<Expr> {
+    Box::new(Expr::Tensor(name.into()))
+}
+
+/// `vector_add`: c = a + b over row shards, tile by tile.
+#[derive(Debug)]
+pub struct VectorAdd;
+
+const VECTOR_ADD_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "rows",
+        default: "1024",
+        help: "rows of a, b and c",
+    },
+    ParamSpec {
+        name: "cols",
+        default: "1024",
+        help: "columns",
+    },
+    ParamSpec {
+        name: "tile_rows",
+        default: "16",
+        help: "rows per tile",
+    },
+    ParamSpec {
+        name: "dtype",
+        default: "f32",
+        help: "element type",
+    },
+];
+
+fn vector_add_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (a, b, c) = (args.tensor("a"), args.tensor("b"), args.tensor("c"));
+    let tile_rows = args.scalar("tile_rows");
+    let (Some(sa), Some(sb), Some(sc)) = (a.shard(tl.pe()), b.shard(tl.pe()), c.shard(tl.pe()))
+    else {
+        return;
+    };
+    let cols = (sa.row_bytes / a.elem_bytes()) as u32;
+    let mut r = 0;
+    while r < sa.rows {
+        let n = tile_rows.min(sa.rows - r) as u32;
+        let ta = tl.load(Block::in_shard(a, sa, r, 0, n, cols));
+        let tb = tl.load(Block::in_shard(b, sb, r, 0, n, cols));
+        let sum = tl.add(&ta, &tb);
+        tl.store(Block::in_shard(c, sc, r, 0, n, cols), &sum);
+        r += n as u64;
+    }
+}
+
+impl Benchmark for VectorAdd {
+    fn name(&self) -> &'static str {
+        "vector_add"
+    }
+
+    fn about(&self) -> &'static str {
+        "c = a + b: row shards, load two tiles, add on pe_math, store"
+    }
+
+    fn params(&self) -> &'static [ParamSpec] {
+        VECTOR_ADD_PARAMS
+    }
+
+    fn build(
+        &self,
+        p: &BenchParams,
+        rng: &mut ChaCha8Rng,
+        rt: &mut Runtime,
+    ) -> Result<Built, BenchError> {
+        let (rows, cols, tile_rows, dtype) = (
+            p.u64("rows", 1)?,
+            p.u64("cols", 1)?,
+            p.u64("tile_rows", 1)?,
+            p.dtype("dtype")?,
+        );
+        let n = elements(p, rows, cols)?;
+        let a = rt.tensor(
+            "a",
+            dtype,
+            [rows, cols],
+            Some(random_data(rng, dtype, n)),
+            Sharding::ROWS,
+        )?;
+        let b = rt.tensor(
+            "b",
+            dtype,
+            [rows, cols],
+            Some(random_data(rng, dtype, n)),
+            Sharding::ROWS,
+        )?;
+        let c = rt.tensor("c", dtype, [rows, cols], None, Sharding::ROWS)?;
+        let mut args = kernel_args(rt, &[a, b, c]);
+        args.scalars.push(("tile_rows".into(), tile_rows));
+        Ok(Built {
+            programs: Programs::Kernel {
+                name: "vector_add",
+                kernel: vector_add_kernel,
+                args,
+            },
+            verify: verify_one("c", Expr::Add(tensor_expr("a"), tensor_expr("b"))),
+        })
+    }
+}
+
+/// `gemm_tiled`: C = A @ B with A and C row-sharded over the PEs and B
+/// replicated; each PE loops over its output tiles and, inside, over K,
+/// accumulating with `dot` in place.
+#[derive(Debug)]
+pub struct GemmTiled;
+
+const GEMM_TILED_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "m",
+        default: "256",
+        help: "rows of A and C",
+    },
+    ParamSpec {
+        name: "n",
+        default: "256",
+        help: "columns of B and C",
+    },
+    ParamSpec {
+        name: "k",
+        default: "256",
+        help: "columns of A, rows of B",
+    },
+    ParamSpec {
+        name: "block_m",
+        default: "64",
+        help: "tile rows of A and C",
+    },
+    ParamSpec {
+        name: "block_n",
+        default: "64",
+        help: "tile columns of B and C",
+    },
+    ParamSpec {
+        name: "block_k",
+        default: "64",
+        help: "tile depth",
+    },
+    ParamSpec {
+        name: "dtype",
+        default: "f16",
+        help: "input and output element type",
+    },
+];
+
+fn gemm_tiled_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (a, b, c) = (args.tensor("a"), args.tensor("b"), args.tensor("c"));
+    let (bm, bn, bk) = (
+        args.scalar("block_m"),
+        args.scalar("block_n"),
+        args.scalar("block_k"),
+    );
+    let (Some(sa), Some(sb), Some(sc)) = (a.shard(tl.pe()), b.shard(tl.pe()), c.shard(tl.pe()))
+    else {
+        return;
+    };
+    let (m, k, n) = (
+        sa.rows,
+        sa.row_bytes / a.elem_bytes(),
+        sb.row_bytes / b.elem_bytes(),
+    );
+    for i in (0..m).step_by(bm as usize) {
+        let tm = bm.min(m - i) as u32;
+        for j in (0..n).step_by(bn as usize) {
+            let tn = bn.min(n - j) as u32;
+            let mut acc = None;
+            for kk in (0..k).step_by(bk as usize) {
+                let tk = bk.min(k - kk) as u32;
+                let ta = tl.load(Block::in_shard(a, sa, i, kk, tm, tk));
+                let tb = tl.load(Block::in_shard(b, sb, kk, j, tk, tn));
+                acc = Some(tl.dot(&ta, &tb, acc));
+            }
+            let acc = acc.expect("k >= 1");
+            let out = Block::in_shard(c, sc, i, j, tm, tn);
+            if acc.dtype() == c.dtype {
+                tl.store(out, &acc);
+            } else {
+                let narrow = tl.cast(&acc, c.dtype);
+                tl.store(out, &narrow);
+            }
+        }
+    }
+}
+
+impl Benchmark for GemmTiled {
+    fn name(&self) -> &'static str {
+        "gemm_tiled"
+    }
+
+    fn about(&self) -> &'static str {
+        "C = A @ B: load/dot/store with a K loop; A, C row-sharded, B replicated"
+    }
+
+    fn params(&self) -> &'static [ParamSpec] {
+        GEMM_TILED_PARAMS
+    }
+
+    fn build(
+        &self,
+        p: &BenchParams,
+        rng: &mut ChaCha8Rng,
+        rt: &mut Runtime,
+    ) -> Result<Built, BenchError> {
+        let (m, n, k) = (p.u64("m", 1)?, p.u64("n", 1)?, p.u64("k", 1)?);
+        let dtype = p.dtype("dtype")?;
+        let a = rt.tensor(
+            "a",
+            dtype,
+            [m, k],
+            Some(random_data(rng, dtype, elements(p, m, k)?)),
+            Sharding::ROWS,
+        )?;
+        let b = rt.tensor(
+            "b",
+            dtype,
+            [k, n],
+            Some(random_data(rng, dtype, elements(p, k, n)?)),
+            Sharding::REPLICATE,
+        )?;
+        let c = rt.tensor("c", dtype, [m, n], None, Sharding::ROWS)?;
+        let mut args = kernel_args(rt, &[a, b, c]);
+        for name in ["block_m", "block_n", "block_k"] {
+            args.scalars.push((name.into(), p.u64(name, 1)?));
+        }
+        Ok(Built {
+            programs: Programs::Kernel {
+                name: "gemm_tiled",
+                kernel: gemm_tiled_kernel,
+                args,
+            },
+            verify: verify_one("c", Expr::Matmul(tensor_expr("a"), tensor_expr("b"))),
+        })
+    }
+}
+
+/// `softmax`: y = softmax(x) along each row; each PE handles its row
+/// shard, a block of rows at a time (the whole row in TCM).
+#[derive(Debug)]
+pub struct Softmax;
+
+const SOFTMAX_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "rows",
+        default: "512",
+        help: "rows of x",
+    },
+    ParamSpec {
+        name: "cols",
+        default: "1024",
+        help: "columns of x (the softmax axis)",
+    },
+    ParamSpec {
+        name: "block_rows",
+        default: "8",
+        help: "rows per block",
+    },
+    ParamSpec {
+        name: "dtype",
+        default: "f32",
+        help: "element type",
+    },
+];
+
+fn softmax_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (x, y) = (args.tensor("x"), args.tensor("y"));
+    let block = args.scalar("block_rows");
+    let (Some(sx), Some(sy)) = (x.shard(tl.pe()), y.shard(tl.pe())) else {
+        return;
+    };
+    let cols = (sx.row_bytes / x.elem_bytes()) as u32;
+    let mut r = 0;
+    while r < sx.rows {
+        let n = block.min(sx.rows - r) as u32;
+        let t = tl.load(Block::in_shard(x, sx, r, 0, n, cols));
+        let row_max = tl.reduce_max(&t, 1);
+        let shifted = tl.sub(&t, &row_max);
+        let e = tl.exp(&shifted);
+        let total = tl.sum(&e, 1);
+        let out = tl.div(&e, &total);
+        tl.store(Block::in_shard(y, sy, r, 0, n, cols), &out);
+        r += n as u64;
+    }
+}
+
+impl Benchmark for Softmax {
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+
+    fn about(&self) -> &'static str {
+        "y = softmax(x) per row: reduce_max, sub, exp, sum, div on pe_math"
+    }
+
+    fn params(&self) -> &'static [ParamSpec] {
+        SOFTMAX_PARAMS
+    }
+
+    fn build(
+        &self,
+        p: &BenchParams,
+        rng: &mut ChaCha8Rng,
+        rt: &mut Runtime,
+    ) -> Result<Built, BenchError> {
+        let (rows, cols, block, dtype) = (
+            p.u64("rows", 1)?,
+            p.u64("cols", 1)?,
+            p.u64("block_rows", 1)?,
+            p.dtype("dtype")?,
+        );
+        let x = rt.tensor(
+            "x",
+            dtype,
+            [rows, cols],
+            Some(random_data(rng, dtype, elements(p, rows, cols)?)),
+            Sharding::ROWS,
+        )?;
+        let y = rt.tensor("y", dtype, [rows, cols], None, Sharding::ROWS)?;
+        let mut args = kernel_args(rt, &[x, y]);
+        args.scalars.push(("block_rows".into(), block));
+        Ok(Built {
+            programs: Programs::Kernel {
+                name: "softmax",
+                kernel: softmax_kernel,
+                args,
+            },
+            verify: verify_one(
+                "y",
+                Expr::Softmax {
+                    input: tensor_expr("x"),
+                    axis: 1,
+                },
+            ),
         })
     }
 }

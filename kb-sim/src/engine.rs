@@ -14,7 +14,7 @@
 //! effect is applied to the data plane by an event at the simulated time the
 //! record states, and numbered in application order (`seq`).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::Write;
 use std::rc::Rc;
 
@@ -29,6 +29,7 @@ use crate::event::{EventQueue, ns_to_ps};
 use crate::machine::{LinkId, Machine, NodeId, NodeKind, PeCoord};
 use crate::program::{Command, DataOp, DmaCmd, PeProgram, Reply};
 use crate::runtime::Tensor;
+use kb_format::{Dtype, GemmParams, MathInput, MathParams};
 
 /// Size of a control message (requests, acks, launch, command issue).
 pub const CONTROL_BYTES: u64 = 64;
@@ -56,7 +57,8 @@ enum Arrive {
     DmaDataAtDma(u32),
     DmaDataAtHbm(u32),
     DmaAckAtDma(u32),
-    CmdDoneAtCpu { pe: u32, dma: u32 },
+    CmdDoneAtCpu { pe: u32, cmd: CmdRef },
+    ComputeAtUnit(u32),
     DeployAtIo { tensor: u32, sip: u32 },
     HostWriteAtHbm(u32),
     HostAck,
@@ -74,11 +76,73 @@ enum Act {
     DmaDeliver(u32),
     DmaDstWrite(u32),
     DmaFinish(u32),
+    ComputeEnd(u32),
     DeployFanout { tensor: u32, sip: u32 },
     HostWriteDone(u32),
     IoFanout { sip: u32, target: Ps },
     McpuFanout { sip: u32, cube: u32, target: Ps },
     KernelStart(u32),
+}
+
+/// A command in flight, for completion notices: its op id, which (unlike
+/// a slab index) is never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CmdRef(u64);
+
+/// Something waiting for a compute op's result.
+#[derive(Debug, Clone, Copy)]
+enum Waiter {
+    Compute(u32),
+    DmaFetch(u32),
+}
+
+/// A GEMM or math op between issue and completion. Its data effects were
+/// applied at issue; the unit's timing follows.
+#[derive(Debug)]
+struct Compute {
+    pe: u32,
+    op_id: u64,
+    op: ComputeOp,
+    unit: NodeId,
+    work_ps: Ps,
+    read: Option<Effect>,
+    write: Option<Effect>,
+    out_pa: u64,
+    deps: Vec<u64>,
+    /// Producers not yet finished.
+    waiting_on: u32,
+    dependents: Vec<Waiter>,
+    open: Option<OpenOp>,
+}
+
+#[derive(Debug, Clone)]
+enum ComputeOp {
+    Gemm(GemmParams),
+    Math(MathParams),
+}
+
+impl ComputeOp {
+    fn decl(&self) -> &dyn DataOp {
+        match self {
+            ComputeOp::Gemm(g) => g,
+            ComputeOp::Math(m) => m,
+        }
+    }
+}
+
+/// Who last wrote a TCM tile (by base address): a compute op still
+/// running (its slab index) or finished.
+#[derive(Debug, Clone, Copy)]
+struct Producer {
+    op_id: u64,
+    running: Option<u32>,
+}
+
+/// A serial compute unit (pe_gemm, pe_math): ops start in issue order.
+#[derive(Debug, Default)]
+struct UnitQueue {
+    busy: bool,
+    queue: VecDeque<u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -111,12 +175,13 @@ struct OpenOp {
 #[derive(Debug)]
 struct Dma {
     pe: u32,
+    op_id: u64,
     cmd: DmaCmd,
     /// A store: data effects were applied at issue; the transfer is timing only.
     at_issue: bool,
     op: Option<OpenOp>,
     data: Vec<u8>,
-    fingerprint: u64,
+    fingerprint: Option<u64>,
     read: Option<Effect>,
     write: Option<Effect>,
 }
@@ -239,6 +304,9 @@ pub struct Engine<'m, W: Write> {
     dma_setup_ps: Ps,
     msgs: Slab<Msg>,
     dmas: Slab<Dma>,
+    computes: Slab<Compute>,
+    units: Vec<UnitQueue>,
+    producers: HashMap<u64, Producer>,
     host_writes: Slab<HostWrite>,
     host_pending: usize,
     /// Per (tensor, SIP): shard writes not yet in HBM.
@@ -269,7 +337,7 @@ type PendingReply = Option<Vec<u8>>;
 enum Wait {
     #[default]
     Nothing,
-    Dma(u32),
+    Cmd(CmdRef),
     All,
 }
 
@@ -329,6 +397,9 @@ impl<'m, W: Write> Engine<'m, W> {
             dma_setup_ps: ns_to_ps(t.pe_dma.setup_ns.0),
             msgs: Slab::new(),
             dmas: Slab::new(),
+            computes: Slab::new(),
+            units: (0..m.nodes.len()).map(|_| UnitQueue::default()).collect(),
+            producers: HashMap::new(),
             host_writes: Slab::new(),
             host_pending: 0,
             deploy_left: {
@@ -453,7 +524,16 @@ impl<'m, W: Write> Engine<'m, W> {
 
     // ---- op-log hook ----
 
-    fn hook_start(&mut self, node: NodeId, op: &dyn DataOp) -> OpenOp {
+    /// A new op id. Ids are assigned when an op is created (issued), so
+    /// they are stable, and a pending result can name its writer before
+    /// the writer's service starts.
+    fn new_op_id(&mut self) -> u64 {
+        let id = self.log.next_op;
+        self.log.next_op += 1;
+        id
+    }
+
+    fn hook_start(&mut self, node: NodeId, op: &dyn DataOp, op_id: u64) -> OpenOp {
         let (op_name, kind) = (op.op_name(), op.op_kind());
         let t_start = self.q.now();
         let log = &mut self.log;
@@ -466,8 +546,6 @@ impl<'m, W: Write> Engine<'m, W> {
             }
         };
         let op_name = log.writer.intern(op_name);
-        let op_id = log.next_op;
-        log.next_op += 1;
         log.open.insert((t_start, op_id));
         OpenOp {
             op_id,
@@ -486,6 +564,18 @@ impl<'m, W: Write> Engine<'m, W> {
         read: Option<Effect>,
         write: Option<Effect>,
     ) -> Result<(), SimError> {
+        self.hook_end_with_deps(op, decl, fingerprint, read, write, Vec::new())
+    }
+
+    fn hook_end_with_deps(
+        &mut self,
+        op: OpenOp,
+        decl: &dyn DataOp,
+        fingerprint: Option<u64>,
+        read: Option<Effect>,
+        write: Option<Effect>,
+        deps: Vec<u64>,
+    ) -> Result<(), SimError> {
         let now = self.q.now();
         let log = &mut self.log;
         log.open.remove(&(op.t_start, op.op_id));
@@ -497,7 +587,7 @@ impl<'m, W: Write> Engine<'m, W> {
             op_name: op.op_name,
             kind: op.kind,
             params: decl.params(),
-            deps: Vec::new(),
+            deps,
             fingerprint,
             read,
             write,
@@ -597,12 +687,14 @@ impl<'m, W: Write> Engine<'m, W> {
                 let s = t.meta.shards[shard as usize].clone();
                 let pe = t.shard_pes[shard as usize];
                 let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                let op_id = self.new_op_id();
                 let op = self.hook_start(
                     hbm,
                     &ShardWrite {
                         tensor: t,
                         shard: shard as usize,
                     },
+                    op_id,
                 );
                 let host = t.data.as_deref().expect("deployed tensors have host data");
                 let mut data = Vec::with_capacity((s.rows * s.row_bytes) as usize);
@@ -695,11 +787,16 @@ impl<'m, W: Write> Engine<'m, W> {
                 self.at(end, Act::DmaDstWrite(d));
             }
             Arrive::DmaAckAtDma(d) => self.at(now, Act::DmaFinish(d)),
-            Arrive::CmdDoneAtCpu { pe, dma } => {
+            Arrive::ComputeAtUnit(c) => {
+                let unit = self.computes.get(c).unit;
+                self.units[unit as usize].queue.push_back(c);
+                self.try_start(unit);
+            }
+            Arrive::CmdDoneAtCpu { pe, cmd } => {
                 let s = &mut self.pes[pe as usize];
                 s.outstanding -= 1;
                 let resume = match s.waiting {
-                    Wait::Dma(d) => d == dma,
+                    Wait::Cmd(c) => c == cmd,
                     Wait::All => s.outstanding == 0,
                     Wait::Nothing => false,
                 };
@@ -791,8 +888,11 @@ impl<'m, W: Write> Engine<'m, W> {
             Act::DmaBegin(d) => {
                 let pe = self.m.pe_coord(self.dmas.get(d).pe as usize);
                 let dma = self.m.pe_node(pe, NodeKind::PeDma);
-                let cmd = self.dmas.get(d).cmd;
-                let op = self.hook_start(dma, &cmd);
+                let (cmd, op_id) = {
+                    let x = self.dmas.get(d);
+                    (x.cmd, x.op_id)
+                };
+                let op = self.hook_start(dma, &cmd, op_id);
                 self.dmas.get(d).op = Some(op);
                 self.at(now + self.dma_setup_ps, Act::DmaFetch(d));
             }
@@ -801,6 +901,15 @@ impl<'m, W: Write> Engine<'m, W> {
                     let x = self.dmas.get(d);
                     (self.m.pe_coord(x.pe as usize), x.cmd)
                 };
+                // A store of a pending tile moves it once its producer is done.
+                if cmd.src.space == Space::Tcm
+                    && let Some(Producer {
+                        running: Some(c), ..
+                    }) = self.producers.get(&cmd.src.addr).copied()
+                {
+                    self.computes.get(c).dependents.push(Waiter::DmaFetch(d));
+                    return Ok(());
+                }
                 match cmd.src.space {
                     Space::Tcm => {
                         let tcm = self.m.pe_node(pe, NodeKind::Tcm);
@@ -844,7 +953,7 @@ impl<'m, W: Write> Engine<'m, W> {
                     }
                     let read = self.effect(vec![src]);
                     let x = self.dmas.get(d);
-                    x.fingerprint = kb_format::fingerprint(&data);
+                    x.fingerprint = Some(kb_format::fingerprint(&data));
                     x.data = data;
                     x.read = Some(read);
                 }
@@ -898,6 +1007,9 @@ impl<'m, W: Write> Engine<'m, W> {
                     rows: cmd.rows,
                     stride: cmd.dst_stride,
                 };
+                if cmd.dst.space == Space::Tcm {
+                    self.producers.remove(&cmd.dst.addr);
+                }
                 if !self.dmas.get(d).at_issue {
                     self.data.write_extent(&dst, &self.dmas.get(d).data);
                     let write = self.effect(vec![dst]);
@@ -911,17 +1023,20 @@ impl<'m, W: Write> Engine<'m, W> {
                     self.send(hbm, dma, CONTROL_BYTES, Arrive::DmaAckAtDma(d));
                 }
             }
+            Act::ComputeEnd(c) => self.finish_compute(c)?,
             Act::DmaFinish(d) => {
                 let x = self.dmas.remove(d);
                 self.hook_end(
                     x.op.expect("started"),
                     &x.cmd,
-                    Some(x.fingerprint),
+                    x.fingerprint,
                     x.read,
                     x.write,
                 )?;
                 let pe = x.pe as usize;
-                if self.pes[pe].waiting == Wait::Dma(d) && x.cmd.dst.space == Space::Tcm {
+                if self.pes[pe].waiting == Wait::Cmd(CmdRef(x.op_id))
+                    && x.cmd.dst.space == Space::Tcm
+                {
                     self.replies[pe] = Some(x.data);
                 }
                 let e = &mut self.engines[pe];
@@ -940,7 +1055,7 @@ impl<'m, W: Write> Engine<'m, W> {
                     CONTROL_BYTES,
                     Arrive::CmdDoneAtCpu {
                         pe: pe as u32,
-                        dma: d,
+                        cmd: CmdRef(x.op_id),
                     },
                 );
             }
@@ -976,7 +1091,8 @@ impl<'m, W: Write> Engine<'m, W> {
             match cmd {
                 Command::Dma(c) => {
                     let d = self.issue_dma(pc, pe, c)?;
-                    self.pes[pe as usize].waiting = Wait::Dma(d);
+                    let op_id = self.dmas.get(d).op_id;
+                    self.pes[pe as usize].waiting = Wait::Cmd(CmdRef(op_id));
                     return Ok(());
                 }
                 Command::DmaAsync(c) => {
@@ -986,6 +1102,8 @@ impl<'m, W: Write> Engine<'m, W> {
                     let d = self.issue_dma(pc, pe, c)?;
                     self.apply_at_issue(pc, d)?;
                 }
+                Command::Gemm(g) => self.issue_compute(pc, pe, ComputeOp::Gemm(g))?,
+                Command::Math(m) => self.issue_compute(pc, pe, ComputeOp::Math(m))?,
                 Command::WaitAll => {
                     if self.pes[pe as usize].outstanding > 0 {
                         self.pes[pe as usize].waiting = Wait::All;
@@ -998,13 +1116,15 @@ impl<'m, W: Write> Engine<'m, W> {
 
     fn issue_dma(&mut self, pc: PeCoord, pe: u32, c: DmaCmd) -> Result<u32, SimError> {
         self.validate_dma(pc, &c)?;
+        let op_id = self.new_op_id();
         let d = self.dmas.insert(Dma {
             pe,
+            op_id,
             cmd: c,
             at_issue: false,
             op: None,
             data: Vec::new(),
-            fingerprint: 0,
+            fingerprint: None,
             read: None,
             write: None,
         });
@@ -1015,6 +1135,199 @@ impl<'m, W: Write> Engine<'m, W> {
         );
         self.send(cpu, dma, CONTROL_BYTES, Arrive::DmaCmdAtDma(d));
         Ok(d)
+    }
+
+    /// Issue a GEMM or math op: apply its data effects now (its output
+    /// becomes pending), then send it to its unit.
+    fn issue_compute(&mut self, pc: PeCoord, pe: u32, op: ComputeOp) -> Result<(), SimError> {
+        let now = self.q.now();
+        let err = |message: String| SimError::Kernel {
+            pe: pc,
+            time_ns: ns(now),
+            message,
+        };
+        let t = &self.m.topo;
+        let tile = |a: kb_format::Addr, rows: u32, cols: u32, d: Dtype| {
+            Extent::contiguous(a.addr, rows as u64 * cols as u64 * d.size() as u64)
+        };
+        let (inputs, out, unit_kind, work_ps) = match &op {
+            ComputeOp::Gemm(g) => {
+                let (ar, ac) = if g.transpose_a {
+                    (g.k, g.m)
+                } else {
+                    (g.m, g.k)
+                };
+                let (br, bc) = if g.transpose_b {
+                    (g.n, g.k)
+                } else {
+                    (g.k, g.n)
+                };
+                let mut inputs = vec![tile(g.a, ar, ac, g.dtype_in), tile(g.b, br, bc, g.dtype_in)];
+                if let Some(acc) = g.acc {
+                    inputs.push(tile(acc, g.m, g.n, g.dtype_acc));
+                }
+                let tflops = rate(&t.pe_gemm.tflops, g.dtype_in);
+                let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64;
+                let ps = (flops / tflops).ceil() as Ps + ns_to_ps(t.pe_gemm.setup_ns.0);
+                (
+                    inputs,
+                    tile(g.out, g.m, g.n, g.dtype_out),
+                    NodeKind::PeGemm,
+                    ps,
+                )
+            }
+            ComputeOp::Math(m) => {
+                let mut inputs = Vec::new();
+                let mut elems = m.rows as u64 * m.cols as u64;
+                for i in &m.inputs {
+                    if let MathInput::Tile {
+                        addr,
+                        rows,
+                        cols,
+                        dtype,
+                    } = *i
+                    {
+                        inputs.push(tile(addr, rows, cols, dtype));
+                        elems = elems.max(rows as u64 * cols as u64);
+                    }
+                }
+                let gflops = rate(&t.pe_math.gflops, m.dtype);
+                let ps =
+                    (elems as f64 * 1000.0 / gflops).ceil() as Ps + ns_to_ps(t.pe_math.setup_ns.0);
+                (
+                    inputs,
+                    tile(m.out, m.rows, m.cols, m.dtype),
+                    NodeKind::PeMath,
+                    ps,
+                )
+            }
+        };
+        for x in inputs.iter().chain([&out]) {
+            match Pa::decode(x.pa) {
+                Some(p)
+                    if p.space == Space::Tcm
+                        && (p.sip, p.cube, p.pe) == (pc.sip, pc.cube, pc.pe) => {}
+                _ => {
+                    return Err(err(format!(
+                        "{} operand {:#x} is not in this PE's TCM",
+                        op.decl().op_name(),
+                        x.pa
+                    )));
+                }
+            }
+        }
+        let op_id = self.new_op_id();
+        let mut deps = Vec::new();
+        let mut waiting_on = Vec::new();
+        for x in &inputs {
+            if let Some(p) = self.producers.get(&x.pa).copied() {
+                if !deps.contains(&p.op_id) {
+                    deps.push(p.op_id);
+                }
+                if let Some(c) = p.running
+                    && !waiting_on.contains(&c)
+                {
+                    waiting_on.push(c);
+                }
+            }
+        }
+        let read = self.effect(inputs);
+        let write = self.effect(vec![out]);
+        self.data.mark_pending(out.pa, out.len, op_id);
+        let unit = self.m.pe_node(pc, unit_kind);
+        let c = self.computes.insert(Compute {
+            pe,
+            op_id,
+            op,
+            unit,
+            work_ps,
+            read: Some(read),
+            write: Some(write),
+            out_pa: out.pa,
+            deps,
+            waiting_on: waiting_on.len() as u32,
+            dependents: Vec::new(),
+            open: None,
+        });
+        for p in waiting_on {
+            self.computes.get(p).dependents.push(Waiter::Compute(c));
+        }
+        self.producers.insert(
+            out.pa,
+            Producer {
+                op_id,
+                running: Some(c),
+            },
+        );
+        self.pes[pe as usize].outstanding += 1;
+        let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        self.send(cpu, unit, CONTROL_BYTES, Arrive::ComputeAtUnit(c));
+        Ok(())
+    }
+
+    /// Start the next op on a compute unit if it is idle and the op's
+    /// inputs are ready.
+    fn try_start(&mut self, unit: NodeId) {
+        let u = &mut self.units[unit as usize];
+        if u.busy {
+            return;
+        }
+        let Some(&c) = u.queue.front() else { return };
+        if self.computes.get(c).waiting_on > 0 {
+            return;
+        }
+        u.queue.pop_front();
+        u.busy = true;
+        let (op, op_id, work) = {
+            let x = self.computes.get(c);
+            (x.op.clone(), x.op_id, x.work_ps)
+        };
+        let open = self.hook_start(unit, op.decl(), op_id);
+        self.computes.get(c).open = Some(open);
+        let end = self.q.now() + work;
+        self.at(end, Act::ComputeEnd(c));
+    }
+
+    fn finish_compute(&mut self, c: u32) -> Result<(), SimError> {
+        let x = self.computes.remove(c);
+        self.hook_end_with_deps(
+            x.open.expect("started"),
+            x.op.decl(),
+            None,
+            x.read,
+            x.write,
+            x.deps,
+        )?;
+        if let Some(p) = self.producers.get_mut(&x.out_pa)
+            && p.running == Some(c)
+        {
+            p.running = None;
+        }
+        self.units[x.unit as usize].busy = false;
+        for w in x.dependents {
+            match w {
+                Waiter::Compute(d) => {
+                    let dep = self.computes.get(d);
+                    dep.waiting_on -= 1;
+                    let unit = dep.unit;
+                    self.try_start(unit);
+                }
+                Waiter::DmaFetch(d) => self.at(self.q.now(), Act::DmaFetch(d)),
+            }
+        }
+        self.try_start(x.unit);
+        let pc = self.m.pe_coord(x.pe as usize);
+        let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        self.send(
+            x.unit,
+            cpu,
+            CONTROL_BYTES,
+            Arrive::CmdDoneAtCpu {
+                pe: x.pe,
+                cmd: CmdRef(x.op_id),
+            },
+        );
+        Ok(())
     }
 
     /// Apply a store's read and write now, at issue.
@@ -1033,20 +1346,29 @@ impl<'m, W: Write> Engine<'m, W> {
             rows: cmd.rows,
             stride: cmd.dst_stride,
         };
+        let op_id = self.dmas.get(d).op_id;
         let mut data = Vec::with_capacity(src.bytes() as usize);
-        self.data
-            .read_extent(&src, &mut data)
-            .map_err(|e| SimError::Kernel {
-                pe,
-                time_ns: ns(now),
-                message: format!("store refused: {e}"),
-            })?;
+        let fingerprint = match self.data.read_extent(&src, &mut data) {
+            Ok(()) => {
+                self.data.write_extent(&dst, &data);
+                Some(kb_format::fingerprint(&data))
+            }
+            Err(_pending) => {
+                // A pending result: its bytes exist only in Phase 2; the
+                // destination becomes pending, written by this store.
+                for r in 0..dst.rows as u64 {
+                    self.data
+                        .mark_pending(dst.pa + r * dst.stride, dst.len, op_id);
+                }
+                None
+            }
+        };
+        let _ = (pe, now);
         let read = self.effect(vec![src]);
-        self.data.write_extent(&dst, &data);
         let write = self.effect(vec![dst]);
         let x = self.dmas.get(d);
         x.at_issue = true;
-        x.fingerprint = kb_format::fingerprint(&data);
+        x.fingerprint = fingerprint;
         x.read = Some(read);
         x.write = Some(write);
         Ok(())
@@ -1093,5 +1415,15 @@ impl<'m, W: Write> Engine<'m, W> {
             }
         }
         Ok(())
+    }
+}
+
+/// Throughput of a unit for `dtype` (TFLOP/s or GFLOP/s, per the table).
+fn rate(t: &crate::topology::PerDtype, dtype: Dtype) -> f64 {
+    match dtype {
+        Dtype::F32 | Dtype::I32 => t.f32.0,
+        Dtype::F16 => t.f16.0,
+        Dtype::Bf16 => t.bf16.0,
+        Dtype::I8 | Dtype::U8 => t.i8.0,
     }
 }

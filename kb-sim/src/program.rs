@@ -2,7 +2,7 @@
 //! resumed when it completes. (The kernels issue replaces hand-written
 //! programs with `tl` kernels driven by a KernelRunner through this seam.)
 
-use kb_format::{Addr, Dtype, MemoryParams, OpKind, Params, Space};
+use kb_format::{Addr, Dtype, GemmParams, MathOp, MathParams, MemoryParams, OpKind, Params, Space};
 
 /// A 2-D DMA: `rows` x `row_bytes` from `src` to `dst`, rows `*_stride`
 /// bytes apart on each side. Addresses are PAs (the PA address model).
@@ -52,6 +52,57 @@ impl DataOp for DmaCmd {
     }
 }
 
+impl DataOp for GemmParams {
+    fn op_name(&self) -> &'static str {
+        match self.dtype_in {
+            Dtype::F32 => "gemm_f32",
+            Dtype::F16 => "gemm_f16",
+            Dtype::Bf16 => "gemm_bf16",
+            Dtype::I8 => "gemm_i8",
+            Dtype::I32 => "gemm_i32",
+            Dtype::U8 => "gemm_u8",
+        }
+    }
+
+    fn op_kind(&self) -> OpKind {
+        OpKind::Gemm
+    }
+
+    fn params(&self) -> Params {
+        Params::Gemm(*self)
+    }
+}
+
+impl DataOp for MathParams {
+    fn op_name(&self) -> &'static str {
+        match self.op {
+            MathOp::Exp => "exp",
+            MathOp::Log => "log",
+            MathOp::Sqrt => "sqrt",
+            MathOp::Rsqrt => "rsqrt",
+            MathOp::Add => "add",
+            MathOp::Sub => "sub",
+            MathOp::Mul => "mul",
+            MathOp::Div => "div",
+            MathOp::Max => "max",
+            MathOp::Min => "min",
+            MathOp::Where => "where",
+            MathOp::Cast => "cast",
+            MathOp::Sum => "sum",
+            MathOp::ReduceMax => "reduce_max",
+            MathOp::Copy => "copy",
+        }
+    }
+
+    fn op_kind(&self) -> OpKind {
+        OpKind::Math
+    }
+
+    fn params(&self) -> Params {
+        Params::Math(self.clone())
+    }
+}
+
 /// A command a PE program issues.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -63,8 +114,13 @@ pub enum Command {
     /// right after it sees the new bytes (ADR-0020 Store Visibility
     /// Rule); the transfer's timing runs on asynchronously.
     Store(DmaCmd),
-    /// Resume when every DMA this PE issued has completed.
+    /// Resume when every command this PE issued has completed.
     WaitAll,
+    /// A GEMM on pe_gemm, operands in TCM; resumes at once (the result
+    /// is pending until Phase 2).
+    Gemm(GemmParams),
+    /// A vector/elementwise/reduction op on pe_math; resumes at once.
+    Math(MathParams),
 }
 
 /// What a PE program is resumed with.

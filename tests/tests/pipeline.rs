@@ -158,3 +158,64 @@ fn topology_and_probe_work_for_every_shipped_topology() {
         "bad node",
     );
 }
+
+/// Odd (non-multiple) shapes and several dtypes per benchmark.
+fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
+    match bench {
+        "copy" => vec![vec!["rows=37", "cols=19", "tile_rows=5", "dtype=bf16"]],
+        "vector_add" => vec![
+            vec!["rows=37", "cols=19", "tile_rows=5", "dtype=f16"],
+            vec!["rows=33", "cols=3", "dtype=i32"],
+        ],
+        "gemm_tiled" => vec![
+            vec![
+                "m=67",
+                "n=45",
+                "k=83",
+                "block_m=16",
+                "block_n=32",
+                "block_k=20",
+            ],
+            vec!["m=40", "n=24", "k=50", "dtype=i8"],
+            vec!["m=50", "n=30", "k=70", "dtype=f32"],
+        ],
+        "softmax" => vec![
+            vec!["rows=13", "cols=77", "block_rows=3", "dtype=f16"],
+            vec!["rows=70", "cols=33"],
+        ],
+        other => panic!("add odd shapes for the new benchmark {other:?} here"),
+    }
+}
+
+#[test]
+fn every_benchmark_verifies_with_default_and_odd_shapes() {
+    let list = run("kb-sim", &["list"], b"");
+    let text = String::from_utf8_lossy(&list.stdout).into_owned();
+    let benches: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(benches.len() >= 4, "{text}");
+    for bench in benches {
+        for topo in ["small", "default"] {
+            let mut variants = vec![vec![]];
+            variants.extend(odd_params(bench));
+            for params in variants {
+                let mut args = vec!["-q", "-t", topo, "-b", bench];
+                for p in &params {
+                    args.extend(["-p", p]);
+                }
+                let (sim, replay) = pipe(("kb-sim", &args), ("kb-replay", &["--verify"]));
+                assert!(sim.status.success(), "{args:?}: {}", stderr(&sim));
+                assert_eq!(
+                    replay.status.code(),
+                    Some(0),
+                    "{args:?}: {}",
+                    stderr(&replay)
+                );
+            }
+        }
+    }
+}

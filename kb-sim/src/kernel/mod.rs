@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use kb_format::pa::Pa;
-use kb_format::{Addr, Dtype, Shard, Space};
+use kb_format::{Addr, Dtype, GemmParams, Layout, MathInput, MathOp, MathParams, Shard, Space};
 use ndarray::Array2;
 
 pub use exec::{Executor, KernelBody, Port};
@@ -157,6 +157,75 @@ impl Drop for Tile {
     }
 }
 
+/// The result of a compute op (dot, math): a tile in TCM whose value exists
+/// only in Phase 2. It deliberately has no value accessor, so reading it in
+/// Phase 1 does not compile (ADR-0020 D3 "Result Handle Semantics"); it can
+/// be an operand of further ops and can be stored. Frees its TCM on drop.
+#[derive(Debug)]
+pub struct Pending {
+    pa: u64,
+    rows: u32,
+    cols: u32,
+    dtype: Dtype,
+    tcm: Rc<RefCell<FreeList>>,
+}
+
+impl Pending {
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows as usize, self.cols as usize)
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let offset = Pa::decode(self.pa).expect("TCM PA").offset;
+        self.tcm.borrow_mut().free(offset);
+    }
+}
+
+/// A TCM tile usable as an operand: a loaded [`Tile`] or a [`Pending`].
+pub trait Operand {
+    /// (TCM address, rows, cols, dtype).
+    fn operand(&self) -> (u64, u32, u32, Dtype);
+}
+
+impl Operand for Tile {
+    fn operand(&self) -> (u64, u32, u32, Dtype) {
+        (self.pa, self.rows, self.cols, self.dtype)
+    }
+}
+
+impl Operand for Pending {
+    fn operand(&self) -> (u64, u32, u32, Dtype) {
+        (self.pa, self.rows, self.cols, self.dtype)
+    }
+}
+
+fn tile_input(x: &dyn Operand) -> MathInput {
+    let (pa, rows, cols, dtype) = x.operand();
+    MathInput::Tile {
+        addr: Addr {
+            space: Space::Tcm,
+            addr: pa,
+        },
+        rows,
+        cols,
+        dtype,
+    }
+}
+
+/// Accumulation dtype of a dot over `dtype` inputs (ADR-0020 D5).
+pub fn accumulation_dtype(dtype: Dtype) -> Dtype {
+    match dtype {
+        Dtype::I8 | Dtype::U8 | Dtype::I32 => Dtype::I32,
+        _ => Dtype::F32,
+    }
+}
+
 /// Decode one element to f64.
 pub fn decode(dtype: Dtype, b: &[u8]) -> f64 {
     match dtype {
@@ -238,6 +307,190 @@ impl<'p> Tl<'p> {
         .expect("TCM PA in range")
     }
 
+    fn pending(&mut self, rows: u32, cols: u32, dtype: Dtype) -> Pending {
+        let pa = self.tcm_alloc(rows as u64 * cols as u64 * dtype.size() as u64);
+        Pending {
+            pa,
+            rows,
+            cols,
+            dtype,
+            tcm: self.tcm.clone(),
+        }
+    }
+
+    /// `a @ b` (+ `acc`, which the result replaces in place), accumulated
+    /// in f32 for float inputs and i32 for integer ones; the result has the
+    /// accumulation dtype (cast it to store it narrower).
+    pub fn dot(&mut self, a: &dyn Operand, b: &dyn Operand, acc: Option<Pending>) -> Pending {
+        let (pa_a, m, k, da) = a.operand();
+        let (pa_b, kb, n, db) = b.operand();
+        assert_eq!(k, kb, "dot: inner dimensions differ ({m}x{k} @ {kb}x{n})");
+        assert_eq!(da, db, "dot: operand dtypes differ ({da} and {db})");
+        let dtype_acc = accumulation_dtype(da);
+        let tcm = |pa| Addr {
+            space: Space::Tcm,
+            addr: pa,
+        };
+        // With an accumulator the result replaces it in place: the output
+        // range is also the third input.
+        let (out, acc_addr) = match acc {
+            Some(acc) => {
+                assert_eq!(
+                    (acc.rows, acc.cols, acc.dtype),
+                    (m, n, dtype_acc),
+                    "dot: accumulator shape or dtype differs"
+                );
+                let at = tcm(acc.pa);
+                (acc, Some(at))
+            }
+            None => (self.pending(m, n, dtype_acc), None),
+        };
+        let params = GemmParams {
+            a: tcm(pa_a),
+            b: tcm(pa_b),
+            out: tcm(out.pa),
+            acc: acc_addr,
+            m,
+            k,
+            n,
+            dtype_in: da,
+            dtype_acc,
+            dtype_out: dtype_acc,
+            transpose_a: false,
+            transpose_b: false,
+            layout_a: Layout::RowMajor,
+            layout_b: Layout::RowMajor,
+            layout_out: Layout::RowMajor,
+        };
+        self.port.call(Command::Gemm(params));
+        out
+    }
+
+    fn math(
+        &mut self,
+        op: MathOp,
+        inputs: Vec<MathInput>,
+        rows: u32,
+        cols: u32,
+        dtype: Dtype,
+        axis: Option<u8>,
+    ) -> Pending {
+        let out = self.pending(rows, cols, dtype);
+        let params = MathParams {
+            op,
+            inputs,
+            out: Addr {
+                space: Space::Tcm,
+                addr: out.pa,
+            },
+            rows,
+            cols,
+            dtype,
+            axis,
+        };
+        self.port.call(Command::Math(params));
+        out
+    }
+
+    fn unary(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
+        let (_, r, c, d) = x.operand();
+        self.math(op, vec![tile_input(x)], r, c, d, None)
+    }
+
+    /// Elementwise `a op b`; `b` may be a full tile, one row (1 x cols,
+    /// broadcast down the rows) or one column (rows x 1).
+    fn binary(&mut self, op: MathOp, a: &dyn Operand, b: &dyn Operand) -> Pending {
+        let (_, r, c, d) = a.operand();
+        let (_, br, bc, bd) = b.operand();
+        assert!(
+            (br == r || br == 1) && (bc == c || bc == 1),
+            "{op:?}: shapes {r}x{c} and {br}x{bc} do not broadcast"
+        );
+        assert_eq!(d, bd, "{op:?}: operand dtypes differ ({d} and {bd})");
+        self.math(op, vec![tile_input(a), tile_input(b)], r, c, d, None)
+    }
+
+    fn scalar(&mut self, op: MathOp, a: &dyn Operand, v: f64) -> Pending {
+        let (_, r, c, d) = a.operand();
+        self.math(op, vec![tile_input(a), MathInput::Scalar(v)], r, c, d, None)
+    }
+
+    pub fn exp(&mut self, x: &dyn Operand) -> Pending {
+        self.unary(MathOp::Exp, x)
+    }
+    pub fn log(&mut self, x: &dyn Operand) -> Pending {
+        self.unary(MathOp::Log, x)
+    }
+    pub fn sqrt(&mut self, x: &dyn Operand) -> Pending {
+        self.unary(MathOp::Sqrt, x)
+    }
+    pub fn rsqrt(&mut self, x: &dyn Operand) -> Pending {
+        self.unary(MathOp::Rsqrt, x)
+    }
+    pub fn add(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
+        self.binary(MathOp::Add, a, b)
+    }
+    pub fn sub(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
+        self.binary(MathOp::Sub, a, b)
+    }
+    pub fn mul(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
+        self.binary(MathOp::Mul, a, b)
+    }
+    pub fn div(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
+        self.binary(MathOp::Div, a, b)
+    }
+    pub fn max(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
+        self.binary(MathOp::Max, a, b)
+    }
+    pub fn min(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
+        self.binary(MathOp::Min, a, b)
+    }
+    pub fn add_scalar(&mut self, a: &dyn Operand, v: f64) -> Pending {
+        self.scalar(MathOp::Add, a, v)
+    }
+    pub fn mul_scalar(&mut self, a: &dyn Operand, v: f64) -> Pending {
+        self.scalar(MathOp::Mul, a, v)
+    }
+
+    /// `cond ? a : b` elementwise (cond nonzero means a).
+    pub fn where_(&mut self, cond: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Pending {
+        let (_, r, c, d) = a.operand();
+        self.math(
+            MathOp::Where,
+            vec![tile_input(cond), tile_input(a), tile_input(b)],
+            r,
+            c,
+            d,
+            None,
+        )
+    }
+
+    /// Convert to `dtype`.
+    pub fn cast(&mut self, x: &dyn Operand, dtype: Dtype) -> Pending {
+        let (_, r, c, _) = x.operand();
+        self.math(MathOp::Cast, vec![tile_input(x)], r, c, dtype, None)
+    }
+
+    fn reduce(&mut self, op: MathOp, x: &dyn Operand, axis: u8) -> Pending {
+        let (_, r, c, d) = x.operand();
+        let (rows, cols) = match axis {
+            0 => (1, c),
+            1 => (r, 1),
+            _ => panic!("{op:?}: axis {axis} of a 2-D tile (0 or 1)"),
+        };
+        self.math(op, vec![tile_input(x)], rows, cols, d, Some(axis))
+    }
+
+    /// Sum along `axis`: 1 x cols for axis 0, rows x 1 for axis 1.
+    pub fn sum(&mut self, x: &dyn Operand, axis: u8) -> Pending {
+        self.reduce(MathOp::Sum, x, axis)
+    }
+
+    /// Maximum along `axis`: 1 x cols for axis 0, rows x 1 for axis 1.
+    pub fn reduce_max(&mut self, x: &dyn Operand, axis: u8) -> Pending {
+        self.reduce(MathOp::ReduceMax, x, axis)
+    }
+
     /// Load a block into a new TCM tile and wait for it; the tile holds
     /// the bytes Phase 1 read.
     pub fn load(&mut self, src: Block) -> Tile {
@@ -275,17 +528,18 @@ impl<'p> Tl<'p> {
 
     /// Store a tile to a block. Visible at issue; the transfer's timing
     /// continues in the background (see `wait_all`).
-    pub fn store(&mut self, dst: Block, tile: &Tile) {
+    pub fn store(&mut self, dst: Block, tile: &dyn Operand) {
+        let (pa, rows, cols, dtype) = tile.operand();
         assert_eq!(
             (dst.rows, dst.cols, dst.dtype),
-            (tile.rows, tile.cols, tile.dtype),
+            (rows, cols, dtype),
             "store: block and tile differ in shape or dtype"
         );
         let rb = dst.row_bytes();
         let cmd = DmaCmd {
             src: Addr {
                 space: Space::Tcm,
-                addr: tile.pa,
+                addr: pa,
             },
             dst: dst.addr,
             rows: dst.rows,
