@@ -8,7 +8,7 @@ use kb_format::{Dtype, Expr, VerifyOutput, VerifySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::kernel::{Block, KernelArgs, KernelFn, TensorArg, Tl};
+use crate::kernel::{Block, KernelArgs, KernelFn, TensorArg, Tl, composite};
 use crate::program::PeProgram;
 use crate::runtime::{Runtime, SetupError, Sharding};
 
@@ -173,9 +173,10 @@ pub trait Benchmark: std::fmt::Debug {
 /// Every built-in benchmark.
 pub fn all() -> Vec<Box<dyn Benchmark>> {
     vec![
+        Box::new(Gemm),
+        Box::new(GemmTiled),
         Box::new(Copy),
         Box::new(VectorAdd),
-        Box::new(GemmTiled),
         Box::new(Softmax),
     ]
 }
@@ -435,6 +436,15 @@ impl Benchmark for VectorAdd {
     }
 }
 
+/// Output dtype of a GEMM benchmark: the input dtype for floats (rounded
+/// from the f32 accumulator), i32 for integers.
+fn gemm_output_dtype(dtype: Dtype) -> Dtype {
+    match crate::kernel::accumulation_dtype(dtype) {
+        Dtype::I32 => Dtype::I32,
+        _ => dtype,
+    }
+}
+
 /// `gemm_tiled`: C = A @ B with A and C row-sharded over the PEs and B
 /// replicated; each PE loops over its output tiles and, inside, over K,
 /// accumulating with `dot` in place.
@@ -553,7 +563,8 @@ impl Benchmark for GemmTiled {
             Some(random_data(rng, dtype, elements(p, k, n)?)),
             Sharding::REPLICATE,
         )?;
-        let c = rt.tensor("c", dtype, [m, n], None, Sharding::ROWS)?;
+        // Integer products are exact only in the i32 accumulator.
+        let c = rt.tensor("c", gemm_output_dtype(dtype), [m, n], None, Sharding::ROWS)?;
         let mut args = kernel_args(rt, &[a, b, c]);
         for name in ["block_m", "block_n", "block_k"] {
             args.scalars.push((name.into(), p.u64(name, 1)?));
@@ -666,6 +677,118 @@ impl Benchmark for Softmax {
                     axis: 1,
                 },
             ),
+        })
+    }
+}
+
+/// `gemm` (the default): C = A @ B as a composite op. A and C are
+/// row-sharded over the PEs, B replicated; each PE runs one tiled,
+/// double-buffered DMA_READ -> GEMM -> DMA_WRITE pipeline over its rows.
+#[derive(Debug)]
+pub struct Gemm;
+
+const GEMM_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "m",
+        default: "512",
+        help: "rows of A and C",
+    },
+    ParamSpec {
+        name: "n",
+        default: "256",
+        help: "columns of B and C",
+    },
+    ParamSpec {
+        name: "k",
+        default: "256",
+        help: "columns of A, rows of B",
+    },
+    ParamSpec {
+        name: "block_m",
+        default: "32",
+        help: "output tile rows per token",
+    },
+    ParamSpec {
+        name: "block_n",
+        default: "64",
+        help: "output tile columns per token",
+    },
+    ParamSpec {
+        name: "dtype",
+        default: "f16",
+        help: "input element type (the output is i32 for integer inputs)",
+    },
+];
+
+fn gemm_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (a, b, c) = (args.tensor("a"), args.tensor("b"), args.tensor("c"));
+    let (Some(sa), Some(sb), Some(sc)) = (a.shard(tl.pe()), b.shard(tl.pe()), c.shard(tl.pe()))
+    else {
+        return;
+    };
+    let whole = |t: &TensorArg, s: &kb_format::Shard| {
+        Block::in_shard(
+            t,
+            s,
+            0,
+            0,
+            s.rows as u32,
+            (s.row_bytes / t.elem_bytes()) as u32,
+        )
+    };
+    let (ba, bb, bc) = (whole(a, sa), whole(b, sb), whole(c, sc));
+    let (bm, bn) = (args.scalar("block_m") as u32, args.scalar("block_n") as u32);
+    composite::gemm(tl, ba, bb, bc, bm, bn);
+}
+
+impl Benchmark for Gemm {
+    fn name(&self) -> &'static str {
+        "gemm"
+    }
+
+    fn about(&self) -> &'static str {
+        "C = A @ B as a composite pipeline (TileToken stages), A and C row-sharded over PEs"
+    }
+
+    fn params(&self) -> &'static [ParamSpec] {
+        GEMM_PARAMS
+    }
+
+    fn build(
+        &self,
+        p: &BenchParams,
+        rng: &mut ChaCha8Rng,
+        rt: &mut Runtime,
+    ) -> Result<Built, BenchError> {
+        let (m, n, k) = (p.u64("m", 1)?, p.u64("n", 1)?, p.u64("k", 1)?);
+        let dtype = p.dtype("dtype")?;
+        let a = rt.tensor(
+            "a",
+            dtype,
+            [m, k],
+            Some(random_data(rng, dtype, elements(p, m, k)?)),
+            Sharding::ROWS,
+        )?;
+        let b = rt.tensor(
+            "b",
+            dtype,
+            [k, n],
+            Some(random_data(rng, dtype, elements(p, k, n)?)),
+            Sharding::REPLICATE,
+        )?;
+        // Integer products are exact only in the i32 accumulator.
+        let c = rt.tensor("c", gemm_output_dtype(dtype), [m, n], None, Sharding::ROWS)?;
+        let mut args = kernel_args(rt, &[a, b, c]);
+        for name in ["block_m", "block_n"] {
+            args.scalars.push((name.into(), p.u64(name, 1)?));
+        }
+        Ok(Built {
+            programs: Programs::Kernel {
+                name: "gemm",
+                kernel: gemm_kernel,
+                args,
+            },
+            verify: verify_one("c", Expr::Matmul(tensor_expr("a"), tensor_expr("b"))),
         })
     }
 }

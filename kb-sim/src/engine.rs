@@ -27,7 +27,7 @@ use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad
 use crate::data::DataPlane;
 use crate::event::{EventQueue, ns_to_ps};
 use crate::machine::{LinkId, Machine, NodeId, NodeKind, PeCoord};
-use crate::program::{Command, DataOp, DmaCmd, PeProgram, Reply};
+use crate::program::{Command, DataOp, DmaCmd, Labeled, PeProgram, Reply};
 use crate::runtime::Tensor;
 use kb_format::{Dtype, GemmParams, MathInput, MathParams};
 
@@ -117,8 +117,8 @@ struct Compute {
 
 #[derive(Debug, Clone)]
 enum ComputeOp {
-    Gemm(GemmParams),
-    Math(MathParams),
+    Gemm(Labeled<GemmParams>),
+    Math(Labeled<MathParams>),
 }
 
 impl ComputeOp {
@@ -317,6 +317,10 @@ pub struct Engine<'m, W: Write> {
     programs: Vec<Box<dyn PeProgram>>,
     pes: Vec<PeState>,
     replies: Vec<PendingReply>,
+    /// Ops issued and not yet completed (for `WaitOp`).
+    in_flight: std::collections::HashSet<u64>,
+    /// Data of completed asynchronous loads, until the kernel waits on them.
+    async_data: HashMap<u64, Vec<u8>>,
     stats: RunStats,
 }
 
@@ -423,6 +427,8 @@ impl<'m, W: Write> Engine<'m, W> {
             tensors,
             pes: vec![PeState::default(); programs.len()],
             replies: vec![None; programs.len()],
+            in_flight: Default::default(),
+            async_data: HashMap::new(),
             programs,
             stats: RunStats::default(),
         }
@@ -793,6 +799,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 self.try_start(unit);
             }
             Arrive::CmdDoneAtCpu { pe, cmd } => {
+                self.in_flight.remove(&cmd.0);
                 let s = &mut self.pes[pe as usize];
                 s.outstanding -= 1;
                 let resume = match s.waiting {
@@ -802,7 +809,13 @@ impl<'m, W: Write> Engine<'m, W> {
                 };
                 if resume {
                     s.waiting = Wait::Nothing;
-                    let reply = match self.replies[pe as usize].take() {
+                    let data = match s.waiting {
+                        _ if self.replies[pe as usize].is_some() => {
+                            self.replies[pe as usize].take()
+                        }
+                        _ => self.async_data.remove(&cmd.0),
+                    };
+                    let reply = match data {
                         Some(data) => Reply::Data(data),
                         None => Reply::Done,
                     };
@@ -1034,10 +1047,14 @@ impl<'m, W: Write> Engine<'m, W> {
                     x.write,
                 )?;
                 let pe = x.pe as usize;
-                if self.pes[pe].waiting == Wait::Cmd(CmdRef(x.op_id))
-                    && x.cmd.dst.space == Space::Tcm
-                {
-                    self.replies[pe] = Some(x.data);
+                if x.cmd.dst.space == Space::Tcm {
+                    // A load: its bytes go to the kernel that waits on it,
+                    // now or later (an asynchronous load).
+                    if self.pes[pe].waiting == Wait::Cmd(CmdRef(x.op_id)) {
+                        self.replies[pe] = Some(x.data);
+                    } else {
+                        self.async_data.insert(x.op_id, x.data);
+                    }
                 }
                 let e = &mut self.engines[pe];
                 match e.waiting.pop_front() {
@@ -1096,14 +1113,30 @@ impl<'m, W: Write> Engine<'m, W> {
                     return Ok(());
                 }
                 Command::DmaAsync(c) => {
-                    self.issue_dma(pc, pe, c)?;
+                    let d = self.issue_dma(pc, pe, c)?;
+                    reply = Reply::Issued(self.dmas.get(d).op_id);
                 }
                 Command::Store(c) => {
                     let d = self.issue_dma(pc, pe, c)?;
                     self.apply_at_issue(pc, d)?;
+                    reply = Reply::Issued(self.dmas.get(d).op_id);
                 }
-                Command::Gemm(g) => self.issue_compute(pc, pe, ComputeOp::Gemm(g))?,
-                Command::Math(m) => self.issue_compute(pc, pe, ComputeOp::Math(m))?,
+                Command::WaitOp(op_id) => {
+                    if self.in_flight.contains(&op_id) {
+                        self.pes[pe as usize].waiting = Wait::Cmd(CmdRef(op_id));
+                        return Ok(());
+                    }
+                    reply = match self.async_data.remove(&op_id) {
+                        Some(data) => Reply::Data(data),
+                        None => Reply::Done,
+                    };
+                }
+                Command::Gemm(g) => {
+                    reply = Reply::Issued(self.issue_compute(pc, pe, ComputeOp::Gemm(g))?)
+                }
+                Command::Math(m) => {
+                    reply = Reply::Issued(self.issue_compute(pc, pe, ComputeOp::Math(m))?)
+                }
                 Command::WaitAll => {
                     if self.pes[pe as usize].outstanding > 0 {
                         self.pes[pe as usize].waiting = Wait::All;
@@ -1117,6 +1150,7 @@ impl<'m, W: Write> Engine<'m, W> {
     fn issue_dma(&mut self, pc: PeCoord, pe: u32, c: DmaCmd) -> Result<u32, SimError> {
         self.validate_dma(pc, &c)?;
         let op_id = self.new_op_id();
+        self.in_flight.insert(op_id);
         let d = self.dmas.insert(Dma {
             pe,
             op_id,
@@ -1139,7 +1173,7 @@ impl<'m, W: Write> Engine<'m, W> {
 
     /// Issue a GEMM or math op: apply its data effects now (its output
     /// becomes pending), then send it to its unit.
-    fn issue_compute(&mut self, pc: PeCoord, pe: u32, op: ComputeOp) -> Result<(), SimError> {
+    fn issue_compute(&mut self, pc: PeCoord, pe: u32, op: ComputeOp) -> Result<u64, SimError> {
         let now = self.q.now();
         let err = |message: String| SimError::Kernel {
             pe: pc,
@@ -1151,7 +1185,7 @@ impl<'m, W: Write> Engine<'m, W> {
             Extent::contiguous(a.addr, rows as u64 * cols as u64 * d.size() as u64)
         };
         let (inputs, out, unit_kind, work_ps) = match &op {
-            ComputeOp::Gemm(g) => {
+            ComputeOp::Gemm(Labeled { op: g, .. }) => {
                 let (ar, ac) = if g.transpose_a {
                     (g.k, g.m)
                 } else {
@@ -1176,7 +1210,7 @@ impl<'m, W: Write> Engine<'m, W> {
                     ps,
                 )
             }
-            ComputeOp::Math(m) => {
+            ComputeOp::Math(Labeled { op: m, .. }) => {
                 let mut inputs = Vec::new();
                 let mut elems = m.rows as u64 * m.cols as u64;
                 for i in &m.inputs {
@@ -1260,9 +1294,10 @@ impl<'m, W: Write> Engine<'m, W> {
             },
         );
         self.pes[pe as usize].outstanding += 1;
+        self.in_flight.insert(op_id);
         let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
         self.send(cpu, unit, CONTROL_BYTES, Arrive::ComputeAtUnit(c));
-        Ok(())
+        Ok(op_id)
     }
 
     /// Start the next op on a compute unit if it is idle and the op's

@@ -61,7 +61,7 @@ struct RunArgs {
     #[arg(short, long, default_value = "default")]
     topology: String,
     /// Benchmark to run (see `kb-sim list`).
-    #[arg(short, long, default_value = "copy")]
+    #[arg(short, long, default_value = "gemm")]
     bench: String,
     /// Benchmark parameter, KEY=VALUE; repeatable.
     #[arg(short, long = "param", value_parser = parse_kv)]

@@ -15,6 +15,8 @@ pub struct DmaCmd {
     pub src_stride: u64,
     pub dst_stride: u64,
     pub dtype: Option<Dtype>,
+    /// Op name override (pipeline stages: `TileToken/DMA_READ`).
+    pub label: Option<&'static str>,
 }
 
 /// A message that is a data op declares itself (ADR-0020 D4); the
@@ -28,6 +30,9 @@ pub trait DataOp {
 
 impl DataOp for DmaCmd {
     fn op_name(&self) -> &'static str {
+        if let Some(l) = self.label {
+            return l;
+        }
         match (self.src.space, self.dst.space) {
             (_, Space::Tcm) => "dma_read",
             (Space::Tcm, _) => "dma_write",
@@ -103,6 +108,27 @@ impl DataOp for MathParams {
     }
 }
 
+/// A GEMM or math op with an optional op-name override.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Labeled<T> {
+    pub op: T,
+    pub label: Option<&'static str>,
+}
+
+impl<T: DataOp> DataOp for Labeled<T> {
+    fn op_name(&self) -> &'static str {
+        self.label.unwrap_or_else(|| self.op.op_name())
+    }
+
+    fn op_kind(&self) -> OpKind {
+        self.op.op_kind()
+    }
+
+    fn params(&self) -> Params {
+        self.op.params()
+    }
+}
+
 /// A command a PE program issues.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -118,16 +144,21 @@ pub enum Command {
     WaitAll,
     /// A GEMM on pe_gemm, operands in TCM; resumes at once (the result
     /// is pending until Phase 2).
-    Gemm(GemmParams),
+    Gemm(Labeled<GemmParams>),
     /// A vector/elementwise/reduction op on pe_math; resumes at once.
-    Math(MathParams),
+    Math(Labeled<MathParams>),
+    /// Resume when the op with this id (from `Reply::Issued`) completes;
+    /// a load answers with its data.
+    WaitOp(u64),
 }
 
 /// What a PE program is resumed with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// The kernel starts, or an asynchronous command was issued.
+    /// The kernel starts.
     Go,
+    /// An asynchronous command was issued as op `id` (a handle to wait on).
+    Issued(u64),
     /// A blocking command completed.
     Done,
     /// A blocking DMA into TCM completed; these are the bytes it wrote.

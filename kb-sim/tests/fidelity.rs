@@ -76,6 +76,7 @@ fn read_cmd(from_hbm_of: PeCoord, at: u64, to: PeCoord, bytes: u64) -> DmaCmd {
         src_stride: bytes,
         dst_stride: bytes,
         dtype: None,
+        label: None,
     }
 }
 

@@ -27,7 +27,7 @@ fn file_pipeline_verifies_and_inspects() {
     let summary = run("kb-inspect", &["summary", t], b"");
     assert_eq!(summary.status.code(), Some(0), "{}", stderr(&summary));
     let text = String::from_utf8_lossy(&summary.stdout);
-    assert!(text.contains("copy") && text.contains("default"), "{text}");
+    assert!(text.contains("gemm") && text.contains("default"), "{text}");
 }
 
 #[test]
@@ -163,6 +163,11 @@ fn topology_and_probe_work_for_every_shipped_topology() {
 fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
     match bench {
         "copy" => vec![vec!["rows=37", "cols=19", "tile_rows=5", "dtype=bf16"]],
+        "gemm" => vec![
+            vec!["m=67", "n=45", "k=83", "block_m=16", "block_n=32"],
+            vec!["m=40", "n=24", "k=50", "dtype=i8"],
+            vec!["m=33", "n=20", "k=9", "dtype=f32"],
+        ],
         "vector_add" => vec![
             vec!["rows=37", "cols=19", "tile_rows=5", "dtype=f16"],
             vec!["rows=33", "cols=3", "dtype=i32"],

@@ -7,6 +7,7 @@
 //! it when dropped; running out of TCM is a kernel failure naming the PE
 //! and the sizes.
 
+pub mod composite;
 pub mod exec;
 
 use std::cell::RefCell;
@@ -21,7 +22,7 @@ pub use exec::{Executor, KernelBody, Port};
 
 use crate::alloc::FreeList;
 use crate::machine::PeCoord;
-use crate::program::{Command, DmaCmd, Reply};
+use crate::program::{Command, DmaCmd, Labeled, Reply};
 
 /// A tensor as a kernel sees it: shape, dtype and where each PE's shard is.
 #[derive(Debug, Clone)]
@@ -157,6 +158,13 @@ impl Drop for Tile {
     }
 }
 
+/// An asynchronous load in flight; `Tl::wait` turns it into a [`Tile`].
+#[derive(Debug)]
+pub struct LoadHandle {
+    op: u64,
+    tile: Tile,
+}
+
 /// The result of a compute op (dot, math): a tile in TCM whose value exists
 /// only in Phase 2. It deliberately has no value accessor, so reading it in
 /// Phase 1 does not compile (ADR-0020 D3 "Result Handle Semantics"); it can
@@ -245,6 +253,8 @@ pub struct Tl<'p> {
     program_id: u32,
     num_programs: u32,
     tcm: Rc<RefCell<FreeList>>,
+    /// Op-name override for commands issued now (pipeline stages).
+    stage: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Tl<'_> {
@@ -270,7 +280,14 @@ impl<'p> Tl<'p> {
             program_id,
             num_programs,
             tcm: Rc::new(RefCell::new(tcm)),
+            stage: None,
         }
+    }
+
+    /// Name the ops issued until the next call `stage` (e.g.
+    /// `TileToken/GEMM`); `None` returns to the default names.
+    pub fn set_stage(&mut self, stage: Option<&'static str>) {
+        self.stage = stage;
     }
 
     pub fn pe(&self) -> PeCoord {
@@ -362,7 +379,10 @@ impl<'p> Tl<'p> {
             layout_b: Layout::RowMajor,
             layout_out: Layout::RowMajor,
         };
-        self.port.call(Command::Gemm(params));
+        self.port.call(Command::Gemm(Labeled {
+            op: params,
+            label: self.stage,
+        }));
         out
     }
 
@@ -388,7 +408,10 @@ impl<'p> Tl<'p> {
             dtype,
             axis,
         };
-        self.port.call(Command::Math(params));
+        self.port.call(Command::Math(Labeled {
+            op: params,
+            label: self.stage,
+        }));
         out
     }
 
@@ -516,6 +539,7 @@ impl<'p> Tl<'p> {
             src_stride: src.row_stride,
             dst_stride: rb,
             dtype: Some(src.dtype),
+            label: self.stage,
         };
         match self.port.call(Command::Dma(cmd)) {
             Reply::Data(data) => {
@@ -523,6 +547,49 @@ impl<'p> Tl<'p> {
                 tile
             }
             other => panic!("load: the simulation answered {other:?} instead of data"),
+        }
+    }
+
+    /// Start loading a block into a new TCM tile; `wait` returns the tile.
+    pub fn load_async(&mut self, src: Block) -> LoadHandle {
+        let rb = src.row_bytes();
+        let pa = self.tcm_alloc(rb * src.rows as u64);
+        let tile = Tile {
+            pa,
+            rows: src.rows,
+            cols: src.cols,
+            dtype: src.dtype,
+            data: Vec::new(),
+            tcm: self.tcm.clone(),
+        };
+        let cmd = DmaCmd {
+            src: src.addr,
+            dst: Addr {
+                space: Space::Tcm,
+                addr: pa,
+            },
+            rows: src.rows,
+            row_bytes: rb,
+            src_stride: src.row_stride,
+            dst_stride: rb,
+            dtype: Some(src.dtype),
+            label: self.stage,
+        };
+        match self.port.call(Command::DmaAsync(cmd)) {
+            Reply::Issued(op) => LoadHandle { op, tile },
+            other => panic!("load_async: the simulation answered {other:?} instead of an op id"),
+        }
+    }
+
+    /// Wait for an asynchronous load; returns its tile with the real data.
+    pub fn wait(&mut self, h: LoadHandle) -> Tile {
+        let LoadHandle { op, mut tile } = h;
+        match self.port.call(Command::WaitOp(op)) {
+            Reply::Data(data) => {
+                tile.data = data;
+                tile
+            }
+            other => panic!("wait: the simulation answered {other:?} instead of data"),
         }
     }
 
@@ -547,6 +614,7 @@ impl<'p> Tl<'p> {
             src_stride: rb,
             dst_stride: dst.row_stride,
             dtype: Some(dst.dtype),
+            label: self.stage,
         };
         self.port.call(Command::Store(cmd));
     }
