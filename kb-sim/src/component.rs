@@ -78,6 +78,16 @@ impl HbmController {
 
 impl Component for HbmController {
     fn serve(&mut self, now: Ps, req: &Request) -> Service {
+        // Rows that touch are one contiguous range.
+        let req = &if req.rows > 1 && req.stride == req.row_bytes {
+            Request {
+                row_bytes: req.bytes(),
+                rows: 1,
+                ..*req
+            }
+        } else {
+            *req
+        };
         let n = self.channel_free.len() as u64;
         self.scratch.iter_mut().for_each(|b| *b = 0);
         for r in 0..req.rows as u64 {

@@ -3,7 +3,9 @@
 //! pending ranges: bytes a compute op will write but whose value only
 //! Phase 2 knows. Reading a pending byte is refused, naming its writer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use kb_format::Extent;
 
@@ -23,7 +25,7 @@ pub struct PendingRead {
 
 #[derive(Debug, Default)]
 pub struct DataPlane {
-    pages: HashMap<u64, Box<[u8]>>,
+    pages: FxHashMap<u64, Box<[u8]>>,
     /// start -> (end, writer op id); disjoint intervals.
     pending: BTreeMap<u64, (u64, u64)>,
 }
@@ -50,9 +52,30 @@ impl DataPlane {
         Ok(())
     }
 
+    /// Append `len` bytes at `pa` to `out` (no zero-fill pass).
+    fn append(&self, pa: u64, len: u64, out: &mut Vec<u8>) -> Result<(), PendingRead> {
+        self.check_pending(pa, len)?;
+        let mut done = 0u64;
+        while done < len {
+            let at = pa + done;
+            let off = (at as usize) & (PAGE - 1);
+            let n = (PAGE - off).min((len - done) as usize);
+            match self.pages.get(&(at >> PAGE_BITS)) {
+                Some(p) => out.extend_from_slice(&p[off..off + n]),
+                None => out.resize(out.len() + n, 0),
+            }
+            done += n as u64;
+        }
+        Ok(())
+    }
+
     /// Write `data` at `pa`; clears any pending mark on those bytes.
     pub fn write(&mut self, pa: u64, data: &[u8]) {
         self.clear_pending(pa, data.len() as u64);
+        self.write_bytes(pa, data);
+    }
+
+    fn write_bytes(&mut self, pa: u64, data: &[u8]) {
         let mut done = 0usize;
         while done < data.len() {
             let at = pa + done as u64;
@@ -69,16 +92,21 @@ impl DataPlane {
 
     /// Append the bytes of `x` (all its rows) to `out`.
     pub fn read_extent(&self, x: &Extent, out: &mut Vec<u8>) -> Result<(), PendingRead> {
+        if x.rows > 1 && x.stride == x.len {
+            return self.read_extent(&Extent::contiguous(x.pa, x.bytes()), out);
+        }
+        out.reserve(x.bytes() as usize);
         for r in 0..x.rows as u64 {
-            let start = out.len();
-            out.resize(start + x.len as usize, 0);
-            self.read(x.pa + r * x.stride, &mut out[start..])?;
+            self.append(x.pa + r * x.stride, x.len, out)?;
         }
         Ok(())
     }
 
     /// Write `data` into the rows of `x`; returns the bytes consumed.
     pub fn write_extent(&mut self, x: &Extent, data: &[u8]) -> usize {
+        if x.rows > 1 && x.stride == x.len {
+            return self.write_extent(&Extent::contiguous(x.pa, x.bytes()), data);
+        }
         let mut used = 0;
         for r in 0..x.rows as u64 {
             let n = x.len as usize;
@@ -89,11 +117,38 @@ impl DataPlane {
     }
 
     /// Mark `[pa, pa+len)` as written by compute op `writer` (value unknown
-    /// until Phase 2).
+    /// until Phase 2). Adjacent ranges of one writer merge.
     pub fn mark_pending(&mut self, pa: u64, len: u64, writer: u64) {
+        if len == 0 {
+            return;
+        }
         self.clear_pending(pa, len);
-        if len > 0 {
-            self.pending.insert(pa, (pa + len, writer));
+        let mut start = pa;
+        let mut end = pa + len;
+        if let Some((&s, &(e, w))) = self.pending.range(..pa).next_back()
+            && e == pa
+            && w == writer
+        {
+            self.pending.remove(&s);
+            start = s;
+        }
+        if let Some(&(e, w)) = self.pending.get(&end)
+            && w == writer
+        {
+            self.pending.remove(&end);
+            end = e;
+        }
+        self.pending.insert(start, (end, writer));
+    }
+
+    /// Mark every row of `x` pending (one range when the rows touch).
+    pub fn mark_pending_extent(&mut self, x: &Extent, writer: u64) {
+        if x.rows <= 1 || x.stride == x.len {
+            self.mark_pending(x.pa, x.bytes(), writer);
+        } else {
+            for r in 0..x.rows as u64 {
+                self.mark_pending(x.pa + r * x.stride, x.len, writer);
+            }
         }
     }
 
@@ -101,50 +156,55 @@ impl DataPlane {
         if self.pending.is_empty() || len == 0 {
             return Ok(());
         }
+        self.first_pending(pa, len).map_or(Ok(()), Err)
+    }
+
+    /// The first pending interval overlapping `[pa, pa+len)`.
+    fn first_pending(&self, pa: u64, len: u64) -> Option<PendingRead> {
         let end = pa + len;
         // The interval starting at or before pa, then any starting inside.
         if let Some((&s, &(e, w))) = self.pending.range(..=pa).next_back()
             && e > pa
         {
-            return Err(PendingRead {
+            return Some(PendingRead {
                 pa: s.max(pa),
                 end: e.min(end),
                 writer: w,
             });
         }
         if let Some((&s, &(e, w))) = self.pending.range(pa..end).next() {
-            return Err(PendingRead {
+            return Some(PendingRead {
                 pa: s,
                 end: e.min(end),
                 writer: w,
             });
         }
-        Ok(())
+        None
     }
 
     fn clear_pending(&mut self, pa: u64, len: u64) {
-        if self.pending.is_empty() || len == 0 {
+        if self.pending.is_empty() || len == 0 || self.first_pending(pa, len).is_none() {
             return;
         }
         let end = pa + len;
-        let mut keep = Vec::new();
-        let overlapping: Vec<u64> = self
-            .pending
-            .range(..end)
-            .rev()
-            .take_while(|(_, (e, _))| *e > pa)
-            .map(|(&s, _)| s)
-            .collect();
-        for s in overlapping {
-            let (e, w) = self.pending.remove(&s).expect("listed");
-            if s < pa {
-                keep.push((s, (pa, w)));
+        // Trim or remove each overlapping interval; at most the first and
+        // last one survive in part.
+        while let Some(hit) = self.first_pending(pa, len) {
+            let start = self
+                .pending
+                .range(..=hit.pa)
+                .next_back()
+                .map(|(&s, _)| s)
+                .expect("an overlapping interval starts at or before the hit");
+            let (e, w) = self.pending.remove(&start).expect("listed");
+            if start < pa {
+                self.pending.insert(start, (pa, w));
             }
             if e > end {
-                keep.push((end, (e, w)));
+                self.pending.insert(end, (e, w));
+                break;
             }
         }
-        self.pending.extend(keep);
     }
 }
 
@@ -179,6 +239,40 @@ mod tests {
         let mut gap = [7u8; 1];
         d.read(1003, &mut gap).unwrap();
         assert_eq!(gap, [0]);
+    }
+
+    #[test]
+    fn adjacent_pending_ranges_of_one_writer_merge() {
+        let mut d = DataPlane::new();
+        d.mark_pending_extent(
+            &Extent {
+                pa: 0,
+                len: 10,
+                rows: 4,
+                stride: 10,
+            },
+            7,
+        );
+        assert_eq!(d.pending.len(), 1);
+        d.mark_pending(40, 10, 7);
+        d.mark_pending(60, 10, 8);
+        assert_eq!(d.pending.len(), 2);
+        assert_eq!(d.pending[&0], (50, 7));
+        d.mark_pending_extent(
+            &Extent {
+                pa: 100,
+                len: 4,
+                rows: 3,
+                stride: 8,
+            },
+            9,
+        );
+        assert_eq!(d.pending.len(), 5, "rows with gaps stay separate");
+        assert_eq!(
+            d.read(104, &mut [0u8; 4]),
+            Ok(()),
+            "the gaps are not pending"
+        );
     }
 
     #[test]

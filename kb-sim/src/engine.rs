@@ -14,7 +14,9 @@
 //! effect is applied to the data plane by an event at the simulated time the
 //! record states, and numbered in application order (`seq`).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 use std::io::Write;
 use std::rc::Rc;
 
@@ -318,7 +320,7 @@ pub struct Engine<'m, W: Write> {
     pes: Vec<PeState>,
     replies: Vec<PendingReply>,
     /// Ops issued and not yet completed (for `WaitOp`).
-    in_flight: std::collections::HashSet<u64>,
+    in_flight: FxHashSet<u64>,
     /// Data of completed asynchronous loads, until the kernel waits on them.
     async_data: HashMap<u64, Vec<u8>>,
     stats: RunStats,
@@ -403,7 +405,7 @@ impl<'m, W: Write> Engine<'m, W> {
             dmas: Slab::new(),
             computes: Slab::new(),
             units: (0..m.nodes.len()).map(|_| UnitQueue::default()).collect(),
-            producers: HashMap::new(),
+            producers: HashMap::default(),
             host_writes: Slab::new(),
             host_pending: 0,
             deploy_left: {
@@ -428,7 +430,7 @@ impl<'m, W: Write> Engine<'m, W> {
             pes: vec![PeState::default(); programs.len()],
             replies: vec![None; programs.len()],
             in_flight: Default::default(),
-            async_data: HashMap::new(),
+            async_data: HashMap::default(),
             programs,
             stats: RunStats::default(),
         }
@@ -1391,10 +1393,7 @@ impl<'m, W: Write> Engine<'m, W> {
             Err(_pending) => {
                 // A pending result: its bytes exist only in Phase 2; the
                 // destination becomes pending, written by this store.
-                for r in 0..dst.rows as u64 {
-                    self.data
-                        .mark_pending(dst.pa + r * dst.stride, dst.len, op_id);
-                }
+                self.data.mark_pending_extent(&dst, op_id);
                 None
             }
         };

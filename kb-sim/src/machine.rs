@@ -2,7 +2,9 @@
 //! directed links with latency and bandwidth, and memoized shortest routes.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::rc::Rc;
 
 use crate::event::{Ps, ns_to_ps};
@@ -134,7 +136,7 @@ impl Machine {
             sip_base: Vec::new(),
             cube_base: Vec::new(),
             pe_base: Vec::new(),
-            routes: RefCell::new(HashMap::new()),
+            routes: RefCell::new(HashMap::default()),
             first_flit_ps: ns_to_ps(topo.fabric.first_flit_ns.0),
         };
         let host = m.add_node("host".into(), NodeKind::Host, 0, 0, 0);

@@ -139,6 +139,19 @@ impl Tile {
         &self.data
     }
 
+    /// Element (r, c) as f64.
+    pub fn get(&self, r: usize, c: usize) -> f64 {
+        assert!(
+            r < self.rows as usize && c < self.cols as usize,
+            "tile index ({r}, {c}) outside {}x{}",
+            self.rows,
+            self.cols
+        );
+        let es = self.dtype.size();
+        let at = (r * self.cols as usize + c) * es;
+        decode(self.dtype, &self.data[at..at + es])
+    }
+
     /// The values as f64, row-major, as an ndarray.
     pub fn to_f64(&self) -> Array2<f64> {
         let es = self.dtype.size();
