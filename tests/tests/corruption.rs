@@ -10,6 +10,8 @@ fn small_trace() -> Vec<u8> {
             "-q",
             "-t",
             "small",
+            "-b",
+            "copy",
             "-o",
             "-",
             "-p",

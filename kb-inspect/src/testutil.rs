@@ -1,0 +1,304 @@
+//! Synthetic traces for tests, built in memory with `kb_format::TraceWriter`
+//! (no simulator needed). Shared by the unit tests and, through `#[path]`,
+//! by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use kb_format::*;
+
+/// One op to write: its component and op name as strings, and the record
+/// (whose `component`/`op_name` ids are filled in by [`build`]).
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub comp: &'static str,
+    pub name: &'static str,
+    pub rec: Record,
+}
+
+/// Write a trace: header and meta, host tensor chunks, then the ops.
+pub fn build(
+    meta: &Meta,
+    tensors: &[(u32, u64, Vec<u8>)],
+    ops: &[Op],
+    verify: &VerifySpec,
+) -> Vec<u8> {
+    let mut w = TraceWriter::new(Vec::new(), meta).unwrap();
+    for (t, off, data) in tensors {
+        w.tensor_data(*t, *off, data).unwrap();
+    }
+    for op in ops {
+        let mut r = op.rec.clone();
+        r.component = w.intern(op.comp);
+        r.op_name = w.intern(op.name);
+        w.push(r).unwrap();
+    }
+    w.finish(verify).unwrap()
+}
+
+/// A memory op moving `bytes` bytes (one write extent of `bytes`).
+pub fn mem(id: u64, t0: Ps, t1: Ps, comp: &'static str, name: &'static str, bytes: u64) -> Op {
+    let mut deps = vec![];
+    if id > 0 {
+        deps.push(id - 1);
+    }
+    Op {
+        comp,
+        name,
+        rec: Record {
+            op_id: id,
+            t_start: t0,
+            t_end: t1,
+            kind: OpKind::Memory,
+            fingerprint: Some(0x1000 + id),
+            deps,
+            read: Some(Effect {
+                time: t0,
+                seq: 2 * id,
+                ranges: vec![Extent::contiguous(pa::host(0, 0), bytes)],
+            }),
+            write: Some(Effect {
+                time: t1,
+                seq: 2 * id + 1,
+                ranges: vec![Extent {
+                    pa: 0x1_0000_0000_0000 + id * 0x1000,
+                    len: bytes / 2,
+                    rows: 2,
+                    stride: 0x100,
+                }],
+            }),
+            params: Params::Memory(MemoryParams {
+                src: Addr {
+                    space: Space::Host,
+                    addr: 0,
+                },
+                dst: Addr {
+                    space: Space::Hbm,
+                    addr: 0x40,
+                },
+                rows: 2,
+                row_bytes: bytes / 2,
+                src_stride: bytes / 2,
+                dst_stride: 0x100,
+                dtype: Some(Dtype::F16),
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+pub fn gemm(id: u64, t0: Ps, t1: Ps, comp: &'static str, m: u32, n: u32, k: u32) -> Op {
+    Op {
+        comp,
+        name: "gemm",
+        rec: Record {
+            op_id: id,
+            t_start: t0,
+            t_end: t1,
+            kind: OpKind::Gemm,
+            params: Params::Gemm(GemmParams {
+                a: Addr::default(),
+                b: Addr::default(),
+                out: Addr::default(),
+                acc: None,
+                m,
+                k,
+                n,
+                dtype_in: Dtype::F16,
+                dtype_acc: Dtype::F32,
+                dtype_out: Dtype::F16,
+                transpose_a: false,
+                transpose_b: true,
+                layout_a: Layout::RowMajor,
+                layout_b: Layout::RowMajor,
+                layout_out: Layout::RowMajor,
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+pub fn math(id: u64, t0: Ps, t1: Ps, comp: &'static str, rows: u32, cols: u32) -> Op {
+    Op {
+        comp,
+        name: "exp",
+        rec: Record {
+            op_id: id,
+            t_start: t0,
+            t_end: t1,
+            kind: OpKind::Math,
+            params: Params::Math(MathParams {
+                op: MathOp::Exp,
+                inputs: vec![
+                    MathInput::Tile {
+                        addr: Addr::default(),
+                        rows,
+                        cols,
+                        dtype: Dtype::F32,
+                    },
+                    MathInput::Scalar(0.5),
+                ],
+                out: Addr::default(),
+                rows,
+                cols,
+                dtype: Dtype::F32,
+                axis: None,
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+pub const A_F16: [f32; 6] = [1.0, -2.5, 0.125, 65504.0, 0.0, -0.0];
+pub const B_BF16: [f32; 4] = [1.0, 3.0e38, -7.5, 0.015625];
+
+pub fn sample_meta() -> Meta {
+    Meta {
+        tool: "kb-sim".into(),
+        tool_version: "0.1.0".into(),
+        command_line: vec!["kb-sim".into(), "run".into(), "sample".into()],
+        topology: TopologyMeta {
+            name: "tiny".into(),
+            address_model: "pa".into(),
+            resolved: "sips: 1\ncubes: 2\n".into(),
+        },
+        benchmark: "sample".into(),
+        params: vec![("m".into(), "2".into()), ("seed".into(), "7".into())],
+        seed: 7,
+        tensors: vec![
+            TensorMeta {
+                name: "a".into(),
+                dtype: Dtype::F16,
+                shape: vec![2, 3],
+                address: 0x40,
+                host_data: true,
+                shards: vec![],
+            },
+            TensorMeta {
+                name: "b".into(),
+                dtype: Dtype::Bf16,
+                shape: vec![2, 2],
+                address: 0x80,
+                host_data: true,
+                shards: vec![],
+            },
+            TensorMeta {
+                name: "c".into(),
+                dtype: Dtype::F32,
+                shape: vec![2, 2],
+                address: 0xc0,
+                host_data: false,
+                shards: vec![Shard {
+                    tensor_offset: 0,
+                    rows: 2,
+                    row_bytes: 8,
+                    tensor_row_stride: 8,
+                    pa: 0x1_0000_0000_0100,
+                }],
+            },
+        ],
+    }
+}
+
+pub fn sample_tensors() -> Vec<(u32, u64, Vec<u8>)> {
+    let a: Vec<u8> = A_F16
+        .iter()
+        .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+        .collect();
+    let b: Vec<u8> = B_BF16
+        .iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+        .collect();
+    // Tensor a arrives in two chunks, b in one.
+    vec![(0, 6, a[6..].to_vec()), (0, 0, a[..6].to_vec()), (1, 0, b)]
+}
+
+pub fn sample_verify() -> VerifySpec {
+    VerifySpec {
+        outputs: vec![VerifyOutput {
+            tensor: "c".into(),
+            reference: Expr::Softmax {
+                input: Box::new(Expr::Matmul(
+                    Box::new(Expr::Tensor("a".into())),
+                    Box::new(Expr::Transpose(Box::new(Expr::Tensor("b".into())))),
+                )),
+                axis: 1,
+            },
+            tolerance: Some(Tolerance {
+                rtol: 1e-3,
+                atol: 1e-5,
+            }),
+        }],
+    }
+}
+
+pub const PE_DMA: &str = "sip0.cube0.pe0.pe_dma";
+
+/// The sample ops (times in ps; the run ends at 10 000 ps = 10 ns):
+///
+/// | id | component | name | kind | start | end | bytes | flops |
+/// |---|---|---|---|---|---|---|---|
+/// | 0 | host | h2d | memory | 0 | 1000 | 64 | |
+/// | 1 | pe_dma | dma_read | memory | 1000 | 3000 | 64 | |
+/// | 2 | pe_dma | dma_read | memory | 2000 | 4000 | 128 | |
+/// | 3 | pe0.gemm | gemm | gemm | 4000 | 6000 | | 2*2*3*4 = 48 |
+/// | 4 | pe_dma | dma_write | memory | 5000 | 6000 | 32 | |
+/// | 5 | cube1.pe0.vec | exp | math | 6000 | 7000 | | 2*8 = 16 |
+/// | 6 | sip0.pcie_ep | d2h | memory | 7000 | 10000 | 256 | |
+pub fn sample_ops() -> Vec<Op> {
+    vec![
+        mem(0, 0, 1000, "host", "h2d", 64),
+        mem(1, 1000, 3000, PE_DMA, "dma_read", 64),
+        mem(2, 2000, 4000, PE_DMA, "dma_read", 128),
+        gemm(3, 4000, 6000, "sip0.cube0.pe0.gemm", 2, 3, 4),
+        mem(4, 5000, 6000, PE_DMA, "dma_write", 32),
+        math(5, 6000, 7000, "sip0.cube1.pe0.vec", 2, 8),
+        mem(6, 7000, 10000, "sip0.pcie_ep", "d2h", 256),
+    ]
+}
+
+pub fn sample_trace() -> Vec<u8> {
+    build(
+        &sample_meta(),
+        &sample_tensors(),
+        &sample_ops(),
+        &sample_verify(),
+    )
+}
+
+/// Write bytes to a file in a fresh temporary directory.
+pub fn write_temp(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("t.kbt");
+    std::fs::write(&p, bytes).unwrap();
+    (d, p)
+}
+
+/// Damaged variants of a trace: truncated at several points, and with a
+/// flipped byte in the meta, in a records chunk and in the footer.
+pub fn damaged(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut out = vec![];
+    for cut in [
+        0,
+        10,
+        64,
+        200,
+        bytes.len() / 2,
+        bytes.len() - 64,
+        bytes.len() - 1,
+    ] {
+        out.push((format!("truncated at {cut}"), bytes[..cut].to_vec()));
+    }
+    for at in [
+        8,
+        64 + 70,
+        bytes.len() / 2,
+        bytes.len() - 100,
+        bytes.len() - 20,
+    ] {
+        let mut b = bytes.to_vec();
+        b[at] ^= 0x5a;
+        out.push((format!("byte {at} flipped"), b));
+    }
+    out
+}

@@ -1,0 +1,399 @@
+//! End-to-end tests of the built `kb-inspect` binary: every command on a
+//! file and on standard input, exit codes, and damaged traces.
+
+#[path = "../src/testutil.rs"]
+mod testutil;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use kb_format::{Meta, Record};
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kb-inspect"))
+}
+
+/// Run with `args`, feeding `stdin` when given.
+fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut c = bin();
+    c.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    if let Some(data) = stdin {
+        let mut si = child.stdin.take().unwrap();
+        let data = data.to_vec();
+        // Write from a thread: the child may stop reading early on errors.
+        std::thread::spawn(move || {
+            let _ = si.write_all(&data);
+        });
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+fn ok(o: &Output) {
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(o));
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    trace: PathBuf,
+    bytes: Vec<u8>,
+}
+
+fn fixture() -> Fixture {
+    let bytes = testutil::sample_trace();
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_path_buf();
+    let trace = dir.join("sample.kbt");
+    std::fs::write(&trace, &bytes).unwrap();
+    Fixture {
+        _dir: d,
+        dir,
+        trace,
+        bytes,
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn summary_on_a_file_and_on_stdin() {
+    let f = fixture();
+    let a = run(&["summary", s(&f.trace)], None);
+    ok(&a);
+    let b = run(&["summary", "-"], Some(&f.bytes));
+    ok(&b);
+    let text = stdout(&a);
+    assert!(
+        text.contains("records:        7 (memory 5, gemm 1, math 1)"),
+        "{text}"
+    );
+    assert!(text.contains("simulated time: 10.000 ns"), "{text}");
+    let strip = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with("trace:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&text), strip(&stdout(&b)));
+    assert!(stdout(&b).contains("trace:          <stdin>"));
+    let j = run(&["summary", "-", "--format", "json"], Some(&f.bytes));
+    ok(&j);
+    let v: Value = serde_json::from_str(&stdout(&j)).unwrap();
+    assert_eq!(v["records"], 7);
+    assert_eq!(v["benchmark"], "sample");
+}
+
+#[test]
+fn ops_filters_and_formats_on_both_sources() {
+    let f = fixture();
+    for src in [s(&f.trace), "-"] {
+        let o = run(
+            &[
+                "ops",
+                src,
+                "--component",
+                "*pe_dma",
+                "--from",
+                "2.5",
+                "--format",
+                "csv",
+            ],
+            Some(&f.bytes),
+        );
+        ok(&o);
+        let ids: Vec<String> = stdout(&o)
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').next().unwrap().to_string())
+            .collect();
+        assert_eq!(ids, ["1", "2", "4"]);
+        let o = run(
+            &["ops", src, "--kind", "gemm,math", "--format", "jsonl"],
+            Some(&f.bytes),
+        );
+        ok(&o);
+        assert_eq!(stdout(&o).lines().count(), 2);
+        let o = run(
+            &[
+                "ops", src, "--name", "dma_*", "--limit", "1", "--format", "json",
+            ],
+            Some(&f.bytes),
+        );
+        ok(&o);
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v.as_array().unwrap().len(), 1);
+        assert_eq!(v[0]["op_id"], 1);
+        let o = run(&["ops", src, "--to", "1"], Some(&f.bytes));
+        ok(&o);
+        assert_eq!(stdout(&o).lines().count(), 2, "{}", stdout(&o));
+    }
+}
+
+#[test]
+fn stats_on_both_sources() {
+    let f = fixture();
+    let a = run(&["stats", s(&f.trace), "--format", "json"], None);
+    ok(&a);
+    let b = run(&["stats", "-", "--format", "json"], Some(&f.bytes));
+    ok(&b);
+    assert_eq!(stdout(&a), stdout(&b));
+    let v: Value = serde_json::from_str(&stdout(&a)).unwrap();
+    let dma = v["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["key"] == testutil::PE_DMA)
+        .unwrap();
+    assert_eq!(dma["busy_ps"], 4000);
+    assert_eq!(dma["utilisation"], 0.4);
+    for by in ["op_name", "op_kind"] {
+        let o = run(&["stats", "-", "--by", by], Some(&f.bytes));
+        ok(&o);
+        assert!(stdout(&o).contains(&format!("by {by}")));
+    }
+}
+
+#[test]
+fn timeline_on_both_sources() {
+    let f = fixture();
+    let out_a = f.dir.join("a.json");
+    let out_b = f.dir.join("b.json");
+    ok(&run(&["timeline", s(&f.trace), "-o", s(&out_a)], None));
+    let o = run(
+        &[
+            "timeline",
+            "-",
+            "-o",
+            s(&out_b),
+            "--from",
+            "3.5",
+            "--to",
+            "5",
+        ],
+        Some(&f.bytes),
+    );
+    ok(&o);
+    assert!(stderr(&o).contains("wrote 2 events"), "{}", stderr(&o));
+    let a: Value = serde_json::from_slice(&std::fs::read(&out_a).unwrap()).unwrap();
+    let xs = a["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .count();
+    assert_eq!(xs, 7);
+    let b: Value = serde_json::from_slice(&std::fs::read(&out_b).unwrap()).unwrap();
+    assert!(b["traceEvents"].is_array());
+    // To standard output.
+    let o = run(&["timeline", "-", "-o", "-"], Some(&f.bytes));
+    ok(&o);
+    let c: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(c, a);
+}
+
+#[test]
+fn tensor_export_on_both_sources_reads_back() {
+    let f = fixture();
+    let o = run(&["tensors", "-"], Some(&f.bytes));
+    ok(&o);
+    assert!(stdout(&o).contains("device output"));
+    for src in [s(&f.trace), "-"] {
+        let out = f.dir.join("a.npy");
+        let _ = std::fs::remove_file(&out);
+        let o = run(&["tensor", src, "a", "-o", s(&out)], Some(&f.bytes));
+        ok(&o);
+        let npy = npyz::NpyFile::new(std::io::Cursor::new(std::fs::read(&out).unwrap())).unwrap();
+        assert_eq!(npy.shape(), &[2, 3]);
+        let v: Vec<half::f16> = npy.into_vec().unwrap();
+        let got: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+        assert_eq!(got, testutil::A_F16);
+    }
+    let out = f.dir.join("b.npy");
+    let o = run(
+        &["tensor", s(&f.trace), "b", "-o", s(&out), "--bf16", "bits"],
+        None,
+    );
+    ok(&o);
+    let npy = npyz::NpyFile::new(std::io::Cursor::new(std::fs::read(&out).unwrap())).unwrap();
+    let bits: Vec<u16> = npy.into_vec().unwrap();
+    assert_eq!(bits.len(), 4);
+    // An output tensor has no data in the trace.
+    let o = run(
+        &["tensor", s(&f.trace), "c", "-o", s(&f.dir.join("c.npy"))],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no host data"), "{}", stderr(&o));
+    assert!(!f.dir.join("c.npy").exists());
+}
+
+/// A run of the sample benchmark with a given seed: input data and every
+/// data fingerprint depend on it, timing does not.
+fn seeded(seed: u64, out: &str) -> Vec<u8> {
+    let mut meta: Meta = testutil::sample_meta();
+    meta.seed = seed;
+    meta.params[1].1 = seed.to_string();
+    meta.command_line.push(format!("--seed={seed}"));
+    meta.command_line.push(format!("-o={out}"));
+    let mut tensors = testutil::sample_tensors();
+    for t in &mut tensors {
+        t.2[0] ^= seed as u8;
+    }
+    let ops: Vec<testutil::Op> = testutil::sample_ops()
+        .into_iter()
+        .map(|mut op| {
+            let r: &mut Record = &mut op.rec;
+            if let Some(fp) = r.fingerprint.as_mut() {
+                *fp = kb_format::fingerprint(&[*fp as u8, seed as u8]);
+            }
+            op
+        })
+        .collect();
+    testutil::build(&meta, &tensors, &ops, &testutil::sample_verify())
+}
+
+#[test]
+fn diff_exit_codes_and_first_divergent_op() {
+    let f = fixture();
+    let a = f.dir.join("a.kbt");
+    let a2 = f.dir.join("a2.kbt");
+    let b = f.dir.join("b.kbt");
+    // Two runs of the same input (only the output path differs).
+    let mut run_a = seeded(1, "a.kbt");
+    std::fs::write(&a, &run_a).unwrap();
+    std::fs::write(&a2, seeded(1, "a2.kbt")).unwrap();
+    std::fs::write(&b, seeded(2, "b.kbt")).unwrap();
+    let o = run(&["diff", s(&a), s(&a2)], None);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("result: identical"));
+    // One side on standard input.
+    let o = run(&["diff", "-", s(&a2)], Some(&run_a));
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    // Different seeds.
+    let o = run(&["diff", s(&a), s(&b)], None);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("  seed: 1 -> 2"), "{text}");
+    assert!(
+        text.contains("first divergent op by data fingerprint: op 0 (record #0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("first divergent op by timing: none"),
+        "{text}"
+    );
+    let o = run(
+        &["diff", s(&a), "-", "--format", "json"],
+        Some(&seeded(2, "x")),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["identical"], false);
+    assert_eq!(v["first_data_divergence"]["op_id"], 0);
+    assert!(v["first_data_divergence"]["a"]["fingerprint"].is_string());
+    assert!(v["first_data_divergence"]["b"]["fingerprint"].is_string());
+    // Both on standard input: an error.
+    let o = run(&["diff", "-", "-"], Some(&run_a));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("standard input"));
+    // A damaged side: an error, not a difference.
+    let n = run_a.len();
+    run_a[n / 2] ^= 0xff;
+    std::fs::write(&a, &run_a).unwrap();
+    let o = run(&["diff", s(&a), s(&b)], None);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+}
+
+/// Every command, on a file and on stdin, exits 2 with kb-format's message
+/// on a truncated or corrupted trace, and never panics.
+#[test]
+fn damaged_traces_exit_2_for_every_command() {
+    let f = fixture();
+    let good = f.dir.join("good.kbt");
+    std::fs::write(&good, &f.bytes).unwrap();
+    let out = f.dir.join("out");
+    let outs = s(&out);
+    let cmds: Vec<Vec<&str>> = vec![
+        vec!["summary"],
+        vec!["ops"],
+        vec!["ops", "--limit", "1"],
+        vec!["stats"],
+        vec!["timeline", "-o", outs],
+        vec!["tensors"],
+        vec!["tensor", "a", "-o", outs],
+    ];
+    for (what, bytes) in testutil::damaged(&f.bytes) {
+        let bad = f.dir.join("bad.kbt");
+        std::fs::write(&bad, &bytes).unwrap();
+        for cmd in &cmds {
+            for src in [s(&bad), "-"] {
+                let mut args = vec![cmd[0], src];
+                args.extend_from_slice(&cmd[1..]);
+                let o = run(&args, Some(&bytes));
+                let err = stderr(&o);
+                assert_eq!(
+                    o.status.code(),
+                    Some(2),
+                    "{what}: {args:?} succeeded:\n{}",
+                    stdout(&o)
+                );
+                assert!(!err.contains("panicked"), "{what}: {args:?}: {err}");
+                let name = if src == "-" { "<stdin>" } else { s(&bad) };
+                assert!(
+                    err.starts_with(&format!("kb-inspect: {name}: ")),
+                    "{what}: {args:?}: {err}"
+                );
+            }
+        }
+        for (x, y) in [(s(&bad), s(&good)), (s(&good), "-")] {
+            let o = run(&["diff", x, y], Some(&bytes));
+            assert_eq!(o.status.code(), Some(2), "{what}: diff {x} {y}");
+            assert!(!stderr(&o).contains("panicked"));
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_and_missing_files_exit_2() {
+    let f = fixture();
+    for args in [
+        vec!["ops", s(&f.trace), "--kind", "dma"],
+        vec!["ops", s(&f.trace), "--from", "-3"],
+        vec!["ops", s(&f.trace), "--component", "["],
+        vec!["ops", s(&f.trace), "--from", "5", "--to", "1"],
+        vec!["stats", s(&f.trace), "--by", "colour"],
+        vec!["summary"],
+        vec!["summary", "/nonexistent/trace.kbt"],
+        vec!["tensor", s(&f.trace), "zz", "-o", "/tmp/x.npy"],
+        vec!["timeline", s(&f.trace), "-o", "/nonexistent/dir/t.json"],
+        vec!["frobnicate"],
+    ] {
+        let o = run(&args, None);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+        assert!(!stderr(&o).is_empty());
+    }
+    let o = run(&["--help"], None);
+    ok(&o);
+    assert!(stdout(&o).contains("Exit codes:"));
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 4's comparisons, side by side in one run:
+#  - handshake round trip: kb-sim's executors vs greenlet's switch;
+#  - kernel ops/s: kb-sim vs the SimPy + greenlet peer
+#    (shared/peer/simpy_greenlet_ref.py) on the same workload shape
+#    (64 PEs x 200 iterations of load 128x128 f16 -> dot -> store).
+# Installs simpy, greenlet and numpy into a private virtualenv (PyPI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+peer=${KB_PEER:-../shared/peer/simpy_greenlet_ref.py}
+venv=${KB_PEER_VENV:-target/peer-venv}
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q simpy greenlet numpy
+fi
+py="$venv/bin/python"
+
+greenlet_ns=$("$py" - <<'PY'
+import time
+from greenlet import greenlet
+main = greenlet.getcurrent()
+def child(x):
+    while True:
+        x = main.switch(x + 1)
+g = greenlet(child)
+v = g.switch(0)
+samples = []
+for _ in range(7):
+    n = 200_000
+    t = time.perf_counter()
+    for _ in range(n):
+        v = g.switch(v)
+    samples.append((time.perf_counter() - t) / n * 1e9)
+samples.sort()
+print(f"{samples[3]:.1f}")
+PY
+)
+echo "greenlet switch round trip: ${greenlet_ns} ns (median of 7 x 200000)"
+
+peer_out=$("$py" "$peer" 64 200)
+echo "$peer_out" | sed 's/^/peer: /'
+peer_ops=$(echo "$peer_out" | sed -n 's/.*kernel_ops_per_s=\([0-9]*\).*/\1/p')
+
+ours=$(cargo bench -q -p kb-sim --bench kernels 2>/dev/null)
+echo "$ours"
+co_ns=$(echo "$ours" | sed -n 's/handshake round trip, Coroutine executor: \([0-9.]*\) ns.*/\1/p')
+th_ns=$(echo "$ours" | sed -n 's/handshake round trip, Thread executor: \([0-9.]*\) ns.*/\1/p')
+co_ops=$(echo "$ours" | sed -n 's/.*Coroutine: .*kernel_ops_per_s=\([0-9]*\).*/\1/p')
+th_ops=$(echo "$ours" | sed -n 's/.*Thread: .*kernel_ops_per_s=\([0-9]*\).*/\1/p')
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+awk -v g="$greenlet_ns" -v c="$co_ns" -v t="$th_ns" -v p="$peer_ops" -v co="$co_ops" -v th="$th_ops" 'BEGIN {
+  printf "handshake: coroutine %.1f ns = %.3f x greenlet; thread %.1f ns = %.2f x greenlet (lower is better)\n", c, c / g, t, t / g
+  printf "kernel ops/s vs peer: coroutine %.1f x, thread %.2f x\n", co / p, th / p
+}'
