@@ -1,0 +1,173 @@
+//! kb-inspect on real traces from every built-in benchmark, from a file
+//! and from stdin; diff across runs and seeds; kernel failures via the CLI.
+
+use kb_e2e::*;
+
+fn benches() -> Vec<String> {
+    let list = run("kb-sim", &["list"], b"");
+    String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
+
+fn trace(bench: &str, seed: &str) -> Vec<u8> {
+    let o = run(
+        "kb-sim",
+        &["-q", "-t", "small", "-b", bench, "--seed", seed, "-o", "-"],
+        b"",
+    );
+    assert!(o.status.success(), "{bench}: {}", stderr(&o));
+    o.stdout
+}
+
+#[test]
+fn every_command_works_on_every_benchmark_from_file_and_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    for bench in benches() {
+        let bytes = trace(&bench, "1");
+        let path = dir.path().join(format!("{bench}.kbt"));
+        std::fs::write(&path, &bytes).unwrap();
+        let p = path.to_str().unwrap();
+        let json = dir.path().join("t.json");
+        let j = json.to_str().unwrap();
+        for src in [p, "-"] {
+            let stdin: &[u8] = if src == "-" { &bytes } else { b"" };
+            let cmds: Vec<Vec<&str>> = vec![
+                vec!["summary", src],
+                vec!["ops", src, "--limit", "5", "--format", "json"],
+                vec!["ops", src, "--component", "*pe_dma", "--format", "csv"],
+                vec!["stats", src, "--by", "op_name"],
+                vec!["timeline", src, "-o", j],
+                vec!["tensors", src],
+            ];
+            for args in cmds {
+                let o = run("kb-inspect", &args, stdin);
+                assert_eq!(o.status.code(), Some(0), "{bench} {args:?}: {}", stderr(&o));
+                assert!(
+                    !o.stdout.is_empty() || args[0] == "timeline",
+                    "{bench} {args:?}: no output"
+                );
+            }
+            let timeline = std::fs::read_to_string(&json).unwrap();
+            assert!(
+                timeline.contains("\"traceEvents\"") || timeline.starts_with('['),
+                "{bench}: {}",
+                &timeline[..80.min(timeline.len())]
+            );
+        }
+        let summary =
+            String::from_utf8_lossy(&run("kb-inspect", &["summary", p], b"").stdout).into_owned();
+        assert!(
+            summary.contains(&bench) && summary.contains("small"),
+            "{summary}"
+        );
+    }
+}
+
+#[test]
+fn diff_of_same_input_is_0_and_of_another_seed_is_1_naming_the_op() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<String> = ["1", "1", "2"]
+        .iter()
+        .enumerate()
+        .map(|(i, seed)| {
+            let p = dir.path().join(format!("{i}.kbt"));
+            std::fs::write(&p, trace("gemm", seed)).unwrap();
+            p.to_str().unwrap().to_string()
+        })
+        .collect();
+    let same = run("kb-inspect", &["diff", &paths[0], &paths[1]], b"");
+    assert_eq!(same.status.code(), Some(0), "{}", stderr(&same));
+    let other = run("kb-inspect", &["diff", &paths[0], &paths[2]], b"");
+    assert_eq!(other.status.code(), Some(1), "{}", stderr(&other));
+    let text = String::from_utf8_lossy(&other.stdout);
+    assert!(
+        text.contains("op 0") || text.contains("op_id"),
+        "the first divergent op is named: {text}"
+    );
+    let json = run(
+        "kb-inspect",
+        &["diff", &paths[0], &paths[2], "--format", "json"],
+        b"",
+    );
+    assert_eq!(json.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&json.stdout)
+            .trim_start()
+            .starts_with('{')
+    );
+}
+
+#[test]
+fn a_kernel_out_of_tcm_exits_2_naming_pe_and_sizes() {
+    // One 8 x 65536 f32 block (2 MiB) cannot fit small's 1 MiB TCM.
+    let o = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "small",
+            "-b",
+            "softmax",
+            "-p",
+            "rows=32",
+            "-p",
+            "cols=65536",
+            "-o",
+            "-",
+        ],
+        b"",
+    );
+    assert_clean_error(&o, "out of TCM");
+    let e = stderr(&o);
+    assert!(
+        e.contains("out of TCM") && e.contains("sip0.cube0.pe") && e.contains("2097152-byte tile"),
+        "{e}"
+    );
+    assert!(e.contains("kernel softmax[") && e.contains(" ns"), "{e}");
+}
+
+#[test]
+fn both_executors_give_identical_trace_bytes_from_the_cli() {
+    let a = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "small",
+            "-b",
+            "gemm_tiled",
+            "--executor",
+            "coroutine",
+            "-o",
+            "-",
+        ],
+        b"",
+    );
+    let b = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "small",
+            "-b",
+            "gemm_tiled",
+            "--executor",
+            "thread",
+            "-o",
+            "-",
+        ],
+        b"",
+    );
+    assert!(a.status.success() && b.status.success());
+    // The recorded command lines differ, so compare the op logs.
+    let (ra, rb) = (
+        run("kb-inspect", &["ops", "-", "--format", "jsonl"], &a.stdout),
+        run("kb-inspect", &["ops", "-", "--format", "jsonl"], &b.stdout),
+    );
+    assert!(ra.status.success() && !ra.stdout.is_empty());
+    assert!(ra.stdout == rb.stdout, "the executors logged different ops");
+}
