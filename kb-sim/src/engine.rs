@@ -47,7 +47,7 @@ pub enum SimError {
     },
     #[error("writing the trace: {0}")]
     Trace(#[from] kb_format::FormatError),
-    #[error("simulation stalled at {time_ns} ns with unfinished kernels: {pes}")]
+    #[error("deadlock at {time_ns} ns: no events left, but {pes}")]
     Stalled { time_ns: f64, pes: String },
 }
 
@@ -458,7 +458,18 @@ impl<'m, W: Write> Engine<'m, W> {
             .iter()
             .enumerate()
             .filter(|(_, s)| !s.finished)
-            .map(|(i, s)| format!("{} (waiting on {:?})", self.m.pe_coord(i), s.waiting))
+            .map(|(i, s)| {
+                let what = match s.waiting {
+                    Wait::Cmd(CmdRef(op)) => format!("op {op}, which will never wake it"),
+                    Wait::All => format!("all of its {} outstanding ops", s.outstanding),
+                    Wait::Nothing => "nothing (it was never resumed)".to_string(),
+                };
+                format!(
+                    "kernel {} on {} waits for {what}",
+                    self.programs[i].name(),
+                    self.m.pe_coord(i)
+                )
+            })
             .collect();
         if !stuck.is_empty() {
             return Err(SimError::Stalled {

@@ -135,3 +135,62 @@ fn a_store_is_visible_to_the_next_load() {
         run_kernel(store_then_load, ex).unwrap();
     }
 }
+
+#[test]
+fn a_deadlock_names_each_blocked_kernel_and_what_it_waits_for() {
+    use kb_format::{Addr, Space};
+    use kb_sim::machine::PeCoord;
+    use kb_sim::program::{Command, DmaCmd, Script};
+    let m = Machine::build(&Topology::load("small").unwrap());
+    let rt = Runtime::new(&m);
+    let pa = |space, pe: u32| {
+        kb_format::pa::Pa {
+            space,
+            sip: 0,
+            cube: 0,
+            pe,
+            offset: 0,
+        }
+        .encode()
+        .unwrap()
+    };
+    let load = DmaCmd {
+        src: Addr {
+            space: Space::Hbm,
+            addr: pa(Space::Hbm, 0),
+        },
+        dst: Addr {
+            space: Space::Tcm,
+            addr: pa(Space::Tcm, 0),
+        },
+        rows: 1,
+        row_bytes: 64,
+        src_stride: 64,
+        dst_stride: 64,
+        dtype: None,
+        label: None,
+    };
+    // PE0 issues op 0; PE1 waits on it, but completions wake only their
+    // own PE, so PE1 waits forever.
+    let mut programs: Vec<Box<dyn PeProgram>> = vec![
+        Box::new(Script::new(vec![Command::Dma(load)])),
+        Box::new(Script::new(vec![Command::WaitOp(0)])),
+    ];
+    programs.extend((2..4).map(|_| Box::new(Script::new(vec![])) as Box<dyn PeProgram>));
+    let writer = TraceWriter::new(Vec::new(), &Meta::default()).unwrap();
+    let e = Engine::new(&m, writer, &rt.tensors, programs)
+        .run()
+        .unwrap_err()
+        .to_string();
+    let pe1 = PeCoord {
+        sip: 0,
+        cube: 0,
+        pe: 1,
+    };
+    assert!(e.starts_with("deadlock at "), "{e}");
+    assert!(
+        e.contains(&format!("kernel script on {pe1} waits for op 0")),
+        "{e}"
+    );
+    assert!(!e.contains("pe0"), "PE0 finished: {e}");
+}
