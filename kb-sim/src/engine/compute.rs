@@ -1,0 +1,289 @@
+//! Compute units (pe_gemm, pe_math): issuing GEMM and math ops, their
+//! in-order unit queues, producer -> consumer readiness, completion.
+//! Data effects of a compute op are applied at issue (its output becomes
+//! pending); only timing happens here afterwards.
+
+use std::collections::VecDeque;
+use std::io::Write;
+
+use kb_format::pa::Pa;
+use kb_format::{Dtype, Effect, Extent, GemmParams, MathInput, MathParams, Ps, Space};
+
+use super::dma::DmaAct;
+use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, ns};
+use crate::event::ns_to_ps;
+use crate::machine::{NodeId, NodeKind, PeCoord};
+use crate::program::{DataOp, Labeled};
+
+/// Something waiting for a compute op's result.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Waiter {
+    Compute(u32),
+    DmaFetch(u32),
+}
+
+/// A GEMM or math op between issue and completion. Its data effects were
+/// applied at issue; the unit's timing follows.
+#[derive(Debug)]
+pub(super) struct Compute {
+    pub(super) pe: u32,
+    pub(super) op_id: u64,
+    pub(super) op: ComputeOp,
+    pub(super) unit: NodeId,
+    pub(super) work_ps: Ps,
+    pub(super) read: Option<Effect>,
+    pub(super) write: Option<Effect>,
+    pub(super) out_pa: u64,
+    pub(super) deps: Vec<u64>,
+    /// Producers not yet finished.
+    pub(super) waiting_on: u32,
+    pub(super) dependents: Vec<Waiter>,
+    pub(super) open: Option<OpenOp>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) enum ComputeOp {
+    Gemm(Labeled<GemmParams>),
+    Math(Labeled<MathParams>),
+}
+
+impl ComputeOp {
+    pub(super) fn decl(&self) -> &dyn DataOp {
+        match self {
+            ComputeOp::Gemm(g) => g,
+            ComputeOp::Math(m) => m,
+        }
+    }
+}
+
+/// Who last wrote a TCM tile (by base address): a compute op still
+/// running (its slab index) or finished.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Producer {
+    pub(super) op_id: u64,
+    pub(super) running: Option<u32>,
+}
+
+/// A serial compute unit (pe_gemm, pe_math): ops start in issue order.
+#[derive(Debug, Default)]
+pub(super) struct UnitQueue {
+    pub(super) busy: bool,
+    pub(super) queue: VecDeque<u32>,
+}
+
+impl<W: Write> Engine<'_, W> {
+    /// Issue a GEMM or math op: apply its data effects now (its output
+    /// becomes pending), then send it to its unit.
+    pub(super) fn issue_compute(
+        &mut self,
+        pc: PeCoord,
+        pe: u32,
+        op: ComputeOp,
+    ) -> Result<u64, SimError> {
+        let now = self.q.now();
+        let err = |message: String| SimError::Kernel {
+            pe: pc,
+            time_ns: ns(now),
+            message,
+        };
+        let t = &self.m.topo;
+        let tile = |a: kb_format::Addr, rows: u32, cols: u32, d: Dtype| {
+            Extent::contiguous(a.addr, rows as u64 * cols as u64 * d.size() as u64)
+        };
+        let (inputs, out, unit_kind, work_ps) = match &op {
+            ComputeOp::Gemm(Labeled { op: g, .. }) => {
+                let (ar, ac) = if g.transpose_a {
+                    (g.k, g.m)
+                } else {
+                    (g.m, g.k)
+                };
+                let (br, bc) = if g.transpose_b {
+                    (g.n, g.k)
+                } else {
+                    (g.k, g.n)
+                };
+                let mut inputs = vec![tile(g.a, ar, ac, g.dtype_in), tile(g.b, br, bc, g.dtype_in)];
+                if let Some(acc) = g.acc {
+                    inputs.push(tile(acc, g.m, g.n, g.dtype_acc));
+                }
+                let tflops = rate(&t.pe_gemm.tflops, g.dtype_in);
+                let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64;
+                let ps = (flops / tflops).ceil() as Ps + ns_to_ps(t.pe_gemm.setup_ns.0);
+                (
+                    inputs,
+                    tile(g.out, g.m, g.n, g.dtype_out),
+                    NodeKind::PeGemm,
+                    ps,
+                )
+            }
+            ComputeOp::Math(Labeled { op: m, .. }) => {
+                let mut inputs = Vec::new();
+                let mut elems = m.rows as u64 * m.cols as u64;
+                for i in &m.inputs {
+                    if let MathInput::Tile {
+                        addr,
+                        rows,
+                        cols,
+                        dtype,
+                    } = *i
+                    {
+                        inputs.push(tile(addr, rows, cols, dtype));
+                        elems = elems.max(rows as u64 * cols as u64);
+                    }
+                }
+                let gflops = rate(&t.pe_math.gflops, m.dtype);
+                let ps =
+                    (elems as f64 * 1000.0 / gflops).ceil() as Ps + ns_to_ps(t.pe_math.setup_ns.0);
+                (
+                    inputs,
+                    tile(m.out, m.rows, m.cols, m.dtype),
+                    NodeKind::PeMath,
+                    ps,
+                )
+            }
+        };
+        for x in inputs.iter().chain([&out]) {
+            match Pa::decode(x.pa) {
+                Some(p)
+                    if p.space == Space::Tcm
+                        && (p.sip, p.cube, p.pe) == (pc.sip, pc.cube, pc.pe) => {}
+                _ => {
+                    return Err(err(format!(
+                        "{} operand {:#x} is not in this PE's TCM",
+                        op.decl().op_name(),
+                        x.pa
+                    )));
+                }
+            }
+        }
+        let op_id = self.new_op_id();
+        let mut deps = Vec::new();
+        let mut waiting_on = Vec::new();
+        for x in &inputs {
+            if let Some(p) = self.producers.get(&x.pa).copied() {
+                if !deps.contains(&p.op_id) {
+                    deps.push(p.op_id);
+                }
+                if let Some(c) = p.running
+                    && !waiting_on.contains(&c)
+                {
+                    waiting_on.push(c);
+                }
+            }
+        }
+        let read = self.effect(inputs);
+        let write = self.effect(vec![out]);
+        self.data.mark_pending(out.pa, out.len, op_id);
+        let unit = self.m.pe_node(pc, unit_kind);
+        let c = self.computes.insert(Compute {
+            pe,
+            op_id,
+            op,
+            unit,
+            work_ps,
+            read: Some(read),
+            write: Some(write),
+            out_pa: out.pa,
+            deps,
+            waiting_on: waiting_on.len() as u32,
+            dependents: Vec::new(),
+            open: None,
+        });
+        for p in waiting_on {
+            self.computes.get(p).dependents.push(Waiter::Compute(c));
+        }
+        self.producers.insert(
+            out.pa,
+            Producer {
+                op_id,
+                running: Some(c),
+            },
+        );
+        self.pes[pe as usize].outstanding += 1;
+        self.in_flight.insert(op_id);
+        let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        self.send(cpu, unit, CONTROL_BYTES, Arrive::ComputeAtUnit(c));
+        Ok(op_id)
+    }
+
+    /// Start the next op on a compute unit if it is idle and the op's
+    /// inputs are ready.
+    pub(super) fn try_start(&mut self, unit: NodeId) {
+        let u = &mut self.units[unit as usize];
+        if u.busy {
+            return;
+        }
+        let Some(&c) = u.queue.front() else { return };
+        if self.computes.get(c).waiting_on > 0 {
+            return;
+        }
+        u.queue.pop_front();
+        u.busy = true;
+        let (op, op_id, work) = {
+            let x = self.computes.get(c);
+            (x.op.clone(), x.op_id, x.work_ps)
+        };
+        let open = self.hook_start(unit, op.decl(), op_id);
+        self.computes.get(c).open = Some(open);
+        let end = self.q.now() + work;
+        self.at(end, Act::ComputeEnd(c));
+    }
+
+    pub(super) fn finish_compute(&mut self, c: u32) -> Result<(), SimError> {
+        let x = self.computes.remove(c);
+        self.hook_end_with_deps(
+            x.open.expect("started"),
+            x.op.decl(),
+            None,
+            x.read,
+            x.write,
+            x.deps,
+        )?;
+        if let Some(p) = self.producers.get_mut(&x.out_pa)
+            && p.running == Some(c)
+        {
+            p.running = None;
+        }
+        self.units[x.unit as usize].busy = false;
+        for w in x.dependents {
+            match w {
+                Waiter::Compute(d) => {
+                    let dep = self.computes.get(d);
+                    dep.waiting_on -= 1;
+                    let unit = dep.unit;
+                    self.try_start(unit);
+                }
+                Waiter::DmaFetch(d) => self.at(self.q.now(), DmaAct::Fetch(d)),
+            }
+        }
+        self.try_start(x.unit);
+        let pc = self.m.pe_coord(x.pe as usize);
+        let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        self.send(
+            x.unit,
+            cpu,
+            CONTROL_BYTES,
+            Arrive::CmdDoneAtCpu {
+                pe: x.pe,
+                cmd: CmdRef(x.op_id),
+            },
+        );
+        Ok(())
+    }
+
+    pub(super) fn compute_arrive(&mut self, c: u32) {
+        let unit = self.computes.get(c).unit;
+        self.units[unit as usize].queue.push_back(c);
+        self.try_start(unit);
+    }
+}
+
+/// Throughput of a unit for `dtype` (TFLOP/s or GFLOP/s, per the table).
+fn rate(t: &crate::topology::PerDtype, dtype: Dtype) -> f64 {
+    match dtype {
+        Dtype::F32 | Dtype::I32 => t.f32.0,
+        Dtype::F16 => t.f16.0,
+        Dtype::Bf16 => t.bf16.0,
+        Dtype::I8 | Dtype::U8 => t.i8.0,
+    }
+}

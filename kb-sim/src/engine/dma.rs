@@ -1,0 +1,513 @@
+//! PE_DMA: 2-D transfers between HBM and TCM.
+//!
+//! At issue, each side of a command is resolved to physical pieces in data
+//! order (the address model's job: identity for PA), and the pieces are
+//! grouped by the node that serves them (this PE's TCM, a cube's
+//! hbm_ctrl). Each group is one part: parts are requested and served in
+//! parallel. The source is read once every part has been served (one read
+//! effect), the destination written once every part has been delivered
+//! (one write effect), so a record keeps one read and one write.
+
+use std::collections::VecDeque;
+use std::io::Write;
+
+use kb_format::pa::Pa;
+use kb_format::{Addr, Effect, Extent, Space};
+
+use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, Wait, ns};
+use crate::component::Request;
+use crate::machine::{NodeId, NodeKind, PeCoord};
+use crate::program::DmaCmd;
+
+/// DMA message arrivals.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum DmaArrive {
+    CmdAtDma(u32),
+    ReqAtTarget { dma: u32, group: u32 },
+    DataAtDma(u32),
+    DataAtTarget { dma: u32, group: u32 },
+    AckAtDma(u32),
+}
+
+/// DMA protocol steps.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum DmaAct {
+    Begin(u32),
+    Fetch(u32),
+    SrcPartDone(u32),
+    SrcRead(u32),
+    Deliver(u32),
+    DstPartDone(u32),
+    DstWrite(u32),
+    Finish(u32),
+}
+
+impl From<DmaArrive> for Arrive {
+    fn from(a: DmaArrive) -> Arrive {
+        Arrive::Dma(a)
+    }
+}
+
+impl From<DmaAct> for Act {
+    fn from(a: DmaAct) -> Act {
+        Act::Dma(a)
+    }
+}
+
+/// Physical pieces of one side served by one node.
+#[derive(Debug)]
+pub(super) struct Group {
+    target: NodeId,
+    /// Served by this PE's own TCM: no fabric messages.
+    local: bool,
+    pieces: Vec<Extent>,
+    bytes: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Dma {
+    pub(super) pe: u32,
+    pub(super) op_id: u64,
+    cmd: DmaCmd,
+    src: Vec<Group>,
+    dst: Vec<Group>,
+    /// Parts of the current phase not yet done.
+    left: u32,
+    /// A store: data effects were applied at issue; the transfer is timing only.
+    at_issue: bool,
+    op: Option<OpenOp>,
+    data: Vec<u8>,
+    fingerprint: Option<u64>,
+    read: Option<Effect>,
+    write: Option<Effect>,
+}
+
+/// DMA engines of one PE: up to `engines` commands in service, the rest
+/// queued in arrival order.
+#[derive(Debug)]
+pub(super) struct DmaEngines {
+    pub(super) idle: u32,
+    pub(super) waiting: VecDeque<u32>,
+}
+
+fn pieces_of(groups: &[Group]) -> Vec<Extent> {
+    groups
+        .iter()
+        .flat_map(|g| g.pieces.iter().copied())
+        .collect()
+}
+
+impl<W: Write> Engine<'_, W> {
+    fn kernel_err(&self, pe: PeCoord, message: String) -> SimError {
+        SimError::Kernel {
+            pe,
+            time_ns: ns(self.q.now()),
+            message,
+        }
+    }
+
+    /// Resolve `rows` x `row_bytes` at `a` (rows `stride` apart) to physical
+    /// pieces in data order, under the topology's address model.
+    fn resolve(
+        &self,
+        pe: PeCoord,
+        side: &str,
+        a: Addr,
+        rows: u32,
+        row_bytes: u64,
+        stride: u64,
+    ) -> Result<Vec<Extent>, String> {
+        if rows > 1 && stride < row_bytes {
+            return Err(format!(
+                "DMA {side} stride {stride} is below the row size {row_bytes}"
+            ));
+        }
+        let p = Pa::decode(a.addr)
+            .ok_or_else(|| format!("DMA {side} {:#x} is not a device PA", a.addr))?;
+        self.check_pa(pe, side, a.space, p)?;
+        Ok(vec![Extent {
+            pa: a.addr,
+            len: row_bytes,
+            rows,
+            stride: if rows > 1 { stride } else { 0 },
+        }])
+    }
+
+    fn check_pa(&self, pe: PeCoord, side: &str, space: Space, p: Pa) -> Result<(), String> {
+        let c = self.m.topo.counts;
+        if p.space != space {
+            return Err(format!(
+                "DMA {side} {p} is in {}, not {}",
+                p.space.name(),
+                space.name()
+            ));
+        }
+        if p.sip >= c.sips || p.cube >= c.cubes_per_sip || p.pe >= c.pes_per_cube {
+            return Err(format!("DMA {side} {p} is outside the machine"));
+        }
+        if p.space == Space::Tcm && (p.sip, p.cube, p.pe) != (pe.sip, pe.cube, pe.pe) {
+            return Err(format!("DMA {side} {p} is another PE's TCM"));
+        }
+        if !matches!(p.space, Space::Tcm | Space::Hbm) {
+            return Err(format!(
+                "DMA {side} space {} is not supported yet",
+                p.space.name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Group pieces by serving node, in order of first appearance.
+    fn group(&self, pe: PeCoord, pieces: Vec<Extent>) -> Vec<Group> {
+        let mut groups: Vec<Group> = Vec::new();
+        for x in pieces {
+            let p = Pa::decode(x.pa).expect("resolved pieces are PAs");
+            let target = match p.space {
+                Space::Tcm => self.m.pe_node(pe, NodeKind::Tcm),
+                _ => self.m.cube_node(p.sip, p.cube, NodeKind::HbmCtrl),
+            };
+            match groups.iter_mut().find(|g| g.target == target) {
+                Some(g) => {
+                    g.bytes += x.bytes();
+                    g.pieces.push(x);
+                }
+                None => groups.push(Group {
+                    target,
+                    local: p.space == Space::Tcm,
+                    bytes: x.bytes(),
+                    pieces: vec![x],
+                }),
+            }
+        }
+        groups
+    }
+
+    /// Issue a DMA; a store applies its data effects now. Returns its op id.
+    pub(super) fn issue_dma(
+        &mut self,
+        pc: PeCoord,
+        pe: u32,
+        c: DmaCmd,
+        store: bool,
+    ) -> Result<u64, SimError> {
+        let src = self.resolve(pc, "source", c.src, c.rows, c.row_bytes, c.src_stride);
+        let dst = self.resolve(pc, "destination", c.dst, c.rows, c.row_bytes, c.dst_stride);
+        let (src, dst) = match (src, dst) {
+            (Ok(s), Ok(d)) => (self.group(pc, s), self.group(pc, d)),
+            (Err(e), _) | (_, Err(e)) => return Err(self.kernel_err(pc, e)),
+        };
+        let op_id = self.new_op_id();
+        self.in_flight.insert(op_id);
+        let d = self.dmas.insert(Dma {
+            pe,
+            op_id,
+            cmd: c,
+            src,
+            dst,
+            left: 0,
+            at_issue: false,
+            op: None,
+            data: Vec::new(),
+            fingerprint: None,
+            read: None,
+            write: None,
+        });
+        if store {
+            self.apply_at_issue(d);
+        }
+        self.pes[pe as usize].outstanding += 1;
+        let (cpu, dma) = (
+            self.m.pe_node(pc, NodeKind::PeCpu),
+            self.m.pe_node(pc, NodeKind::PeDma),
+        );
+        self.send(cpu, dma, CONTROL_BYTES, DmaArrive::CmdAtDma(d));
+        Ok(op_id)
+    }
+
+    /// A store's read and write, at issue. Pending source bytes (a compute
+    /// result) make the destination pending, written by this store.
+    fn apply_at_issue(&mut self, d: u32) {
+        let (src, dst, op_id) = {
+            let x = self.dmas.get(d);
+            (pieces_of(&x.src), pieces_of(&x.dst), x.op_id)
+        };
+        let mut data = Vec::new();
+        let pending = src
+            .iter()
+            .any(|x| self.data.read_extent(x, &mut data).is_err());
+        let fingerprint = if pending {
+            for x in &dst {
+                self.data.mark_pending_extent(x, op_id);
+            }
+            None
+        } else {
+            self.scatter(&dst, &data);
+            Some(kb_format::fingerprint(&data))
+        };
+        let read = self.effect(src);
+        let write = self.effect(dst);
+        let x = self.dmas.get(d);
+        x.at_issue = true;
+        x.fingerprint = fingerprint;
+        x.read = Some(read);
+        x.write = Some(write);
+    }
+
+    fn scatter(&mut self, pieces: &[Extent], data: &[u8]) {
+        let mut at = 0;
+        for x in pieces {
+            at += self.data.write_extent(x, &data[at..]);
+        }
+    }
+
+    /// Serve one part (a group of the source or destination side) at its
+    /// node; returns when the last piece is done.
+    fn serve_part(&mut self, d: u32, src: bool, group: usize) -> kb_format::Ps {
+        let (target, pieces) = {
+            let x = self.dmas.get(d);
+            let g = if src { &x.src[group] } else { &x.dst[group] };
+            (g.target, g.pieces.clone())
+        };
+        let mut end = self.q.now();
+        for x in pieces {
+            let req = Request {
+                pa: x.pa,
+                row_bytes: x.len,
+                rows: x.rows,
+                stride: x.stride,
+            };
+            end = end.max(self.serve(target, req));
+        }
+        end
+    }
+
+    fn dma_node(&mut self, d: u32) -> (PeCoord, NodeId) {
+        let pe = self.m.pe_coord(self.dmas.get(d).pe as usize);
+        (pe, self.m.pe_node(pe, NodeKind::PeDma))
+    }
+
+    pub(super) fn dma_arrive(&mut self, a: DmaArrive) {
+        let now = self.q.now();
+        match a {
+            DmaArrive::CmdAtDma(d) => {
+                let pe = self.dmas.get(d).pe as usize;
+                let e = &mut self.engines[pe];
+                if e.idle > 0 {
+                    e.idle -= 1;
+                    self.at(now, DmaAct::Begin(d));
+                } else {
+                    e.waiting.push_back(d);
+                }
+            }
+            DmaArrive::ReqAtTarget { dma, group } => {
+                let end = self.serve_part(dma, true, group as usize);
+                self.at(end, DmaAct::SrcPartDone(dma));
+            }
+            DmaArrive::DataAtTarget { dma, group } => {
+                let end = self.serve_part(dma, false, group as usize);
+                self.at(end, DmaAct::DstPartDone(dma));
+            }
+            DmaArrive::DataAtDma(d) => self.part_done(d, DmaAct::Deliver(d)),
+            DmaArrive::AckAtDma(d) => self.part_done(d, DmaAct::Finish(d)),
+        }
+    }
+
+    /// One part of the current phase is done; start `next` after the last.
+    fn part_done(&mut self, d: u32, next: DmaAct) {
+        let x = self.dmas.get(d);
+        x.left -= 1;
+        if x.left == 0 {
+            self.at(self.q.now(), next);
+        }
+    }
+
+    pub(super) fn dma_act(&mut self, a: DmaAct) -> Result<(), SimError> {
+        let now = self.q.now();
+        match a {
+            DmaAct::Begin(d) => {
+                let (_, dma) = self.dma_node(d);
+                let (cmd, op_id) = {
+                    let x = self.dmas.get(d);
+                    (x.cmd, x.op_id)
+                };
+                let op = self.hook_start(dma, &cmd, op_id);
+                self.dmas.get(d).op = Some(op);
+                self.at(now + self.dma_setup_ps, DmaAct::Fetch(d));
+            }
+            DmaAct::Fetch(d) => {
+                // A store of a pending tile moves it once its producer is done.
+                let first = self
+                    .dmas
+                    .get(d)
+                    .src
+                    .first()
+                    .and_then(|g| g.pieces.first())
+                    .map(|x| x.pa);
+                if let Some(pa) = first
+                    && let Some(super::compute::Producer {
+                        running: Some(c), ..
+                    }) = self.producers.get(&pa).copied()
+                {
+                    self.computes
+                        .get(c)
+                        .dependents
+                        .push(super::compute::Waiter::DmaFetch(d));
+                    return Ok(());
+                }
+                let (_, dma) = self.dma_node(d);
+                let n = self.dmas.get(d).src.len();
+                self.dmas.get(d).left = n as u32;
+                for g in 0..n {
+                    let (local, target) = {
+                        let grp = &self.dmas.get(d).src[g];
+                        (grp.local, grp.target)
+                    };
+                    if local {
+                        let end = self.serve_part(d, true, g);
+                        self.at(end, DmaAct::SrcPartDone(d));
+                    } else {
+                        self.send(
+                            dma,
+                            target,
+                            CONTROL_BYTES,
+                            DmaArrive::ReqAtTarget {
+                                dma: d,
+                                group: g as u32,
+                            },
+                        );
+                    }
+                }
+            }
+            DmaAct::SrcPartDone(d) => self.part_done(d, DmaAct::SrcRead(d)),
+            DmaAct::SrcRead(d) => {
+                let (pe, dma) = self.dma_node(d);
+                if !self.dmas.get(d).at_issue {
+                    let src = pieces_of(&self.dmas.get(d).src);
+                    let mut data = Vec::new();
+                    for x in &src {
+                        if let Err(e) = self.data.read_extent(x, &mut data) {
+                            return Err(self.kernel_err(pe, format!("DMA read refused: {e}")));
+                        }
+                    }
+                    let read = self.effect(src);
+                    let x = self.dmas.get(d);
+                    x.fingerprint = Some(kb_format::fingerprint(&data));
+                    x.data = data;
+                    x.read = Some(read);
+                }
+                let remote: Vec<(NodeId, u64)> = self
+                    .dmas
+                    .get(d)
+                    .src
+                    .iter()
+                    .filter(|g| !g.local)
+                    .map(|g| (g.target, g.bytes))
+                    .collect();
+                self.dmas.get(d).left = remote.len() as u32;
+                if remote.is_empty() {
+                    self.at(now, DmaAct::Deliver(d));
+                }
+                for (target, bytes) in remote {
+                    self.send(target, dma, bytes, DmaArrive::DataAtDma(d));
+                }
+            }
+            DmaAct::Deliver(d) => {
+                let (_, dma) = self.dma_node(d);
+                let n = self.dmas.get(d).dst.len();
+                self.dmas.get(d).left = n as u32;
+                for g in 0..n {
+                    let (local, target, bytes) = {
+                        let grp = &self.dmas.get(d).dst[g];
+                        (grp.local, grp.target, grp.bytes)
+                    };
+                    if local {
+                        let end = self.serve_part(d, false, g);
+                        self.at(end, DmaAct::DstPartDone(d));
+                    } else {
+                        self.send(
+                            dma,
+                            target,
+                            bytes,
+                            DmaArrive::DataAtTarget {
+                                dma: d,
+                                group: g as u32,
+                            },
+                        );
+                    }
+                }
+            }
+            DmaAct::DstPartDone(d) => self.part_done(d, DmaAct::DstWrite(d)),
+            DmaAct::DstWrite(d) => {
+                let (_, dma) = self.dma_node(d);
+                let dst = pieces_of(&self.dmas.get(d).dst);
+                for x in &dst {
+                    if Pa::decode(x.pa).is_some_and(|p| p.space == Space::Tcm) {
+                        self.producers.remove(&x.pa);
+                    }
+                }
+                if !self.dmas.get(d).at_issue {
+                    let data = std::mem::take(&mut self.dmas.get(d).data);
+                    self.scatter(&dst, &data);
+                    self.dmas.get(d).data = data;
+                    let write = self.effect(dst);
+                    self.dmas.get(d).write = Some(write);
+                }
+                let remote: Vec<NodeId> = self
+                    .dmas
+                    .get(d)
+                    .dst
+                    .iter()
+                    .filter(|g| !g.local)
+                    .map(|g| g.target)
+                    .collect();
+                self.dmas.get(d).left = remote.len() as u32;
+                if remote.is_empty() {
+                    self.at(now, DmaAct::Finish(d));
+                }
+                for target in remote {
+                    self.send(target, dma, CONTROL_BYTES, DmaArrive::AckAtDma(d));
+                }
+            }
+            DmaAct::Finish(d) => {
+                let x = self.dmas.remove(d);
+                self.hook_end(
+                    x.op.expect("started"),
+                    &x.cmd,
+                    x.fingerprint,
+                    x.read,
+                    x.write,
+                )?;
+                let pe = x.pe as usize;
+                if x.cmd.dst.space == Space::Tcm {
+                    // A load: its bytes go to the kernel that waits on it,
+                    // now or later (an asynchronous load).
+                    if self.pes[pe].waiting == Wait::Cmd(CmdRef(x.op_id)) {
+                        self.replies[pe] = Some(x.data);
+                    } else {
+                        self.async_data.insert(x.op_id, x.data);
+                    }
+                }
+                let e = &mut self.engines[pe];
+                match e.waiting.pop_front() {
+                    Some(next) => self.at(now, DmaAct::Begin(next)),
+                    None => e.idle += 1,
+                }
+                let pc = self.m.pe_coord(pe);
+                let (dma, cpu) = (
+                    self.m.pe_node(pc, NodeKind::PeDma),
+                    self.m.pe_node(pc, NodeKind::PeCpu),
+                );
+                self.send(
+                    dma,
+                    cpu,
+                    CONTROL_BYTES,
+                    Arrive::CmdDoneAtCpu {
+                        pe: pe as u32,
+                        cmd: CmdRef(x.op_id),
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+}

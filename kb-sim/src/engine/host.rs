@@ -1,0 +1,317 @@
+//! The host runtime's timed protocols: deploying tensors (host -> pcie_ep
+//! -> io_cpu, then one write per shard to the cubes' HBM) and launching
+//! kernels behind a global start barrier stamped by io_cpu.
+
+use std::io::Write;
+
+use kb_format::pa;
+use kb_format::{Addr, Extent, MemoryParams, OpKind, Params, Ps, Space};
+
+use super::{Act, Arrive, CONTROL_BYTES, Engine, OpenOp, SimError};
+use crate::component::Request;
+use crate::event::ns_to_ps;
+use crate::machine::{NodeKind, PeCoord};
+use crate::program::DataOp;
+use crate::runtime::Tensor;
+
+/// Host-protocol message arrivals.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum HostArrive {
+    DeployAtIo { tensor: u32, sip: u32 },
+    HostWriteAtHbm(u32),
+    HostAck,
+    LaunchAtIo(u32),
+    LaunchAtMcpu { sip: u32, cube: u32, target: Ps },
+    LaunchAtPe { pe: u32, target: Ps },
+}
+
+/// Host-protocol steps.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum HostAct {
+    DeployFanout { tensor: u32, sip: u32 },
+    HostWriteDone(u32),
+    IoFanout { sip: u32, target: Ps },
+    McpuFanout { sip: u32, cube: u32, target: Ps },
+}
+
+impl From<HostArrive> for Arrive {
+    fn from(a: HostArrive) -> Arrive {
+        Arrive::Host(a)
+    }
+}
+
+impl From<HostAct> for Act {
+    fn from(a: HostAct) -> Act {
+        Act::Host(a)
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct HostWrite {
+    pub(super) tensor: u32,
+    pub(super) shard: u32,
+    pub(super) op: Option<OpenOp>,
+    pub(super) data: Vec<u8>,
+    pub(super) read: Option<kb_format::Effect>,
+}
+
+/// The host's write of one shard of a tensor into HBM.
+struct ShardWrite<'a> {
+    tensor: &'a Tensor,
+    shard: usize,
+}
+
+impl DataOp for ShardWrite<'_> {
+    fn op_name(&self) -> &'static str {
+        "host_write"
+    }
+
+    fn op_kind(&self) -> OpKind {
+        OpKind::Memory
+    }
+
+    fn params(&self) -> Params {
+        let s = &self.tensor.meta.shards[self.shard];
+        Params::Memory(MemoryParams {
+            src: Addr {
+                space: Space::Host,
+                addr: pa::host(self.tensor.id, s.tensor_offset),
+            },
+            dst: Addr {
+                space: Space::Hbm,
+                addr: s.pa,
+            },
+            rows: s.rows as u32,
+            row_bytes: s.row_bytes,
+            src_stride: s.tensor_row_stride,
+            dst_stride: s.row_bytes,
+            dtype: Some(self.tensor.meta.dtype),
+        })
+    }
+}
+
+impl<W: Write> Engine<'_, W> {
+    /// Deploy: per tensor and SIP, the host sends the SIP's data once over
+    /// PCIe to io_cpu, which fans it out as one write per shard to the
+    /// cubes' HBM.
+    pub(super) fn deploy(&mut self) {
+        let tensors = self.tensors;
+        for t in tensors.iter().filter(|t| t.data.is_some()) {
+            for sip in 0..self.m.topo.counts.sips {
+                let bytes: u64 = t
+                    .meta
+                    .shards
+                    .iter()
+                    .zip(&t.shard_pes)
+                    .filter(|(_, pe)| pe.sip == sip)
+                    .map(|(s, _)| s.rows * s.row_bytes)
+                    .sum();
+                if bytes > 0 {
+                    let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                    self.host_pending += 1;
+                    let unique = bytes.min(t.meta.nbytes());
+                    self.send(
+                        self.m.host(),
+                        io,
+                        unique,
+                        HostArrive::DeployAtIo { tensor: t.id, sip },
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn launch(&mut self) {
+        for sip in 0..self.m.topo.counts.sips {
+            let io = self.m.sip_node(sip, NodeKind::IoCpu);
+            self.send(
+                self.m.host(),
+                io,
+                CONTROL_BYTES,
+                HostArrive::LaunchAtIo(sip),
+            );
+        }
+    }
+
+    /// The latest any PE of `sip` can receive a launch stamped at io_cpu:
+    /// uncontended fan-out latency plus the m_cpu and pe_cpu handling.
+    fn launch_lead(&self, sip: u32) -> Ps {
+        let io = self.m.sip_node(sip, NodeKind::IoCpu);
+        let handle = ns_to_ps(self.m.topo.cpu.handle_ns.0);
+        self.m
+            .pes()
+            .filter(|p| p.sip == sip)
+            .map(|p| {
+                let mcpu = self.m.cube_node(sip, p.cube, NodeKind::MCpu);
+                let cpu = self.m.pe_node(p, NodeKind::PeCpu);
+                self.m
+                    .uncontended_ps(&self.m.route(io, mcpu), CONTROL_BYTES)
+                    + self
+                        .m
+                        .uncontended_ps(&self.m.route(mcpu, cpu), CONTROL_BYTES)
+                    + 2 * handle
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub(super) fn host_arrive(&mut self, then: HostArrive) -> Result<(), SimError> {
+        match then {
+            HostArrive::DeployAtIo { tensor, sip } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let end = self.serve(io, Request::control());
+                self.at(end, HostAct::DeployFanout { tensor, sip });
+            }
+            HostArrive::HostWriteAtHbm(job) => {
+                let (tensor, shard) = {
+                    let j = self.host_writes.get(job);
+                    (j.tensor, j.shard)
+                };
+                let tensors = self.tensors;
+                let t = &tensors[tensor as usize];
+                let s = t.meta.shards[shard as usize].clone();
+                let pe = t.shard_pes[shard as usize];
+                let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                let op_id = self.new_op_id();
+                let op = self.hook_start(
+                    hbm,
+                    &ShardWrite {
+                        tensor: t,
+                        shard: shard as usize,
+                    },
+                    op_id,
+                );
+                let host = t.data.as_deref().expect("deployed tensors have host data");
+                let mut data = Vec::with_capacity((s.rows * s.row_bytes) as usize);
+                for r in 0..s.rows {
+                    let at = (s.tensor_offset + r * s.tensor_row_stride) as usize;
+                    data.extend_from_slice(&host[at..at + s.row_bytes as usize]);
+                }
+                let read = self.effect(vec![Extent {
+                    pa: pa::host(tensor, s.tensor_offset),
+                    len: s.row_bytes,
+                    rows: s.rows as u32,
+                    stride: s.tensor_row_stride,
+                }]);
+                let end = self.serve(
+                    hbm,
+                    Request {
+                        pa: s.pa,
+                        row_bytes: s.rows * s.row_bytes,
+                        rows: 1,
+                        stride: 0,
+                    },
+                );
+                let j = self.host_writes.get(job);
+                j.op = Some(op);
+                j.data = data;
+                j.read = Some(read);
+                self.at(end, HostAct::HostWriteDone(job));
+            }
+            HostArrive::HostAck => {
+                self.host_pending -= 1;
+                if self.host_pending == 0 {
+                    self.launch();
+                }
+            }
+            HostArrive::LaunchAtIo(sip) => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let end = self.serve(io, Request::control());
+                let target = end + self.launch_lead(sip);
+                self.at(end, HostAct::IoFanout { sip, target });
+            }
+            HostArrive::LaunchAtMcpu { sip, cube, target } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                let end = self.serve(mcpu, Request::control());
+                self.at(end, HostAct::McpuFanout { sip, cube, target });
+            }
+            HostArrive::LaunchAtPe { pe, target } => {
+                let cpu = self
+                    .m
+                    .pe_node(self.m.pe_coord(pe as usize), NodeKind::PeCpu);
+                let end = self.serve(cpu, Request::control());
+                self.at(end.max(target), Act::KernelStart(pe));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn host_act(&mut self, a: HostAct) -> Result<(), SimError> {
+        match a {
+            HostAct::DeployFanout { tensor, sip } => {
+                let tensors = self.tensors;
+                let t = &tensors[tensor as usize];
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                for (k, (s, pe)) in t.meta.shards.iter().zip(&t.shard_pes).enumerate() {
+                    if pe.sip != sip {
+                        continue;
+                    }
+                    let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                    let job = self.host_writes.insert(HostWrite {
+                        tensor,
+                        shard: k as u32,
+                        op: None,
+                        data: Vec::new(),
+                        read: None,
+                    });
+                    self.send(
+                        io,
+                        hbm,
+                        s.rows * s.row_bytes,
+                        HostArrive::HostWriteAtHbm(job),
+                    );
+                }
+            }
+            HostAct::HostWriteDone(job) => {
+                let j = self.host_writes.remove(job);
+                let tensors = self.tensors;
+                let t = &tensors[j.tensor as usize];
+                let s = &t.meta.shards[j.shard as usize];
+                let pe = t.shard_pes[j.shard as usize];
+                self.data.write(s.pa, &j.data);
+                let write = self.effect(vec![Extent::contiguous(s.pa, s.rows * s.row_bytes)]);
+                let fp = kb_format::fingerprint(&j.data);
+                let decl = ShardWrite {
+                    tensor: t,
+                    shard: j.shard as usize,
+                };
+                self.hook_end(j.op.expect("started"), &decl, Some(fp), j.read, Some(write))?;
+                let sips_left =
+                    &mut self.deploy_left[(j.tensor * self.m.topo.counts.sips + pe.sip) as usize];
+                *sips_left -= 1;
+                if *sips_left == 0 {
+                    // The SIP's last shard of this tensor is in place: ack the host.
+                    let io = self.m.sip_node(pe.sip, NodeKind::IoCpu);
+                    self.send(io, self.m.host(), CONTROL_BYTES, HostArrive::HostAck);
+                }
+            }
+            HostAct::IoFanout { sip, target } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                for cube in 0..self.m.topo.counts.cubes_per_sip {
+                    let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                    self.send(
+                        io,
+                        mcpu,
+                        CONTROL_BYTES,
+                        HostArrive::LaunchAtMcpu { sip, cube, target },
+                    );
+                }
+            }
+            HostAct::McpuFanout { sip, cube, target } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                for p in 0..self.m.topo.counts.pes_per_cube {
+                    let pc = PeCoord { sip, cube, pe: p };
+                    let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+                    let pe = self.m.pe_index(pc) as u32;
+                    self.send(
+                        mcpu,
+                        cpu,
+                        CONTROL_BYTES,
+                        HostArrive::LaunchAtPe { pe, target },
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,601 @@
+//! The simulation framework: the event loop, messages walking the fabric,
+//! the op-log hook, data effects, and the host and DMA protocols.
+//!
+//! Fabric model (cut-through): a message of B bytes crosses link i when the
+//! link is free; the link is then busy for B / bw. Its head reaches the next
+//! node after the link latency plus a first-flit overhead at each
+//! intermediate node; its tail can leave a link no earlier than it arrived
+//! there. The destination handles the message when the tail arrives. Every
+//! hop is an event, so contention is resolved in simulated-time order.
+//!
+//! Op-log hook: `hook_start` / `hook_end` are the only places records are
+//! made; they wrap the service of a data-op message at the component that
+//! serves it (pe_dma for DMA commands, hbm_ctrl for host writes). Every data
+//! effect is applied to the data plane by an event at the simulated time the
+//! record states, and numbered in application order (`seq`).
+
+use std::collections::{BTreeSet, VecDeque};
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet};
+use std::io::Write;
+use std::rc::Rc;
+
+use kb_format::{Effect, Extent, OpKind, Ps, Record, TraceWriter};
+
+use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad};
+use crate::data::DataPlane;
+use crate::event::{EventQueue, ns_to_ps};
+use crate::machine::{LinkId, Machine, NodeId, NodeKind, PeCoord};
+use crate::program::{Command, DataOp, PeProgram, Reply};
+use crate::runtime::Tensor;
+
+/// Size of a control message (requests, acks, launch, command issue).
+pub const CONTROL_BYTES: u64 = 64;
+
+mod compute;
+mod dma;
+mod host;
+
+use compute::{Compute, ComputeOp, Producer, UnitQueue};
+use dma::{Dma, DmaAct, DmaArrive, DmaEngines};
+use host::{HostAct, HostArrive, HostWrite};
+
+/// A failed simulation.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("kernel on {pe} at {time_ns} ns: {message}")]
+    Kernel {
+        pe: PeCoord,
+        time_ns: f64,
+        message: String,
+    },
+    #[error("writing the trace: {0}")]
+    Trace(#[from] kb_format::FormatError),
+    #[error("deadlock at {time_ns} ns: no events left, but {pes}")]
+    Stalled { time_ns: f64, pes: String },
+}
+
+/// What happens when a message's tail reaches its destination.
+#[derive(Debug, Clone, Copy)]
+enum Arrive {
+    Host(HostArrive),
+    Dma(DmaArrive),
+    ComputeAtUnit(u32),
+    CmdDoneAtCpu { pe: u32, cmd: CmdRef },
+}
+
+/// A protocol step scheduled at a time.
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    Host(HostAct),
+    Dma(DmaAct),
+    ComputeEnd(u32),
+    KernelStart(u32),
+}
+
+/// A command in flight, for completion notices: its op id, which (unlike
+/// a slab index) is never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CmdRef(u64);
+
+#[derive(Debug, Clone, Copy)]
+enum Ev {
+    Hop(u32),
+    Arrive(u32),
+    Act(Act),
+}
+
+#[derive(Debug)]
+struct Msg {
+    route: Rc<[LinkId]>,
+    hop: usize,
+    bytes: u64,
+    /// When the tail is at the current node.
+    tail: Ps,
+    then: Arrive,
+}
+
+/// A data op between hook_start and hook_end.
+#[derive(Debug, Clone, Copy)]
+struct OpenOp {
+    op_id: u64,
+    t_start: Ps,
+    component: u32,
+    op_name: u32,
+    kind: OpKind,
+}
+
+/// A pool of items addressed by u32 index, reusing freed slots.
+#[derive(Debug)]
+struct Slab<T> {
+    items: Vec<Option<T>>,
+    free: Vec<u32>,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Self {
+        Slab {
+            items: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    fn insert(&mut self, t: T) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.items[i as usize] = Some(t);
+                i
+            }
+            None => {
+                self.items.push(Some(t));
+                (self.items.len() - 1) as u32
+            }
+        }
+    }
+
+    fn get(&mut self, i: u32) -> &mut T {
+        self.items[i as usize].as_mut().expect("live slab entry")
+    }
+
+    fn remove(&mut self, i: u32) -> T {
+        self.free.push(i);
+        self.items[i as usize].take().expect("live slab entry")
+    }
+}
+
+/// Run totals.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunStats {
+    pub end_time: Ps,
+    pub records: u64,
+    pub events: u64,
+    pub kernel_start: Ps,
+}
+
+/// The op log: assigns op ids and effect sequence numbers, feeds the
+/// trace writer, and releases records once no earlier one can appear.
+struct OpLog<W: Write> {
+    writer: TraceWriter<W>,
+    next_op: u64,
+    next_seq: u64,
+    open: BTreeSet<(Ps, u64)>,
+    names: Vec<Option<u32>>,
+}
+
+pub struct Engine<'m, W: Write> {
+    m: &'m Machine,
+    q: EventQueue<Ev>,
+    link_free: Vec<Ps>,
+    comps: Vec<Option<Box<dyn Component>>>,
+    engines: Vec<DmaEngines>,
+    dma_setup_ps: Ps,
+    msgs: Slab<Msg>,
+    dmas: Slab<Dma>,
+    computes: Slab<Compute>,
+    units: Vec<UnitQueue>,
+    producers: HashMap<u64, Producer>,
+    host_writes: Slab<HostWrite>,
+    host_pending: usize,
+    /// Per (tensor, SIP): shard writes not yet in HBM.
+    deploy_left: Vec<u32>,
+    data: DataPlane,
+    log: OpLog<W>,
+    tensors: &'m [Tensor],
+    programs: Vec<Box<dyn PeProgram>>,
+    pes: Vec<PeState>,
+    replies: Vec<PendingReply>,
+    /// Ops issued and not yet completed (for `WaitOp`).
+    in_flight: FxHashSet<u64>,
+    /// Data of completed asynchronous loads, until the kernel waits on them.
+    async_data: HashMap<u64, Vec<u8>>,
+    stats: RunStats,
+}
+
+/// Per-PE kernel state.
+#[derive(Debug, Clone, Copy, Default)]
+struct PeState {
+    finished: bool,
+    /// DMAs issued and not yet completed.
+    outstanding: u32,
+    /// What the program waits on: a specific DMA, or all of them.
+    waiting: Wait,
+}
+
+/// Per-PE reply data: the bytes of the blocking DMA it waits on.
+type PendingReply = Option<Vec<u8>>;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Wait {
+    #[default]
+    Nothing,
+    Cmd(CmdRef),
+    All,
+}
+
+impl<W: Write> std::fmt::Debug for Engine<'_, W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("now", &self.q.now())
+            .finish()
+    }
+}
+
+fn ns(t: Ps) -> f64 {
+    t as f64 / 1000.0
+}
+
+impl<'m, W: Write> Engine<'m, W> {
+    pub fn new(
+        m: &'m Machine,
+        writer: TraceWriter<W>,
+        tensors: &'m [Tensor],
+        programs: Vec<Box<dyn PeProgram>>,
+    ) -> Self {
+        let t = &m.topo;
+        let comps = m
+            .nodes
+            .iter()
+            .map(|n| -> Option<Box<dyn Component>> {
+                match n.kind {
+                    NodeKind::HbmCtrl => Some(Box::new(HbmController::new(t))),
+                    NodeKind::Tcm => Some(Box::new(Scratchpad::new(
+                        t.tcm.latency_ns.0,
+                        t.tcm.bw_gbs.0,
+                    ))),
+                    NodeKind::Sram => Some(Box::new(Scratchpad::new(
+                        t.sram.latency_ns.0,
+                        t.links.noc_sram.bw_gbs.0,
+                    ))),
+                    NodeKind::IoCpu | NodeKind::MCpu | NodeKind::PeCpu => {
+                        Some(Box::new(ControlCpu::new(t.cpu.handle_ns.0)))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        let n_pes = t.total_pes() as usize;
+        Engine {
+            m,
+            q: EventQueue::default(),
+            link_free: vec![0; m.links.len()],
+            comps,
+            engines: (0..n_pes)
+                .map(|_| DmaEngines {
+                    idle: t.pe_dma.engines,
+                    waiting: VecDeque::new(),
+                })
+                .collect(),
+            dma_setup_ps: ns_to_ps(t.pe_dma.setup_ns.0),
+            msgs: Slab::new(),
+            dmas: Slab::new(),
+            computes: Slab::new(),
+            units: (0..m.nodes.len()).map(|_| UnitQueue::default()).collect(),
+            producers: HashMap::default(),
+            host_writes: Slab::new(),
+            host_pending: 0,
+            deploy_left: {
+                let sips = t.counts.sips;
+                let mut v = vec![0u32; tensors.len() * sips as usize];
+                for tensor in tensors.iter().filter(|t| t.data.is_some()) {
+                    for pe in &tensor.shard_pes {
+                        v[(tensor.id * sips + pe.sip) as usize] += 1;
+                    }
+                }
+                v
+            },
+            data: DataPlane::new(),
+            log: OpLog {
+                writer,
+                next_op: 0,
+                next_seq: 0,
+                open: BTreeSet::new(),
+                names: vec![None; m.nodes.len()],
+            },
+            tensors,
+            pes: vec![PeState::default(); programs.len()],
+            replies: vec![None; programs.len()],
+            in_flight: Default::default(),
+            async_data: HashMap::default(),
+            programs,
+            stats: RunStats::default(),
+        }
+    }
+
+    /// Deploy every tensor with host data, launch the kernels behind a
+    /// global start barrier, and run to completion.
+    pub fn run(mut self) -> Result<(TraceWriter<W>, RunStats), SimError> {
+        self.deploy();
+        if self.host_pending == 0 {
+            self.launch();
+        }
+        while let Some((_, ev)) = self.q.pop() {
+            match ev {
+                Ev::Hop(msg) => self.hop(msg),
+                Ev::Arrive(msg) => {
+                    let then = self.msgs.remove(msg).then;
+                    self.arrive(then)?;
+                }
+                Ev::Act(a) => self.act(a)?,
+            }
+        }
+        let stuck: Vec<String> = self
+            .pes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.finished)
+            .map(|(i, s)| {
+                let what = match s.waiting {
+                    Wait::Cmd(CmdRef(op)) => format!("op {op}, which will never wake it"),
+                    Wait::All => format!("all of its {} outstanding ops", s.outstanding),
+                    Wait::Nothing => "nothing (it was never resumed)".to_string(),
+                };
+                format!(
+                    "kernel {} on {} waits for {what}",
+                    self.programs[i].name(),
+                    self.m.pe_coord(i)
+                )
+            })
+            .collect();
+        if !stuck.is_empty() {
+            return Err(SimError::Stalled {
+                time_ns: ns(self.q.now()),
+                pes: stuck.join(", "),
+            });
+        }
+        self.stats.end_time = self.q.now();
+        self.stats.events = self.q.scheduled();
+        self.stats.records = self.log.next_op;
+        Ok((self.log.writer, self.stats))
+    }
+
+    // ---- fabric ----
+
+    fn send(&mut self, from: NodeId, to: NodeId, bytes: u64, then: impl Into<Arrive>) {
+        let then = then.into();
+        let now = self.q.now();
+        let route = self.m.route(from, to);
+        if route.is_empty() {
+            let id = self.msgs.insert(Msg {
+                route,
+                hop: 0,
+                bytes,
+                tail: now,
+                then,
+            });
+            self.q.push(now, Ev::Arrive(id));
+            return;
+        }
+        let id = self.msgs.insert(Msg {
+            route,
+            hop: 0,
+            bytes,
+            tail: now,
+            then,
+        });
+        self.q.push(now, Ev::Hop(id));
+    }
+
+    /// The head of `msg` is at the start of link `route[hop]`.
+    fn hop(&mut self, id: u32) {
+        let now = self.q.now();
+        let flit = self.m.first_flit_ps;
+        let msg = self.msgs.get(id);
+        let l = msg.route[msg.hop] as usize;
+        let link = &self.m.links[l];
+        let start = now.max(self.link_free[l]);
+        let end = (start + link.serialize_ps(msg.bytes)).max(msg.tail);
+        self.link_free[l] = end;
+        msg.tail = end + link.latency_ps;
+        msg.hop += 1;
+        if msg.hop == msg.route.len() {
+            let tail = msg.tail;
+            self.q.push(tail, Ev::Arrive(id));
+        } else {
+            self.q.push(start + link.latency_ps + flit, Ev::Hop(id));
+        }
+    }
+
+    fn serve(&mut self, node: NodeId, req: Request) -> Ps {
+        let now = self.q.now();
+        let c = self.comps[node as usize]
+            .as_mut()
+            .expect("node has a timing model");
+        c.serve(now, &req).end
+    }
+
+    fn at(&mut self, t: Ps, a: impl Into<Act>) {
+        let a = a.into();
+        self.q.push(t, Ev::Act(a));
+    }
+
+    // ---- op-log hook ----
+
+    /// A new op id. Ids are assigned when an op is created (issued), so
+    /// they are stable, and a pending result can name its writer before
+    /// the writer's service starts.
+    fn new_op_id(&mut self) -> u64 {
+        let id = self.log.next_op;
+        self.log.next_op += 1;
+        id
+    }
+
+    fn hook_start(&mut self, node: NodeId, op: &dyn DataOp, op_id: u64) -> OpenOp {
+        let (op_name, kind) = (op.op_name(), op.op_kind());
+        let t_start = self.q.now();
+        let log = &mut self.log;
+        let component = match log.names[node as usize] {
+            Some(id) => id,
+            None => {
+                let id = log.writer.intern(&self.m.nodes[node as usize].name);
+                log.names[node as usize] = Some(id);
+                id
+            }
+        };
+        let op_name = log.writer.intern(op_name);
+        log.open.insert((t_start, op_id));
+        OpenOp {
+            op_id,
+            t_start,
+            component,
+            op_name,
+            kind,
+        }
+    }
+
+    fn hook_end(
+        &mut self,
+        op: OpenOp,
+        decl: &dyn DataOp,
+        fingerprint: Option<u64>,
+        read: Option<Effect>,
+        write: Option<Effect>,
+    ) -> Result<(), SimError> {
+        self.hook_end_with_deps(op, decl, fingerprint, read, write, Vec::new())
+    }
+
+    fn hook_end_with_deps(
+        &mut self,
+        op: OpenOp,
+        decl: &dyn DataOp,
+        fingerprint: Option<u64>,
+        read: Option<Effect>,
+        write: Option<Effect>,
+        deps: Vec<u64>,
+    ) -> Result<(), SimError> {
+        let now = self.q.now();
+        let log = &mut self.log;
+        log.open.remove(&(op.t_start, op.op_id));
+        log.writer.push(Record {
+            op_id: op.op_id,
+            t_start: op.t_start,
+            t_end: now,
+            component: op.component,
+            op_name: op.op_name,
+            kind: op.kind,
+            params: decl.params(),
+            deps,
+            fingerprint,
+            read,
+            write,
+        })?;
+        let watermark = log.open.first().map_or(now, |&(t, _)| t.min(now));
+        log.writer.advance(watermark)?;
+        Ok(())
+    }
+
+    /// Number a data effect applied now.
+    fn effect(&mut self, ranges: Vec<Extent>) -> Effect {
+        let seq = self.log.next_seq;
+        self.log.next_seq += 1;
+        Effect {
+            time: self.q.now(),
+            seq,
+            ranges,
+        }
+    }
+
+    // ---- host runtime ----
+
+    fn arrive(&mut self, then: Arrive) -> Result<(), SimError> {
+        match then {
+            Arrive::Host(a) => self.host_arrive(a)?,
+            Arrive::Dma(a) => self.dma_arrive(a),
+            Arrive::ComputeAtUnit(c) => self.compute_arrive(c),
+            Arrive::CmdDoneAtCpu { pe, cmd } => {
+                self.in_flight.remove(&cmd.0);
+                let s = &mut self.pes[pe as usize];
+                s.outstanding -= 1;
+                let resume = match s.waiting {
+                    Wait::Cmd(c) => c == cmd,
+                    Wait::All => s.outstanding == 0,
+                    Wait::Nothing => false,
+                };
+                if resume {
+                    s.waiting = Wait::Nothing;
+                    let data = match s.waiting {
+                        _ if self.replies[pe as usize].is_some() => {
+                            self.replies[pe as usize].take()
+                        }
+                        _ => self.async_data.remove(&cmd.0),
+                    };
+                    let reply = match data {
+                        Some(data) => Reply::Data(data),
+                        None => Reply::Done,
+                    };
+                    self.step_program(pe, reply)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn act(&mut self, a: Act) -> Result<(), SimError> {
+        let now = self.q.now();
+        match a {
+            Act::Host(a) => self.host_act(a)?,
+            Act::Dma(a) => self.dma_act(a)?,
+            Act::KernelStart(pe) => {
+                if self.stats.kernel_start == 0 {
+                    self.stats.kernel_start = now;
+                }
+                self.step_program(pe, Reply::Go)?;
+            }
+            Act::ComputeEnd(c) => self.finish_compute(c)?,
+        }
+        Ok(())
+    }
+
+    /// Resume a PE's program: issue commands until it blocks or ends.
+    fn step_program(&mut self, pe: u32, mut reply: Reply) -> Result<(), SimError> {
+        let pc = self.m.pe_coord(pe as usize);
+        loop {
+            let program = &mut self.programs[pe as usize];
+            let next = program.resume(std::mem::replace(&mut reply, Reply::Go));
+            let cmd = match next {
+                Ok(Some(cmd)) => cmd,
+                Ok(None) => {
+                    self.pes[pe as usize].finished = true;
+                    return Ok(());
+                }
+                Err(message) => {
+                    return Err(SimError::Kernel {
+                        pe: pc,
+                        time_ns: ns(self.q.now()),
+                        message: format!("kernel {} failed: {message}", program.name()),
+                    });
+                }
+            };
+            match cmd {
+                Command::Dma(c) => {
+                    let op_id = self.issue_dma(pc, pe, c, false)?;
+                    self.pes[pe as usize].waiting = Wait::Cmd(CmdRef(op_id));
+                    return Ok(());
+                }
+                Command::DmaAsync(c) => reply = Reply::Issued(self.issue_dma(pc, pe, c, false)?),
+                Command::Store(c) => reply = Reply::Issued(self.issue_dma(pc, pe, c, true)?),
+                Command::WaitOp(op_id) => {
+                    if self.in_flight.contains(&op_id) {
+                        self.pes[pe as usize].waiting = Wait::Cmd(CmdRef(op_id));
+                        return Ok(());
+                    }
+                    reply = match self.async_data.remove(&op_id) {
+                        Some(data) => Reply::Data(data),
+                        None => Reply::Done,
+                    };
+                }
+                Command::Gemm(g) => {
+                    reply = Reply::Issued(self.issue_compute(pc, pe, ComputeOp::Gemm(g))?)
+                }
+                Command::Math(m) => {
+                    reply = Reply::Issued(self.issue_compute(pc, pe, ComputeOp::Math(m))?)
+                }
+                Command::WaitAll => {
+                    if self.pes[pe as usize].outstanding > 0 {
+                        self.pes[pe as usize].waiting = Wait::All;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
