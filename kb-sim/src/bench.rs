@@ -8,7 +8,7 @@ use kb_format::{Dtype, Expr, VerifyOutput, VerifySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::kernel::{Block, KernelArgs, KernelFn, TensorArg, Tl, composite};
+use crate::kernel::{Block, KernelArgs, KernelFn, ShardArg, TensorArg, Tl, composite};
 use crate::program::PeProgram;
 use crate::runtime::{Runtime, SetupError, Sharding};
 
@@ -60,10 +60,17 @@ pub fn kernel_args(rt: &Runtime, ids: &[u32]) -> KernelArgs {
                     dtype: t.meta.dtype,
                     shape: [t.meta.shape[0], t.meta.shape[1]],
                     shards: t
-                        .shard_pes
+                        .meta
+                        .shards
                         .iter()
-                        .copied()
-                        .zip(t.meta.shards.iter().cloned())
+                        .zip(&t.shard_pes)
+                        .zip(&t.shard_addrs)
+                        .map(|((s, &pe), &addr)| ShardArg {
+                            pe,
+                            addr,
+                            rows: s.rows,
+                            row_bytes: s.row_bytes,
+                        })
                         .collect(),
                 }
             })
@@ -726,7 +733,7 @@ fn gemm_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     else {
         return;
     };
-    let whole = |t: &TensorArg, s: &kb_format::Shard| {
+    let whole = |t: &TensorArg, s: &ShardArg| {
         Block::in_shard(
             t,
             s,

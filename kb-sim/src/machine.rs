@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::rc::Rc;
 
 use crate::event::{Ps, ns_to_ps};
-use crate::topology::{LinkSpec, Topology};
+use crate::topology::{AddressModel, LinkSpec, Topology};
 
 pub type NodeId = u32;
 pub type LinkId = u32;
@@ -29,6 +29,8 @@ pub enum NodeKind {
     PeGemm,
     PeMath,
     Tcm,
+    /// The PE's MMU (VA model only).
+    PeMmu,
 }
 
 impl NodeKind {
@@ -47,6 +49,7 @@ impl NodeKind {
             NodeKind::PeGemm => "pe_gemm",
             NodeKind::PeMath => "pe_math",
             NodeKind::Tcm => "tcm",
+            NodeKind::PeMmu => "pe_mmu",
         }
     }
 
@@ -122,6 +125,8 @@ pub struct Machine {
     cube_base: Vec<NodeId>,
     pe_base: Vec<NodeId>,
     routes: RefCell<RouteCache>,
+    /// Per PE (dense index), its PE_MMU node, in the VA model.
+    mmu_nodes: Vec<NodeId>,
     pub first_flit_ps: Ps,
 }
 
@@ -137,6 +142,7 @@ impl Machine {
             cube_base: Vec::new(),
             pe_base: Vec::new(),
             routes: RefCell::new(HashMap::default()),
+            mmu_nodes: Vec::new(),
             first_flit_ps: ns_to_ps(topo.fabric.first_flit_ns.0),
         };
         let host = m.add_node("host".into(), NodeKind::Host, 0, 0, 0);
@@ -153,6 +159,16 @@ impl Machine {
                     m.pe_base.push(m.nodes.len() as NodeId);
                     for k in NodeKind::PE_KINDS {
                         m.add_node(format!("sip{s}.cube{q}.pe{p}.{}", k.name()), k, s, q, p);
+                    }
+                    if topo.address_model == AddressModel::Va {
+                        let mmu = m.add_node(
+                            format!("sip{s}.cube{q}.pe{p}.pe_mmu"),
+                            NodeKind::PeMmu,
+                            s,
+                            q,
+                            p,
+                        );
+                        m.mmu_nodes.push(mmu);
                     }
                 }
             }
@@ -199,6 +215,9 @@ impl Machine {
                         m.pe_node(pc, NodeKind::Tcm),
                     );
                     m.connect(noc, dma, l.noc_pe, "noc_pe");
+                    if let Some(mmu) = m.mmu_node(pc) {
+                        m.connect(noc, mmu, l.noc_pe, "noc_pe");
+                    }
                     for unit in [dma, gemm, math] {
                         m.connect(cpu, unit, l.pe_internal, "pe_internal");
                         m.connect(unit, tcm, l.tcm_port, "tcm_port");
@@ -254,6 +273,11 @@ impl Machine {
             .position(|&k| k == kind)
             .unwrap_or_else(|| panic!("{kind:?} is not a cube-level node"));
         self.cube_base[(sip * self.topo.counts.cubes_per_sip + cube) as usize] + off as NodeId
+    }
+
+    /// The PE's MMU node; `None` outside the VA model.
+    pub fn mmu_node(&self, pe: PeCoord) -> Option<NodeId> {
+        self.mmu_nodes.get(self.pe_index(pe)).copied()
     }
 
     pub fn pe_node(&self, pe: PeCoord, kind: NodeKind) -> NodeId {

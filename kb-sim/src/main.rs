@@ -168,6 +168,17 @@ fn cmd_run(a: RunArgs) -> Result<(), String> {
             stats.kernel_start as f64 / 1e6,
             wall.elapsed().as_secs_f64()
         );
+        let m = stats.mmu;
+        if m.maps > 0 {
+            eprintln!(
+                "kb-sim: pe_mmu: {} maps (latency {:.3}..{:.3} ns), {} unmaps, {} page faults (PA fallback)",
+                m.maps,
+                m.min_map_latency_ps as f64 / 1e3,
+                m.max_map_latency_ps as f64 / 1e3,
+                m.unmaps,
+                m.page_faults
+            );
+        }
     }
     Ok(())
 }

@@ -7,6 +7,7 @@ use kb_format::{Dtype, Shard, Space, TensorMeta};
 
 use crate::alloc::FreeList;
 use crate::machine::{Machine, PeCoord};
+use crate::topology::AddressModel;
 
 /// How one level of the hierarchy splits its part of a 2-D tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +86,15 @@ pub enum SetupError {
     Tensor(String, String),
 }
 
+/// VA mappings to install in some PEs' MMUs (VA model).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// The PEs whose MMU gets these pages.
+    pub targets: Vec<PeCoord>,
+    /// (VA page, PA page) pairs.
+    pub pages: Vec<(u64, u64)>,
+}
+
 /// A tensor declared by a benchmark.
 #[derive(Debug, Clone)]
 pub struct Tensor {
@@ -94,6 +104,13 @@ pub struct Tensor {
     pub data: Option<Vec<u8>>,
     /// Which PE holds each shard, parallel to `meta.shards`.
     pub shard_pes: Vec<PeCoord>,
+    /// The address kernels use for each shard, parallel to `meta.shards`:
+    /// its PA (PA model) or `va_base + offset` (VA model).
+    pub shard_addrs: Vec<u64>,
+    /// VA range (base, bytes), in the VA model.
+    pub va: Option<(u64, u64)>,
+    /// MMU mappings to install at deploy, in the VA model.
+    pub mappings: Vec<Mapping>,
     pub freed: bool,
 }
 
@@ -107,12 +124,19 @@ impl Tensor {
     }
 }
 
+/// Start of the device VA space (ADR-0011: 4 GiB, the former VA start).
+pub const VA_BASE: u64 = 0x1_0000_0000;
+/// Size of the device VA space.
+pub const VA_BYTES: u64 = 1 << 44;
+
 /// Setup-time state: allocators and declared tensors.
 #[derive(Debug)]
 pub struct Runtime<'m> {
     pub machine: &'m Machine,
     hbm: Vec<FreeList>,
     tcm: Vec<FreeList>,
+    /// Device-wide VA space (VA model), offsets from `VA_BASE`.
+    va: FreeList,
     pub tensors: Vec<Tensor>,
 }
 
@@ -123,6 +147,7 @@ impl<'m> Runtime<'m> {
             machine,
             hbm: vec![FreeList::new(machine.topo.hbm_bytes_per_pe()); n],
             tcm: vec![FreeList::new(machine.topo.tcm_bytes()); n],
+            va: FreeList::new(VA_BYTES),
             tensors: Vec::new(),
         }
     }
@@ -142,9 +167,20 @@ impl<'m> Runtime<'m> {
         bytes: u64,
         what: &str,
     ) -> Result<u64, SetupError> {
+        self.alloc_aligned(pe, space, bytes, 64, what)
+    }
+
+    fn alloc_aligned(
+        &mut self,
+        pe: PeCoord,
+        space: Space,
+        bytes: u64,
+        align: u64,
+        what: &str,
+    ) -> Result<u64, SetupError> {
         let pool = self.pool(pe, space);
         let offset = pool
-            .alloc(bytes, 64)
+            .alloc(bytes, align)
             .ok_or_else(|| SetupError::OutOfMemory {
                 pe,
                 space: space.name(),
@@ -230,7 +266,9 @@ impl<'m> Runtime<'m> {
             if srows == 0 || row_bytes == 0 {
                 continue;
             }
-            let pa = self.alloc(pe, Space::Hbm, srows * row_bytes, name)?;
+            // Page-aligned, so a VA page maps to one PA page.
+            let page = self.machine.topo.pe_mmu.page_bytes;
+            let pa = self.alloc_aligned(pe, Space::Hbm, srows * row_bytes, page, name)?;
             shards.push(Shard {
                 tensor_offset: (r0 * cols + c0) * es,
                 rows: srows,
@@ -240,11 +278,15 @@ impl<'m> Runtime<'m> {
             });
             shard_pes.push(pe);
         }
+        let (shard_addrs, va, mappings) = match self.machine.topo.address_model {
+            AddressModel::Pa => (shards.iter().map(|s| s.pa).collect(), None, Vec::new()),
+            AddressModel::Va => self.map_va(name, sharding, &shards, &shard_pes)?,
+        };
         let meta = TensorMeta {
             name: name.to_string(),
             dtype,
             shape: vec![rows, cols],
-            address: shards.first().map_or(0, |s| s.pa),
+            address: va.map_or_else(|| shards.first().map_or(0, |s| s.pa), |(base, _)| base),
             host_data: data.is_some(),
             shards,
         };
@@ -253,9 +295,90 @@ impl<'m> Runtime<'m> {
             meta,
             data,
             shard_pes,
+            shard_addrs,
+            va,
+            mappings,
             freed: false,
         });
         Ok(id)
+    }
+
+    /// The VA layout of a tensor (ADR-0011 D-VA1, D-VA3): one contiguous VA
+    /// range; within one replica, shard k sits at `base + offset_k` (each
+    /// shard page-aligned, so pages map whole). Replicated over cubes, each
+    /// cube (or, replicated over PEs too, each PE) maps the range to its own
+    /// copy; sharded, every PE gets every shard's mapping, so any PE can
+    /// DMA any shard.
+    #[allow(clippy::type_complexity)]
+    fn map_va(
+        &mut self,
+        name: &str,
+        sharding: Sharding,
+        shards: &[Shard],
+        pes: &[PeCoord],
+    ) -> Result<(Vec<u64>, Option<(u64, u64)>, Vec<Mapping>), SetupError> {
+        let page = self.machine.topo.pe_mmu.page_bytes;
+        let key = |p: &PeCoord| -> (u32, u32, u32) {
+            match (sharding.cube, sharding.pe) {
+                (Policy::Replicate, Policy::Replicate) => (p.sip, p.cube, p.pe),
+                (Policy::Replicate, _) => (p.sip, p.cube, 0),
+                _ => (0, 0, 0),
+            }
+        };
+        // Replica groups: the shards each group of PEs sees, in order.
+        let mut groups: Vec<((u32, u32, u32), Vec<usize>)> = Vec::new();
+        for (k, p) in pes.iter().enumerate() {
+            match groups.iter_mut().find(|(g, _)| *g == key(p)) {
+                Some((_, v)) => v.push(k),
+                None => groups.push((key(p), vec![k])),
+            }
+        }
+        let sizes = |g: &[usize]| -> Vec<u64> {
+            g.iter()
+                .map(|&k| shards[k].rows * shards[k].row_bytes)
+                .collect()
+        };
+        let layout = groups.first().map(|(_, g)| sizes(g)).unwrap_or_default();
+        if groups.iter().any(|(_, g)| sizes(g) != layout) {
+            return Err(SetupError::Tensor(
+                name.into(),
+                "replicas differ in shard sizes".into(),
+            ));
+        }
+        let mut offsets = Vec::with_capacity(layout.len());
+        let mut total = 0u64;
+        for bytes in &layout {
+            offsets.push(total);
+            total += bytes.div_ceil(page) * page;
+        }
+        let base = VA_BASE
+            + self.va.alloc(total.max(page), page).ok_or_else(|| {
+                SetupError::Tensor(
+                    name.into(),
+                    format!("the device VA space has no {total} free bytes"),
+                )
+            })?;
+        let mut addrs = vec![0; shards.len()];
+        let mut mappings = Vec::new();
+        for (g, members) in &groups {
+            let mut pages = Vec::new();
+            for (i, &k) in members.iter().enumerate() {
+                addrs[k] = base + offsets[i];
+                let n = layout[i].div_ceil(page);
+                pages.extend((0..n).map(|j| (addrs[k] + j * page, shards[k].pa + j * page)));
+            }
+            let targets = self
+                .machine
+                .pes()
+                .filter(|p| match (sharding.cube, sharding.pe) {
+                    (Policy::Replicate, Policy::Replicate) => (p.sip, p.cube, p.pe) == *g,
+                    (Policy::Replicate, _) => (p.sip, p.cube) == (g.0, g.1),
+                    _ => true,
+                })
+                .collect();
+            mappings.push(Mapping { targets, pages });
+        }
+        Ok((addrs, Some((base, total)), mappings))
     }
 
     /// Return a tensor's device memory to the allocators.
@@ -269,8 +392,12 @@ impl<'m> Runtime<'m> {
         }
         t.freed = true;
         let pas: Vec<u64> = t.meta.shards.iter().map(|s| s.pa).collect();
+        let va = t.va;
         for pa in pas {
             self.release(pa);
+        }
+        if let Some((base, _)) = va {
+            self.va.free(base - VA_BASE);
         }
         Ok(())
     }

@@ -10,6 +10,8 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("small", include_str!("../../topologies/small.yaml")),
     ("default", include_str!("../../topologies/default.yaml")),
     ("large", include_str!("../../topologies/large.yaml")),
+    ("pa", include_str!("../../topologies/pa.yaml")),
+    ("va", include_str!("../../topologies/va.yaml")),
 ];
 
 /// A strictly positive, finite number (bandwidths, sizes, rates);
@@ -32,17 +34,54 @@ pub struct LinkSpec {
     pub bw_gbs: Positive,
 }
 
-/// Address model (ADR-0011). Only `pa` is built so far.
+/// Address model (ADR-0011): what addresses kernels use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AddressModel {
+    /// Physical addresses, no translation.
     Pa,
+    /// Virtual addresses: one contiguous VA range per tensor, translated
+    /// page by page by each PE's PE_MMU (mappings installed through the
+    /// fabric at deploy); an unmapped address falls back to PA.
+    Va,
 }
 
 impl AddressModel {
     pub fn name(self) -> &'static str {
         match self {
             AddressModel::Pa => "pa",
+            AddressModel::Va => "va",
+        }
+    }
+}
+
+/// PE_MMU attributes (VA model).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmuSpec {
+    /// Translation page size (a power of two, at least 64).
+    #[serde(default = "MmuSpec::default_page")]
+    pub page_bytes: u64,
+    /// Added to a DMA once per translated side (a TLB access).
+    #[serde(default = "MmuSpec::default_tlb")]
+    pub tlb_overhead_ns: NonNegative,
+}
+
+impl MmuSpec {
+    fn default_page() -> u64 {
+        4096
+    }
+
+    fn default_tlb() -> NonNegative {
+        NonNegative(2.0)
+    }
+}
+
+impl Default for MmuSpec {
+    fn default() -> Self {
+        MmuSpec {
+            page_bytes: Self::default_page(),
+            tlb_overhead_ns: Self::default_tlb(),
         }
     }
 }
@@ -175,6 +214,9 @@ pub struct Topology {
     pub pe_gemm: GemmSpec,
     pub pe_math: MathSpec,
     pub cpu: CpuSpec,
+    /// PE_MMU attributes (used by the VA model; defaults apply if absent).
+    #[serde(default)]
+    pub pe_mmu: MmuSpec,
 }
 
 /// A topology that could not be loaded.
@@ -364,6 +406,14 @@ impl Topology {
             per_pe <= (1u64 << kb_format::pa::OFFSET_BITS) as f64,
             "hbm.size_gib",
             "more than 32 GiB per PE partition does not fit the PA offset".into(),
+        )?;
+        check(
+            self.pe_mmu.page_bytes >= 64 && self.pe_mmu.page_bytes.is_power_of_two(),
+            "pe_mmu.page_bytes",
+            format!(
+                "must be a power of two >= 64, got {}",
+                self.pe_mmu.page_bytes
+            ),
         )?;
         check(
             (1..=64).contains(&self.pe_dma.engines),

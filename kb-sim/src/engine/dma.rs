@@ -18,6 +18,7 @@ use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, Wait, 
 use crate::component::Request;
 use crate::machine::{NodeId, NodeKind, PeCoord};
 use crate::program::DmaCmd;
+use crate::topology::AddressModel;
 
 /// DMA message arrivals.
 #[derive(Debug, Clone, Copy)]
@@ -109,7 +110,7 @@ impl<W: Write> Engine<'_, W> {
     /// Resolve `rows` x `row_bytes` at `a` (rows `stride` apart) to physical
     /// pieces in data order, under the topology's address model.
     fn resolve(
-        &self,
+        &mut self,
         pe: PeCoord,
         side: &str,
         a: Addr,
@@ -121,6 +122,19 @@ impl<W: Write> Engine<'_, W> {
             return Err(format!(
                 "DMA {side} stride {stride} is below the row size {row_bytes}"
             ));
+        }
+        if self.m.topo.address_model == AddressModel::Va && a.space == Space::Hbm {
+            let mut pieces = Vec::new();
+            for r in 0..rows as u64 {
+                self.translate(pe, a.addr + r * stride, row_bytes, &mut pieces)
+                    .map_err(|e| format!("DMA {side}: {e}"))?;
+            }
+            for x in &pieces {
+                let p = Pa::decode(x.pa)
+                    .ok_or_else(|| format!("DMA {side} maps to {:#x}, not a device PA", x.pa))?;
+                self.check_pa(pe, side, Space::Hbm, p)?;
+            }
+            return Ok(super::mmu::fold_rows(pieces));
         }
         let p = Pa::decode(a.addr)
             .ok_or_else(|| format!("DMA {side} {:#x} is not a device PA", a.addr))?;
@@ -332,7 +346,17 @@ impl<W: Write> Engine<'_, W> {
                 };
                 let op = self.hook_start(dma, &cmd, op_id);
                 self.dmas.get(d).op = Some(op);
-                self.at(now + self.dma_setup_ps, DmaAct::Fetch(d));
+                // VA model: one TLB access per translated (HBM) side.
+                let tlb = if self.m.topo.address_model == AddressModel::Va {
+                    let sides = [cmd.src.space, cmd.dst.space]
+                        .iter()
+                        .filter(|&&s| s == Space::Hbm)
+                        .count();
+                    self.tlb_ps * sides as u64
+                } else {
+                    0
+                };
+                self.at(now + self.dma_setup_ps + tlb, DmaAct::Fetch(d));
             }
             DmaAct::Fetch(d) => {
                 // A store of a pending tile moves it once its producer is done.

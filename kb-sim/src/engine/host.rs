@@ -95,6 +95,8 @@ impl<W: Write> Engine<'_, W> {
     /// PCIe to io_cpu, which fans it out as one write per shard to the
     /// cubes' HBM.
     pub(super) fn deploy(&mut self) {
+        // VA model: install every tensor's mappings; the launch waits for them.
+        self.host_pending += self.send_mappings(false);
         let tensors = self.tensors;
         for t in tensors.iter().filter(|t| t.data.is_some()) {
             for sip in 0..self.m.topo.counts.sips {

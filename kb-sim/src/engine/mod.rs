@@ -35,6 +35,10 @@ pub const CONTROL_BYTES: u64 = 64;
 mod compute;
 mod dma;
 mod host;
+mod mmu;
+
+pub use mmu::MmuStats;
+use mmu::{MmuAct, MmuArrive};
 
 use compute::{Compute, ComputeOp, Producer, UnitQueue};
 use dma::{Dma, DmaAct, DmaArrive, DmaEngines};
@@ -60,6 +64,7 @@ pub enum SimError {
 enum Arrive {
     Host(HostArrive),
     Dma(DmaArrive),
+    Mmu(MmuArrive),
     ComputeAtUnit(u32),
     CmdDoneAtCpu { pe: u32, cmd: CmdRef },
 }
@@ -69,6 +74,7 @@ enum Arrive {
 enum Act {
     Host(HostAct),
     Dma(DmaAct),
+    Mmu(MmuAct),
     ComputeEnd(u32),
     KernelStart(u32),
 }
@@ -150,6 +156,8 @@ pub struct RunStats {
     pub records: u64,
     pub events: u64,
     pub kernel_start: Ps,
+    /// PE_MMU traffic (VA model).
+    pub mmu: MmuStats,
 }
 
 /// The op log: assigns op ids and effect sequence numbers, feeds the
@@ -169,6 +177,12 @@ pub struct Engine<'m, W: Write> {
     comps: Vec<Option<Box<dyn Component>>>,
     engines: Vec<DmaEngines>,
     dma_setup_ps: Ps,
+    /// Per PE (dense index): VA page -> PA page (VA model).
+    mmus: Vec<rustc_hash::FxHashMap<u64, u64>>,
+    /// Added to a DMA per translated side (VA model).
+    tlb_ps: Ps,
+    /// Mappings were removed after the kernels finished.
+    unmapped: bool,
     msgs: Slab<Msg>,
     dmas: Slab<Dma>,
     computes: Slab<Compute>,
@@ -266,6 +280,9 @@ impl<'m, W: Write> Engine<'m, W> {
                 })
                 .collect(),
             dma_setup_ps: ns_to_ps(t.pe_dma.setup_ns.0),
+            mmus: vec![Default::default(); n_pes],
+            tlb_ps: ns_to_ps(t.pe_mmu.tlb_overhead_ns.0),
+            unmapped: false,
             msgs: Slab::new(),
             dmas: Slab::new(),
             computes: Slab::new(),
@@ -500,6 +517,7 @@ impl<'m, W: Write> Engine<'m, W> {
         match then {
             Arrive::Host(a) => self.host_arrive(a)?,
             Arrive::Dma(a) => self.dma_arrive(a),
+            Arrive::Mmu(a) => self.mmu_arrive(a),
             Arrive::ComputeAtUnit(c) => self.compute_arrive(c),
             Arrive::CmdDoneAtCpu { pe, cmd } => {
                 self.in_flight.remove(&cmd.0);
@@ -534,6 +552,7 @@ impl<'m, W: Write> Engine<'m, W> {
         match a {
             Act::Host(a) => self.host_act(a)?,
             Act::Dma(a) => self.dma_act(a)?,
+            Act::Mmu(a) => self.mmu_act(a),
             Act::KernelStart(pe) => {
                 if self.stats.kernel_start == 0 {
                     self.stats.kernel_start = now;
@@ -555,6 +574,11 @@ impl<'m, W: Write> Engine<'m, W> {
                 Ok(Some(cmd)) => cmd,
                 Ok(None) => {
                     self.pes[pe as usize].finished = true;
+                    if !self.unmapped && self.pes.iter().all(|p| p.finished) {
+                        // Free: unmap every tensor through the fabric.
+                        self.unmapped = true;
+                        self.send_mappings(true);
+                    }
                     return Ok(());
                 }
                 Err(message) => {

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use kb_format::pa::Pa;
-use kb_format::{Addr, Dtype, GemmParams, Layout, MathInput, MathOp, MathParams, Shard, Space};
+use kb_format::{Addr, Dtype, GemmParams, Layout, MathInput, MathOp, MathParams, Space};
 use ndarray::Array2;
 
 pub use exec::{Executor, KernelBody, Port};
@@ -24,19 +24,29 @@ use crate::alloc::FreeList;
 use crate::machine::PeCoord;
 use crate::program::{Command, DmaCmd, Labeled, Reply};
 
+/// One PE's shard as a kernel sees it: `rows` x `row_bytes` stored
+/// contiguously at `addr`, the address kernels use (PA or VA, by model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardArg {
+    pub pe: PeCoord,
+    pub addr: u64,
+    pub rows: u64,
+    pub row_bytes: u64,
+}
+
 /// A tensor as a kernel sees it: shape, dtype and where each PE's shard is.
 #[derive(Debug, Clone)]
 pub struct TensorArg {
     pub name: String,
     pub dtype: Dtype,
     pub shape: [u64; 2],
-    pub shards: Vec<(PeCoord, Shard)>,
+    pub shards: Vec<ShardArg>,
 }
 
 impl TensorArg {
     /// The shard held by `pe`.
-    pub fn shard(&self, pe: PeCoord) -> Option<&Shard> {
-        self.shards.iter().find(|(p, _)| *p == pe).map(|(_, s)| s)
+    pub fn shard(&self, pe: PeCoord) -> Option<&ShardArg> {
+        self.shards.iter().find(|s| s.pe == pe)
     }
 
     pub fn elem_bytes(&self) -> u64 {
@@ -87,7 +97,7 @@ pub struct Block {
 
 impl Block {
     /// The block of rows [r0, r0+rows) x cols [c0, c0+cols) of a shard.
-    pub fn in_shard(t: &TensorArg, s: &Shard, r0: u64, c0: u64, rows: u32, cols: u32) -> Block {
+    pub fn in_shard(t: &TensorArg, s: &ShardArg, r0: u64, c0: u64, rows: u32, cols: u32) -> Block {
         let es = t.elem_bytes();
         assert!(
             r0 + rows as u64 <= s.rows && (c0 + cols as u64) * es <= s.row_bytes,
@@ -99,7 +109,7 @@ impl Block {
         Block {
             addr: Addr {
                 space: Space::Hbm,
-                addr: s.pa + r0 * s.row_bytes + c0 * es,
+                addr: s.addr + r0 * s.row_bytes + c0 * es,
             },
             rows,
             cols,

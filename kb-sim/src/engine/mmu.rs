@@ -1,0 +1,278 @@
+//! The VA model's PE_MMU (ADR-0011 D-VA2..4): page tables per PE, filled
+//! and emptied by map and unmap messages that walk the fabric (host ->
+//! pcie_ep -> io_cpu -> m_cpu -> noc -> pe_mmu), sent only to the SIPs that
+//! hold target PEs, with their latency measured end to end; translation of
+//! DMA addresses page by page, with PA fallback on a page fault.
+
+use std::io::Write;
+
+use kb_format::pa::Pa;
+use kb_format::{Extent, Ps, Space};
+
+use super::host::HostArrive;
+use super::{Act, Arrive, Engine};
+use crate::component::Request;
+use crate::machine::{NodeKind, PeCoord};
+
+/// Bytes of one page-table entry in a map message.
+const ENTRY_BYTES: u64 = 16;
+
+/// Map and unmap messages arriving at io_cpu, m_cpu and pe_mmu.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum MmuArrive {
+    Io { msg: MapMsg, sip: u32 },
+    Mcpu { msg: MapMsg, sip: u32, cube: u32 },
+    Mmu { msg: MapMsg, pe: u32 },
+}
+
+/// Map and unmap fan-out steps.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum MmuAct {
+    IoFanout { msg: MapMsg, sip: u32 },
+    McpuFanout { msg: MapMsg, sip: u32, cube: u32 },
+}
+
+/// Which mapping group of which tensor, map or unmap, sent when.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MapMsg {
+    tensor: u32,
+    group: u32,
+    unmap: bool,
+    sent: Ps,
+}
+
+impl From<MmuArrive> for Arrive {
+    fn from(a: MmuArrive) -> Arrive {
+        Arrive::Mmu(a)
+    }
+}
+
+impl From<MmuAct> for Act {
+    fn from(a: MmuAct) -> Act {
+        Act::Mmu(a)
+    }
+}
+
+/// Map and unmap traffic of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MmuStats {
+    /// Map (unmap) messages that reached a PE_MMU.
+    pub maps: u64,
+    pub unmaps: u64,
+    /// Host send to PE_MMU install, end to end, over all map messages.
+    pub max_map_latency_ps: Ps,
+    pub min_map_latency_ps: Ps,
+    /// Translations that found no mapping and used the address as a PA.
+    pub page_faults: u64,
+}
+
+impl<W: Write> Engine<'_, W> {
+    fn group_bytes(&self, msg: &MapMsg) -> u64 {
+        self.tensors[msg.tensor as usize].mappings[msg.group as usize]
+            .pages
+            .len() as u64
+            * ENTRY_BYTES
+    }
+
+    fn targets(&self, msg: &MapMsg) -> &[PeCoord] {
+        &self.tensors[msg.tensor as usize].mappings[msg.group as usize].targets
+    }
+
+    /// Send every tensor's mappings (or unmappings), one message per target
+    /// SIP; returns how many PE_MMU installs to wait for.
+    pub(super) fn send_mappings(&mut self, unmap: bool) -> usize {
+        let now = self.q.now();
+        let mut installs = 0;
+        let tensors = self.tensors;
+        for t in tensors {
+            for (g, mapping) in t.mappings.iter().enumerate() {
+                let msg = MapMsg {
+                    tensor: t.id,
+                    group: g as u32,
+                    unmap,
+                    sent: now,
+                };
+                let mut sips: Vec<u32> = mapping.targets.iter().map(|p| p.sip).collect();
+                sips.dedup();
+                for sip in sips {
+                    let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                    let bytes = self.group_bytes(&msg);
+                    self.send(self.m.host(), io, bytes, MmuArrive::Io { msg, sip });
+                }
+                installs += mapping.targets.len();
+            }
+        }
+        installs
+    }
+
+    pub(super) fn mmu_arrive(&mut self, a: MmuArrive) {
+        let now = self.q.now();
+        match a {
+            MmuArrive::Io { msg, sip } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let end = self.serve(io, Request::control());
+                self.at(end, MmuAct::IoFanout { msg, sip });
+            }
+            MmuArrive::Mcpu { msg, sip, cube } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                let end = self.serve(mcpu, Request::control());
+                self.at(end, MmuAct::McpuFanout { msg, sip, cube });
+            }
+            MmuArrive::Mmu { msg, pe } => {
+                let mapping = &self.tensors[msg.tensor as usize].mappings[msg.group as usize];
+                let table = &mut self.mmus[pe as usize];
+                for &(va, pa) in &mapping.pages {
+                    if msg.unmap {
+                        table.remove(&va);
+                    } else {
+                        table.insert(va, pa);
+                    }
+                }
+                let latency = now - msg.sent;
+                let s = &mut self.stats.mmu;
+                if msg.unmap {
+                    s.unmaps += 1;
+                } else {
+                    s.min_map_latency_ps = if s.maps == 0 {
+                        latency
+                    } else {
+                        s.min_map_latency_ps.min(latency)
+                    };
+                    s.maps += 1;
+                    s.max_map_latency_ps = s.max_map_latency_ps.max(latency);
+                    // The host launches only after every mapping is in place.
+                    let pc = self.m.pe_coord(pe as usize);
+                    let mmu = self.m.mmu_node(pc).expect("VA model");
+                    self.send(
+                        mmu,
+                        self.m.host(),
+                        super::CONTROL_BYTES,
+                        HostArrive::HostAck,
+                    );
+                }
+            }
+        }
+    }
+
+    pub(super) fn mmu_act(&mut self, a: MmuAct) {
+        match a {
+            MmuAct::IoFanout { msg, sip } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let mut cubes: Vec<u32> = self
+                    .targets(&msg)
+                    .iter()
+                    .filter(|p| p.sip == sip)
+                    .map(|p| p.cube)
+                    .collect();
+                cubes.dedup();
+                let bytes = self.group_bytes(&msg);
+                for cube in cubes {
+                    let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                    self.send(io, mcpu, bytes, MmuArrive::Mcpu { msg, sip, cube });
+                }
+            }
+            MmuAct::McpuFanout { msg, sip, cube } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                let pes: Vec<PeCoord> = self
+                    .targets(&msg)
+                    .iter()
+                    .filter(|p| (p.sip, p.cube) == (sip, cube))
+                    .copied()
+                    .collect();
+                let bytes = self.group_bytes(&msg);
+                for pc in pes {
+                    let mmu = self.m.mmu_node(pc).expect("VA model");
+                    let pe = self.m.pe_index(pc) as u32;
+                    self.send(mcpu, mmu, bytes, MmuArrive::Mmu { msg, pe });
+                }
+            }
+        }
+    }
+
+    /// Translate `len` bytes at virtual `va` for `pe`, page by page, into
+    /// physical pieces; an unmapped page that is a valid HBM PA is used as
+    /// one (the PA fallback).
+    pub(super) fn translate(
+        &mut self,
+        pe: PeCoord,
+        va: u64,
+        len: u64,
+        out: &mut Vec<Extent>,
+    ) -> Result<(), String> {
+        let page = self.m.topo.pe_mmu.page_bytes;
+        let table = &self.mmus[self.m.pe_index(pe)];
+        let mut done = 0;
+        while done < len {
+            let at = va + done;
+            let base = at & !(page - 1);
+            let n = (page - (at - base)).min(len - done);
+            let pa = match table.get(&base) {
+                Some(&pa_page) => pa_page + (at - base),
+                None => match Pa::decode(at) {
+                    Some(p) if p.space == Space::Hbm => {
+                        self.stats.mmu.page_faults += 1;
+                        at
+                    }
+                    _ => {
+                        return Err(format!(
+                            "{at:#x} is not mapped on {pe} and is not an HBM PA (page fault)"
+                        ));
+                    }
+                },
+            };
+            match out.last_mut() {
+                Some(prev) if prev.rows == 1 && prev.pa + prev.len == pa => prev.len += n,
+                _ => out.push(Extent::contiguous(pa, n)),
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// Fold equally long, equally spaced contiguous pieces into 2-D extents.
+pub(super) fn fold_rows(pieces: Vec<Extent>) -> Vec<Extent> {
+    let mut out: Vec<Extent> = Vec::new();
+    for x in pieces {
+        if let Some(prev) = out.last_mut()
+            && x.rows == 1
+            && x.len == prev.len
+        {
+            if prev.rows == 1 && x.pa > prev.pa {
+                prev.stride = x.pa - prev.pa;
+                prev.rows = 2;
+                continue;
+            }
+            if prev.rows > 1 && x.pa == prev.pa + prev.rows as u64 * prev.stride {
+                prev.rows += 1;
+                continue;
+            }
+        }
+        out.push(x);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equally_spaced_pieces_fold_into_one_extent() {
+        let p = |pa, len| Extent::contiguous(pa, len);
+        let folded = fold_rows(vec![p(100, 8), p(164, 8), p(228, 8), p(300, 8), p(400, 4)]);
+        assert_eq!(
+            folded,
+            vec![
+                Extent {
+                    pa: 100,
+                    len: 8,
+                    rows: 3,
+                    stride: 64
+                },
+                p(300, 8),
+                p(400, 4)
+            ]
+        );
+    }
+}
