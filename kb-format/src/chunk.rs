@@ -83,6 +83,20 @@ pub fn pad_to_align(n: u64) -> u64 {
     n.div_ceil(ALIGN) * ALIGN
 }
 
+/// Check that the padding after a payload (found at stream offset `at`) is
+/// all zero. No checksum covers the padding of the footer chunk, so a
+/// reader must check it to notice damage there.
+pub fn check_padding(pad: &[u8], at: u64) -> Result<()> {
+    match pad.iter().position(|&b| b != 0) {
+        None => Ok(()),
+        Some(i) => Err(FormatError::malformed(
+            at + i as u64,
+            "chunk padding",
+            format!("padding byte is {:#04x}, expected 0", pad[i]),
+        )),
+    }
+}
+
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }

@@ -21,6 +21,19 @@ pub struct IndexEntry {
     pub aux: [u64; 2],
 }
 
+impl IndexEntry {
+    /// The 32 bytes of this entry in the footer.
+    pub fn encode(&self) -> [u8; INDEX_ENTRY] {
+        let mut b = [0u8; INDEX_ENTRY];
+        b[0..8].copy_from_slice(&self.offset.to_le_bytes());
+        b[8..12].copy_from_slice(&self.kind.code().to_le_bytes());
+        b[12..16].copy_from_slice(&self.ordinal.to_le_bytes());
+        b[16..24].copy_from_slice(&self.aux[0].to_le_bytes());
+        b[24..32].copy_from_slice(&self.aux[1].to_le_bytes());
+        b
+    }
+}
+
 /// The decoded footer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Footer {
@@ -46,11 +59,7 @@ impl Footer {
             b.extend_from_slice(&v.to_le_bytes());
         }
         for e in &self.index {
-            b.extend_from_slice(&e.offset.to_le_bytes());
-            b.extend_from_slice(&e.kind.code().to_le_bytes());
-            b.extend_from_slice(&e.ordinal.to_le_bytes());
-            b.extend_from_slice(&e.aux[0].to_le_bytes());
-            b.extend_from_slice(&e.aux[1].to_le_bytes());
+            b.extend_from_slice(&e.encode());
         }
         b
     }

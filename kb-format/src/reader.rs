@@ -10,7 +10,7 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use crate::chunk::{self, BLOCK, ChunkHeader, ChunkKind, Trailer};
 use crate::error::{FormatError, Result};
-use crate::footer::Footer;
+use crate::footer::{FOOTER_FIXED, Footer, IndexEntry};
 use crate::record_codec::RecordDecoder;
 use crate::types::{Meta, Ps, Record, VerifySpec};
 
@@ -125,21 +125,81 @@ pub struct RecordChunk<'a> {
     dec: RecordDecoder<'a>,
     strings: &'a Strings,
     last: &'a mut Option<(Ps, u64)>,
-    at: u64,
+    /// (t_start, op_id) the chunk header says the first record has; taken
+    /// when the first record is checked.
+    first: Option<(Ps, u64)>,
+    /// Strings defined before this chunk: the ids its records may use.
+    defined: u64,
 }
 
 impl<'a> RecordChunk<'a> {
+    /// A chunk whose header is `h` and payload `p`, at stream offset `at`.
+    /// `defined` strings of `strings` were defined before the chunk.
+    fn new(
+        h: &ChunkHeader,
+        p: &'a [u8],
+        at: u64,
+        (strings, defined): (&'a Strings, usize),
+        last: &'a mut Option<(Ps, u64)>,
+    ) -> Self {
+        RecordChunk {
+            dec: RecordDecoder::new(p, at, h.aux[0]),
+            strings,
+            last,
+            first: Some((h.aux[1], h.aux[2])),
+            defined: defined.min(strings.len()) as u64,
+        }
+    }
+
     /// Decode the next record into `r` (reusing its allocations); false at
     /// the end of the chunk.
     pub fn next_into(&mut self, r: &mut Record) -> Result<bool> {
+        let at = self.dec.offset();
         if !self.dec.next_into(r)? {
             return Ok(false);
         }
-        let n = self.strings.len() as u64;
+        let key = (r.t_start, r.op_id);
+        if let Some(first) = self.first.take()
+            && first != key
+        {
+            return Err(FormatError::malformed(
+                at,
+                "records chunk",
+                format!(
+                    "first record is op {} at {} ps, but the chunk header says op {} at {} ps",
+                    r.op_id, r.t_start, first.1, first.0
+                ),
+            ));
+        }
+        let n = self.defined;
+        if (r.component as u64) < n && (r.op_name as u64) < n && r.deps.is_empty() {
+            // Fast path: nothing to report.
+        } else {
+            self.check_ids(r, at)?;
+        }
+        if let Some(last) = *self.last
+            && key <= last
+        {
+            return Err(FormatError::malformed(
+                at,
+                "records chunk",
+                format!(
+                    "op {} at {} ps is out of (t_start, op_id) order after op {} at {} ps",
+                    r.op_id, r.t_start, last.1, last.0
+                ),
+            ));
+        }
+        *self.last = Some(key);
+        Ok(true)
+    }
+
+    #[cold]
+    fn check_ids(&self, r: &Record, at: u64) -> Result<()> {
+        let n = self.defined;
         for (what, id) in [("component", r.component), ("op name", r.op_name)] {
             if id as u64 >= n {
                 return Err(FormatError::DanglingId {
-                    offset: self.at,
+                    offset: at,
                     what,
                     id: id as u64,
                     detail: format!(
@@ -152,28 +212,14 @@ impl<'a> RecordChunk<'a> {
         for &d in &r.deps {
             if d >= r.op_id {
                 return Err(FormatError::DanglingId {
-                    offset: self.at,
+                    offset: at,
                     what: "dependency",
                     id: d,
                     detail: format!("op {} depends on an op that does not precede it", r.op_id),
                 });
             }
         }
-        let key = (r.t_start, r.op_id);
-        if let Some(last) = *self.last
-            && key <= last
-        {
-            return Err(FormatError::malformed(
-                self.at,
-                "records chunk",
-                format!(
-                    "op {} at {} ps is out of (t_start, op_id) order after op {} at {} ps",
-                    r.op_id, r.t_start, last.1, last.0
-                ),
-            ));
-        }
-        *self.last = Some(key);
-        Ok(true)
+        Ok(())
     }
 
     pub fn strings(&self) -> &Strings {
@@ -193,6 +239,20 @@ pub enum Event<'a> {
     Records(RecordChunk<'a>),
 }
 
+/// Decode a postcard payload that must be used up exactly.
+fn decode_all<T: serde::de::DeserializeOwned>(p: &[u8], at: u64, what: &str) -> Result<T> {
+    let (v, rest) = postcard::take_from_bytes(p)
+        .map_err(|e| FormatError::malformed(at, what, e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(FormatError::malformed(
+            at + (p.len() - rest.len()) as u64,
+            what,
+            format!("{} bytes after the encoded value", rest.len()),
+        ));
+    }
+    Ok(v)
+}
+
 /// Validation state shared by both readers.
 #[derive(Debug, Default)]
 struct State {
@@ -208,8 +268,7 @@ struct State {
 
 impl State {
     fn meta(p: &[u8], at: u64) -> Result<Meta> {
-        postcard::from_bytes(p)
-            .map_err(|e| FormatError::malformed(at, "metadata chunk", e.to_string()))
+        decode_all(p, at, "metadata chunk")
     }
 
     fn tensor(&mut self, h: &ChunkHeader, at: u64) -> Result<()> {
@@ -237,9 +296,42 @@ impl State {
         Ok(())
     }
 
+    /// Account for a records chunk whose header `h` is at `at`.
+    fn records(&mut self, h: &ChunkHeader, at: u64) -> Result<()> {
+        // Every record takes at least one byte (in fact eight), so a count
+        // larger than the payload is corrupt; this also keeps the sum of
+        // counts from overflowing.
+        let count = h.aux[0];
+        if count > h.len || (count == 0) != (h.len == 0) {
+            return Err(FormatError::BadLength {
+                offset: at + 16,
+                what: "records chunk record count".into(),
+                len: count,
+                limit: h.len,
+            });
+        }
+        self.records += count;
+        Ok(())
+    }
+
+    /// Called for every chunk after the meta chunk and before the footer:
+    /// the verify chunk comes exactly once, last.
+    fn order(&self, h: &ChunkHeader, at: u64) -> Result<()> {
+        if self.verify.is_some() {
+            return Err(FormatError::malformed(
+                at,
+                "trace",
+                format!(
+                    "{} chunk after the verify chunk (only the footer may follow it)",
+                    h.kind.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn verify(p: &[u8], at: u64) -> Result<VerifySpec> {
-        postcard::from_bytes(p)
-            .map_err(|e| FormatError::malformed(at, "verify chunk", e.to_string()))
+        decode_all(p, at, "verify chunk")
     }
 
     /// Compare the footer with what was read.
@@ -284,6 +376,8 @@ pub struct StreamReader<R: Read> {
     buf: Vec<u8>,
     state: State,
     ordinal: u32,
+    /// Hash of the footer index entries the chunks read so far call for.
+    index: Xxh3,
 }
 
 impl<R: Read> std::fmt::Debug for StreamReader<R> {
@@ -304,6 +398,7 @@ impl<R: Read> StreamReader<R> {
             buf: Vec::new(),
             state: State::default(),
             ordinal: 0,
+            index: Xxh3::new(),
         };
         let mut h = [0u8; BLOCK];
         s.read_exact(&mut h, "the 64-byte file header")?;
@@ -391,7 +486,19 @@ impl<R: Read> StreamReader<R> {
             ));
         }
         self.digest_pending(&h, pat)?;
+        chunk::check_padding(&self.buf[h.len as usize..], pat + h.len)?;
         self.buf.truncate(h.len as usize);
+        if h.kind != ChunkKind::Footer {
+            self.index.update(
+                &IndexEntry {
+                    offset: at,
+                    kind: h.kind,
+                    ordinal: h.ordinal,
+                    aux: [h.aux[0], h.aux[1]],
+                }
+                .encode(),
+            );
+        }
         Ok((h, pat))
     }
 
@@ -411,6 +518,9 @@ impl<R: Read> StreamReader<R> {
             // The stream digest covers every byte before the footer chunk.
             let digest_before = self.digest.digest();
             let (h, at) = self.read_chunk()?;
+            if h.kind != ChunkKind::Footer {
+                self.state.order(&h, at - BLOCK as u64)?;
+            }
             match h.kind {
                 ChunkKind::Meta => {
                     return Err(FormatError::malformed(at, "trace", "a second meta chunk"));
@@ -426,7 +536,22 @@ impl<R: Read> StreamReader<R> {
                 ChunkKind::Footer => {
                     // The digest must exclude the footer chunk header too.
                     let footer = Footer::decode(&self.buf, at)?;
+                    if self.state.verify.is_none() {
+                        return Err(FormatError::malformed(
+                            at - BLOCK as u64,
+                            "trace",
+                            "no verify chunk before the footer",
+                        ));
+                    }
                     self.state.check_footer(&footer, at, Some(digest_before))?;
+                    let stored = xxh3_64(&self.buf[FOOTER_FIXED..]);
+                    if stored != self.index.digest() {
+                        return Err(FormatError::malformed(
+                            at + FOOTER_FIXED as u64,
+                            "footer index",
+                            "does not list the chunks of the stream",
+                        ));
+                    }
                     let mut tb = [0u8; BLOCK];
                     let tat = self.offset;
                     self.read_exact(&mut tb, "the 64-byte trailer")?;
@@ -450,7 +575,7 @@ impl<R: Read> StreamReader<R> {
                     return Ok(None);
                 }
                 ChunkKind::Tensor => {
-                    self.state.tensor(&h, at)?;
+                    self.state.tensor(&h, at - BLOCK as u64)?;
                     self.state.chunks += 1;
                     return Ok(Some(Event::Tensor {
                         tensor: h.aux[0] as u32,
@@ -459,14 +584,15 @@ impl<R: Read> StreamReader<R> {
                     }));
                 }
                 ChunkKind::Records => {
-                    self.state.records += h.aux[0];
+                    self.state.records(&h, at - BLOCK as u64)?;
                     self.state.chunks += 1;
-                    return Ok(Some(Event::Records(RecordChunk {
-                        dec: RecordDecoder::new(&self.buf, at, h.aux[0]),
-                        strings: &self.state.strings,
-                        last: &mut self.state.last,
+                    return Ok(Some(Event::Records(RecordChunk::new(
+                        &h,
+                        &self.buf,
                         at,
-                    })));
+                        (&self.state.strings, self.state.strings.len()),
+                        &mut self.state.last,
+                    ))));
                 }
             }
         }
@@ -496,6 +622,8 @@ pub struct MmapTrace {
     verify: VerifySpec,
     footer: Footer,
     footer_offset: u64,
+    /// For each chunk (by ordinal), the strings defined before it.
+    strings_before: Vec<u32>,
 }
 
 impl MmapTrace {
@@ -539,7 +667,12 @@ impl MmapTrace {
             ));
         }
         let fat = t.footer_offset;
-        if fat < BLOCK as u64 || fat >= tat {
+        // The footer chunk needs at least its header between the first
+        // chunk (after the file header) and the trailer.
+        if fat < BLOCK as u64
+            || !fat.is_multiple_of(chunk::ALIGN)
+            || fat.checked_add(BLOCK as u64).is_none_or(|e| e > tat)
+        {
             return Err(FormatError::malformed(
                 tat + 8,
                 "trailer",
@@ -554,9 +687,6 @@ impl MmapTrace {
                 "footer offset does not point at the footer chunk",
             ));
         }
-        let fp = &b[(fat as usize + BLOCK)..(fat as usize + BLOCK + fh.len as usize)];
-        fh.check_payload(fp, fat + BLOCK as u64)?;
-        let footer = Footer::decode(fp, fat + BLOCK as u64)?;
         if fat + fh.total_len() != tat {
             return Err(FormatError::malformed(
                 fat,
@@ -564,10 +694,29 @@ impl MmapTrace {
                 "footer chunk does not end at the trailer",
             ));
         }
+        let fpat = fat + BLOCK as u64;
+        let fp = &b[fpat as usize..(fpat + fh.len) as usize];
+        fh.check_payload(fp, fpat)?;
+        // No checksum or digest covers the footer's padding.
+        chunk::check_padding(&b[(fpat + fh.len) as usize..tat as usize], fpat + fh.len)?;
+        let footer = Footer::decode(fp, fpat)?;
+        if fh.ordinal as usize != footer.index.len() {
+            return Err(FormatError::malformed(
+                fat + 48,
+                "chunk header",
+                format!(
+                    "footer ordinal {}, expected {} (one after the last indexed chunk)",
+                    fh.ordinal,
+                    footer.index.len()
+                ),
+            ));
+        }
 
         let mut state = State::default();
+        let mut strings_before = Vec::with_capacity(footer.index.len());
         let mut expect_at = BLOCK as u64;
         for (i, e) in footer.index.iter().enumerate() {
+            strings_before.push(state.strings.len() as u32);
             if e.offset != expect_at || e.ordinal as usize != i {
                 return Err(FormatError::malformed(
                     fat,
@@ -578,11 +727,15 @@ impl MmapTrace {
                     ),
                 ));
             }
-            let h = ChunkHeader::decode(
-                block(e.offset)?,
-                e.offset,
-                Some(fat - e.offset - BLOCK as u64),
-            )?;
+            // Chunks before the footer must end before it.
+            let room = fat.checked_sub(e.offset + BLOCK as u64).ok_or_else(|| {
+                FormatError::malformed(
+                    fat,
+                    "footer index",
+                    format!("entry {i} at offset {} overlaps the footer", e.offset),
+                )
+            })?;
+            let h = ChunkHeader::decode(block(e.offset)?, e.offset, Some(room))?;
             if h.kind != e.kind || h.ordinal != e.ordinal || [h.aux[0], h.aux[1]] != e.aux {
                 return Err(FormatError::malformed(
                     e.offset,
@@ -590,8 +743,13 @@ impl MmapTrace {
                     format!("does not match footer index entry {i}"),
                 ));
             }
+            if i > 0 && h.kind != ChunkKind::Footer {
+                state.order(&h, e.offset)?;
+            }
             let pat = e.offset + BLOCK as u64;
             let payload = &b[pat as usize..(pat + h.len) as usize];
+            let pad_end = (e.offset + h.total_len()) as usize;
+            chunk::check_padding(&b[(pat + h.len) as usize..pad_end], pat + h.len)?;
             match h.kind {
                 ChunkKind::Meta if i == 0 => {
                     h.check_payload(payload, pat)?;
@@ -620,7 +778,7 @@ impl MmapTrace {
                     state.verify = Some(State::verify(payload, pat)?);
                 }
                 ChunkKind::Tensor => state.tensor(&h, e.offset)?,
-                ChunkKind::Records => state.records += h.aux[0],
+                ChunkKind::Records => state.records(&h, e.offset)?,
                 ChunkKind::Footer => {
                     return Err(FormatError::malformed(
                         e.offset,
@@ -630,6 +788,8 @@ impl MmapTrace {
                 }
             }
             state.chunks += 1;
+            // Cannot pass `fat`: the payload ends before it and `fat` is
+            // aligned, so the padded end is at most `fat`.
             expect_at += h.total_len();
         }
         if expect_at != fat {
@@ -651,6 +811,7 @@ impl MmapTrace {
             verify,
             footer,
             footer_offset: fat,
+            strings_before,
         })
     }
 
@@ -693,6 +854,8 @@ impl MmapTrace {
         let pat = offset + BLOCK as u64;
         let p = &self.map[pat as usize..(pat + h.len) as usize];
         h.check_payload(p, pat)?;
+        let end = offset + h.total_len();
+        chunk::check_padding(&self.map[(pat + h.len) as usize..end as usize], pat + h.len)?;
         Ok((h, p, pat))
     }
 
@@ -726,12 +889,7 @@ impl MmapTrace {
         let mut last = None;
         for e in self.record_chunks() {
             let (h, p, pat) = self.payload(e.offset)?;
-            let mut c = RecordChunk {
-                dec: RecordDecoder::new(p, pat, h.aux[0]),
-                strings: &self.strings,
-                last: &mut last,
-                at: pat,
-            };
+            let mut c = RecordChunk::new(&h, p, pat, self.strings_at(e.ordinal), &mut last);
             while c.next_into(&mut r)? {
                 f(&r, &self.strings)?;
             }
@@ -755,17 +913,24 @@ impl MmapTrace {
                 }
                 ChunkKind::Records => {
                     let (h, p, pat) = self.payload(e.offset)?;
-                    f(Event::Records(RecordChunk {
-                        dec: RecordDecoder::new(p, pat, h.aux[0]),
-                        strings: &self.strings,
-                        last: &mut last,
-                        at: pat,
-                    }))?;
+                    f(Event::Records(RecordChunk::new(
+                        &h,
+                        p,
+                        pat,
+                        self.strings_at(e.ordinal),
+                        &mut last,
+                    )))?;
                 }
                 _ => {}
             }
         }
         Ok(())
+    }
+
+    /// The string table and how many of its strings chunk `ordinal` may use.
+    fn strings_at(&self, ordinal: u32) -> (&Strings, usize) {
+        let n = self.strings_before.get(ordinal as usize).copied();
+        (&self.strings, n.unwrap_or(0) as usize)
     }
 
     /// The whole file as bytes.

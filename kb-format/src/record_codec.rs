@@ -2,6 +2,12 @@
 //! op ids, start times, effect sequence numbers and addresses delta-coded
 //! against the previous value in the same chunk. Each chunk starts from a
 //! zero state, so any records chunk decodes on its own (random access).
+//!
+//! Addresses use two predictors: the read side (read ranges, and the
+//! params addresses a kernel reads from) and the write side (write ranges
+//! and output addresses). A memory op's `src` then codes against its own
+//! read range and `dst` against its write range. docs/trace-format.md
+//! gives the exact layout.
 
 use crate::error::{FormatError, Result};
 use crate::types::*;
@@ -12,21 +18,211 @@ const F_WRITE: u8 = 1 << 2;
 const F_DEPS: u8 = 1 << 3;
 const F_KNOWN: u8 = F_FINGERPRINT | F_READ | F_WRITE | F_DEPS;
 
+/// Address predictor of the read side.
+const RD: usize = 0;
+/// Address predictor of the write side.
+const WR: usize = 1;
+
+/// Largest number of math inputs, effect ranges and dependencies a record
+/// may have (the decoder refuses more; the writer checks before encoding).
+pub const MAX_MATH_INPUTS: usize = 64;
+pub const MAX_RANGES: usize = 1 << 20;
+pub const MAX_DEPS: usize = 1 << 20;
+
 /// Delta-coding state shared by the encoder and decoder.
 #[derive(Debug, Default, Clone, Copy)]
 struct State {
     op_id: u64,
     t_start: u64,
     seq: u64,
-    addr: u64,
+    addr: [u64; 2],
 }
 
+#[inline(always)]
 fn zigzag(d: i64) -> u64 {
     ((d << 1) ^ (d >> 63)) as u64
 }
 
+#[inline(always)]
 fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Bytes of a varint at most.
+const V: usize = 10;
+
+/// An upper bound of the encoded size of `r`, so that the encoder can
+/// write into a slice sized once per record.
+fn size_bound(r: &Record) -> usize {
+    let effect = |e: &Option<Effect>| e.as_ref().map_or(0, |e| 3 * V + e.ranges.len() * 4 * V);
+    let params = match &r.params {
+        Params::None => 0,
+        Params::Raw(b) => b.len(),
+        Params::Memory(_) => 2 * (1 + V) + 4 * V + 1,
+        Params::Gemm(_) => 4 * (1 + V) + 1 + 3 * V + 4,
+        Params::Math(m) => 1 + V + m.inputs.len() * (2 + 3 * V + 1) + (1 + V) + 2 * V + 2,
+    };
+    2 + 5 * V + 8 + V + r.deps.len() * V + effect(&r.read) + effect(&r.write) + V + params
+}
+
+/// A cursor writing into a slice known to be large enough.
+struct Out<'a> {
+    b: &'a mut [u8],
+    pos: usize,
+}
+
+impl Out<'_> {
+    #[inline(always)]
+    fn byte(&mut self, v: u8) {
+        self.b[self.pos] = v;
+        self.pos += 1;
+    }
+
+    /// Values up to 56 bits are spread into one 8-byte little-endian store
+    /// (the size bound leaves 10 bytes per varint, so the store fits; the
+    /// bytes past the varint are overwritten or truncated later).
+    #[inline(always)]
+    fn varint(&mut self, v: u64) {
+        if v < 0x80 {
+            self.byte(v as u8);
+        } else if v < 0x4000 {
+            self.b[self.pos..self.pos + 2].copy_from_slice(&[(v as u8) | 0x80, (v >> 7) as u8]);
+            self.pos += 2;
+        } else if v < 1 << 56 {
+            let x = (v & 0x7f)
+                | ((v << 1) & (0x7f << 8))
+                | ((v << 2) & (0x7f << 16))
+                | ((v << 3) & (0x7f << 24))
+                | ((v << 4) & (0x7f << 32))
+                | ((v << 5) & (0x7f << 40))
+                | ((v << 6) & (0x7f << 48))
+                | ((v << 7) & (0x7f << 56));
+            let n = (64 - v.leading_zeros() as usize).div_ceil(7); // 2..=8
+            let cont = 0x8080_8080_8080_8080u64 >> (64 - 8 * (n - 1));
+            self.b[self.pos..self.pos + 8].copy_from_slice(&(x | cont).to_le_bytes());
+            self.pos += n;
+        } else {
+            let mut v = v;
+            while v >= 0x80 {
+                self.byte((v as u8) | 0x80);
+                v >>= 7;
+            }
+            self.byte(v as u8);
+        }
+    }
+
+    #[inline(always)]
+    fn signed(&mut self, d: i64) {
+        self.varint(zigzag(d));
+    }
+
+    #[inline(always)]
+    fn fixed(&mut self, v: u64) {
+        self.b[self.pos..self.pos + 8].copy_from_slice(&v.to_le_bytes());
+        self.pos += 8;
+    }
+
+    #[inline(always)]
+    fn addr(&mut self, st: &mut State, side: usize, a: u64) {
+        self.signed(a.wrapping_sub(st.addr[side]) as i64);
+        st.addr[side] = a;
+    }
+
+    #[inline(always)]
+    fn space_addr(&mut self, st: &mut State, side: usize, a: Addr) {
+        self.byte(a.space as u8);
+        self.addr(st, side, a.addr);
+    }
+
+    #[inline(always)]
+    fn effect(&mut self, st: &mut State, side: usize, e: &Effect, t_start: Ps) {
+        self.signed(e.time.wrapping_sub(t_start) as i64);
+        self.signed(e.seq.wrapping_sub(st.seq) as i64);
+        st.seq = e.seq;
+        self.varint(e.ranges.len() as u64);
+        for x in &e.ranges {
+            self.addr(st, side, x.pa);
+            self.varint(x.len);
+            self.varint(x.rows as u64);
+            if x.rows > 1 {
+                self.varint(x.stride);
+            }
+        }
+    }
+
+    fn params(&mut self, st: &mut State, p: &Params) {
+        match p {
+            Params::None => {}
+            Params::Raw(bytes) => {
+                self.b[self.pos..self.pos + bytes.len()].copy_from_slice(bytes);
+                self.pos += bytes.len();
+            }
+            Params::Memory(m) => {
+                self.space_addr(st, RD, m.src);
+                self.space_addr(st, WR, m.dst);
+                self.varint(m.rows as u64);
+                self.varint(m.row_bytes);
+                if m.rows > 1 {
+                    self.varint(m.src_stride);
+                    self.varint(m.dst_stride);
+                }
+                self.byte(m.dtype.map_or(0xff, |d| d as u8));
+            }
+            Params::Gemm(g) => {
+                self.space_addr(st, RD, g.a);
+                self.space_addr(st, RD, g.b);
+                self.space_addr(st, WR, g.out);
+                match g.acc {
+                    Some(a) => {
+                        self.byte(1);
+                        self.space_addr(st, RD, a);
+                    }
+                    None => self.byte(0),
+                }
+                self.varint(g.m as u64);
+                self.varint(g.k as u64);
+                self.varint(g.n as u64);
+                self.byte(g.dtype_in as u8);
+                self.byte(g.dtype_acc as u8);
+                self.byte(g.dtype_out as u8);
+                let bits = (g.transpose_a as u8)
+                    | (g.transpose_b as u8) << 1
+                    | ((g.layout_a == Layout::ColMajor) as u8) << 2
+                    | ((g.layout_b == Layout::ColMajor) as u8) << 3
+                    | ((g.layout_out == Layout::ColMajor) as u8) << 4;
+                self.byte(bits);
+            }
+            Params::Math(m) => {
+                self.byte(m.op as u8);
+                self.varint(m.inputs.len() as u64);
+                for i in &m.inputs {
+                    match *i {
+                        MathInput::Tile {
+                            addr,
+                            rows,
+                            cols,
+                            dtype,
+                        } => {
+                            self.byte(0);
+                            self.space_addr(st, RD, addr);
+                            self.varint(rows as u64);
+                            self.varint(cols as u64);
+                            self.byte(dtype as u8);
+                        }
+                        MathInput::Scalar(v) => {
+                            self.byte(1);
+                            self.fixed(v.to_bits());
+                        }
+                    }
+                }
+                self.space_addr(st, WR, m.out);
+                self.varint(m.rows as u64);
+                self.varint(m.cols as u64);
+                self.byte(m.dtype as u8);
+                self.byte(m.axis.unwrap_or(0xff));
+            }
+        }
+    }
 }
 
 /// Appends records to a buffer.
@@ -47,6 +243,16 @@ impl RecordEncoder {
         self.count == 0
     }
 
+    /// Records encoded since the last reset.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The encoded records: a records chunk payload.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// Forget the buffered chunk and start a new one.
     pub fn reset(&mut self) {
         self.state = State::default();
@@ -55,182 +261,72 @@ impl RecordEncoder {
         self.first = None;
     }
 
-    #[inline]
-    fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.buf.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.buf.push(v as u8);
-    }
-
-    #[inline]
-    fn signed(&mut self, d: i64) {
-        self.varint(zigzag(d));
-    }
-
-    #[inline]
-    fn addr(&mut self, a: u64) {
-        let d = a.wrapping_sub(self.state.addr) as i64;
-        self.signed(d);
-        self.state.addr = a;
-    }
-
-    fn space_addr(&mut self, a: Addr) {
-        self.buf.push(a.space as u8);
-        self.addr(a.addr);
-    }
-
-    fn effect(&mut self, e: &Effect, t_start: Ps) {
-        self.signed(e.time.wrapping_sub(t_start) as i64);
-        self.signed(e.seq.wrapping_sub(self.state.seq) as i64);
-        self.state.seq = e.seq;
-        self.varint(e.ranges.len() as u64);
-        for x in &e.ranges {
-            self.addr(x.pa);
-            self.varint(x.len);
-            self.varint(x.rows as u64);
-            if x.rows > 1 {
-                self.varint(x.stride);
-            }
-        }
-    }
-
     /// Encode one record. The caller guarantees (t_start, op_id) order
-    /// within the chunk; t_start never decreases.
+    /// within the chunk (the writer does); a record out of order encodes,
+    /// but the chunk will not decode.
     pub fn push(&mut self, r: &Record) {
         debug_assert!(r.t_start >= self.state.t_start || self.count == 0);
         if self.first.is_none() {
             self.first = Some((r.t_start, r.op_id));
         }
-        let mut flags = 0u8;
-        if r.fingerprint.is_some() {
-            flags |= F_FINGERPRINT;
-        }
-        if r.read.is_some() {
-            flags |= F_READ;
-        }
-        if r.write.is_some() {
-            flags |= F_WRITE;
-        }
-        if !r.deps.is_empty() {
-            flags |= F_DEPS;
-        }
-        self.buf.push(flags);
-        self.buf.push(r.kind.code());
-        self.signed(r.op_id.wrapping_sub(self.state.op_id) as i64);
-        self.state.op_id = r.op_id;
-        self.varint(r.t_start - self.state.t_start);
-        self.state.t_start = r.t_start;
-        self.varint(r.t_end.saturating_sub(r.t_start));
-        self.varint(r.component as u64);
-        self.varint(r.op_name as u64);
+        let start = self.buf.len();
+        self.buf.resize(start + size_bound(r), 0);
+        let mut o = Out {
+            b: &mut self.buf[start..],
+            pos: 0,
+        };
+        let st = &mut self.state;
+        let flags = ((r.fingerprint.is_some() as u8) * F_FINGERPRINT)
+            | ((r.read.is_some() as u8) * F_READ)
+            | ((r.write.is_some() as u8) * F_WRITE)
+            | ((!r.deps.is_empty() as u8) * F_DEPS);
+        o.byte(flags);
+        o.byte(r.kind.code());
+        o.signed(r.op_id.wrapping_sub(st.op_id) as i64);
+        st.op_id = r.op_id;
+        o.varint(r.t_start.wrapping_sub(st.t_start));
+        st.t_start = r.t_start;
+        o.varint(r.t_end.saturating_sub(r.t_start));
+        o.varint(r.component as u64);
+        o.varint(r.op_name as u64);
         if let Some(fp) = r.fingerprint {
-            self.buf.extend_from_slice(&fp.to_le_bytes());
+            o.fixed(fp);
         }
         if !r.deps.is_empty() {
-            self.varint(r.deps.len() as u64);
+            o.varint(r.deps.len() as u64);
             for &d in &r.deps {
-                self.signed(r.op_id.wrapping_sub(d) as i64);
+                o.signed(r.op_id.wrapping_sub(d) as i64);
             }
         }
         if let Some(e) = &r.read {
-            self.effect(e, r.t_start);
+            o.effect(st, RD, e, r.t_start);
         }
         if let Some(e) = &r.write {
-            self.effect(e, r.t_start);
+            o.effect(st, WR, e, r.t_start);
         }
         // Params are length-prefixed so that readers can skip kinds they do
-        // not know. Encode in place, then move the body behind its length.
-        // One length byte is reserved; longer lengths shift the body.
-        let len_at = self.buf.len();
-        self.buf.push(0);
-        self.params(&r.params);
-        let body_len = (self.buf.len() - len_at - 1) as u64;
+        // not know. Encode in place after one reserved length byte; a body
+        // of 128 bytes or more moves up to make room for a longer length.
+        let len_at = o.pos;
+        o.pos += 1;
+        o.params(st, &r.params);
+        let body_len = o.pos - len_at - 1;
         if body_len < 0x80 {
-            self.buf[len_at] = body_len as u8;
+            o.b[len_at] = body_len as u8;
         } else {
-            let mut tmp = [0u8; 10];
-            let n = encode_varint(body_len, &mut tmp);
-            self.buf
-                .splice(len_at..len_at + 1, tmp[..n].iter().copied());
+            let mut tmp = [0u8; V];
+            let n = encode_varint(body_len as u64, &mut tmp);
+            o.b.copy_within(len_at + 1..o.pos, len_at + n);
+            o.b[len_at..len_at + n].copy_from_slice(&tmp[..n]);
+            o.pos += n - 1;
         }
+        let end = start + o.pos;
+        self.buf.truncate(end);
         self.count += 1;
-    }
-
-    fn params(&mut self, p: &Params) {
-        match p {
-            Params::None => {}
-            Params::Raw(bytes) => self.buf.extend_from_slice(bytes),
-            Params::Memory(m) => {
-                self.space_addr(m.src);
-                self.space_addr(m.dst);
-                self.varint(m.rows as u64);
-                self.varint(m.row_bytes);
-                if m.rows > 1 {
-                    self.varint(m.src_stride);
-                    self.varint(m.dst_stride);
-                }
-                self.buf.push(m.dtype.map_or(0xff, |d| d as u8));
-            }
-            Params::Gemm(g) => {
-                self.space_addr(g.a);
-                self.space_addr(g.b);
-                self.space_addr(g.out);
-                match g.acc {
-                    Some(a) => {
-                        self.buf.push(1);
-                        self.space_addr(a);
-                    }
-                    None => self.buf.push(0),
-                }
-                self.varint(g.m as u64);
-                self.varint(g.k as u64);
-                self.varint(g.n as u64);
-                self.buf.push(g.dtype_in as u8);
-                self.buf.push(g.dtype_acc as u8);
-                self.buf.push(g.dtype_out as u8);
-                let bits = (g.transpose_a as u8)
-                    | (g.transpose_b as u8) << 1
-                    | ((g.layout_a == Layout::ColMajor) as u8) << 2
-                    | ((g.layout_b == Layout::ColMajor) as u8) << 3
-                    | ((g.layout_out == Layout::ColMajor) as u8) << 4;
-                self.buf.push(bits);
-            }
-            Params::Math(m) => {
-                self.buf.push(m.op as u8);
-                self.varint(m.inputs.len() as u64);
-                for i in &m.inputs {
-                    match *i {
-                        MathInput::Tile {
-                            addr,
-                            rows,
-                            cols,
-                            dtype,
-                        } => {
-                            self.buf.push(0);
-                            self.space_addr(addr);
-                            self.varint(rows as u64);
-                            self.varint(cols as u64);
-                            self.buf.push(dtype as u8);
-                        }
-                        MathInput::Scalar(v) => {
-                            self.buf.push(1);
-                            self.buf.extend_from_slice(&v.to_le_bytes());
-                        }
-                    }
-                }
-                self.space_addr(m.out);
-                self.varint(m.rows as u64);
-                self.varint(m.cols as u64);
-                self.buf.push(m.dtype as u8);
-                self.buf.push(m.axis.unwrap_or(0xff));
-            }
-        }
     }
 }
 
-fn encode_varint(mut v: u64, out: &mut [u8; 10]) -> usize {
+fn encode_varint(mut v: u64, out: &mut [u8; V]) -> usize {
     let mut i = 0;
     while v >= 0x80 {
         out[i] = (v as u8) | 0x80;
@@ -241,12 +337,168 @@ fn encode_varint(mut v: u64, out: &mut [u8; 10]) -> usize {
     i + 1
 }
 
+/// A cursor over a records chunk payload. Reads never fail: past the end
+/// (or on a malformed varint) they return 0 and note the first failure,
+/// which the record decoder checks once per record. That keeps error
+/// branches out of the hot path; every loop count is bounded by the bytes
+/// left, so reading zeros after a failure ends quickly.
+#[derive(Debug)]
+struct Cur<'a> {
+    b: &'a [u8],
+    p: usize,
+    /// First failure: (position, what went wrong).
+    bad: Option<(usize, &'static str)>,
+}
+
+impl Cur<'_> {
+    #[cold]
+    #[inline(never)]
+    fn fail(&mut self, what: &'static str) {
+        if self.bad.is_none() {
+            self.bad = Some((self.p, what));
+        }
+        self.p = self.b.len();
+    }
+
+    #[inline(always)]
+    fn left(&self) -> usize {
+        self.b.len() - self.p
+    }
+
+    #[inline(always)]
+    fn byte(&mut self) -> u8 {
+        match self.b.get(self.p) {
+            Some(&x) => {
+                self.p += 1;
+                x
+            }
+            None => {
+                self.fail(PAST_END);
+                0
+            }
+        }
+    }
+
+    /// A LEB128 varint of at most 10 bytes. Values of one or two bytes
+    /// (most deltas, ids, counts and lengths) take the inlined path.
+    #[inline(always)]
+    fn varint(&mut self) -> u64 {
+        let p = self.p;
+        if p + 1 < self.b.len() {
+            let (b0, b1) = (self.b[p], self.b[p + 1]);
+            if b0 < 0x80 {
+                self.p += 1;
+                return b0 as u64;
+            }
+            if b1 < 0x80 {
+                self.p += 2;
+                return (b0 & 0x7f) as u64 | (b1 as u64) << 7;
+            }
+        }
+        self.varint_multi()
+    }
+
+    /// A varint of more than two bytes, or one near the end of the chunk.
+    /// Up to 8 bytes with 8 bytes left: decoded from one little-endian
+    /// word without a loop (addresses deltas are often 5 to 8 bytes).
+    #[inline(never)]
+    fn varint_multi(&mut self) -> u64 {
+        if let Some(s) = self.b.get(self.p..self.p + 8) {
+            let w = u64::from_le_bytes(s.try_into().expect("8 bytes"));
+            // The last byte is the first whose high bit is clear.
+            let stop = !w & 0x8080_8080_8080_8080;
+            if stop != 0 {
+                let bits = stop.trailing_zeros() + 1; // 8, 16, ... 64
+                let x = w & (u64::MAX >> (64 - bits));
+                // Gather the 7-bit groups: group i sits at bit 8i.
+                let v = (x & 0x7f)
+                    | ((x >> 1) & (0x7f << 7))
+                    | ((x >> 2) & (0x7f << 14))
+                    | ((x >> 3) & (0x7f << 21))
+                    | ((x >> 4) & (0x7f << 28))
+                    | ((x >> 5) & (0x7f << 35))
+                    | ((x >> 6) & (0x7f << 42))
+                    | ((x >> 7) & (0x7f << 49));
+                self.p += bits as usize / 8;
+                return v;
+            }
+        }
+        self.varint_bytewise()
+    }
+
+    /// A varint decoded byte by byte: 9 or 10 bytes long, or near the end.
+    #[inline(never)]
+    fn varint_bytewise(&mut self) -> u64 {
+        let mut v = 0u64;
+        for i in 0..V {
+            let Some(&b) = self.b.get(self.p + i) else {
+                self.p += i;
+                self.fail(PAST_END);
+                return 0;
+            };
+            v |= ((b & 0x7f) as u64) << (7 * i);
+            if b < 0x80 {
+                if i == V - 1 && b > 1 {
+                    break;
+                }
+                self.p += i + 1;
+                return v;
+            }
+        }
+        self.p += V;
+        self.fail("varint overflows 64 bits");
+        0
+    }
+
+    #[inline(always)]
+    fn varint_u32(&mut self) -> u32 {
+        let v = self.varint();
+        if v > u32::MAX as u64 {
+            self.fail("value does not fit in 32 bits");
+        }
+        v as u32
+    }
+
+    #[inline(always)]
+    fn signed(&mut self) -> u64 {
+        unzigzag(self.varint()) as u64
+    }
+
+    #[inline(always)]
+    fn fixed(&mut self) -> u64 {
+        match self.b.get(self.p..self.p + 8) {
+            Some(s) => {
+                self.p += 8;
+                u64::from_le_bytes(s.try_into().expect("8 bytes"))
+            }
+            None => {
+                self.fail(PAST_END);
+                0
+            }
+        }
+    }
+
+    /// A count of items that each take at least one byte: bounded by the
+    /// bytes left (so a corrupt count never drives a large allocation) and
+    /// by `limit`; 0 after a failure.
+    #[inline(always)]
+    fn count(&mut self, limit: usize) -> usize {
+        let n = self.varint();
+        if n > self.left() as u64 || n > limit as u64 {
+            self.fail("count larger than the bytes left or the limit");
+            return 0;
+        }
+        n as usize
+    }
+}
+
+const PAST_END: &str = "record runs past the end of its chunk";
+
 /// Decodes the records of one chunk payload.
 #[derive(Debug)]
 pub struct RecordDecoder<'a> {
-    buf: &'a [u8],
-    pos: usize,
-    /// Stream offset of `buf[0]`, for error messages.
+    cur: Cur<'a>,
+    /// Stream offset of the payload's first byte, for error messages.
     base: u64,
     state: State,
     remaining: u64,
@@ -256,225 +508,202 @@ impl<'a> RecordDecoder<'a> {
     /// `count` is the record count from the chunk header.
     pub fn new(buf: &'a [u8], base: u64, count: u64) -> Self {
         RecordDecoder {
-            buf,
-            pos: 0,
+            cur: Cur {
+                b: buf,
+                p: 0,
+                bad: None,
+            },
             base,
             state: State::default(),
             remaining: count,
         }
     }
 
-    fn offset(&self) -> u64 {
-        self.base + self.pos as u64
+    /// Stream offset of the next byte to decode.
+    pub fn offset(&self) -> u64 {
+        self.base + self.cur.p as u64
     }
 
-    fn err(&self, detail: impl Into<String>) -> FormatError {
+    #[cold]
+    #[inline(never)]
+    fn err(&self, detail: String) -> FormatError {
         FormatError::malformed(self.offset(), "record", detail)
     }
 
-    #[inline]
-    fn byte(&mut self) -> Result<u8> {
-        match self.buf.get(self.pos) {
-            Some(&b) => {
-                self.pos += 1;
-                Ok(b)
-            }
-            None => Err(self.err("record runs past the end of its chunk")),
-        }
+    /// The cursor's first failure as an error.
+    #[cold]
+    #[inline(never)]
+    fn cursor_error(&self, at: usize, what: &str) -> FormatError {
+        FormatError::malformed(self.base + at as u64, "record", what)
     }
 
-    #[inline]
-    fn varint(&mut self) -> Result<u64> {
-        let mut v = 0u64;
-        let mut shift = 0u32;
-        loop {
-            let b = self.byte()?;
-            if shift == 63 && b > 1 {
-                return Err(self.err("varint overflows 64 bits"));
-            }
-            v |= ((b & 0x7f) as u64) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-            shift += 7;
-            if shift > 63 {
-                return Err(self.err("varint longer than 10 bytes"));
-            }
-        }
+    #[inline(always)]
+    fn addr(&mut self, side: usize) -> u64 {
+        let a = self.state.addr[side].wrapping_add(self.cur.signed());
+        self.state.addr[side] = a;
+        a
     }
 
-    fn varint_u32(&mut self, what: &str) -> Result<u32> {
-        let v = self.varint()?;
-        u32::try_from(v).map_err(|_| self.err(format!("{what} {v} does not fit in 32 bits")))
-    }
-
-    #[inline]
-    fn signed(&mut self) -> Result<i64> {
-        Ok(unzigzag(self.varint()?))
-    }
-
-    fn u64_fixed(&mut self) -> Result<u64> {
-        let end = self.pos + 8;
-        let s = self
-            .buf
-            .get(self.pos..end)
-            .ok_or_else(|| self.err("record runs past the end of its chunk"))?;
-        self.pos = end;
-        Ok(u64::from_le_bytes(s.try_into().expect("8 bytes")))
-    }
-
-    fn addr(&mut self) -> Result<u64> {
-        let d = self.signed()?;
-        self.state.addr = self.state.addr.wrapping_add(d as u64);
-        Ok(self.state.addr)
-    }
-
-    fn space_addr(&mut self) -> Result<Addr> {
-        let code = self.byte()?;
-        let space = Space::from_code(code)
-            .ok_or_else(|| self.err(format!("unknown memory space code {code}")))?;
+    #[inline(always)]
+    fn space_addr(&mut self, side: usize) -> Result<Addr> {
+        let code = self.cur.byte();
+        let Some(space) = Space::from_code(code) else {
+            return Err(self.err(format!("unknown memory space code {code}")));
+        };
         Ok(Addr {
             space,
-            addr: self.addr()?,
+            addr: self.addr(side),
         })
     }
 
+    #[inline(always)]
     fn dtype(&mut self) -> Result<Dtype> {
-        let code = self.byte()?;
-        Dtype::from_code(code).ok_or_else(|| self.err(format!("unknown dtype code {code}")))
-    }
-
-    /// A count of items that each take at least one byte: bounded by the
-    /// bytes left, so a corrupt count never drives a large allocation.
-    fn count(&mut self, what: &str, limit: usize) -> Result<usize> {
-        let n = self.varint()?;
-        let left = (self.buf.len() - self.pos) as u64;
-        if n > left || n > limit as u64 {
-            return Err(FormatError::BadLength {
-                offset: self.offset(),
-                what: what.to_string(),
-                len: n,
-                limit: left.min(limit as u64),
-            });
+        let code = self.cur.byte();
+        match Dtype::from_code(code) {
+            Some(d) => Ok(d),
+            None => Err(self.err(format!("unknown dtype code {code}"))),
         }
-        Ok(n as usize)
     }
 
-    fn effect(&mut self, t_start: Ps, e: &mut Effect) -> Result<()> {
-        e.time = t_start.wrapping_add(self.signed()? as u64);
-        self.state.seq = self.state.seq.wrapping_add(self.signed()? as u64);
+    #[inline(always)]
+    fn effect(&mut self, side: usize, t_start: Ps, e: &mut Effect) {
+        e.time = t_start.wrapping_add(self.cur.signed());
+        self.state.seq = self.state.seq.wrapping_add(self.cur.signed());
         e.seq = self.state.seq;
-        let n = self.count("effect range count", 1 << 20)?;
-        e.ranges.clear();
-        for _ in 0..n {
-            let pa = self.addr()?;
-            let len = self.varint()?;
-            let rows = self.varint_u32("range rows")?;
-            let stride = if rows > 1 { self.varint()? } else { 0 };
-            e.ranges.push(Extent {
-                pa,
-                len,
-                rows,
-                stride,
-            });
+        let n = self.cur.count(MAX_RANGES);
+        // Overwrite the ranges the reused record already holds, then grow
+        // or shrink: no per-range capacity checks in the common case.
+        e.ranges.resize(n, Extent::contiguous(0, 0));
+        for x in e.ranges.iter_mut() {
+            x.pa = self.addr(side);
+            x.len = self.cur.varint();
+            x.rows = self.cur.varint_u32();
+            x.stride = if x.rows > 1 { self.cur.varint() } else { 0 };
         }
-        Ok(())
+    }
+
+    #[inline(always)]
+    fn opt_effect(&mut self, present: bool, side: usize, t_start: Ps, slot: &mut Option<Effect>) {
+        if present {
+            let e = slot.get_or_insert_with(Effect::default);
+            self.effect(side, t_start, e)
+        } else {
+            *slot = None;
+        }
     }
 
     /// Decode the next record into `r`, reusing its allocations.
     /// Returns false after the last record of the chunk.
     pub fn next_into(&mut self, r: &mut Record) -> Result<bool> {
         if self.remaining == 0 {
-            if self.pos != self.buf.len() {
-                return Err(self.err(format!(
-                    "{} bytes after the last record",
-                    self.buf.len() - self.pos
-                )));
+            if self.cur.left() != 0 {
+                let n = self.cur.left();
+                return Err(self.err(format!("{n} bytes after the last record")));
             }
             return Ok(false);
         }
         self.remaining -= 1;
-        let flags = self.byte()?;
+        let start = self.cur.p;
+        let flags = self.cur.byte();
         if flags & !F_KNOWN != 0 {
+            self.cur.p = start;
             return Err(self.err(format!("unknown record flags {flags:#04x}")));
         }
-        r.kind = OpKind::from_code(self.byte()?);
-        r.op_id = self.state.op_id.wrapping_add(self.signed()? as u64);
+        r.kind = OpKind::from_code(self.cur.byte());
+        r.op_id = self.state.op_id.wrapping_add(self.cur.signed());
         self.state.op_id = r.op_id;
-        let dt = self.varint()?;
-        r.t_start = self
-            .state
-            .t_start
-            .checked_add(dt)
-            .ok_or_else(|| self.err("t_start overflows 64 bits"))?;
-        self.state.t_start = r.t_start;
-        let dur = self.varint()?;
-        r.t_end = r
-            .t_start
-            .checked_add(dur)
-            .ok_or_else(|| self.err("t_end overflows 64 bits"))?;
-        r.component = self.varint_u32("component id")?;
-        r.op_name = self.varint_u32("op name id")?;
+        let dt = self.cur.varint();
+        let dur = self.cur.varint();
+        let (Some(t_start), Some(t_end)) = (
+            self.state.t_start.checked_add(dt),
+            self.state.t_start.wrapping_add(dt).checked_add(dur),
+        ) else {
+            return Err(self.err("t_start or t_end overflows 64 bits".into()));
+        };
+        r.t_start = t_start;
+        r.t_end = t_end;
+        self.state.t_start = t_start;
+        r.component = self.cur.varint_u32();
+        r.op_name = self.cur.varint_u32();
         r.fingerprint = if flags & F_FINGERPRINT != 0 {
-            Some(self.u64_fixed()?)
+            Some(self.cur.fixed())
         } else {
             None
         };
-        r.deps.clear();
         if flags & F_DEPS != 0 {
-            let n = self.count("dependency count", 1 << 20)?;
-            for _ in 0..n {
-                let d = r.op_id.wrapping_sub(self.signed()? as u64);
-                r.deps.push(d);
+            let n = self.cur.count(MAX_DEPS);
+            if n == 0 {
+                // The flag says there are some (a writer omits the field
+                // otherwise); also the count after a failure.
+                self.cur.fail("dependency flag set, but no dependencies");
             }
+            r.deps.resize(n, 0);
+            for d in r.deps.iter_mut() {
+                *d = r.op_id.wrapping_sub(self.cur.signed());
+            }
+        } else {
+            r.deps.clear();
         }
-        decode_opt_effect(self, flags & F_READ != 0, r.t_start, &mut r.read)?;
-        decode_opt_effect(self, flags & F_WRITE != 0, r.t_start, &mut r.write)?;
-        let plen = self.varint()?;
-        let left = (self.buf.len() - self.pos) as u64;
-        if plen > left {
+        self.opt_effect(flags & F_READ != 0, RD, t_start, &mut r.read);
+        self.opt_effect(flags & F_WRITE != 0, WR, t_start, &mut r.write);
+        let plen = self.cur.varint();
+        if let Some((at, what)) = self.cur.bad {
+            return Err(self.cursor_error(at, what));
+        }
+        if plen > self.cur.left() as u64 {
             return Err(FormatError::BadLength {
                 offset: self.offset(),
                 what: "record params".into(),
                 len: plen,
-                limit: left,
+                limit: self.cur.left() as u64,
             });
         }
-        let end = self.pos + plen as usize;
-        r.params = self.params(r.kind, end)?;
-        if self.pos != end {
+        let end = self.cur.p + plen as usize;
+        self.params(r, end)?;
+        if let Some((at, what)) = self.cur.bad {
+            return Err(self.cursor_error(at, what));
+        }
+        if self.cur.p != end {
+            let used = self.cur.p as i64 - (end as i64 - plen as i64);
             return Err(self.err(format!(
-                "params of op {} ({}) take {} bytes, but {} were declared",
+                "params of op {} ({}) take {used} bytes, but {plen} were declared",
                 r.op_id,
                 r.kind.name(),
-                self.pos as i64 - (end as i64 - plen as i64),
-                plen
             )));
         }
         Ok(true)
     }
 
-    fn params(&mut self, kind: OpKind, end: usize) -> Result<Params> {
-        if self.pos == end {
-            return Ok(Params::None);
+    /// Decode params ending at `end` into `r.params`, reusing the math
+    /// inputs and raw bytes allocations when the variant repeats.
+    #[inline]
+    fn params(&mut self, r: &mut Record, end: usize) -> Result<()> {
+        if self.cur.p == end {
+            r.params = Params::None;
+            return Ok(());
         }
-        Ok(match kind {
+        match r.kind {
             OpKind::Unknown(_) => {
-                let raw = self.buf[self.pos..end].to_vec();
-                self.pos = end;
-                Params::Raw(raw)
+                let bytes = &self.cur.b[self.cur.p..end];
+                if let Params::Raw(v) = &mut r.params {
+                    v.clear();
+                    v.extend_from_slice(bytes);
+                } else {
+                    r.params = Params::Raw(bytes.to_vec());
+                }
+                self.cur.p = end;
             }
             OpKind::Memory => {
-                let src = self.space_addr()?;
-                let dst = self.space_addr()?;
-                let rows = self.varint_u32("rows")?;
-                let row_bytes = self.varint()?;
+                let src = self.space_addr(RD)?;
+                let dst = self.space_addr(WR)?;
+                let rows = self.cur.varint_u32();
+                let row_bytes = self.cur.varint();
                 let (src_stride, dst_stride) = if rows > 1 {
-                    (self.varint()?, self.varint()?)
+                    (self.cur.varint(), self.cur.varint())
                 } else {
                     (row_bytes, row_bytes)
                 };
-                let code = self.byte()?;
+                let code = self.cur.byte();
                 let dtype = if code == 0xff {
                     None
                 } else {
@@ -483,7 +712,7 @@ impl<'a> RecordDecoder<'a> {
                             .ok_or_else(|| self.err(format!("unknown dtype code {code}")))?,
                     )
                 };
-                Params::Memory(MemoryParams {
+                r.params = Params::Memory(MemoryParams {
                     src,
                     dst,
                     rows,
@@ -491,24 +720,24 @@ impl<'a> RecordDecoder<'a> {
                     src_stride,
                     dst_stride,
                     dtype,
-                })
+                });
             }
             OpKind::Gemm => {
-                let a = self.space_addr()?;
-                let b = self.space_addr()?;
-                let out = self.space_addr()?;
-                let acc = match self.byte()? {
+                let a = self.space_addr(RD)?;
+                let b = self.space_addr(RD)?;
+                let out = self.space_addr(WR)?;
+                let acc = match self.cur.byte() {
                     0 => None,
-                    1 => Some(self.space_addr()?),
+                    1 => Some(self.space_addr(RD)?),
                     v => return Err(self.err(format!("bad accumulator flag {v}"))),
                 };
-                let m = self.varint_u32("m")?;
-                let k = self.varint_u32("k")?;
-                let n = self.varint_u32("n")?;
+                let m = self.cur.varint_u32();
+                let k = self.cur.varint_u32();
+                let n = self.cur.varint_u32();
                 let dtype_in = self.dtype()?;
                 let dtype_acc = self.dtype()?;
                 let dtype_out = self.dtype()?;
-                let bits = self.byte()?;
+                let bits = self.cur.byte();
                 if bits & !0x1f != 0 {
                     return Err(self.err(format!("unknown gemm flag bits {bits:#04x}")));
                 }
@@ -519,7 +748,7 @@ impl<'a> RecordDecoder<'a> {
                         Layout::RowMajor
                     }
                 };
-                Params::Gemm(GemmParams {
+                r.params = Params::Gemm(GemmParams {
                     a,
                     b,
                     out,
@@ -535,20 +764,26 @@ impl<'a> RecordDecoder<'a> {
                     layout_a: layout(4),
                     layout_b: layout(8),
                     layout_out: layout(16),
-                })
+                });
             }
             OpKind::Math => {
-                let code = self.byte()?;
-                let op = MathOp::from_code(code)
-                    .ok_or_else(|| self.err(format!("unknown math op code {code}")))?;
-                let n = self.count("math input count", 64)?;
-                let mut inputs = Vec::with_capacity(n);
+                let code = self.cur.byte();
+                let Some(op) = MathOp::from_code(code) else {
+                    return Err(self.err(format!("unknown math op code {code}")));
+                };
+                let n = self.cur.count(MAX_MATH_INPUTS);
+                let mut inputs = match std::mem::take(&mut r.params) {
+                    Params::Math(m) => m.inputs,
+                    _ => Vec::new(),
+                };
+                inputs.clear();
+                inputs.reserve(n);
                 for _ in 0..n {
-                    inputs.push(match self.byte()? {
+                    inputs.push(match self.cur.byte() {
                         0 => {
-                            let addr = self.space_addr()?;
-                            let rows = self.varint_u32("rows")?;
-                            let cols = self.varint_u32("cols")?;
+                            let addr = self.space_addr(RD)?;
+                            let rows = self.cur.varint_u32();
+                            let cols = self.cur.varint_u32();
                             let dtype = self.dtype()?;
                             MathInput::Tile {
                                 addr,
@@ -557,19 +792,19 @@ impl<'a> RecordDecoder<'a> {
                                 dtype,
                             }
                         }
-                        1 => MathInput::Scalar(f64::from_bits(self.u64_fixed()?)),
+                        1 => MathInput::Scalar(f64::from_bits(self.cur.fixed())),
                         v => return Err(self.err(format!("bad math input tag {v}"))),
                     });
                 }
-                let out = self.space_addr()?;
-                let rows = self.varint_u32("rows")?;
-                let cols = self.varint_u32("cols")?;
+                let out = self.space_addr(WR)?;
+                let rows = self.cur.varint_u32();
+                let cols = self.cur.varint_u32();
                 let dtype = self.dtype()?;
-                let axis = match self.byte()? {
+                let axis = match self.cur.byte() {
                     0xff => None,
                     a => Some(a),
                 };
-                Params::Math(MathParams {
+                r.params = Params::Math(MathParams {
                     op,
                     inputs,
                     out,
@@ -577,23 +812,9 @@ impl<'a> RecordDecoder<'a> {
                     cols,
                     dtype,
                     axis,
-                })
+                });
             }
-        })
-    }
-}
-
-fn decode_opt_effect(
-    d: &mut RecordDecoder<'_>,
-    present: bool,
-    t_start: Ps,
-    slot: &mut Option<Effect>,
-) -> Result<()> {
-    if present {
-        let e = slot.get_or_insert_with(Effect::default);
-        d.effect(t_start, e)
-    } else {
-        *slot = None;
+        }
         Ok(())
     }
 }
@@ -601,6 +822,14 @@ fn decode_opt_effect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn varint(d: &mut RecordDecoder<'_>) -> Result<u64> {
+        let v = d.cur.varint();
+        match d.cur.bad {
+            Some((at, what)) => Err(d.cursor_error(at, what)),
+            None => Ok(v),
+        }
+    }
 
     #[test]
     fn zigzag_round_trips_extremes() {
@@ -610,10 +839,78 @@ mod tests {
     }
 
     #[test]
+    fn varints_decode_the_same_on_both_paths() {
+        let mut values = vec![0u64, 1, 127, 128, 255, 16383, 16384, u64::MAX, u64::MAX - 1];
+        for shift in 0..64 {
+            values.push(1 << shift);
+            values.push((1 << shift) - 1);
+        }
+        for v in values {
+            let mut tmp = [0u8; 10];
+            let n = encode_varint(v, &mut tmp);
+            // At the end of the buffer (byte by byte) and with slack after
+            // it (the unchecked path).
+            for slack in [0usize, 1, 10] {
+                let mut buf = tmp[..n].to_vec();
+                buf.resize(n + slack, 0x80);
+                let mut d = RecordDecoder::new(&buf, 0, 1);
+                assert_eq!(varint(&mut d).unwrap(), v, "{v} with {slack} bytes after");
+                assert_eq!(d.cur.p, n);
+            }
+        }
+        // A 10-byte varint whose last byte carries more than bit 63.
+        for slack in [0usize, 5] {
+            let mut buf = vec![0x80u8; 9];
+            buf.push(0x02);
+            buf.resize(10 + slack, 0);
+            let mut d = RecordDecoder::new(&buf, 0, 1);
+            assert!(
+                varint(&mut d)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("overflows")
+            );
+        }
+        // Truncated varints.
+        for len in 1..10 {
+            let buf = vec![0x80u8; len];
+            let mut d = RecordDecoder::new(&buf, 0, 1);
+            assert!(
+                varint(&mut d)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("past the end")
+            );
+        }
+    }
+
+    #[test]
+    fn encoder_varints_match_the_plain_encoding() {
+        let mut values = vec![0u64, 127, 128, u64::MAX, (1 << 56) - 1, 1 << 56];
+        for shift in 0..64 {
+            values.push(1 << shift);
+            values.push((1 << shift) - 1);
+            values.push((1u64 << shift).wrapping_mul(0x9e37_79b9));
+        }
+        for v in values {
+            let mut want = [0u8; V];
+            let n = encode_varint(v, &mut want);
+            let mut buf = [0xaau8; V + 8];
+            let mut o = Out {
+                b: &mut buf,
+                pos: 0,
+            };
+            o.varint(v);
+            assert_eq!(o.pos, n, "{v:#x}");
+            assert_eq!(&buf[..n], &want[..n], "{v:#x}");
+        }
+    }
+
+    #[test]
     fn overlong_varint_is_an_error() {
         let buf = [0xffu8; 11];
         let mut d = RecordDecoder::new(&buf, 100, 1);
-        let err = d.varint().unwrap_err();
+        let err = varint(&mut d).unwrap_err();
         assert!(
             err.to_string().contains("offset 110") && err.to_string().contains("overflows"),
             "{err}"

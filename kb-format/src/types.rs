@@ -145,6 +145,7 @@ pub struct Addr {
 /// A physical byte range touched by an op: `rows` runs of `len` bytes, the
 /// first at `pa`, each next one `stride` bytes after the previous.
 /// A contiguous range has `rows == 1` (stride is then ignored and encoded as 0).
+/// With `rows <= 1` the stride is not stored and reads back as 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Extent {
     pub pa: u64,
@@ -182,6 +183,9 @@ pub struct Effect {
 /// DMA params (ADR-0020 D5 memory, ADR-0052 D3 dma_read/dma_write): a 2-D
 /// block of `rows` x `row_bytes` from `src` to `dst`, each side with its own
 /// row stride (equal to `row_bytes` when contiguous).
+///
+/// With `rows <= 1` the strides are not stored: they read back as
+/// `row_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryParams {
     pub src: Addr,
@@ -299,6 +303,10 @@ pub struct MathParams {
 }
 
 /// Typed params of a record, one variant per op kind.
+///
+/// The variant must match the record's [`OpKind`] (`Raw` goes with
+/// `OpKind::Unknown`); `None` goes with any kind. Empty `Raw` bytes read
+/// back as `None`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub enum Params {
     #[default]
@@ -357,8 +365,17 @@ pub struct TensorMeta {
 }
 
 impl TensorMeta {
+    /// Size of the tensor in bytes; `u64::MAX` if that overflows (a corrupt
+    /// or hostile shape), so no tensor data can fit it.
     pub fn nbytes(&self) -> u64 {
-        self.shape.iter().product::<u64>() * self.dtype.size() as u64
+        self.checked_nbytes().unwrap_or(u64::MAX)
+    }
+
+    /// Size of the tensor in bytes, `None` if it does not fit in a `u64`.
+    pub fn checked_nbytes(&self) -> Option<u64> {
+        self.shape
+            .iter()
+            .try_fold(self.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
     }
 }
 
@@ -396,20 +413,71 @@ impl Meta {
 
 /// A reference expression over named input tensors, evaluated by kb-replay
 /// in f64 independently of the op replay.
+///
+/// Deserializing refuses expressions nested deeper than [`MAX_EXPR_DEPTH`],
+/// so a hostile verify chunk cannot overflow the stack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Expr {
     Tensor(String),
-    Matmul(Box<Expr>, Box<Expr>),
-    Transpose(Box<Expr>),
-    Add(Box<Expr>, Box<Expr>),
-    Sub(Box<Expr>, Box<Expr>),
-    Mul(Box<Expr>, Box<Expr>),
-    Div(Box<Expr>, Box<Expr>),
-    Exp(Box<Expr>),
-    Softmax { input: Box<Expr>, axis: u8 },
-    Sum { input: Box<Expr>, axis: u8 },
-    Max { input: Box<Expr>, axis: u8 },
+    Matmul(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Transpose(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Add(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Sub(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Mul(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Div(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Exp(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Softmax {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        axis: u8,
+    },
+    Sum {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        axis: u8,
+    },
+    Max {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        axis: u8,
+    },
     Scalar(f64),
+}
+
+/// Deepest nesting of [`Expr`] that deserializing accepts.
+pub const MAX_EXPR_DEPTH: u32 = 64;
+
+thread_local! {
+    static EXPR_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Deserialize a sub-expression, counting the nesting depth.
+fn de_sub<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Box<Expr>, D::Error> {
+    let depth = EXPR_DEPTH.with(|c| c.get());
+    if depth >= MAX_EXPR_DEPTH {
+        return Err(serde::de::Error::custom(format!(
+            "expression nested deeper than {MAX_EXPR_DEPTH} levels"
+        )));
+    }
+    EXPR_DEPTH.with(|c| c.set(depth + 1));
+    let r = Expr::deserialize(d);
+    EXPR_DEPTH.with(|c| c.set(depth));
+    r.map(Box::new)
 }
 
 /// Tolerance for comparing an output with its reference.

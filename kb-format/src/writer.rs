@@ -2,7 +2,6 @@
 //! and come out in (t_start, op_id) order; a path target is written to a
 //! temporary file and renamed into place only on success.
 
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -12,8 +11,8 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 use crate::chunk::{self, ALIGN, BLOCK, ChunkHeader, ChunkKind, Trailer};
 use crate::error::{FormatError, Result};
 use crate::footer::{Footer, IndexEntry};
-use crate::record_codec::RecordEncoder;
-use crate::types::{Counts, Meta, Ps, Record, VerifySpec};
+use crate::record_codec::{MAX_DEPS, MAX_MATH_INPUTS, MAX_RANGES, RecordEncoder};
+use crate::types::{Counts, Meta, OpKind, Params, Ps, Record, VerifySpec};
 
 /// Records chunks are cut when their payload reaches this size.
 pub const RECORDS_CHUNK_TARGET: usize = 64 << 10;
@@ -36,28 +35,77 @@ impl<W: Write> Sink<W> {
     }
 }
 
-struct Pending(Record);
+/// The reorder buffer: records wait in a slab, and a min-heap of their
+/// (t_start, op_id) keys and slab slots orders them. Heap operations then
+/// move small keys, not records. An emitted record is dropped at once; its
+/// slot is reused by the next push.
+#[derive(Default)]
+struct Reorder {
+    heap: BinaryHeap<Key>,
+    slab: Vec<Record>,
+    free: Vec<usize>,
+}
 
-impl Pending {
-    fn key(&self) -> (Ps, u64) {
-        (self.0.t_start, self.0.op_id)
+/// A heap entry: (t_start, op_id) as one `u128` (cheap, branch-free
+/// comparisons), and the slab slot. Ordered in reverse, so that the
+/// max-heap `BinaryHeap` pops the earliest record first.
+#[derive(PartialEq, Eq)]
+struct Key {
+    key: u128,
+    slot: usize,
+}
+
+impl Key {
+    fn t_start(&self) -> Ps {
+        (self.key >> 64) as Ps
     }
 }
 
-impl PartialEq for Pending {
-    fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key()
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.key.cmp(&self.key)
     }
 }
-impl Eq for Pending {}
-impl PartialOrd for Pending {
+
+impl PartialOrd for Key {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Pending {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.key().cmp(&other.key())
+
+impl Reorder {
+    fn push(&mut self, rec: Record) {
+        let key = (rec.t_start as u128) << 64 | rec.op_id as u128;
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.slab[i] = rec;
+                i
+            }
+            None => {
+                self.slab.push(rec);
+                self.slab.len() - 1
+            }
+        };
+        self.heap.push(Key { key, slot });
+    }
+
+    /// The slot of the earliest record, if it starts before `watermark`;
+    /// removed from the heap (the caller frees the slot once done).
+    fn pop_before(&mut self, watermark: Ps) -> Option<usize> {
+        match self.heap.peek() {
+            Some(k) if k.t_start() < watermark => self.heap.pop().map(|k| k.slot),
+            _ => None,
+        }
+    }
+
+    /// Drop the record in `slot` (its allocations too) and reuse the slot.
+    fn release(&mut self, slot: usize) {
+        self.slab[slot] = Record::default();
+        self.free.push(slot);
+    }
+
+    fn len(&self) -> usize {
+        self.heap.len()
     }
 }
 
@@ -74,10 +122,11 @@ pub struct TraceWriter<W: Write> {
     string_ids: HashMap<String, u32>,
     strings_unwritten: Vec<String>,
     string_count: u32,
-    reorder: BinaryHeap<Reverse<Pending>>,
+    reorder: Reorder,
     watermark: Ps,
     last_emitted: Option<(Ps, u64)>,
     enc: RecordEncoder,
+    chunk_target: usize,
     counts: Counts,
     tensor_sizes: Vec<u64>,
 }
@@ -106,10 +155,11 @@ impl<W: Write> TraceWriter<W> {
             string_ids: HashMap::new(),
             strings_unwritten: Vec::new(),
             string_count: 0,
-            reorder: BinaryHeap::new(),
+            reorder: Reorder::default(),
             watermark: 0,
             last_emitted: None,
             enc: RecordEncoder::default(),
+            chunk_target: RECORDS_CHUNK_TARGET,
             counts: Counts::default(),
             tensor_sizes: meta.tensors.iter().map(|t| t.nbytes()).collect(),
         };
@@ -118,6 +168,14 @@ impl<W: Write> TraceWriter<W> {
             .map_err(|e| FormatError::Usage(format!("encoding metadata: {e}")))?;
         w.chunk(ChunkKind::Meta, [0, 0, 0], &payload)?;
         Ok(w)
+    }
+
+    /// Cut records chunks when their payload reaches `bytes` (default
+    /// [`RECORDS_CHUNK_TARGET`]; clamped to 1..=1 MiB). Smaller chunks make
+    /// small test traces with many chunks; the writer's memory bound is one
+    /// chunk of this size plus the reorder buffer.
+    pub fn set_records_chunk_target(&mut self, bytes: usize) {
+        self.chunk_target = bytes.clamp(1, 1 << 20);
     }
 
     /// The id of a string (component or op name), defining it if new.
@@ -177,7 +235,8 @@ impl<W: Write> TraceWriter<W> {
                 rec.op_id
             )));
         }
-        self.reorder.push(Reverse(Pending(rec)));
+        check_record(&rec)?;
+        self.reorder.push(rec);
         Ok(())
     }
 
@@ -187,12 +246,10 @@ impl<W: Write> TraceWriter<W> {
         if watermark > self.watermark {
             self.watermark = watermark;
         }
-        while let Some(Reverse(top)) = self.reorder.peek() {
-            if top.0.t_start >= self.watermark {
-                break;
-            }
-            let Reverse(Pending(rec)) = self.reorder.pop().expect("peeked");
-            self.emit(&rec)?;
+        while let Some(slot) = self.reorder.pop_before(self.watermark) {
+            let r = self.emit_slot(slot);
+            self.reorder.release(slot);
+            r?;
         }
         Ok(())
     }
@@ -202,7 +259,8 @@ impl<W: Write> TraceWriter<W> {
         self.reorder.len()
     }
 
-    fn emit(&mut self, rec: &Record) -> Result<()> {
+    fn emit_slot(&mut self, slot: usize) -> Result<()> {
+        let rec = &self.reorder.slab[slot];
         let key = (rec.t_start, rec.op_id);
         if let Some(last) = self.last_emitted
             && key <= last
@@ -216,7 +274,7 @@ impl<W: Write> TraceWriter<W> {
         self.enc.push(rec);
         self.counts.records += 1;
         self.counts.max_t_end = self.counts.max_t_end.max(rec.t_end);
-        if self.enc.len() >= RECORDS_CHUNK_TARGET {
+        if self.enc.len() >= self.chunk_target {
             self.flush_records()?;
         }
         Ok(())
@@ -258,6 +316,14 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn chunk(&mut self, kind: ChunkKind, aux: [u64; 3], payload: &[u8]) -> Result<()> {
+        if payload.len() as u64 > kind.max_payload() {
+            return Err(FormatError::Usage(format!(
+                "{} chunk of {} bytes is larger than readers accept ({} bytes)",
+                kind.name(),
+                payload.len(),
+                kind.max_payload()
+            )));
+        }
         let header = ChunkHeader {
             kind,
             len: payload.len() as u64,
@@ -285,8 +351,9 @@ impl<W: Write> TraceWriter<W> {
     /// trailer; flush and return the inner writer.
     pub fn finish(mut self, verify: &VerifySpec) -> Result<W> {
         self.advance(Ps::MAX)?;
-        while let Some(Reverse(Pending(rec))) = self.reorder.pop() {
-            self.emit(&rec)?;
+        // Records that start at Ps::MAX itself.
+        while let Some(k) = self.reorder.heap.pop() {
+            self.emit_slot(k.slot)?;
         }
         self.flush_records()?;
         self.flush_strings()?;
@@ -321,6 +388,65 @@ impl<W: Write> TraceWriter<W> {
     pub fn counts(&self) -> Counts {
         self.counts
     }
+}
+
+/// Reject records that would not read back as written: params that do not
+/// match the kind, reserved codes, counts above the decoder's limits,
+/// dependencies that do not precede the op.
+fn check_record(r: &Record) -> Result<()> {
+    let bad = |what: String| Err(FormatError::Usage(format!("op {}: {what}", r.op_id)));
+    let params_ok = matches!(
+        (&r.params, r.kind),
+        (Params::None, _)
+            | (Params::Memory(_), OpKind::Memory)
+            | (Params::Gemm(_), OpKind::Gemm)
+            | (Params::Math(_), OpKind::Math)
+            | (Params::Raw(_), OpKind::Unknown(_))
+    );
+    if !params_ok {
+        return bad(format!(
+            "params {} do not match op kind {}",
+            match &r.params {
+                Params::None => "none",
+                Params::Memory(_) => "memory",
+                Params::Gemm(_) => "gemm",
+                Params::Math(_) => "math",
+                Params::Raw(_) => "raw",
+            },
+            r.kind.name()
+        ));
+    }
+    if let OpKind::Unknown(c) = r.kind
+        && c < 3
+    {
+        return bad(format!("OpKind::Unknown({c}) has the code of a known kind"));
+    }
+    if let Params::Math(m) = &r.params {
+        if m.inputs.len() > MAX_MATH_INPUTS {
+            return bad(format!(
+                "{} math inputs, at most {MAX_MATH_INPUTS}",
+                m.inputs.len()
+            ));
+        }
+        if m.axis == Some(0xff) {
+            return bad("math axis 255 is reserved (it encodes None)".into());
+        }
+    }
+    for e in [&r.read, &r.write].into_iter().flatten() {
+        if e.ranges.len() > MAX_RANGES {
+            return bad(format!(
+                "{} ranges in an effect, at most {MAX_RANGES}",
+                e.ranges.len()
+            ));
+        }
+    }
+    if r.deps.len() > MAX_DEPS {
+        return bad(format!("{} dependencies, at most {MAX_DEPS}", r.deps.len()));
+    }
+    if let Some(&d) = r.deps.iter().find(|&&d| d >= r.op_id) {
+        return bad(format!("dependency {d} does not precede the op"));
+    }
+    Ok(())
 }
 
 /// A file written under a temporary name in the target's directory and

@@ -1,0 +1,284 @@
+//! The writer's contracts: bounded memory, usage errors, AtomicFile.
+
+mod common;
+
+use common::*;
+use kb_format::*;
+
+/// Counts the bytes that reach the underlying writer.
+#[derive(Debug, Default)]
+struct Counter(u64);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len() as u64;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn memory_is_bounded_by_the_reorder_window_not_the_run() {
+    let n = 50_000u64;
+    let mut w = TraceWriter::new(Counter::default(), &sample_meta()).unwrap();
+    let c = w.intern("c");
+    let name = w.intern("n");
+    let mut max_buffered = 0;
+    // Records emitted since bytes last reached the output.
+    let (mut last_written, mut emitted_then, mut max_held) = (w.bytes_written(), 0u64, 0u64);
+    for i in 0..n {
+        // Start times jitter by up to 3 steps around the op order.
+        let mut r = sample_record(i, c, name);
+        r.t_start = i * 100 + (i * 7919) % 300;
+        r.t_end = r.t_start + 50;
+        r.deps.clear();
+        w.push(r).unwrap();
+        // Ops created later start at or after (i + 1) * 100.
+        w.advance((i + 1) * 100).unwrap();
+        max_buffered = max_buffered.max(w.buffered());
+        let emitted = w.counts().records;
+        if w.bytes_written() != last_written {
+            last_written = w.bytes_written();
+            emitted_then = emitted;
+        }
+        max_held = max_held.max(emitted - emitted_then);
+    }
+    assert!(
+        max_buffered <= 4,
+        "reorder buffer held {max_buffered} records"
+    );
+    // Each sample record encodes to at least 20 bytes (the fingerprint
+    // alone is 8), so one records chunk holds at most 64 KiB / 20 records:
+    // emitted records reach the output at least that often.
+    let per_chunk = writer::RECORDS_CHUNK_TARGET as u64 / 20;
+    assert!(
+        max_held > 100 && max_held <= per_chunk,
+        "{max_held} records emitted but not written"
+    );
+    assert!(w.counts().records >= n - 4);
+    let out = w.finish(&sample_verify()).unwrap();
+    assert!(out.0 > n * 20, "{} bytes for {n} records", out.0);
+}
+
+#[test]
+fn advance_releases_only_records_before_the_watermark() {
+    let mut w = TraceWriter::new(Vec::new(), &Meta::default()).unwrap();
+    let c = w.intern("c");
+    for (id, t) in [(0u64, 30u64), (1, 10), (2, 20), (3, 20)] {
+        w.push(Record {
+            op_id: id,
+            t_start: t,
+            t_end: t,
+            component: c,
+            op_name: c,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    w.advance(20).unwrap();
+    assert_eq!(w.buffered(), 3);
+    assert_eq!(w.counts().records, 1);
+    // A lower watermark is not a step back.
+    w.advance(5).unwrap();
+    let e = w
+        .push(Record {
+            op_id: 4,
+            t_start: 19,
+            t_end: 19,
+            component: c,
+            op_name: c,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(e, FormatError::Usage(_)), "{e}");
+    w.advance(31).unwrap();
+    assert_eq!(w.buffered(), 0);
+    let b = w.finish(&VerifySpec::default()).unwrap();
+    let ids: Vec<u64> = read_stream(&b)
+        .unwrap()
+        .records
+        .iter()
+        .map(|r| r.op_id)
+        .collect();
+    assert_eq!(ids, [1, 2, 3, 0]);
+}
+
+#[test]
+fn records_that_would_not_read_back_are_refused() {
+    let mut w = TraceWriter::new(Vec::new(), &sample_meta()).unwrap();
+    let c = w.intern("c");
+    let ok = || Record {
+        op_id: 5,
+        t_start: 10,
+        t_end: 20,
+        component: c,
+        op_name: c,
+        ..Default::default()
+    };
+    let math = MathParams {
+        op: MathOp::Sum,
+        inputs: vec![],
+        out: Addr::default(),
+        rows: 1,
+        cols: 1,
+        dtype: Dtype::F32,
+        axis: None,
+    };
+    let bad = [
+        ("before it starts", Record { t_end: 9, ..ok() }),
+        (
+            "not interned",
+            Record {
+                component: 9,
+                ..ok()
+            },
+        ),
+        (
+            "do not match op kind",
+            Record {
+                kind: OpKind::Gemm,
+                params: Params::Memory(MemoryParams::default()),
+                ..ok()
+            },
+        ),
+        (
+            "do not match op kind",
+            Record {
+                kind: OpKind::Memory,
+                params: Params::Raw(vec![1]),
+                ..ok()
+            },
+        ),
+        (
+            "code of a known kind",
+            Record {
+                kind: OpKind::Unknown(1),
+                ..ok()
+            },
+        ),
+        (
+            "axis 255",
+            Record {
+                kind: OpKind::Math,
+                params: Params::Math(MathParams {
+                    axis: Some(255),
+                    ..math.clone()
+                }),
+                ..ok()
+            },
+        ),
+        (
+            "math inputs",
+            Record {
+                kind: OpKind::Math,
+                params: Params::Math(MathParams {
+                    inputs: vec![MathInput::Scalar(1.0); 65],
+                    ..math.clone()
+                }),
+                ..ok()
+            },
+        ),
+        (
+            "does not precede",
+            Record {
+                deps: vec![1, 5],
+                ..ok()
+            },
+        ),
+    ];
+    for (what, r) in bad {
+        let e = w.push(r).unwrap_err();
+        assert!(
+            matches!(&e, FormatError::Usage(m) if m.contains(what)),
+            "{what}: {e}"
+        );
+    }
+    assert_eq!(w.buffered(), 0);
+    w.push(ok()).unwrap();
+    // Tensor data must fit the tensor named in the metadata (64 bytes).
+    assert!(matches!(
+        w.tensor_data(2, 0, &[0]),
+        Err(FormatError::Usage(_))
+    ));
+    assert!(matches!(
+        w.tensor_data(0, 60, &[0; 5]),
+        Err(FormatError::Usage(_))
+    ));
+    assert!(matches!(
+        w.tensor_data(0, u64::MAX, &[0]),
+        Err(FormatError::Usage(_))
+    ));
+    w.tensor_data(0, 60, &[0; 4]).unwrap();
+    // Duplicate (t_start, op_id): caught when emitted.
+    w.push(ok()).unwrap();
+    let e = w.finish(&VerifySpec::default()).unwrap_err();
+    assert!(
+        matches!(&e, FormatError::Usage(m) if m.contains("duplicate")),
+        "{e}"
+    );
+}
+
+#[test]
+fn atomic_file_dropped_without_commit_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("run.kbt");
+    {
+        let f = AtomicFile::create(&target).unwrap();
+        let mut w = TraceWriter::new(f, &sample_meta()).unwrap();
+        w.tensor_data(0, 0, &[1; 64]).unwrap();
+        // While writing, only a temporary file exists, named after the target.
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert!(names[0].starts_with(".run.kbt.partial"), "{names:?}");
+        // Dropped: an error or a panic on the way.
+    }
+    assert!(!target.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn atomic_file_commit_produces_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("run.kbt");
+    std::fs::write(&target, b"an older trace").unwrap();
+    let f = AtomicFile::create(&target).unwrap();
+    let mut w = TraceWriter::new(f, &sample_meta()).unwrap();
+    let c = w.intern("c");
+    w.push(sample_record(0, c, c)).unwrap();
+    let f = w.finish(&sample_verify()).unwrap();
+    // Until the commit, the old file is untouched.
+    assert_eq!(std::fs::read(&target).unwrap(), b"an older trace");
+    f.commit().unwrap();
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(names.len(), 1, "no temporary file is left");
+    let d = read_mmap(&target).unwrap();
+    assert_eq!(d.records, vec![sample_record(0, c, c)]);
+    assert_eq!(d, read_stream(&std::fs::read(&target).unwrap()).unwrap());
+}
+
+#[test]
+fn atomic_file_goes_in_the_target_directory() {
+    // The temporary file is made next to the target (so the rename stays
+    // on one file system): a missing directory fails at create.
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("sub").join("t.kbt");
+    assert!(AtomicFile::create(&target).is_err(), "missing directory");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let mut f = AtomicFile::create(&target).unwrap();
+    std::io::Write::write_all(&mut f, b"x").unwrap();
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("sub")).unwrap().count(),
+        1
+    );
+    f.commit().unwrap();
+    assert_eq!(std::fs::read(&target).unwrap(), b"x");
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("sub")).unwrap().count(),
+        1
+    );
+}
