@@ -59,19 +59,7 @@ pub fn kernel_args(rt: &Runtime, ids: &[u32]) -> KernelArgs {
                     name: t.meta.name.clone(),
                     dtype: t.meta.dtype,
                     shape: [t.meta.shape[0], t.meta.shape[1]],
-                    shards: t
-                        .meta
-                        .shards
-                        .iter()
-                        .zip(&t.shard_pes)
-                        .zip(&t.shard_addrs)
-                        .map(|((s, &pe), &addr)| ShardArg {
-                            pe,
-                            addr,
-                            rows: s.rows,
-                            row_bytes: s.row_bytes,
-                        })
-                        .collect(),
+                    shards: t.kernel_shards.clone(),
                 }
             })
             .collect(),

@@ -15,6 +15,9 @@ pub struct Request {
     pub row_bytes: u64,
     pub rows: u32,
     pub stride: u64,
+    /// Pin an HBM request to pseudo channels `first..first+count`, spread
+    /// evenly (LA model); `None` selects channels by address.
+    pub channels: Option<(u32, u32)>,
 }
 
 impl Request {
@@ -24,6 +27,7 @@ impl Request {
             row_bytes: 0,
             rows: 0,
             stride: 0,
+            channels: None,
         }
     }
 
@@ -70,6 +74,23 @@ impl HbmController {
         }
     }
 
+    /// Serve `bytes` spread evenly over channels `first..first+count`.
+    fn serve_pinned(&mut self, now: Ps, bytes: u64, first: u32, count: u32) -> Service {
+        let share = bytes.div_ceil(count as u64);
+        let mut done = now;
+        let n = self.channel_free.len();
+        for ch in first as usize..(first + count) as usize {
+            let free = &mut self.channel_free[ch % n];
+            let start = (*free).max(now);
+            *free = start + (share as f64 * 1000.0 / self.channel_bw_gbs).ceil() as Ps;
+            done = done.max(*free);
+        }
+        Service {
+            start: now,
+            end: done + self.latency_ps,
+        }
+    }
+
     /// Which pseudo channel serves the byte at `pa`.
     pub fn channel_of(&self, pa: u64) -> usize {
         ((pa / self.interleave) % self.channel_free.len() as u64) as usize
@@ -78,6 +99,9 @@ impl HbmController {
 
 impl Component for HbmController {
     fn serve(&mut self, now: Ps, req: &Request) -> Service {
+        if let Some((first, count)) = req.channels {
+            return self.serve_pinned(now, req.bytes(), first, count);
+        }
         // Rows that touch are one contiguous range.
         let req = &if req.rows > 1 && req.stride == req.row_bytes {
             Request {
@@ -210,6 +234,7 @@ mod tests {
                 row_bytes: 1024,
                 rows: 1,
                 stride: 0,
+                channels: None,
             },
         );
         assert_eq!(s.end, 256_000 + 10_000);
@@ -221,6 +246,7 @@ mod tests {
                 row_bytes: 256,
                 rows: 1,
                 stride: 0,
+                channels: None,
             },
         );
         assert_eq!(s.end, 512_000 + 10_000);
@@ -239,6 +265,7 @@ mod tests {
                 row_bytes: 300,
                 rows: 2,
                 stride: 1024,
+                channels: None,
             },
         );
         assert_eq!(h.channel_free, vec![312_000, 288_000, 0, 0]);
@@ -252,6 +279,7 @@ mod tests {
             row_bytes: 100,
             rows: 1,
             stride: 0,
+            channels: None,
         };
         assert_eq!(
             t.serve(0, &r),

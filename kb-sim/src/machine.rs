@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::rc::Rc;
 
 use crate::event::{Ps, ns_to_ps};
-use crate::topology::{AddressModel, LinkSpec, Topology};
+use crate::topology::{AddressModel, LinkSpec, MappingMode, Positive, Topology};
 
 pub type NodeId = u32;
 pub type LinkId = u32;
@@ -31,6 +31,10 @@ pub enum NodeKind {
     Tcm,
     /// The PE's MMU (VA model only).
     PeMmu,
+    /// A per-channel HBM router of a PE (LA model, 1:1 mapping).
+    ChRouter,
+    /// The aggregated HBM router of a PE (LA model, n:1 mapping).
+    AggRouter,
 }
 
 impl NodeKind {
@@ -50,6 +54,8 @@ impl NodeKind {
             NodeKind::PeMath => "pe_math",
             NodeKind::Tcm => "tcm",
             NodeKind::PeMmu => "pe_mmu",
+            NodeKind::ChRouter => "ch_r",
+            NodeKind::AggRouter => "agg_router",
         }
     }
 
@@ -125,8 +131,12 @@ pub struct Machine {
     cube_base: Vec<NodeId>,
     pe_base: Vec<NodeId>,
     routes: RefCell<RouteCache>,
+    via_routes: RefCell<HashMap<(NodeId, NodeId, NodeId), Rc<[LinkId]>>>,
     /// Per PE (dense index), its PE_MMU node, in the VA model.
     mmu_nodes: Vec<NodeId>,
+    /// Per PE (dense index), its HBM routers in the LA model: `ch_r0..` (1:1)
+    /// or one `agg_router` (n:1).
+    hbm_routers: Vec<Vec<NodeId>>,
     pub first_flit_ps: Ps,
 }
 
@@ -142,7 +152,9 @@ impl Machine {
             cube_base: Vec::new(),
             pe_base: Vec::new(),
             routes: RefCell::new(HashMap::default()),
+            via_routes: RefCell::new(HashMap::default()),
             mmu_nodes: Vec::new(),
+            hbm_routers: Vec::new(),
             first_flit_ps: ns_to_ps(topo.fabric.first_flit_ns.0),
         };
         let host = m.add_node("host".into(), NodeKind::Host, 0, 0, 0);
@@ -169,6 +181,31 @@ impl Machine {
                             p,
                         );
                         m.mmu_nodes.push(mmu);
+                    }
+                    if let (AddressModel::La, Some(mm)) = (topo.address_model, topo.memory_map) {
+                        let routers = match mm.hbm_mapping_mode {
+                            MappingMode::OneToOne => (0..mm.hbm_channels_per_pe)
+                                .map(|k| {
+                                    m.add_node(
+                                        format!("sip{s}.cube{q}.pe{p}.ch_r{k}"),
+                                        NodeKind::ChRouter,
+                                        s,
+                                        q,
+                                        p,
+                                    )
+                                })
+                                .collect(),
+                            MappingMode::NToOne => {
+                                vec![m.add_node(
+                                    format!("sip{s}.cube{q}.pe{p}.agg_router"),
+                                    NodeKind::AggRouter,
+                                    s,
+                                    q,
+                                    p,
+                                )]
+                            }
+                        };
+                        m.hbm_routers.push(routers);
                     }
                 }
             }
@@ -217,6 +254,26 @@ impl Machine {
                     m.connect(noc, dma, l.noc_pe, "noc_pe");
                     if let Some(mmu) = m.mmu_node(pc) {
                         m.connect(noc, mmu, l.noc_pe, "noc_pe");
+                    }
+                    // LA: the PE reaches its own pseudo channels directly.
+                    if let Some(mm) = topo
+                        .memory_map
+                        .filter(|_| topo.address_model == AddressModel::La)
+                    {
+                        let n = mm.hbm_channels_per_pe as f64;
+                        let per_router = match mm.hbm_mapping_mode {
+                            MappingMode::OneToOne => mm.hbm_channel_bw_gbs.0,
+                            MappingMode::NToOne => n * mm.hbm_channel_bw_gbs.0,
+                        };
+                        let spec = LinkSpec {
+                            latency_ns: l.noc_hbm.latency_ns,
+                            bw_gbs: Positive(per_router),
+                        };
+                        let hbm = m.cube_node(s, q, NodeKind::HbmCtrl);
+                        for r in m.hbm_routers[m.pe_index(pc)].clone() {
+                            m.connect(dma, r, spec, "pe_hbm_router");
+                            m.connect(r, hbm, spec, "pe_hbm_router");
+                        }
                     }
                     for unit in [dma, gemm, math] {
                         m.connect(cpu, unit, l.pe_internal, "pe_internal");
@@ -273,6 +330,13 @@ impl Machine {
             .position(|&k| k == kind)
             .unwrap_or_else(|| panic!("{kind:?} is not a cube-level node"));
         self.cube_base[(sip * self.topo.counts.cubes_per_sip + cube) as usize] + off as NodeId
+    }
+
+    /// The PE's HBM routers (LA model; empty otherwise).
+    pub fn hbm_routers(&self, pe: PeCoord) -> &[NodeId] {
+        self.hbm_routers
+            .get(self.pe_index(pe))
+            .map_or(&[], |v| v.as_slice())
     }
 
     /// The PE's MMU node; `None` outside the VA model.
@@ -354,6 +418,20 @@ impl Machine {
         }
         path.reverse();
         path
+    }
+
+    /// The route from `from` through `via` to `to` (LA: a PE's chosen
+    /// channel router on the way to hbm_ctrl). Computed once per triple.
+    pub fn route_via(&self, from: NodeId, via: NodeId, to: NodeId) -> Rc<[LinkId]> {
+        let key = (from, via, to);
+        if let Some(r) = self.via_routes.borrow().get(&key) {
+            return r.clone();
+        }
+        let mut path = self.route(from, via).to_vec();
+        path.extend_from_slice(&self.route(via, to));
+        let r: Rc<[LinkId]> = path.into();
+        self.via_routes.borrow_mut().insert(key, r.clone());
+        r
     }
 
     /// Uncontended time for a message of `bytes` to cross `route`

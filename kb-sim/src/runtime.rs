@@ -7,7 +7,7 @@ use kb_format::{Dtype, Shard, Space, TensorMeta};
 
 use crate::alloc::FreeList;
 use crate::machine::{Machine, PeCoord};
-use crate::topology::AddressModel;
+use crate::topology::{AddressModel, MappingMode};
 
 /// How one level of the hierarchy splits its part of a 2-D tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,13 +86,52 @@ pub enum SetupError {
     Tensor(String, String),
 }
 
-/// VA mappings to install in some PEs' MMUs (VA model).
+/// What is installed in some PEs at deploy and removed at free: VA pages
+/// for their PE_MMU (VA model) or a BAAW segment for their PE_DMA (LA).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapping {
-    /// The PEs whose MMU gets these pages.
+    /// The PEs that get it.
     pub targets: Vec<PeCoord>,
-    /// (VA page, PA page) pairs.
+    /// (VA page, PA page) pairs (VA model).
     pub pages: Vec<(u64, u64)>,
+    /// A BAAW segment (LA model).
+    pub segment: Option<Segment>,
+}
+
+/// A BAAW segment (ADR-0011 D-LA3): a PE-local LA range and where its bytes
+/// live. 1:1: striped across the PE's channels `stripe` bytes at a time,
+/// stripe j in channel j % N at `channel_pas[j % N] + (j / N) * stripe`.
+/// n:1: contiguous at `agg_pa`, served by the PE's channels together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub la_base: u64,
+    pub la_size: u64,
+    pub mode: MappingMode,
+    pub channel_pas: Vec<u64>,
+    pub agg_pa: u64,
+    /// The PE's first pseudo channel in its cube, and how many it owns.
+    pub first_channel: u32,
+    pub channels: u32,
+    pub stripe: u64,
+}
+
+/// One PE's part of a tensor as kernels see it: `rows` x `row_bytes` at
+/// `addr`, the address kernels use (PA, VA or LA, by model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardArg {
+    pub pe: PeCoord,
+    pub addr: u64,
+    pub rows: u64,
+    pub row_bytes: u64,
+}
+
+/// Where a tensor's bytes went.
+struct Layout {
+    shards: Vec<Shard>,
+    shard_pes: Vec<PeCoord>,
+    kernel_shards: Vec<ShardArg>,
+    va: Option<(u64, u64)>,
+    mappings: Vec<Mapping>,
 }
 
 /// A tensor declared by a benchmark.
@@ -104,9 +143,9 @@ pub struct Tensor {
     pub data: Option<Vec<u8>>,
     /// Which PE holds each shard, parallel to `meta.shards`.
     pub shard_pes: Vec<PeCoord>,
-    /// The address kernels use for each shard, parallel to `meta.shards`:
-    /// its PA (PA model) or `va_base + offset` (VA model).
-    pub shard_addrs: Vec<u64>,
+    /// Each PE's part as kernels address it (PA, VA or LA by model). In
+    /// the LA 1:1 model one part spans several physical shards.
+    pub kernel_shards: Vec<ShardArg>,
     /// VA range (base, bytes), in the VA model.
     pub va: Option<(u64, u64)>,
     /// MMU mappings to install at deploy, in the VA model.
@@ -128,6 +167,10 @@ impl Tensor {
 pub const VA_BASE: u64 = 0x1_0000_0000;
 /// Size of the device VA space.
 pub const VA_BYTES: u64 = 1 << 44;
+/// Start of each PE's LA space (ADR-0011 D-LA1).
+pub const LA_BASE: u64 = 0x1_0000_0000;
+/// Size of each PE's LA space (ADR-0011 D-LA1: 64 GB per PE).
+pub const LA_BYTES: u64 = 64 << 30;
 
 /// Setup-time state: allocators and declared tensors.
 #[derive(Debug)]
@@ -137,6 +180,11 @@ pub struct Runtime<'m> {
     tcm: Vec<FreeList>,
     /// Device-wide VA space (VA model), offsets from `VA_BASE`.
     va: FreeList,
+    /// Per PE: its LA space (LA model), offsets from `LA_BASE`.
+    la: Vec<FreeList>,
+    /// Per PE and channel: the channel's region of the PE's HBM partition
+    /// (LA model, 1:1 mapping).
+    channels: Vec<Vec<FreeList>>,
     pub tensors: Vec<Tensor>,
 }
 
@@ -148,6 +196,18 @@ impl<'m> Runtime<'m> {
             hbm: vec![FreeList::new(machine.topo.hbm_bytes_per_pe()); n],
             tcm: vec![FreeList::new(machine.topo.tcm_bytes()); n],
             va: FreeList::new(VA_BYTES),
+            la: vec![FreeList::new(LA_BYTES); n],
+            channels: match machine.topo.memory_map {
+                Some(mm)
+                    if machine.topo.address_model == AddressModel::La
+                        && mm.hbm_mapping_mode == MappingMode::OneToOne =>
+                {
+                    let region = Self::channel_region(machine);
+                    vec![vec![FreeList::new(region); mm.hbm_channels_per_pe as usize]; n]
+                }
+                _ => Vec::new(),
+            },
+
             tensors: Vec::new(),
         }
     }
@@ -256,8 +316,8 @@ impl<'m> Runtime<'m> {
         let c = self.machine.topo.counts;
         let cubes = (c.sips * c.cubes_per_sip) as u64;
         let per_cube = c.pes_per_cube as u64;
-        let mut shards = Vec::new();
-        let mut shard_pes = Vec::new();
+        // Each PE's part of the tensor, before any memory is chosen.
+        let mut parts: Vec<(PeCoord, Shard)> = Vec::new();
         for pe in self.machine.pes().collect::<Vec<_>>() {
             let cube_index = (pe.sip * c.cubes_per_sip + pe.cube) as u64;
             let cube_rect = sharding.cube.split([0, rows, 0, cols], cube_index, cubes);
@@ -266,27 +326,74 @@ impl<'m> Runtime<'m> {
             if srows == 0 || row_bytes == 0 {
                 continue;
             }
-            // Page-aligned, so a VA page maps to one PA page.
-            let page = self.machine.topo.pe_mmu.page_bytes;
-            let pa = self.alloc_aligned(pe, Space::Hbm, srows * row_bytes, page, name)?;
-            shards.push(Shard {
-                tensor_offset: (r0 * cols + c0) * es,
-                rows: srows,
-                row_bytes,
-                tensor_row_stride: cols * es,
-                pa,
-            });
-            shard_pes.push(pe);
+            let tensor_offset = (r0 * cols + c0) * es;
+            parts.push((
+                pe,
+                Shard {
+                    tensor_offset,
+                    rows: srows,
+                    row_bytes,
+                    tensor_row_stride: cols * es,
+                    pa: 0,
+                },
+            ));
         }
-        let (shard_addrs, va, mappings) = match self.machine.topo.address_model {
-            AddressModel::Pa => (shards.iter().map(|s| s.pa).collect(), None, Vec::new()),
-            AddressModel::Va => self.map_va(name, sharding, &shards, &shard_pes)?,
+        let layout = match self.machine.topo.address_model {
+            AddressModel::La => self.layout_la(name, &parts)?,
+            model => {
+                let mut shards = Vec::with_capacity(parts.len());
+                for (pe, part) in &parts {
+                    // Page-aligned, so a VA page maps to one PA page.
+                    let page = self.machine.topo.pe_mmu.page_bytes;
+                    let pa = self.alloc_aligned(
+                        *pe,
+                        Space::Hbm,
+                        part.rows * part.row_bytes,
+                        page,
+                        name,
+                    )?;
+                    shards.push(Shard { pa, ..part.clone() });
+                }
+                let pes: Vec<PeCoord> = parts.iter().map(|(pe, _)| *pe).collect();
+                let (addrs, va, mappings) = match model {
+                    AddressModel::Va => self.map_va(name, sharding, &shards, &pes)?,
+                    _ => (shards.iter().map(|s| s.pa).collect(), None, Vec::new()),
+                };
+                let kernel_shards = shards
+                    .iter()
+                    .zip(&pes)
+                    .zip(&addrs)
+                    .map(|((s, &pe), &addr)| ShardArg {
+                        pe,
+                        addr,
+                        rows: s.rows,
+                        row_bytes: s.row_bytes,
+                    })
+                    .collect();
+                Layout {
+                    shards,
+                    shard_pes: pes,
+                    kernel_shards,
+                    va,
+                    mappings,
+                }
+            }
         };
+        let Layout {
+            shards,
+            shard_pes,
+            kernel_shards,
+            va,
+            mappings,
+        } = layout;
         let meta = TensorMeta {
             name: name.to_string(),
             dtype,
             shape: vec![rows, cols],
-            address: va.map_or_else(|| shards.first().map_or(0, |s| s.pa), |(base, _)| base),
+            address: va.map_or_else(
+                || kernel_shards.first().map_or(0, |s| s.addr),
+                |(base, _)| base,
+            ),
             host_data: data.is_some(),
             shards,
         };
@@ -295,12 +402,147 @@ impl<'m> Runtime<'m> {
             meta,
             data,
             shard_pes,
-            shard_addrs,
+            kernel_shards,
             va,
             mappings,
             freed: false,
         });
         Ok(id)
+    }
+
+    /// Bytes of one channel's region of a PE's HBM partition (LA 1:1).
+    fn channel_region(machine: &Machine) -> u64 {
+        let t = &machine.topo;
+        let n = t.memory_map.map_or(1, |mm| mm.hbm_channels_per_pe) as u64;
+        let stripe = t.hbm.interleave_bytes as u64;
+        t.hbm_bytes_per_pe() / n / stripe * stripe
+    }
+
+    /// The LA layout of a tensor (ADR-0011 D-LA1..7): each PE's part gets a
+    /// range of that PE's LA space and a BAAW segment. n:1: the part is
+    /// contiguous in the PE's partition. 1:1: it is striped over the PE's
+    /// channels, so the trace describes it as one strided shard per channel.
+    fn layout_la(&mut self, name: &str, parts: &[(PeCoord, Shard)]) -> Result<Layout, SetupError> {
+        let t = &self.machine.topo;
+        let mm = t
+            .memory_map
+            .expect("validated: the la model has a memory_map");
+        let n = mm.hbm_channels_per_pe as u64;
+        let stripe = t.hbm.interleave_bytes as u64;
+        let region = Self::channel_region(self.machine);
+        let mut out = Layout {
+            shards: Vec::new(),
+            shard_pes: Vec::new(),
+            kernel_shards: Vec::new(),
+            va: None,
+            mappings: Vec::new(),
+        };
+        for (pe, part) in parts {
+            let (pe, size) = (*pe, part.rows * part.row_bytes);
+            let i = self.machine.pe_index(pe);
+            let la = LA_BASE
+                + self.la[i].alloc(size, stripe).ok_or_else(|| {
+                    SetupError::Tensor(
+                        name.into(),
+                        format!("{pe}: its LA space has no {size} free bytes"),
+                    )
+                })?;
+            let mut seg = Segment {
+                la_base: la,
+                la_size: size,
+                mode: mm.hbm_mapping_mode,
+                channel_pas: Vec::new(),
+                agg_pa: 0,
+                first_channel: pe.pe * mm.hbm_channels_per_pe,
+                channels: mm.hbm_channels_per_pe,
+                stripe,
+            };
+            match mm.hbm_mapping_mode {
+                MappingMode::NToOne => {
+                    let pa = self.alloc_aligned(pe, Space::Hbm, size, stripe, name)?;
+                    out.shards.push(Shard { pa, ..part.clone() });
+                    out.shard_pes.push(pe);
+                    seg.agg_pa = pa;
+                }
+                MappingMode::OneToOne => {
+                    if part.rows > 1 && part.row_bytes != part.tensor_row_stride {
+                        return Err(SetupError::Tensor(
+                            name.into(),
+                            "the LA 1:1 model stripes each PE's part over its channels and needs it contiguous in the tensor (use row-wise or replicated sharding)".into(),
+                        ));
+                    }
+                    let stripes = size.div_ceil(stripe);
+                    for k in 0..n {
+                        let count = if k < stripes {
+                            (stripes - k).div_ceil(n)
+                        } else {
+                            0
+                        };
+                        let offset = self.channels[i][k as usize]
+                            .alloc((count * stripe).max(1), stripe)
+                            .ok_or_else(|| SetupError::OutOfMemory {
+                                pe,
+                                space: "hbm channel",
+                                bytes: count * stripe,
+                                what: name.to_string(),
+                                used: self.channels[i][k as usize].used(),
+                                limit: region,
+                                largest: self.channels[i][k as usize].largest_free(),
+                            })?;
+                        let pa = Pa {
+                            space: Space::Hbm,
+                            sip: pe.sip,
+                            cube: pe.cube,
+                            pe: pe.pe,
+                            offset: k * region + offset,
+                        }
+                        .encode()
+                        .expect("topology validation keeps PAs in range");
+                        seg.channel_pas.push(pa);
+                        // Stripes k, k+n, ... of the part; the last stripe may be short.
+                        let last = stripes - 1;
+                        let tail = size - last * stripe;
+                        let full = if count > 0 && last % n == k && tail < stripe {
+                            count - 1
+                        } else {
+                            count
+                        };
+                        if full > 0 {
+                            out.shards.push(Shard {
+                                tensor_offset: part.tensor_offset + k * stripe,
+                                rows: full,
+                                row_bytes: stripe,
+                                tensor_row_stride: stripe * n,
+                                pa,
+                            });
+                            out.shard_pes.push(pe);
+                        }
+                        if full < count {
+                            out.shards.push(Shard {
+                                tensor_offset: part.tensor_offset + last * stripe,
+                                rows: 1,
+                                row_bytes: tail,
+                                tensor_row_stride: tail,
+                                pa: pa + (last / n) * stripe,
+                            });
+                            out.shard_pes.push(pe);
+                        }
+                    }
+                }
+            }
+            out.kernel_shards.push(ShardArg {
+                pe,
+                addr: la,
+                rows: part.rows,
+                row_bytes: part.row_bytes,
+            });
+            out.mappings.push(Mapping {
+                targets: vec![pe],
+                pages: Vec::new(),
+                segment: Some(seg),
+            });
+        }
+        Ok(out)
     }
 
     /// The VA layout of a tensor (ADR-0011 D-VA1, D-VA3): one contiguous VA
@@ -376,7 +618,11 @@ impl<'m> Runtime<'m> {
                     _ => true,
                 })
                 .collect();
-            mappings.push(Mapping { targets, pages });
+            mappings.push(Mapping {
+                targets,
+                pages,
+                segment: None,
+            });
         }
         Ok((addrs, Some((base, total)), mappings))
     }
@@ -391,10 +637,33 @@ impl<'m> Runtime<'m> {
             ));
         }
         t.freed = true;
-        let pas: Vec<u64> = t.meta.shards.iter().map(|s| s.pa).collect();
+        let segments: Vec<(PeCoord, Segment)> = t
+            .mappings
+            .iter()
+            .filter_map(|m| m.segment.clone().map(|s| (m.targets[0], s)))
+            .collect();
+        let pas: Vec<u64> = if segments.is_empty() {
+            t.meta.shards.iter().map(|s| s.pa).collect()
+        } else {
+            Vec::new()
+        };
         let va = t.va;
         for pa in pas {
             self.release(pa);
+        }
+        let region = Self::channel_region(self.machine);
+        for (pe, seg) in segments {
+            let i = self.machine.pe_index(pe);
+            self.la[i].free(seg.la_base - LA_BASE);
+            match seg.mode {
+                MappingMode::NToOne => self.release(seg.agg_pa),
+                MappingMode::OneToOne => {
+                    for (k, pa) in seg.channel_pas.iter().enumerate() {
+                        let offset = Pa::decode(*pa).expect("allocated PA").offset;
+                        self.channels[i][k].free(offset - k as u64 * region);
+                    }
+                }
+            }
         }
         if let Some((base, _)) = va {
             self.va.free(base - VA_BASE);

@@ -12,6 +12,8 @@ pub const EMBEDDED: &[(&str, &str)] = &[
     ("large", include_str!("../../topologies/large.yaml")),
     ("pa", include_str!("../../topologies/pa.yaml")),
     ("va", include_str!("../../topologies/va.yaml")),
+    ("la-1to1", include_str!("../../topologies/la-1to1.yaml")),
+    ("la-nto1", include_str!("../../topologies/la-nto1.yaml")),
 ];
 
 /// A strictly positive, finite number (bandwidths, sizes, rates);
@@ -44,6 +46,9 @@ pub enum AddressModel {
     /// page by page by each PE's PE_MMU (mappings installed through the
     /// fabric at deploy); an unmapped address falls back to PA.
     Va,
+    /// Logical addresses, PE-local, resolved by the BAAW segment table in
+    /// PE_DMA onto the PE's HBM pseudo channels (`memory_map`).
+    La,
 }
 
 impl AddressModel {
@@ -51,8 +56,31 @@ impl AddressModel {
         match self {
             AddressModel::Pa => "pa",
             AddressModel::Va => "va",
+            AddressModel::La => "la",
         }
     }
+}
+
+/// How an LA access reaches the PE's HBM pseudo channels (ADR-0011 D-LA2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MappingMode {
+    /// One request per channel, each through its own `ch_rN` router.
+    OneToOne,
+    /// One aggregated request through `agg_router` (N x channel bandwidth).
+    NToOne,
+}
+
+/// The LA model's channel mapping (ADR-0011 D-LA2).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryMap {
+    pub hbm_mapping_mode: MappingMode,
+    /// Pseudo channels per cube (must equal `hbm.pseudo_channels`).
+    pub hbm_pseudo_channels: u32,
+    /// Channels owned by each PE (at most pseudo channels / PEs per cube).
+    pub hbm_channels_per_pe: u32,
+    pub hbm_channel_bw_gbs: Positive,
 }
 
 /// PE_MMU attributes (VA model).
@@ -217,6 +245,9 @@ pub struct Topology {
     /// PE_MMU attributes (used by the VA model; defaults apply if absent).
     #[serde(default)]
     pub pe_mmu: MmuSpec,
+    /// Channel mapping (required by the LA model).
+    #[serde(default)]
+    pub memory_map: Option<MemoryMap>,
 }
 
 /// A topology that could not be loaded.
@@ -407,6 +438,32 @@ impl Topology {
             "hbm.size_gib",
             "more than 32 GiB per PE partition does not fit the PA offset".into(),
         )?;
+        if self.address_model == AddressModel::La {
+            let mm = self.memory_map.as_ref().ok_or((
+                "memory_map",
+                "the la address model needs a memory_map section".to_string(),
+            ))?;
+            check(
+                mm.hbm_pseudo_channels == self.hbm.pseudo_channels,
+                "memory_map.hbm_pseudo_channels",
+                format!(
+                    "must equal hbm.pseudo_channels ({}), got {}",
+                    self.hbm.pseudo_channels, mm.hbm_pseudo_channels
+                ),
+            )?;
+            check(
+                mm.hbm_channels_per_pe >= 1
+                    && mm.hbm_channels_per_pe * c.pes_per_cube <= mm.hbm_pseudo_channels,
+                "memory_map.hbm_channels_per_pe",
+                format!(
+                    "must be 1..={} ({} channels over {} PEs), got {}",
+                    mm.hbm_pseudo_channels / c.pes_per_cube,
+                    mm.hbm_pseudo_channels,
+                    c.pes_per_cube,
+                    mm.hbm_channels_per_pe
+                ),
+            )?;
+        }
         check(
             self.pe_mmu.page_bytes >= 64 && self.pe_mmu.page_bytes.is_power_of_two(),
             "pe_mmu.page_bytes",

@@ -18,7 +18,7 @@ use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, Wait, 
 use crate::component::Request;
 use crate::machine::{NodeId, NodeKind, PeCoord};
 use crate::program::DmaCmd;
-use crate::topology::AddressModel;
+use crate::topology::{AddressModel, MappingMode};
 
 /// DMA message arrivals.
 #[derive(Debug, Clone, Copy)]
@@ -55,10 +55,24 @@ impl From<DmaAct> for Act {
     }
 }
 
+/// LA model: the router a piece goes through and its pinned channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LaPath {
+    via: NodeId,
+    channels: (u32, u32),
+}
+
+/// A physical piece of one side of a DMA, with its LA path if any.
+pub(super) type Piece = (Extent, Option<LaPath>);
+
 /// Physical pieces of one side served by one node.
 #[derive(Debug)]
 pub(super) struct Group {
     target: NodeId,
+    /// LA model: the PE's router on the way (`ch_rK` or `agg_router`) and
+    /// the pseudo channels the request is pinned to.
+    via: Option<NodeId>,
+    channels: Option<(u32, u32)>,
     /// Served by this PE's own TCM: no fabric messages.
     local: bool,
     pieces: Vec<Extent>,
@@ -70,8 +84,12 @@ pub(super) struct Dma {
     pub(super) pe: u32,
     pub(super) op_id: u64,
     cmd: DmaCmd,
+    /// Parts per serving node (timing).
     src: Vec<Group>,
     dst: Vec<Group>,
+    /// Physical pieces in data order (data and effects).
+    src_order: Vec<Extent>,
+    dst_order: Vec<Extent>,
     /// Parts of the current phase not yet done.
     left: u32,
     /// A store: data effects were applied at issue; the transfer is timing only.
@@ -89,13 +107,6 @@ pub(super) struct Dma {
 pub(super) struct DmaEngines {
     pub(super) idle: u32,
     pub(super) waiting: VecDeque<u32>,
-}
-
-fn pieces_of(groups: &[Group]) -> Vec<Extent> {
-    groups
-        .iter()
-        .flat_map(|g| g.pieces.iter().copied())
-        .collect()
 }
 
 impl<W: Write> Engine<'_, W> {
@@ -117,11 +128,19 @@ impl<W: Write> Engine<'_, W> {
         rows: u32,
         row_bytes: u64,
         stride: u64,
-    ) -> Result<Vec<Extent>, String> {
+    ) -> Result<Vec<Piece>, String> {
         if rows > 1 && stride < row_bytes {
             return Err(format!(
                 "DMA {side} stride {stride} is below the row size {row_bytes}"
             ));
+        }
+        if self.m.topo.address_model == AddressModel::La && a.space == Space::Hbm {
+            let mut pieces = Vec::new();
+            for r in 0..rows as u64 {
+                self.resolve_la(pe, a.addr + r * stride, row_bytes, &mut pieces)
+                    .map_err(|e| format!("DMA {side}: {e}"))?;
+            }
+            return Ok(pieces);
         }
         if self.m.topo.address_model == AddressModel::Va && a.space == Space::Hbm {
             let mut pieces = Vec::new();
@@ -134,17 +153,88 @@ impl<W: Write> Engine<'_, W> {
                     .ok_or_else(|| format!("DMA {side} maps to {:#x}, not a device PA", x.pa))?;
                 self.check_pa(pe, side, Space::Hbm, p)?;
             }
-            return Ok(super::mmu::fold_rows(pieces));
+            return Ok(super::mmu::fold_rows(pieces)
+                .into_iter()
+                .map(|x| (x, None))
+                .collect());
         }
         let p = Pa::decode(a.addr)
             .ok_or_else(|| format!("DMA {side} {:#x} is not a device PA", a.addr))?;
         self.check_pa(pe, side, a.space, p)?;
-        Ok(vec![Extent {
-            pa: a.addr,
-            len: row_bytes,
-            rows,
-            stride: if rows > 1 { stride } else { 0 },
-        }])
+        Ok(vec![(
+            Extent {
+                pa: a.addr,
+                len: row_bytes,
+                rows,
+                stride: if rows > 1 { stride } else { 0 },
+            },
+            None,
+        )])
+    }
+
+    /// BAAW (ADR-0011 D-LA4): resolve `len` bytes at `la` through the PE's
+    /// segment table. 1:1: one piece per stripe, each on its channel's
+    /// router and pinned to that channel; n:1: one piece through the
+    /// aggregated router, spread over the PE's channels. An address in no
+    /// segment that is an HBM PA is used as one (the PA fallback).
+    fn resolve_la(
+        &mut self,
+        pe: PeCoord,
+        la: u64,
+        len: u64,
+        out: &mut Vec<Piece>,
+    ) -> Result<(), String> {
+        let i = self.m.pe_index(pe);
+        let Some(seg) = self.baaw[i]
+            .iter()
+            .find(|s| s.la_base <= la && la + len <= s.la_base + s.la_size)
+        else {
+            return match Pa::decode(la) {
+                Some(p) if p.space == Space::Hbm => {
+                    out.push((Extent::contiguous(la, len), None));
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "{la:#x}+{len} is in no BAAW segment of {pe} and is not an HBM PA"
+                )),
+            };
+        };
+        let routers = self.m.hbm_routers(pe);
+        let offset = la - seg.la_base;
+        match seg.mode {
+            MappingMode::NToOne => {
+                let path = LaPath {
+                    via: routers[0],
+                    channels: (seg.first_channel, seg.channels),
+                };
+                out.push((Extent::contiguous(seg.agg_pa + offset, len), Some(path)));
+            }
+            MappingMode::OneToOne => {
+                let (s, n) = (seg.stripe, seg.channels as u64);
+                let mut done = 0;
+                while done < len {
+                    let at = offset + done;
+                    let (j, within) = (at / s, at % s);
+                    let take = (s - within).min(len - done);
+                    let k = j % n;
+                    let pa = seg.channel_pas[k as usize] + (j / n) * s + within;
+                    let path = LaPath {
+                        via: routers[k as usize],
+                        channels: (seg.first_channel + k as u32, 1),
+                    };
+                    match out.last_mut() {
+                        Some((prev, Some(p)))
+                            if *p == path && prev.rows == 1 && prev.pa + prev.len == pa =>
+                        {
+                            prev.len += take
+                        }
+                        _ => out.push((Extent::contiguous(pa, take), Some(path))),
+                    }
+                    done += take;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn check_pa(&self, pe: PeCoord, side: &str, space: Space, p: Pa) -> Result<(), String> {
@@ -172,21 +262,30 @@ impl<W: Write> Engine<'_, W> {
     }
 
     /// Group pieces by serving node, in order of first appearance.
-    fn group(&self, pe: PeCoord, pieces: Vec<Extent>) -> Vec<Group> {
+    fn group(&self, pe: PeCoord, pieces: Vec<Piece>) -> Vec<Group> {
         let mut groups: Vec<Group> = Vec::new();
-        for x in pieces {
+        for (x, path) in pieces {
             let p = Pa::decode(x.pa).expect("resolved pieces are PAs");
             let target = match p.space {
                 Space::Tcm => self.m.pe_node(pe, NodeKind::Tcm),
                 _ => self.m.cube_node(p.sip, p.cube, NodeKind::HbmCtrl),
             };
-            match groups.iter_mut().find(|g| g.target == target) {
+            let (via, channels) = match path {
+                Some(LaPath { via, channels }) => (Some(via), Some(channels)),
+                None => (None, None),
+            };
+            match groups
+                .iter_mut()
+                .find(|g| (g.target, g.via, g.channels) == (target, via, channels))
+            {
                 Some(g) => {
                     g.bytes += x.bytes();
                     g.pieces.push(x);
                 }
                 None => groups.push(Group {
                     target,
+                    via,
+                    channels,
                     local: p.space == Space::Tcm,
                     bytes: x.bytes(),
                     pieces: vec![x],
@@ -207,9 +306,13 @@ impl<W: Write> Engine<'_, W> {
         let src = self.resolve(pc, "source", c.src, c.rows, c.row_bytes, c.src_stride);
         let dst = self.resolve(pc, "destination", c.dst, c.rows, c.row_bytes, c.dst_stride);
         let (src, dst) = match (src, dst) {
-            (Ok(s), Ok(d)) => (self.group(pc, s), self.group(pc, d)),
+            (Ok(s), Ok(d)) => (s, d),
             (Err(e), _) | (_, Err(e)) => return Err(self.kernel_err(pc, e)),
         };
+        // Data and effects follow the pieces in order; groups are timing.
+        let src_order: Vec<Extent> = src.iter().map(|p| p.0).collect();
+        let dst_order: Vec<Extent> = dst.iter().map(|p| p.0).collect();
+        let (src, dst) = (self.group(pc, src), self.group(pc, dst));
         let op_id = self.new_op_id();
         self.in_flight.insert(op_id);
         let d = self.dmas.insert(Dma {
@@ -218,6 +321,8 @@ impl<W: Write> Engine<'_, W> {
             cmd: c,
             src,
             dst,
+            src_order,
+            dst_order,
             left: 0,
             at_issue: false,
             op: None,
@@ -243,7 +348,7 @@ impl<W: Write> Engine<'_, W> {
     fn apply_at_issue(&mut self, d: u32) {
         let (src, dst, op_id) = {
             let x = self.dmas.get(d);
-            (pieces_of(&x.src), pieces_of(&x.dst), x.op_id)
+            (x.src_order.clone(), x.dst_order.clone(), x.op_id)
         };
         let mut data = Vec::new();
         let pending = src
@@ -277,10 +382,10 @@ impl<W: Write> Engine<'_, W> {
     /// Serve one part (a group of the source or destination side) at its
     /// node; returns when the last piece is done.
     fn serve_part(&mut self, d: u32, src: bool, group: usize) -> kb_format::Ps {
-        let (target, pieces) = {
+        let (target, channels, pieces) = {
             let x = self.dmas.get(d);
             let g = if src { &x.src[group] } else { &x.dst[group] };
-            (g.target, g.pieces.clone())
+            (g.target, g.channels, g.pieces.clone())
         };
         let mut end = self.q.now();
         for x in pieces {
@@ -289,6 +394,7 @@ impl<W: Write> Engine<'_, W> {
                 row_bytes: x.len,
                 rows: x.rows,
                 stride: x.stride,
+                channels,
             };
             end = end.max(self.serve(target, req));
         }
@@ -382,16 +488,17 @@ impl<W: Write> Engine<'_, W> {
                 let n = self.dmas.get(d).src.len();
                 self.dmas.get(d).left = n as u32;
                 for g in 0..n {
-                    let (local, target) = {
+                    let (local, target, via) = {
                         let grp = &self.dmas.get(d).src[g];
-                        (grp.local, grp.target)
+                        (grp.local, grp.target, grp.via)
                     };
                     if local {
                         let end = self.serve_part(d, true, g);
                         self.at(end, DmaAct::SrcPartDone(d));
                     } else {
-                        self.send(
+                        self.send_via(
                             dma,
+                            via,
                             target,
                             CONTROL_BYTES,
                             DmaArrive::ReqAtTarget {
@@ -406,7 +513,7 @@ impl<W: Write> Engine<'_, W> {
             DmaAct::SrcRead(d) => {
                 let (pe, dma) = self.dma_node(d);
                 if !self.dmas.get(d).at_issue {
-                    let src = pieces_of(&self.dmas.get(d).src);
+                    let src = self.dmas.get(d).src_order.clone();
                     let mut data = Vec::new();
                     for x in &src {
                         if let Err(e) = self.data.read_extent(x, &mut data) {
@@ -419,20 +526,20 @@ impl<W: Write> Engine<'_, W> {
                     x.data = data;
                     x.read = Some(read);
                 }
-                let remote: Vec<(NodeId, u64)> = self
+                let remote: Vec<(NodeId, Option<NodeId>, u64)> = self
                     .dmas
                     .get(d)
                     .src
                     .iter()
                     .filter(|g| !g.local)
-                    .map(|g| (g.target, g.bytes))
+                    .map(|g| (g.target, g.via, g.bytes))
                     .collect();
                 self.dmas.get(d).left = remote.len() as u32;
                 if remote.is_empty() {
                     self.at(now, DmaAct::Deliver(d));
                 }
-                for (target, bytes) in remote {
-                    self.send(target, dma, bytes, DmaArrive::DataAtDma(d));
+                for (target, via, bytes) in remote {
+                    self.send_via(target, via, dma, bytes, DmaArrive::DataAtDma(d));
                 }
             }
             DmaAct::Deliver(d) => {
@@ -440,16 +547,17 @@ impl<W: Write> Engine<'_, W> {
                 let n = self.dmas.get(d).dst.len();
                 self.dmas.get(d).left = n as u32;
                 for g in 0..n {
-                    let (local, target, bytes) = {
+                    let (local, target, via, bytes) = {
                         let grp = &self.dmas.get(d).dst[g];
-                        (grp.local, grp.target, grp.bytes)
+                        (grp.local, grp.target, grp.via, grp.bytes)
                     };
                     if local {
                         let end = self.serve_part(d, false, g);
                         self.at(end, DmaAct::DstPartDone(d));
                     } else {
-                        self.send(
+                        self.send_via(
                             dma,
+                            via,
                             target,
                             bytes,
                             DmaArrive::DataAtTarget {
@@ -463,7 +571,7 @@ impl<W: Write> Engine<'_, W> {
             DmaAct::DstPartDone(d) => self.part_done(d, DmaAct::DstWrite(d)),
             DmaAct::DstWrite(d) => {
                 let (_, dma) = self.dma_node(d);
-                let dst = pieces_of(&self.dmas.get(d).dst);
+                let dst = self.dmas.get(d).dst_order.clone();
                 for x in &dst {
                     if Pa::decode(x.pa).is_some_and(|p| p.space == Space::Tcm) {
                         self.producers.remove(&x.pa);
@@ -476,20 +584,20 @@ impl<W: Write> Engine<'_, W> {
                     let write = self.effect(dst);
                     self.dmas.get(d).write = Some(write);
                 }
-                let remote: Vec<NodeId> = self
+                let remote: Vec<(NodeId, Option<NodeId>)> = self
                     .dmas
                     .get(d)
                     .dst
                     .iter()
                     .filter(|g| !g.local)
-                    .map(|g| g.target)
+                    .map(|g| (g.target, g.via))
                     .collect();
                 self.dmas.get(d).left = remote.len() as u32;
                 if remote.is_empty() {
                     self.at(now, DmaAct::Finish(d));
                 }
-                for target in remote {
-                    self.send(target, dma, CONTROL_BYTES, DmaArrive::AckAtDma(d));
+                for (target, via) in remote {
+                    self.send_via(target, via, dma, CONTROL_BYTES, DmaArrive::AckAtDma(d));
                 }
             }
             DmaAct::Finish(d) => {

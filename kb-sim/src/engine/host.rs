@@ -202,6 +202,7 @@ impl<W: Write> Engine<'_, W> {
                         row_bytes: s.rows * s.row_bytes,
                         rows: 1,
                         stride: 0,
+                        channels: None,
                     },
                 );
                 let j = self.host_writes.get(job);

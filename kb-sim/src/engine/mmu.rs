@@ -16,6 +16,8 @@ use crate::machine::{NodeKind, PeCoord};
 
 /// Bytes of one page-table entry in a map message.
 const ENTRY_BYTES: u64 = 16;
+/// Bytes of a BAAW segment descriptor, before its per-channel PAs.
+const SEGMENT_BYTES: u64 = 64;
 
 /// Map and unmap messages arriving at io_cpu, m_cpu and pe_mmu.
 #[derive(Debug, Clone, Copy)]
@@ -68,10 +70,25 @@ pub struct MmuStats {
 
 impl<W: Write> Engine<'_, W> {
     fn group_bytes(&self, msg: &MapMsg) -> u64 {
-        self.tensors[msg.tensor as usize].mappings[msg.group as usize]
-            .pages
-            .len() as u64
-            * ENTRY_BYTES
+        let m = &self.tensors[msg.tensor as usize].mappings[msg.group as usize];
+        match &m.segment {
+            // A BaawSegmentInstallMsg: the descriptor and a PA per channel.
+            Some(seg) => SEGMENT_BYTES + 8 * seg.channel_pas.len() as u64,
+            None => m.pages.len() as u64 * ENTRY_BYTES,
+        }
+    }
+
+    /// Where a PE keeps this kind of mapping: its PE_MMU (VA pages) or its
+    /// PE_DMA (BAAW segments, LA).
+    fn install_node(&self, msg: &MapMsg, pc: PeCoord) -> crate::machine::NodeId {
+        if self.tensors[msg.tensor as usize].mappings[msg.group as usize]
+            .segment
+            .is_some()
+        {
+            self.m.pe_node(pc, NodeKind::PeDma)
+        } else {
+            self.m.mmu_node(pc).expect("VA model")
+        }
     }
 
     fn targets(&self, msg: &MapMsg) -> &[PeCoord] {
@@ -120,12 +137,20 @@ impl<W: Write> Engine<'_, W> {
             }
             MmuArrive::Mmu { msg, pe } => {
                 let mapping = &self.tensors[msg.tensor as usize].mappings[msg.group as usize];
-                let table = &mut self.mmus[pe as usize];
-                for &(va, pa) in &mapping.pages {
-                    if msg.unmap {
-                        table.remove(&va);
-                    } else {
-                        table.insert(va, pa);
+                if let Some(seg) = &mapping.segment {
+                    let table = &mut self.baaw[pe as usize];
+                    table.retain(|s| s.la_base != seg.la_base);
+                    if !msg.unmap {
+                        table.push(seg.clone());
+                    }
+                } else {
+                    let table = &mut self.mmus[pe as usize];
+                    for &(va, pa) in &mapping.pages {
+                        if msg.unmap {
+                            table.remove(&va);
+                        } else {
+                            table.insert(va, pa);
+                        }
                     }
                 }
                 let latency = now - msg.sent;
@@ -142,9 +167,9 @@ impl<W: Write> Engine<'_, W> {
                     s.max_map_latency_ps = s.max_map_latency_ps.max(latency);
                     // The host launches only after every mapping is in place.
                     let pc = self.m.pe_coord(pe as usize);
-                    let mmu = self.m.mmu_node(pc).expect("VA model");
+                    let node = self.install_node(&msg, pc);
                     self.send(
-                        mmu,
+                        node,
                         self.m.host(),
                         super::CONTROL_BYTES,
                         HostArrive::HostAck,
@@ -181,9 +206,9 @@ impl<W: Write> Engine<'_, W> {
                     .collect();
                 let bytes = self.group_bytes(&msg);
                 for pc in pes {
-                    let mmu = self.m.mmu_node(pc).expect("VA model");
+                    let node = self.install_node(&msg, pc);
                     let pe = self.m.pe_index(pc) as u32;
-                    self.send(mcpu, mmu, bytes, MmuArrive::Mmu { msg, pe });
+                    self.send(mcpu, node, bytes, MmuArrive::Mmu { msg, pe });
                 }
             }
         }

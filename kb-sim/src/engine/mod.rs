@@ -179,6 +179,8 @@ pub struct Engine<'m, W: Write> {
     dma_setup_ps: Ps,
     /// Per PE (dense index): VA page -> PA page (VA model).
     mmus: Vec<rustc_hash::FxHashMap<u64, u64>>,
+    /// Per PE (dense index): the BAAW segment table in its PE_DMA (LA model).
+    baaw: Vec<Vec<crate::runtime::Segment>>,
     /// Added to a DMA per translated side (VA model).
     tlb_ps: Ps,
     /// Mappings were removed after the kernels finished.
@@ -281,6 +283,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 .collect(),
             dma_setup_ps: ns_to_ps(t.pe_dma.setup_ns.0),
             mmus: vec![Default::default(); n_pes],
+            baaw: vec![Vec::new(); n_pes],
             tlb_ps: ns_to_ps(t.pe_mmu.tlb_overhead_ns.0),
             unmapped: false,
             msgs: Slab::new(),
@@ -368,9 +371,28 @@ impl<'m, W: Write> Engine<'m, W> {
     // ---- fabric ----
 
     fn send(&mut self, from: NodeId, to: NodeId, bytes: u64, then: impl Into<Arrive>) {
-        let then = then.into();
-        let now = self.q.now();
         let route = self.m.route(from, to);
+        self.send_route(route, bytes, then.into());
+    }
+
+    /// Send along `from -> via -> to`, or `from -> to` without a via.
+    fn send_via(
+        &mut self,
+        from: NodeId,
+        via: Option<NodeId>,
+        to: NodeId,
+        bytes: u64,
+        then: impl Into<Arrive>,
+    ) {
+        let route = match via {
+            Some(v) => self.m.route_via(from, v, to),
+            None => self.m.route(from, to),
+        };
+        self.send_route(route, bytes, then.into());
+    }
+
+    fn send_route(&mut self, route: Rc<[LinkId]>, bytes: u64, then: Arrive) {
+        let now = self.q.now();
         if route.is_empty() {
             let id = self.msgs.insert(Msg {
                 route,

@@ -24,15 +24,7 @@ use crate::alloc::FreeList;
 use crate::machine::PeCoord;
 use crate::program::{Command, DmaCmd, Labeled, Reply};
 
-/// One PE's shard as a kernel sees it: `rows` x `row_bytes` stored
-/// contiguously at `addr`, the address kernels use (PA or VA, by model).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShardArg {
-    pub pe: PeCoord,
-    pub addr: u64,
-    pub rows: u64,
-    pub row_bytes: u64,
-}
+pub use crate::runtime::ShardArg;
 
 /// A tensor as a kernel sees it: shape, dtype and where each PE's shard is.
 #[derive(Debug, Clone)]
