@@ -119,6 +119,8 @@ impl std::fmt::Display for PeCoord {
 
 /// Routes by (from, to), filled on first use.
 type RouteCache = HashMap<(NodeId, NodeId), Rc<[LinkId]>>;
+/// Routes by (from, via, to), filled on first use.
+type ViaRouteCache = HashMap<(NodeId, NodeId, NodeId), Rc<[LinkId]>>;
 
 /// The built machine. Immutable after construction except the route cache.
 #[derive(Debug)]
@@ -131,7 +133,7 @@ pub struct Machine {
     cube_base: Vec<NodeId>,
     pe_base: Vec<NodeId>,
     routes: RefCell<RouteCache>,
-    via_routes: RefCell<HashMap<(NodeId, NodeId, NodeId), Rc<[LinkId]>>>,
+    via_routes: RefCell<ViaRouteCache>,
     /// Per PE (dense index), its PE_MMU node, in the VA model.
     mmu_nodes: Vec<NodeId>,
     /// Per PE (dense index), its HBM routers in the LA model: `ch_r0..` (1:1)
