@@ -204,7 +204,7 @@ fn every_benchmark_verifies_with_default_and_odd_shapes() {
         .collect();
     assert!(benches.len() >= 4, "{text}");
     for bench in benches {
-        for topo in ["small", "default", "pa", "va"] {
+        for topo in ["small", "default", "pa", "va", "la-1to1", "la-nto1"] {
             let mut variants = vec![vec![]];
             variants.extend(odd_params(bench));
             for params in variants {

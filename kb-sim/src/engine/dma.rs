@@ -134,6 +134,12 @@ impl<W: Write> Engine<'_, W> {
                 "DMA {side} stride {stride} is below the row size {row_bytes}"
             ));
         }
+        // Rows that touch are one contiguous range.
+        let (rows, row_bytes, stride) = if rows > 1 && stride == row_bytes {
+            (1, rows as u64 * row_bytes, row_bytes)
+        } else {
+            (rows, row_bytes, stride)
+        };
         if self.m.topo.address_model == AddressModel::La && a.space == Space::Hbm {
             let mut pieces = Vec::new();
             for r in 0..rows as u64 {
