@@ -11,7 +11,7 @@ use kb_sim::bench;
 use kb_sim::kernel::Executor;
 use kb_sim::machine::Machine;
 use kb_sim::run::{RunConfig, run};
-use kb_sim::topology::{EMBEDDED, Topology};
+use kb_sim::topology::{AddressModel, EMBEDDED, Topology};
 
 const EXIT_CODES: &str = "Exit codes: 0 success; 2 error (bad flags, topology, benchmark parameters, or a failed simulation).";
 
@@ -168,10 +168,15 @@ fn cmd_run(a: RunArgs) -> Result<(), String> {
             stats.kernel_start as f64 / 1e6,
             wall.elapsed().as_secs_f64()
         );
-        let m = stats.mmu;
+                let m = stats.mmu;
         if m.maps > 0 {
+            let what = match cfg.topology.address_model {
+                AddressModel::La => "BAAW segment installs",
+                _ => "pe_mmu map messages",
+            };
             eprintln!(
-                "kb-sim: pe_mmu: {} maps (latency {:.3}..{:.3} ns), {} unmaps, {} page faults (PA fallback)",
+                "kb-sim: address model {}: {} {what} (latency {:.3}..{:.3} ns), {} removed at free, {} page faults (PA fallback)",
+                cfg.topology.address_model.name(),
                 m.maps,
                 m.min_map_latency_ps as f64 / 1e3,
                 m.max_map_latency_ps as f64 / 1e3,
@@ -209,11 +214,18 @@ fn cmd_topology(name: &str) -> Result<(), String> {
     let m = Machine::build(&t);
     let build_s = built.elapsed().as_secs_f64();
     let c = t.counts;
-    println!(
-        "topology {} (address model {})",
-        t.name,
-        t.address_model.name()
-    );
+        println!("topology {} (address model {})", t.name, t.address_model.name());
+    match (t.address_model, t.memory_map) {
+        (AddressModel::Va, _) => println!(
+            "pe_mmu: {}-byte pages, {} ns TLB overhead per translated DMA side",
+            t.pe_mmu.page_bytes, t.pe_mmu.tlb_overhead_ns.0
+        ),
+        (AddressModel::La, Some(mm)) => println!(
+            "memory_map: {:?}, {} of {} pseudo channels per PE x {} GB/s",
+            mm.hbm_mapping_mode, mm.hbm_channels_per_pe, mm.hbm_pseudo_channels, mm.hbm_channel_bw_gbs.0
+        ),
+        _ => {}
+    }
     println!(
         "counts: {} SIPs x {} cubes x {} PEs = {} PEs",
         c.sips,
