@@ -457,6 +457,14 @@ pub enum Expr {
         axis: u8,
     },
     Scalar(f64),
+    /// Rows of `table` picked by `indices` (a column of row numbers):
+    /// `out[i, :] = table[indices[i, 0], :]`.
+    Gather {
+        #[serde(deserialize_with = "de_sub")]
+        table: Box<Expr>,
+        #[serde(deserialize_with = "de_sub")]
+        indices: Box<Expr>,
+    },
 }
 
 /// Deepest nesting of [`Expr`] that deserializing accepts.

@@ -424,6 +424,7 @@ pub fn expr_string(e: &Expr) -> String {
         Expr::Div(a, b) => bin("div", a, b),
         Expr::Exp(a) => un("exp", a),
         Expr::Softmax { input, axis } => format!("softmax({}, axis={axis})", expr_string(input)),
+        Expr::Gather { table, indices } => bin("gather", table, indices),
         Expr::Sum { input, axis } => format!("sum({}, axis={axis})", expr_string(input)),
         Expr::Max { input, axis } => format!("max({}, axis={axis})", expr_string(input)),
     }

@@ -160,7 +160,26 @@ impl Evaluator<'_> {
             Expr::Softmax { input, axis } => softmax(sub(input)?, *axis)?,
             Expr::Sum { input, axis } => reduce(&sub(input)?, *axis, 0.0, |a, b| a + b)?,
             Expr::Max { input, axis } => reduce(&sub(input)?, *axis, f64::NEG_INFINITY, max_nan)?,
+            Expr::Gather { table, indices } => self.gather(&sub(table)?, &sub(indices)?)?,
         })
+    }
+
+    /// `out[i, :] = table[indices[i], :]`; indices is a column (or a row).
+    fn gather(&self, table: &Matrix, indices: &Matrix) -> Result<Matrix, String> {
+        let n = indices.data.len();
+        self.alloc_check(n, table.cols)?;
+        let mut data = Vec::with_capacity(n * table.cols);
+        for (i, &v) in indices.data.iter().enumerate() {
+            if !(v >= 0.0 && v.fract() == 0.0 && (v as usize) < table.rows) {
+                return Err(format!(
+                    "gather: index {v} at {i} is not a row of the {}-row table",
+                    table.rows
+                ));
+            }
+            let r = v as usize;
+            data.extend_from_slice(&table.data[r * table.cols..(r + 1) * table.cols]);
+        }
+        Matrix::new(n, table.cols, data)
     }
 
     fn matmul(&self, a: &Matrix, b: &Matrix) -> Result<Matrix, String> {

@@ -173,6 +173,7 @@ pub fn all() -> Vec<Box<dyn Benchmark>> {
         Box::new(Copy),
         Box::new(VectorAdd),
         Box::new(Softmax),
+        Box::new(Gather),
     ]
 }
 
@@ -784,6 +785,116 @@ impl Benchmark for Gemm {
                 args,
             },
             verify: verify_one("c", Expr::Matmul(tensor_expr("a"), tensor_expr("b"))),
+        })
+    }
+}
+
+/// `gather` (data-dependent): out[i, :] = table[idx[i], :]. Each PE loads
+/// its slice of the indices, then, for each index value it read, loads that
+/// row of its local copy of the table and stores it: which rows are moved
+/// depends on the data, so different inputs give different op logs.
+#[derive(Debug)]
+pub struct Gather;
+
+const GATHER_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "rows",
+        default: "256",
+        help: "indices (rows of the output)",
+    },
+    ParamSpec {
+        name: "vocab",
+        default: "1024",
+        help: "rows of the table",
+    },
+    ParamSpec {
+        name: "dim",
+        default: "64",
+        help: "columns of the table and output",
+    },
+    ParamSpec {
+        name: "dtype",
+        default: "f32",
+        help: "table element type",
+    },
+];
+
+fn gather_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (table, idx, out) = (args.tensor("table"), args.tensor("idx"), args.tensor("out"));
+    let (Some(st), Some(si), Some(so)) =
+        (table.shard(tl.pe()), idx.shard(tl.pe()), out.shard(tl.pe()))
+    else {
+        return;
+    };
+    let dim = (st.row_bytes / table.elem_bytes()) as u32;
+    let indices = tl.load(Block::in_shard(idx, si, 0, 0, si.rows as u32, 1));
+    for i in 0..si.rows {
+        // A data-dependent choice: the next load depends on a loaded value.
+        let row = indices.get(i as usize, 0);
+        assert!(
+            row >= 0.0 && (row as u64) < st.rows,
+            "index {row} outside the {}-row table",
+            st.rows
+        );
+        let t = tl.load(Block::in_shard(table, st, row as u64, 0, 1, dim));
+        tl.store(Block::in_shard(out, so, i, 0, 1, dim), &t);
+    }
+}
+
+impl Benchmark for Gather {
+    fn name(&self) -> &'static str {
+        "gather"
+    }
+
+    fn about(&self) -> &'static str {
+        "out = table[idx]: loads indices, then loads the table rows they name (data-dependent)"
+    }
+
+    fn params(&self) -> &'static [ParamSpec] {
+        GATHER_PARAMS
+    }
+
+    fn build(
+        &self,
+        p: &BenchParams,
+        rng: &mut ChaCha8Rng,
+        rt: &mut Runtime,
+    ) -> Result<Built, BenchError> {
+        let (rows, vocab, dim, dtype) = (
+            p.u64("rows", 1)?,
+            p.u64("vocab", 1)?,
+            p.u64("dim", 1)?,
+            p.dtype("dtype")?,
+        );
+        if vocab > 1 << 24 {
+            return Err(p.err("vocab", format!("at most 2^24 rows, got {vocab}")));
+        }
+        let table_data = random_data(rng, dtype, elements(p, vocab, dim)?);
+        let idx_data: Vec<u8> = (0..rows)
+            .flat_map(|_| (rng.random_range(0..vocab) as i32).to_le_bytes())
+            .collect();
+        let table = rt.tensor(
+            "table",
+            dtype,
+            [vocab, dim],
+            Some(table_data),
+            Sharding::REPLICATE,
+        )?;
+        let idx = rt.tensor("idx", Dtype::I32, [rows, 1], Some(idx_data), Sharding::ROWS)?;
+        let out = rt.tensor("out", dtype, [rows, dim], None, Sharding::ROWS)?;
+        Ok(Built {
+            programs: Programs::Kernel {
+                name: "gather",
+                kernel: gather_kernel,
+                args: kernel_args(rt, &[table, idx, out]),
+            },
+            verify: verify_one(
+                "out",
+                Expr::Gather {
+                    table: tensor_expr("table"),
+                    indices: tensor_expr("idx"),
+                },
+            ),
         })
     }
 }

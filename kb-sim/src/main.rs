@@ -168,7 +168,7 @@ fn cmd_run(a: RunArgs) -> Result<(), String> {
             stats.kernel_start as f64 / 1e6,
             wall.elapsed().as_secs_f64()
         );
-                let m = stats.mmu;
+        let m = stats.mmu;
         if m.maps > 0 {
             let what = match cfg.topology.address_model {
                 AddressModel::La => "BAAW segment installs",
@@ -214,7 +214,11 @@ fn cmd_topology(name: &str) -> Result<(), String> {
     let m = Machine::build(&t);
     let build_s = built.elapsed().as_secs_f64();
     let c = t.counts;
-        println!("topology {} (address model {})", t.name, t.address_model.name());
+    println!(
+        "topology {} (address model {})",
+        t.name,
+        t.address_model.name()
+    );
     match (t.address_model, t.memory_map) {
         (AddressModel::Va, _) => println!(
             "pe_mmu: {}-byte pages, {} ns TLB overhead per translated DMA side",
@@ -222,7 +226,10 @@ fn cmd_topology(name: &str) -> Result<(), String> {
         ),
         (AddressModel::La, Some(mm)) => println!(
             "memory_map: {:?}, {} of {} pseudo channels per PE x {} GB/s",
-            mm.hbm_mapping_mode, mm.hbm_channels_per_pe, mm.hbm_pseudo_channels, mm.hbm_channel_bw_gbs.0
+            mm.hbm_mapping_mode,
+            mm.hbm_channels_per_pe,
+            mm.hbm_pseudo_channels,
+            mm.hbm_channel_bw_gbs.0
         ),
         _ => {}
     }

@@ -188,6 +188,7 @@ fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
             vec!["rows=13", "cols=77", "block_rows=3", "dtype=f16"],
             vec!["rows=70", "cols=33"],
         ],
+        "gather" => vec![vec!["rows=37", "vocab=13", "dim=7", "dtype=f16"]],
         other => panic!("add odd shapes for the new benchmark {other:?} here"),
     }
 }
@@ -223,4 +224,45 @@ fn every_benchmark_verifies_with_default_and_odd_shapes() {
             }
         }
     }
+}
+
+#[test]
+fn a_data_dependent_kernel_logs_different_ops_for_different_data_and_both_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut loads = Vec::new();
+    for seed in ["1", "2"] {
+        let t = dir.path().join(format!("g{seed}.kbt"));
+        let t = t.to_str().unwrap();
+        let sim = run(
+            "kb-sim",
+            &["-q", "-t", "small", "-b", "gather", "--seed", seed, "-o", t],
+            b"",
+        );
+        assert!(sim.status.success(), "{}", stderr(&sim));
+        let replay = run("kb-replay", &[t, "--verify"], b"");
+        assert_eq!(
+            replay.status.code(),
+            Some(0),
+            "seed {seed}: {}",
+            stderr(&replay)
+        );
+        // The table-row loads: which rows moved depends on the indices.
+        let ops = run(
+            "kb-inspect",
+            &["ops", t, "--name", "dma_read", "--format", "csv"],
+            b"",
+        );
+        assert!(ops.status.success(), "{}", stderr(&ops));
+        loads.push(String::from_utf8_lossy(&ops.stdout).into_owned());
+    }
+    assert!(loads[0].lines().count() > 100, "{}", loads[0]);
+    assert_eq!(
+        loads[0].lines().count(),
+        loads[1].lines().count(),
+        "same number of loads"
+    );
+    assert_ne!(
+        loads[0], loads[1],
+        "different indices must move different rows"
+    );
 }
