@@ -12,6 +12,9 @@ use crate::chunk::{self, BLOCK, ChunkHeader, ChunkKind, Trailer};
 use crate::error::{FormatError, Result};
 use crate::footer::{FOOTER_FIXED, Footer, IndexEntry};
 use crate::record_codec::RecordDecoder;
+
+/// Bytes of the seq watermark that starts every records payload.
+pub const SEQ_WATERMARK_BYTES: usize = 8;
 use crate::types::{Meta, Ps, Record, VerifySpec};
 
 /// The string table (component and op names), grown by strings chunks.
@@ -122,6 +125,7 @@ impl Strings {
 /// record order against the previous records of the trace.
 #[derive(Debug)]
 pub struct RecordChunk<'a> {
+    seq_watermark: u64,
     dec: RecordDecoder<'a>,
     strings: &'a Strings,
     last: &'a mut Option<(Ps, u64)>,
@@ -142,13 +146,23 @@ impl<'a> RecordChunk<'a> {
         (strings, defined): (&'a Strings, usize),
         last: &'a mut Option<(Ps, u64)>,
     ) -> Self {
+        // The caller checked the payload holds the 8-byte seq watermark.
+        let (w, records) = p.split_at(SEQ_WATERMARK_BYTES);
         RecordChunk {
-            dec: RecordDecoder::new(p, at, h.aux[0]),
+            seq_watermark: u64::from_le_bytes(w.try_into().expect("8 bytes")),
+            dec: RecordDecoder::new(records, at + SEQ_WATERMARK_BYTES as u64, h.aux[0]),
             strings,
             last,
             first: Some((h.aux[1], h.aux[2])),
             defined: defined.min(strings.len()) as u64,
         }
+    }
+
+    /// Every data effect with a seq below this is in this chunk or an
+    /// earlier one (0: the writer made no promise). A streaming replay can
+    /// apply effects below it as soon as the chunk is read.
+    pub fn seq_watermark(&self) -> u64 {
+        self.seq_watermark
     }
 
     /// Decode the next record into `r` (reusing its allocations); false at
@@ -301,13 +315,22 @@ impl State {
         // Every record takes at least one byte (in fact eight), so a count
         // larger than the payload is corrupt; this also keeps the sum of
         // counts from overflowing.
+        if h.len < SEQ_WATERMARK_BYTES as u64 {
+            return Err(FormatError::BadLength {
+                offset: at + 8,
+                what: "records chunk payload (it starts with an 8-byte seq watermark)".into(),
+                len: h.len,
+                limit: SEQ_WATERMARK_BYTES as u64,
+            });
+        }
+        let body = h.len - SEQ_WATERMARK_BYTES as u64;
         let count = h.aux[0];
-        if count > h.len || (count == 0) != (h.len == 0) {
+        if count > body || (count == 0) != (body == 0) {
             return Err(FormatError::BadLength {
                 offset: at + 16,
                 what: "records chunk record count".into(),
                 len: count,
-                limit: h.len,
+                limit: body,
             });
         }
         self.records += count;

@@ -123,6 +123,9 @@ pub struct TraceWriter<W: Write> {
     strings_unwritten: Vec<String>,
     string_count: u32,
     reorder: Reorder,
+    seq_floor: u64,
+    /// Scratch for a records chunk's payload.
+    payload: Vec<u8>,
     watermark: Ps,
     last_emitted: Option<(Ps, u64)>,
     enc: RecordEncoder,
@@ -156,6 +159,8 @@ impl<W: Write> TraceWriter<W> {
             strings_unwritten: Vec::new(),
             string_count: 0,
             reorder: Reorder::default(),
+            seq_floor: 0,
+            payload: Vec::new(),
             watermark: 0,
             last_emitted: None,
             enc: RecordEncoder::default(),
@@ -242,6 +247,15 @@ impl<W: Write> TraceWriter<W> {
 
     /// Promise that no record pushed from now on starts before `watermark`,
     /// and emit every buffered record that starts before it.
+    /// Promise that every data effect not yet in a pushed record will have
+    /// a seq of at least `floor` (the simulator's next seq, lowered by the
+    /// effects its unfinished ops already hold). Records chunks then carry
+    /// a seq watermark that lets a streaming reader apply effects early.
+    /// Without it the watermark is 0: no promise.
+    pub fn set_seq_floor(&mut self, floor: u64) {
+        self.seq_floor = floor;
+    }
+
     pub fn advance(&mut self, watermark: Ps) -> Result<()> {
         if watermark > self.watermark {
             self.watermark = watermark;
@@ -307,10 +321,29 @@ impl<W: Write> TraceWriter<W> {
         }
         self.flush_strings()?;
         let (t0, id0) = self.enc.first.expect("non-empty chunk has a first record");
-        let buf = std::mem::take(&mut self.enc.buf);
         let count = self.enc.count;
-        let res = self.chunk(ChunkKind::Records, [count, t0, id0], &buf);
-        self.enc.buf = buf;
+        // The payload starts with the seq watermark: no effect below it
+        // is in a later chunk (buffered records still count against it).
+        let buffered = self
+            .reorder
+            .heap
+            .iter()
+            .flat_map(|k| {
+                let r = &self.reorder.slab[k.slot];
+                [r.read.as_ref(), r.write.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .map(|e| e.seq)
+            })
+            .min()
+            .unwrap_or(u64::MAX);
+        let watermark = self.seq_floor.min(buffered);
+        let mut payload = std::mem::take(&mut self.payload);
+        payload.clear();
+        payload.extend_from_slice(&watermark.to_le_bytes());
+        payload.extend_from_slice(&self.enc.buf);
+        let res = self.chunk(ChunkKind::Records, [count, t0, id0], &payload);
+        self.payload = payload;
         self.enc.reset();
         res
     }
@@ -350,6 +383,8 @@ impl<W: Write> TraceWriter<W> {
     /// Emit every buffered record, the verification spec, the footer and the
     /// trailer; flush and return the inner writer.
     pub fn finish(mut self, verify: &VerifySpec) -> Result<W> {
+        // Every record is about to be written.
+        self.seq_floor = u64::MAX;
         self.advance(Ps::MAX)?;
         // Records that start at Ps::MAX itself.
         while let Some(k) = self.reorder.heap.pop() {

@@ -337,7 +337,7 @@ fn string_id_that_points_nowhere_is_dangling() {
         .verify(&sample_verify())
         .build();
     let (s, m) = both_errors(&b);
-    let rec_at = chunk_offsets(&b)[2].0 + BLOCK;
+    let rec_at = chunk_offsets(&b)[2].0 + BLOCK + kb_format::reader::SEQ_WATERMARK_BYTES;
     for e in [s, m] {
         assert!(
             matches!(

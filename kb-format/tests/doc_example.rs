@@ -78,6 +78,10 @@ fn tiny_trace() -> Vec<u8> {
 #[test]
 fn worked_example_matches_the_writer() {
     let b = tiny_trace();
+    // KB_DUMP_EXAMPLE=FILE writes the bytes, to regenerate the dump.
+    if let Ok(path) = std::env::var("KB_DUMP_EXAMPLE") {
+        std::fs::write(path, &b).unwrap();
+    }
     assert_eq!(b.len(), 1088);
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/trace-format.md"),

@@ -194,3 +194,54 @@ fn a_deadlock_names_each_blocked_kernel_and_what_it_waits_for() {
     );
     assert!(!e.contains("pe0"), "PE0 finished: {e}");
 }
+
+#[test]
+fn records_chunks_carry_a_seq_watermark_that_later_chunks_respect() {
+    let cfg = RunConfig {
+        topology: Topology::load("small").unwrap(),
+        bench: "vector_add".into(),
+        params: vec![
+            ("rows".into(), "2048".into()),
+            ("cols".into(), "16".into()),
+            ("tile_rows".into(), "1".into()),
+        ],
+        seed: 1,
+        executor: Executor::Coroutine,
+        command_line: vec![],
+    };
+    let (bytes, _) = run(&cfg, Vec::new()).unwrap();
+    let mut r = kb_format::StreamReader::open(&bytes[..]).unwrap();
+    let mut chunks: Vec<(u64, Vec<u64>)> = Vec::new();
+    let mut rec = kb_format::Record::default();
+    while let Some(ev) = r.next_event().unwrap() {
+        if let kb_format::Event::Records(mut c) = ev {
+            let w = c.seq_watermark();
+            let mut seqs = Vec::new();
+            while c.next_into(&mut rec).unwrap() {
+                seqs.extend(
+                    [rec.read.as_ref(), rec.write.as_ref()]
+                        .into_iter()
+                        .flatten()
+                        .map(|e| e.seq),
+                );
+            }
+            chunks.push((w, seqs));
+        }
+    }
+    assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+    assert_eq!(
+        chunks.last().unwrap().0,
+        u64::MAX,
+        "the last chunk promises everything"
+    );
+    let (mid, _) = chunks[chunks.len() / 2];
+    assert!(mid > 0, "an intermediate chunk makes a real promise");
+    for (k, (w, _)) in chunks.iter().enumerate() {
+        for (_, later) in &chunks[k + 1..] {
+            assert!(
+                later.iter().all(|s| s >= w),
+                "chunk {k} promised no effect below {w}"
+            );
+        }
+    }
+}

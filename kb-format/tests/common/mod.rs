@@ -331,7 +331,10 @@ impl RawTrace {
             e.push(r);
         }
         let aux = [e.count(), recs[0].t_start, recs[0].op_id];
-        self.chunk(ChunkKind::Records, aux, e.as_bytes().to_vec())
+        // The payload starts with the seq watermark (0: no promise).
+        let mut p = 0u64.to_le_bytes().to_vec();
+        p.extend_from_slice(e.as_bytes());
+        self.chunk(ChunkKind::Records, aux, p)
     }
 
     pub fn verify(self, v: &VerifySpec) -> Self {

@@ -166,6 +166,9 @@ struct OpLog<W: Write> {
     writer: TraceWriter<W>,
     next_op: u64,
     next_seq: u64,
+    /// Seqs of effects applied by ops whose records are not yet pushed:
+    /// the floor below which no later record can have an effect.
+    held: BTreeSet<u64>,
     open: BTreeSet<(Ps, u64)>,
     names: Vec<Option<u32>>,
 }
@@ -308,6 +311,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 writer,
                 next_op: 0,
                 next_seq: 0,
+                held: BTreeSet::new(),
                 open: BTreeSet::new(),
                 names: vec![None; m.nodes.len()],
             },
@@ -504,6 +508,11 @@ impl<'m, W: Write> Engine<'m, W> {
         let now = self.q.now();
         let log = &mut self.log;
         log.open.remove(&(op.t_start, op.op_id));
+        for e in [&read, &write].into_iter().flatten() {
+            log.held.remove(&e.seq);
+        }
+        let floor = log.held.first().copied().unwrap_or(log.next_seq);
+        log.writer.set_seq_floor(floor);
         log.writer.push(Record {
             op_id: op.op_id,
             t_start: op.t_start,
@@ -526,6 +535,7 @@ impl<'m, W: Write> Engine<'m, W> {
     fn effect(&mut self, ranges: Vec<Extent>) -> Effect {
         let seq = self.log.next_seq;
         self.log.next_seq += 1;
+        self.log.held.insert(seq);
         Effect {
             time: self.q.now(),
             seq,
