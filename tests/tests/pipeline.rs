@@ -126,7 +126,15 @@ fn bad_flags_topologies_and_params_exit_2() {
 
 #[test]
 fn topology_and_probe_work_for_every_shipped_topology() {
-    for topo in ["small", "default", "large"] {
+    let list = String::from_utf8_lossy(&run("kb-sim", &["list"], b"").stdout).into_owned();
+    let shipped: Vec<&str> = list
+        .lines()
+        .find_map(|l| l.strip_prefix("Topologies: "))
+        .expect("kb-sim list names the topologies")
+        .split(", ")
+        .collect();
+    assert!(shipped.len() >= 7, "{shipped:?}");
+    for topo in shipped {
         let o = run("kb-sim", &["topology", topo], b"");
         assert!(o.status.success(), "{}", stderr(&o));
         let text = String::from_utf8_lossy(&o.stdout);
