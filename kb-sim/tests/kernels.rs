@@ -245,3 +245,25 @@ fn records_chunks_carry_a_seq_watermark_that_later_chunks_respect() {
         }
     }
 }
+
+fn masked_edge_tile(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let x = args.tensor("x");
+    let s = *x.shard(tl.pe()).unwrap();
+    // A 3 x 5 valid corner of a 4 x 8 tile; the rest is -1.
+    let t = tl.load_masked(Block::in_shard(x, &s, 0, 0, 3, 5), 4, 8, -1.0);
+    assert_eq!(t.shape(), (4, 8));
+    let row0 = tl.load(Block::in_shard(x, &s, 0, 0, 1, 5));
+    for c in 0..5 {
+        assert_eq!(t.get(0, c), row0.get(0, c), "valid element (0, {c})");
+    }
+    assert_eq!(t.get(0, 5), -1.0);
+    assert_eq!(t.get(3, 0), -1.0);
+    assert_eq!(t.get(3, 7), -1.0);
+    // Storing the valid corner back is a masked store.
+    tl.store_masked(Block::in_shard(x, &s, 4, 0, 3, 5), &t);
+}
+
+#[test]
+fn masked_loads_fill_edges_with_other_and_store_the_valid_corner() {
+    run_kernel(masked_edge_tile, Executor::Coroutine).unwrap();
+}

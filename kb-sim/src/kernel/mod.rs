@@ -249,6 +249,18 @@ pub fn accumulation_dtype(dtype: Dtype) -> Dtype {
     }
 }
 
+/// Encode one element from f64 (rounding to the dtype; integers saturate).
+pub fn encode(dtype: Dtype, v: f64) -> Vec<u8> {
+    match dtype {
+        Dtype::F32 => (v as f32).to_le_bytes().to_vec(),
+        Dtype::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+        Dtype::Bf16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+        Dtype::I8 => vec![(v as i8) as u8],
+        Dtype::U8 => vec![v as u8],
+        Dtype::I32 => (v as i32).to_le_bytes().to_vec(),
+    }
+}
+
 /// Decode one element to f64.
 pub fn decode(dtype: Dtype, b: &[u8]) -> f64 {
     match dtype {
@@ -627,6 +639,107 @@ impl<'p> Tl<'p> {
             rows: dst.rows,
             row_bytes: rb,
             src_stride: rb,
+            dst_stride: dst.row_stride,
+            dtype: Some(dst.dtype),
+            label: self.stage,
+        };
+        self.port.call(Command::Store(cmd));
+    }
+
+    /// A masked load for edge tiles (Triton's `load(ptr, mask, other)`): a
+    /// `rows` x `cols` tile whose top-left `src.rows` x `src.cols` come from
+    /// `src` and whose other elements are `other`. The fill is a math op on
+    /// pe_math (so Phase 2 reproduces the tile's bytes); the filled part is
+    /// a compute result, pending in Phase 1, but the returned tile holds
+    /// every value, the fill included.
+    pub fn load_masked(&mut self, src: Block, rows: u32, cols: u32, other: f64) -> Tile {
+        assert!(
+            src.rows <= rows && src.cols <= cols,
+            "load_masked: the valid {}x{} block exceeds the {rows}x{cols} tile",
+            src.rows,
+            src.cols
+        );
+        let es = src.dtype.size() as u64;
+        let pa = self.tcm_alloc(rows as u64 * cols as u64 * es);
+        let mut tile = Tile {
+            pa,
+            rows,
+            cols,
+            dtype: src.dtype,
+            data: Vec::new(),
+            tcm: self.tcm.clone(),
+        };
+        if (src.rows, src.cols) != (rows, cols) {
+            let fill = MathParams {
+                op: MathOp::Copy,
+                inputs: vec![MathInput::Scalar(other)],
+                out: Addr {
+                    space: Space::Tcm,
+                    addr: pa,
+                },
+                rows,
+                cols,
+                dtype: src.dtype,
+                axis: None,
+            };
+            self.port.call(Command::Math(Labeled {
+                op: fill,
+                label: Some("fill"),
+            }));
+        }
+        let cmd = DmaCmd {
+            src: src.addr,
+            dst: Addr {
+                space: Space::Tcm,
+                addr: pa,
+            },
+            rows: src.rows,
+            row_bytes: src.row_bytes(),
+            src_stride: src.row_stride,
+            dst_stride: cols as u64 * es,
+            dtype: Some(src.dtype),
+            label: self.stage,
+        };
+        let valid = match self.port.call(Command::Dma(cmd)) {
+            Reply::Data(data) => data,
+            other => panic!("load_masked: the simulation answered {other:?} instead of data"),
+        };
+        let fill = encode(src.dtype, other);
+        let mut data = Vec::with_capacity((rows as u64 * cols as u64 * es) as usize);
+        let vr = src.row_bytes() as usize;
+        for r in 0..rows as usize {
+            let row_start = data.len();
+            if r < src.rows as usize {
+                data.extend_from_slice(&valid[r * vr..(r + 1) * vr]);
+            }
+            while data.len() < row_start + (cols as u64 * es) as usize {
+                data.extend_from_slice(&fill);
+            }
+        }
+        tile.data = data;
+        tile
+    }
+
+    /// Store the top-left `dst.rows` x `dst.cols` of a larger tile (the
+    /// masked store for edge tiles).
+    pub fn store_masked(&mut self, dst: Block, tile: &dyn Operand) {
+        let (pa, rows, cols, dtype) = tile.operand();
+        assert!(
+            dst.rows <= rows && dst.cols <= cols && dst.dtype == dtype,
+            "store_masked: the {}x{} {} block does not fit the {rows}x{cols} {dtype} tile",
+            dst.rows,
+            dst.cols,
+            dst.dtype
+        );
+        let cmd = DmaCmd {
+            src: Addr {
+                space: Space::Tcm,
+                addr: pa,
+            },
+            dst: dst.addr,
+            rows: dst.rows,
+            row_bytes: dst.row_bytes(),
+            src_stride: cols as u64 * dtype.size() as u64,
             dst_stride: dst.row_stride,
             dtype: Some(dst.dtype),
             label: self.stage,
