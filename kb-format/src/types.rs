@@ -275,6 +275,27 @@ impl MathOp {
     pub fn from_code(code: u8) -> Option<MathOp> {
         MathOp::ALL.get(code as usize).copied()
     }
+
+    /// The op's name, as records name it (`exp`, `reduce_max`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            MathOp::Exp => "exp",
+            MathOp::Log => "log",
+            MathOp::Sqrt => "sqrt",
+            MathOp::Rsqrt => "rsqrt",
+            MathOp::Add => "add",
+            MathOp::Sub => "sub",
+            MathOp::Mul => "mul",
+            MathOp::Div => "div",
+            MathOp::Max => "max",
+            MathOp::Min => "min",
+            MathOp::Where => "where",
+            MathOp::Cast => "cast",
+            MathOp::Sum => "sum",
+            MathOp::ReduceMax => "reduce_max",
+            MathOp::Copy => "copy",
+        }
+    }
 }
 
 /// One operand of a math op: a tile in memory or an immediate scalar.

@@ -14,9 +14,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use kb_format::pa::{self, Pa};
-use kb_format::{
-    Addr, Effect, Expr, Extent, MathInput, MathOp, OpKind, Params, Ps, Record, Strings,
-};
+use kb_format::{Addr, Effect, Expr, Extent, MathInput, OpKind, Params, Ps, Record, Strings};
 use serde_json::{Value, json};
 
 /// Picoseconds as exact decimal nanoseconds (`1234567` -> `1234.567`).
@@ -153,26 +151,6 @@ fn effect_json(e: &Option<Effect>) -> Value {
     }
 }
 
-pub fn math_op_name(op: MathOp) -> &'static str {
-    match op {
-        MathOp::Exp => "exp",
-        MathOp::Log => "log",
-        MathOp::Sqrt => "sqrt",
-        MathOp::Rsqrt => "rsqrt",
-        MathOp::Add => "add",
-        MathOp::Sub => "sub",
-        MathOp::Mul => "mul",
-        MathOp::Div => "div",
-        MathOp::Max => "max",
-        MathOp::Min => "min",
-        MathOp::Where => "where",
-        MathOp::Cast => "cast",
-        MathOp::Sum => "sum",
-        MathOp::ReduceMax => "reduce_max",
-        MathOp::Copy => "copy",
-    }
-}
-
 /// JSON form of a record's params.
 pub fn params_json(p: &Params) -> Value {
     match p {
@@ -202,7 +180,7 @@ pub fn params_json(p: &Params) -> Value {
             "layout_out": format!("{:?}", g.layout_out),
         }),
         Params::Math(m) => json!({
-            "op": math_op_name(m.op),
+            "op": m.op.name(),
             "inputs": m.inputs.iter().map(|i| match i {
                 MathInput::Tile { addr, rows, cols, dtype } => json!({
                     "tile": addr_json(addr), "rows": rows, "cols": cols, "dtype": dtype.name(),
@@ -379,7 +357,7 @@ pub fn params_brief(r: &Record) -> String {
             if g.transpose_a { " tA" } else { "" },
             if g.transpose_b { " tB" } else { "" }
         ),
-        Params::Math(m) => format!("{} {}x{} {}", math_op_name(m.op), m.rows, m.cols, m.dtype),
+        Params::Math(m) => format!("{} {}x{} {}", m.op.name(), m.rows, m.cols, m.dtype),
         Params::Raw(b) => format!("{} raw bytes", b.len()),
     }
 }

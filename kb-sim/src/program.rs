@@ -2,7 +2,7 @@
 //! resumed when it completes. (The kernels issue replaces hand-written
 //! programs with `tl` kernels driven by a KernelRunner through this seam.)
 
-use kb_format::{Addr, Dtype, GemmParams, MathOp, MathParams, MemoryParams, OpKind, Params, Space};
+use kb_format::{Addr, Dtype, GemmParams, MathParams, MemoryParams, OpKind, Params, Space};
 
 /// A 2-D DMA: `rows` x `row_bytes` from `src` to `dst`, rows `*_stride`
 /// bytes apart on each side. Addresses are PAs (the PA address model).
@@ -80,23 +80,7 @@ impl DataOp for GemmParams {
 
 impl DataOp for MathParams {
     fn op_name(&self) -> &'static str {
-        match self.op {
-            MathOp::Exp => "exp",
-            MathOp::Log => "log",
-            MathOp::Sqrt => "sqrt",
-            MathOp::Rsqrt => "rsqrt",
-            MathOp::Add => "add",
-            MathOp::Sub => "sub",
-            MathOp::Mul => "mul",
-            MathOp::Div => "div",
-            MathOp::Max => "max",
-            MathOp::Min => "min",
-            MathOp::Where => "where",
-            MathOp::Cast => "cast",
-            MathOp::Sum => "sum",
-            MathOp::ReduceMax => "reduce_max",
-            MathOp::Copy => "copy",
-        }
+        self.op.name()
     }
 
     fn op_kind(&self) -> OpKind {

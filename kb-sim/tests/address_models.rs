@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use kb_format::{Addr, Dtype, Event, Meta, Record, Space, StreamReader, TraceWriter, VerifySpec};
+mod common;
+
+use kb_format::{Addr, Dtype, Meta, Record, Space, TraceWriter, VerifySpec};
 use kb_sim::bench::kernel_args;
 use kb_sim::engine::{Engine, RunStats};
 use kb_sim::kernel::{self, Block, Executor, KernelArgs, KernelFn, Tl};
@@ -43,17 +45,10 @@ fn run_kernel(topo: &str, kernel: KernelFn, with_data: bool) -> (Vec<(Record, St
 }
 
 fn records(bytes: &[u8]) -> Vec<(Record, String)> {
-    let mut r = StreamReader::open(bytes).unwrap();
-    let mut out = Vec::new();
-    let mut rec = Record::default();
-    while let Some(ev) = r.next_event().unwrap() {
-        if let Event::Records(mut c) = ev {
-            while c.next_into(&mut rec).unwrap() {
-                out.push((rec.clone(), c.strings().name(rec.op_name).into_owned()));
-            }
-        }
-    }
-    out
+    common::named_records(bytes)
+        .into_iter()
+        .map(|(r, _, name)| (r, name))
+        .collect()
 }
 
 /// PE 0 loads row 0 of the shard on the last PE (another cube in `va`)
@@ -260,23 +255,10 @@ fn run_la_with(
     let (w, stats) = Engine::new(&m, writer, &rt.tensors, programs)
         .run()
         .unwrap();
-    let bytes = w.finish(&VerifySpec::default()).unwrap();
-    let mut r = StreamReader::open(&bytes[..]).unwrap();
-    let mut out = Vec::new();
-    let mut rec = Record::default();
-    while let Some(ev) = r.next_event().unwrap() {
-        if let Event::Records(mut c) = ev {
-            while c.next_into(&mut rec).unwrap() {
-                let s = c.strings();
-                out.push((
-                    rec.clone(),
-                    s.name(rec.component).into_owned(),
-                    s.name(rec.op_name).into_owned(),
-                ));
-            }
-        }
-    }
-    (out, stats)
+    (
+        common::named_records(&w.finish(&VerifySpec::default()).unwrap()),
+        stats,
+    )
 }
 
 /// Each PE loads its whole x shard once and checks the values.

@@ -2,7 +2,9 @@
 //! deterministic, computed by hand from the topology numbers, and
 //! bandwidths under contention.
 
-use kb_format::{Addr, Event, Meta, Record, Space, StreamReader, TraceWriter, VerifySpec};
+mod common;
+
+use kb_format::{Addr, Meta, Record, Space, TraceWriter, VerifySpec};
 use kb_sim::engine::Engine;
 use kb_sim::machine::{Machine, PeCoord};
 use kb_sim::program::{Command, DmaCmd, PeProgram, Script};
@@ -30,23 +32,7 @@ fn simulate(
     let (writer, _) = Engine::new(&m, writer, &rt.tensors, programs)
         .run()
         .unwrap();
-    let bytes = writer.finish(&VerifySpec::default()).unwrap();
-    let mut r = StreamReader::open(&bytes[..]).unwrap();
-    let mut out = Vec::new();
-    let mut rec = Record::default();
-    while let Some(ev) = r.next_event().unwrap() {
-        if let Event::Records(mut c) = ev {
-            while c.next_into(&mut rec).unwrap() {
-                let s = c.strings();
-                out.push((
-                    rec.clone(),
-                    s.name(rec.component).into_owned(),
-                    s.name(rec.op_name).into_owned(),
-                ));
-            }
-        }
-    }
-    out
+    common::named_records(&writer.finish(&VerifySpec::default()).unwrap())
 }
 
 fn pa(space: Space, pe: PeCoord, offset: u64) -> u64 {

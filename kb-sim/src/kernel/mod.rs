@@ -544,30 +544,9 @@ impl<'p> Tl<'p> {
     /// Load a block into a new TCM tile and wait for it; the tile holds
     /// the bytes Phase 1 read.
     pub fn load(&mut self, src: Block) -> Tile {
-        let rb = src.row_bytes();
-        let pa = self.tcm_alloc(rb * src.rows as u64);
-        // Created before the call, so a kernel unwound mid-load frees its TCM.
-        let mut tile = Tile {
-            pa,
-            rows: src.rows,
-            cols: src.cols,
-            dtype: src.dtype,
-            data: Vec::new(),
-            tcm: self.tcm.clone(),
-        };
-        let cmd = DmaCmd {
-            src: src.addr,
-            dst: Addr {
-                space: Space::Tcm,
-                addr: pa,
-            },
-            rows: src.rows,
-            row_bytes: rb,
-            src_stride: src.row_stride,
-            dst_stride: rb,
-            dtype: Some(src.dtype),
-            label: self.stage,
-        };
+        // The tile exists before the call, so a kernel unwound mid-load
+        // frees its TCM.
+        let (mut tile, cmd) = self.load_into_new_tile(src);
         match self.port.call(Command::Dma(cmd)) {
             Reply::Data(data) => {
                 tile.data = data;
@@ -577,8 +556,8 @@ impl<'p> Tl<'p> {
         }
     }
 
-    /// Start loading a block into a new TCM tile; `wait` returns the tile.
-    pub fn load_async(&mut self, src: Block) -> LoadHandle {
+    /// A new TCM tile for `src` and the DMA that fills it.
+    fn load_into_new_tile(&mut self, src: Block) -> (Tile, DmaCmd) {
         let rb = src.row_bytes();
         let pa = self.tcm_alloc(rb * src.rows as u64);
         let tile = Tile {
@@ -602,6 +581,12 @@ impl<'p> Tl<'p> {
             dtype: Some(src.dtype),
             label: self.stage,
         };
+        (tile, cmd)
+    }
+
+    /// Start loading a block into a new TCM tile; `wait` returns the tile.
+    pub fn load_async(&mut self, src: Block) -> LoadHandle {
+        let (tile, cmd) = self.load_into_new_tile(src);
         match self.port.call(Command::DmaAsync(cmd)) {
             Reply::Issued(op) => LoadHandle { op, tile },
             other => panic!("load_async: the simulation answered {other:?} instead of an op id"),
