@@ -32,6 +32,8 @@ pub enum ChunkKind {
     Records,
     Verify,
     Footer,
+    /// An op's input as Phase 1 observed it (`kb-sim --capture-inputs`).
+    Snapshot,
 }
 
 impl ChunkKind {
@@ -43,6 +45,7 @@ impl ChunkKind {
             ChunkKind::Records => 4,
             ChunkKind::Verify => 5,
             ChunkKind::Footer => 6,
+            ChunkKind::Snapshot => 7,
         }
     }
 
@@ -54,6 +57,7 @@ impl ChunkKind {
             4 => ChunkKind::Records,
             5 => ChunkKind::Verify,
             6 => ChunkKind::Footer,
+            7 => ChunkKind::Snapshot,
             _ => return None,
         })
     }
@@ -66,13 +70,14 @@ impl ChunkKind {
             ChunkKind::Records => "records",
             ChunkKind::Verify => "verify",
             ChunkKind::Footer => "footer",
+            ChunkKind::Snapshot => "snapshot",
         }
     }
 
     pub fn max_payload(self) -> u64 {
         match self {
             ChunkKind::Tensor => MAX_TENSOR_PAYLOAD,
-            ChunkKind::Records => MAX_RECORDS_PAYLOAD,
+            ChunkKind::Records | ChunkKind::Snapshot => MAX_RECORDS_PAYLOAD,
             _ => MAX_SMALL_PAYLOAD,
         }
     }

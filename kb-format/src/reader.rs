@@ -241,6 +241,15 @@ impl<'a> RecordChunk<'a> {
     }
 }
 
+/// An op input captured by Phase 1 (`kb-sim --capture-inputs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub op_id: u64,
+    /// Which input of the op (gemm: a, b, acc; math: its tile inputs).
+    pub operand: u32,
+    pub data: Vec<u8>,
+}
+
 /// What a stream reader yields, chunk by chunk.
 #[derive(Debug)]
 pub enum Event<'a> {
@@ -401,6 +410,8 @@ pub struct StreamReader<R: Read> {
     ordinal: u32,
     /// Hash of the footer index entries the chunks read so far call for.
     index: Xxh3,
+    /// Snapshot chunks read and not yet taken.
+    snapshots: Vec<Snapshot>,
 }
 
 impl<R: Read> std::fmt::Debug for StreamReader<R> {
@@ -422,6 +433,7 @@ impl<R: Read> StreamReader<R> {
             state: State::default(),
             ordinal: 0,
             index: Xxh3::new(),
+            snapshots: Vec::new(),
         };
         let mut h = [0u8; BLOCK];
         s.read_exact(&mut h, "the 64-byte file header")?;
@@ -437,6 +449,12 @@ impl<R: Read> StreamReader<R> {
         s.state.meta = State::meta(&s.buf, at)?;
         s.state.chunks = 1;
         Ok(s)
+    }
+
+    /// The snapshot chunks read so far (`kb-sim --capture-inputs`), in
+    /// stream order; a snapshot comes before its op's record.
+    pub fn take_snapshots(&mut self) -> Vec<Snapshot> {
+        std::mem::take(&mut self.snapshots)
     }
 
     pub fn meta(&self) -> &Meta {
@@ -596,6 +614,14 @@ impl<R: Read> StreamReader<R> {
                     }
                     self.state.footer = Some(footer);
                     return Ok(None);
+                }
+                ChunkKind::Snapshot => {
+                    self.state.chunks += 1;
+                    self.snapshots.push(Snapshot {
+                        op_id: h.aux[0],
+                        operand: h.aux[1] as u32,
+                        data: self.buf.clone(),
+                    });
                 }
                 ChunkKind::Tensor => {
                     self.state.tensor(&h, at - BLOCK as u64)?;
@@ -802,6 +828,7 @@ impl MmapTrace {
                 }
                 ChunkKind::Tensor => state.tensor(&h, e.offset)?,
                 ChunkKind::Records => state.records(&h, e.offset)?,
+                ChunkKind::Snapshot => {}
                 ChunkKind::Footer => {
                     return Err(FormatError::malformed(
                         e.offset,
@@ -918,6 +945,19 @@ impl MmapTrace {
             }
         }
         Ok(())
+    }
+
+    /// Every snapshot chunk (`kb-sim --capture-inputs`) as (op id, operand,
+    /// bytes borrowed from the map), each checksum-verified.
+    pub fn snapshots(&self) -> Result<Vec<(u64, u32, &[u8])>> {
+        let mut out = Vec::new();
+        for e in &self.footer.index {
+            if e.kind == ChunkKind::Snapshot {
+                let (h, p, _) = self.payload(e.offset)?;
+                out.push((h.aux[0], h.aux[1] as u32, p));
+            }
+        }
+        Ok(out)
     }
 
     /// Visit the chunks in stream order like a `StreamReader` would:

@@ -219,6 +219,12 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
+    /// Input `operand` of op `op_id` as Phase 1 observed it (debug mode,
+    /// ADR-0052 D4): Phase 2 can compare the bytes it computed with these.
+    pub fn snapshot(&mut self, op_id: u64, operand: u32, bytes: &[u8]) -> Result<()> {
+        self.chunk(ChunkKind::Snapshot, [op_id, operand as u64, 0], bytes)
+    }
+
     /// Buffer a finished record. Its t_start must not be below the last
     /// `advance` watermark.
     pub fn push(&mut self, rec: Record) -> Result<()> {
@@ -516,6 +522,13 @@ impl AtomicFile {
     /// Flush, sync and rename into place.
     pub fn commit(self) -> io::Result<()> {
         let tmp = self.file.into_inner().map_err(|e| e.into_error())?;
+        // Temporary files are private (0600); a trace is an ordinary file.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            tmp.as_file()
+                .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        }
         tmp.as_file().sync_all()?;
         tmp.persist(&self.target).map_err(|e| e.error)?;
         Ok(())

@@ -79,6 +79,7 @@ fn copy_run() {
         ],
         seed: 0,
         executor: Default::default(),
+        capture_inputs: false,
         command_line: vec![],
     };
     let t = Instant::now();

@@ -74,6 +74,10 @@ struct RunArgs {
     /// write identical traces.
     #[arg(long, default_value = "coroutine", value_parser = parse_executor)]
     executor: Executor,
+    /// Debug mode: record a snapshot of every compute op's inputs that
+    /// Phase 1 knows, for `kb-replay --check-intermediates`.
+    #[arg(long)]
+    capture_inputs: bool,
     /// Write the trace here ("-" for stdout). Default: stdout, unless it is a terminal.
     #[arg(short, long)]
     output: Option<PathBuf>,
@@ -132,6 +136,7 @@ fn cmd_run(a: RunArgs) -> Result<(), String> {
         params: a.params.clone(),
         seed: a.seed,
         executor: a.executor,
+        capture_inputs: a.capture_inputs,
         command_line: std::env::args().collect(),
     };
     let wall = Instant::now();

@@ -21,6 +21,8 @@ pub struct RunConfig {
     pub seed: u64,
     /// How kernels run; every executor writes the same trace.
     pub executor: Executor,
+    /// Snapshot compute inputs into the trace (debug mode).
+    pub capture_inputs: bool,
     /// Recorded in the trace metadata.
     pub command_line: Vec<String>,
 }
@@ -83,7 +85,8 @@ pub fn run<W: Write>(cfg: &RunConfig, out: W) -> Result<(W, RunStats), RunError>
             programs
         }
     };
-    let engine = Engine::new(&machine, writer, &rt.tensors, programs);
+    let engine =
+        Engine::new(&machine, writer, &rt.tensors, programs).capture_inputs(cfg.capture_inputs);
     let (writer, stats) = engine.run()?;
     let out = writer.finish(&built.verify)?;
     Ok((out, stats))

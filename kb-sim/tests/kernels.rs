@@ -23,6 +23,7 @@ fn config(topo: &str, executor: Executor) -> RunConfig {
         ],
         seed: 3,
         executor,
+        capture_inputs: false,
         command_line: vec!["kb-sim".into()],
     }
 }
@@ -207,6 +208,7 @@ fn records_chunks_carry_a_seq_watermark_that_later_chunks_respect() {
         ],
         seed: 1,
         executor: Executor::Coroutine,
+        capture_inputs: false,
         command_line: vec![],
     };
     let (bytes, _) = run(&cfg, Vec::new()).unwrap();
@@ -266,4 +268,49 @@ fn masked_edge_tile(tl: &mut Tl<'_>, args: &KernelArgs) {
 #[test]
 fn masked_loads_fill_edges_with_other_and_store_the_valid_corner() {
     run_kernel(masked_edge_tile, Executor::Coroutine).unwrap();
+}
+
+#[test]
+fn capture_inputs_snapshots_the_inputs_phase_1_knows() {
+    let mut cfg = config("small", Executor::Coroutine);
+    cfg.bench = "gemm_tiled".into();
+    cfg.params = vec![
+        ("m".into(), "40".into()),
+        ("n".into(), "24".into()),
+        ("k".into(), "50".into()),
+    ];
+    cfg.capture_inputs = true;
+    let (bytes, _) = run(&cfg, Vec::new()).unwrap();
+    let mut r = kb_format::StreamReader::open(&bytes[..]).unwrap();
+    let mut gemms = Vec::new();
+    let mut rec = kb_format::Record::default();
+    while let Some(ev) = r.next_event().unwrap() {
+        if let kb_format::Event::Records(mut c) = ev {
+            while c.next_into(&mut rec).unwrap() {
+                if rec.kind == kb_format::OpKind::Gemm {
+                    gemms.push(rec.op_id);
+                }
+            }
+        }
+    }
+    let snaps = r.take_snapshots();
+    assert!(!gemms.is_empty());
+    // Each dot's A and B tiles were loaded (known); an accumulator is a
+    // pending result and is not captured.
+    assert_eq!(snaps.len(), 2 * gemms.len());
+    for s in &snaps {
+        assert!(
+            gemms.contains(&s.op_id) && s.operand < 2,
+            "{} {}",
+            s.op_id,
+            s.operand
+        );
+        assert!(!s.data.is_empty());
+    }
+    cfg.capture_inputs = false;
+    let (plain, _) = run(&cfg, Vec::new()).unwrap();
+    assert!(
+        plain.len() < bytes.len(),
+        "snapshots only with --capture-inputs"
+    );
 }

@@ -171,9 +171,24 @@ impl<W: Write> Engine<'_, W> {
                 }
             }
         }
+        if self.capture_inputs {
+            // Debug mode (ADR-0052 D4): the inputs Phase 1 knows (loaded
+            // tiles; results of other compute ops exist only in Phase 2).
+            for (i, x) in inputs.iter().enumerate() {
+                let mut bytes = Vec::new();
+                if self.data.read_extent(x, &mut bytes).is_ok() {
+                    self.log.writer.snapshot(op_id, i as u32, &bytes)?;
+                }
+            }
+        }
         let read = self.effect(inputs);
         let write = self.effect(vec![out]);
-        self.data.mark_pending(out.pa, out.len, op_id);
+        match constant_fill(&op) {
+            // A fill's value is known now: Phase 1 materializes it (the op
+            // is still recorded and replayed), so masked tiles stay readable.
+            Some(bytes) => self.data.write(out.pa, &bytes),
+            None => self.data.mark_pending(out.pa, out.len, op_id),
+        }
         let unit = self.m.pe_node(pc, unit_kind);
         let c = self.computes.insert(Compute {
             pe,
@@ -285,5 +300,20 @@ fn rate(t: &crate::topology::PerDtype, dtype: Dtype) -> f64 {
         Dtype::F16 => t.f16.0,
         Dtype::Bf16 => t.bf16.0,
         Dtype::I8 | Dtype::U8 => t.i8.0,
+    }
+}
+
+/// The bytes of a constant fill (a copy of one scalar over the output), the
+/// one compute result Phase 1 can know without computing.
+fn constant_fill(op: &ComputeOp) -> Option<Vec<u8>> {
+    let ComputeOp::Math(Labeled { op: m, .. }) = op else {
+        return None;
+    };
+    match (m.op, m.inputs.as_slice()) {
+        (kb_format::MathOp::Copy, [MathInput::Scalar(v)]) => {
+            let one = crate::kernel::encode(m.dtype, *v);
+            Some(one.repeat(m.rows as usize * m.cols as usize))
+        }
+        _ => None,
     }
 }

@@ -188,6 +188,8 @@ pub struct Engine<'m, W: Write> {
     tlb_ps: Ps,
     /// Mappings were removed after the kernels finished.
     unmapped: bool,
+    /// Write snapshots of compute inputs (`--capture-inputs`).
+    capture_inputs: bool,
     msgs: Slab<Msg>,
     dmas: Slab<Dma>,
     computes: Slab<Compute>,
@@ -289,6 +291,7 @@ impl<'m, W: Write> Engine<'m, W> {
             baaw: vec![Vec::new(); n_pes],
             tlb_ps: ns_to_ps(t.pe_mmu.tlb_overhead_ns.0),
             unmapped: false,
+            capture_inputs: false,
             msgs: Slab::new(),
             dmas: Slab::new(),
             computes: Slab::new(),
@@ -323,6 +326,13 @@ impl<'m, W: Write> Engine<'m, W> {
             programs,
             stats: RunStats::default(),
         }
+    }
+
+    /// Snapshot every compute op's known inputs into the trace (debug
+    /// mode, ADR-0052 D4; `kb-replay --check-intermediates` compares).
+    pub fn capture_inputs(mut self, on: bool) -> Self {
+        self.capture_inputs = on;
+        self
     }
 
     /// Deploy every tensor with host data, launch the kernels behind a
