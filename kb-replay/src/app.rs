@@ -6,12 +6,13 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kb_format::{Event, FormatError, Meta, MmapTrace, Record, StreamReader, Strings, VerifySpec};
+use kb_format::{Event, FormatError, Meta, MmapTrace, StreamReader, Strings, VerifySpec};
 
-use crate::engine::{ReplayOptions, Replayer};
+use crate::engine::{Exec, ReplayOptions, Replayer, Stats};
 use crate::error::{Error, Result};
 use crate::npy;
 use crate::ops::GemmBackend;
+use crate::progress::Progress;
 use crate::report::Report;
 use crate::verify::{self, plan_checks};
 
@@ -43,10 +44,14 @@ pub struct Config {
     pub expect: Vec<(String, PathBuf)>,
     pub dump_outputs: Option<PathBuf>,
     pub quiet: bool,
+    /// Worker threads; `None` for every available core.
+    pub threads: Option<usize>,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
     pub options: ReplayOptions,
 }
 
-/// A trace read into a replayer, ready to run.
+/// A replayed trace.
 #[derive(Debug)]
 pub struct Loaded {
     pub meta: Meta,
@@ -54,32 +59,41 @@ pub struct Loaded {
     /// `None` when a stream had no verify chunk.
     pub spec: Option<VerifySpec>,
     pub replayer: Replayer,
+    pub stats: Stats,
 }
 
-fn on_event(rep: &mut Replayer, ev: Event<'_>) -> Result<()> {
+fn on_event(rep: &mut Replayer, ev: Event<'_>, exec: &Exec, bar: &Progress) -> Result<()> {
     match ev {
         Event::Tensor {
             tensor,
             offset,
             data,
         } => rep.load_host(tensor, offset, data)?,
-        Event::Records(mut c) => {
-            let mut r = Record::default();
-            while c.next_into(&mut r)? {
-                rep.push(r.clone());
-            }
+        Event::Records(c) => {
+            rep.push_chunk(c, exec)?;
+            bar.update(rep.stats().records, rep.pending_records());
         }
     }
     Ok(())
 }
 
-/// Read a trace file through the memory map (checking the stream digest).
-pub fn load_mmap(path: &Path, opts: &ReplayOptions) -> Result<Loaded> {
+/// Replay a trace file through the memory map (checking the stream digest).
+pub fn load_mmap(path: &Path, opts: &ReplayOptions, exec: &Exec) -> Result<Loaded> {
+    load_mmap_with(path, opts, exec, &Progress::hidden())
+}
+
+fn load_mmap_with(
+    path: &Path,
+    opts: &ReplayOptions,
+    exec: &Exec,
+    bar: &Progress,
+) -> Result<Loaded> {
     let trace = MmapTrace::open(path)?;
+    bar.set_total(trace.footer().counts.records);
     let mut rep = Replayer::new(trace.meta(), opts);
     let mut mine = None;
     let res = trace.for_each_event(|ev| {
-        on_event(&mut rep, ev).map_err(|e| match e {
+        on_event(&mut rep, ev, exec, bar).map_err(|e| match e {
             Error::Format(f) => f,
             e => {
                 mine = Some(e);
@@ -94,44 +108,75 @@ pub fn load_mmap(path: &Path, opts: &ReplayOptions) -> Result<Loaded> {
     // After the chunks, so that damage inside one is reported by its own
     // checksum; this catches the rest (padding).
     trace.verify_digest()?;
+    let stats = rep.finish(trace.strings(), exec)?;
     Ok(Loaded {
         meta: trace.meta().clone(),
         strings: trace.strings().clone(),
         spec: Some(trace.verify_spec().clone()),
         replayer: rep,
+        stats,
     })
 }
 
-/// Read a trace from a stream, chunk by chunk as it arrives.
-pub fn load_stream<R: Read>(r: R, opts: &ReplayOptions) -> Result<Loaded> {
+/// Replay a trace from a stream, chunk by chunk as it arrives.
+pub fn load_stream<R: Read>(r: R, opts: &ReplayOptions, exec: &Exec) -> Result<Loaded> {
+    load_stream_with(r, opts, exec, &Progress::hidden())
+}
+
+fn load_stream_with<R: Read>(
+    r: R,
+    opts: &ReplayOptions,
+    exec: &Exec,
+    bar: &Progress,
+) -> Result<Loaded> {
     let mut reader = StreamReader::open(r)?;
     let mut rep = Replayer::new(reader.meta(), opts);
     while let Some(ev) = reader.next_event()? {
-        on_event(&mut rep, ev)?;
+        on_event(&mut rep, ev, exec, bar)?;
     }
+    let stats = rep.finish(reader.strings(), exec)?;
     Ok(Loaded {
         meta: reader.meta().clone(),
         strings: reader.strings().clone(),
         spec: reader.verify_spec().cloned(),
         replayer: rep,
+        stats,
     })
 }
 
-/// Load from the configured input. Paths to regular files are mapped;
-/// pipes and devices (`<(cmd)`, `/dev/stdin`) are streamed.
-pub fn load(input: &Input, opts: &ReplayOptions) -> Result<Loaded> {
+/// Replay the configured input. Paths to regular files are mapped; pipes
+/// and devices (`<(cmd)`, `/dev/stdin`) are streamed.
+pub fn load(input: &Input, opts: &ReplayOptions, exec: &Exec) -> Result<Loaded> {
+    load_with(input, opts, exec, &Progress::hidden())
+}
+
+fn load_with(input: &Input, opts: &ReplayOptions, exec: &Exec, bar: &Progress) -> Result<Loaded> {
     match input {
-        Input::Stdin => load_stream(std::io::stdin().lock(), opts),
+        Input::Stdin => load_stream_with(std::io::stdin().lock(), opts, exec, bar),
         Input::Path(p) => {
             let md = std::fs::metadata(p).map_err(FormatError::from)?;
             if md.is_file() {
-                load_mmap(p, opts)
+                load_mmap_with(p, opts, exec, bar)
             } else {
                 let f = File::open(p).map_err(FormatError::from)?;
-                load_stream(std::io::BufReader::new(f), opts)
+                load_stream_with(std::io::BufReader::new(f), opts, exec, bar)
             }
         }
     }
+}
+
+/// A rayon pool of `threads` workers (every available core for `None`).
+pub fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool> {
+    let n = match threads {
+        Some(0) => return Err(Error::Usage("--threads must be at least 1".into())),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("kb-replay-{i}"))
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start {n} threads: {e}")))
 }
 
 /// A file name for a tensor: characters other than ASCII letters, digits,
@@ -204,8 +249,16 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
     for (name, path) in &cfg.expect {
         expect.push((name.clone(), path.clone(), npy::read(path)?));
     }
-    let mut loaded = load(&cfg.input, &cfg.options)?;
-    let stats = loaded.replayer.run(&loaded.strings, backend)?;
+    let pool = thread_pool(cfg.threads)?;
+    let exec = Exec {
+        backend,
+        pool: Some(&pool),
+    };
+    let bar = Progress::new(cfg.progress);
+    let loaded = load_with(&cfg.input, &cfg.options, &exec, &bar);
+    bar.clear();
+    let loaded = loaded?;
+    let stats = loaded.stats.clone();
     let verifying = cfg.verify || !expect.is_empty();
     let checks = plan_checks(loaded.spec.as_ref(), expect);
     let outputs = if verifying {
@@ -232,6 +285,8 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
         stats,
         outputs,
         wall_seconds: start.elapsed().as_secs_f64(),
+        backend: backend.name().to_string(),
+        threads: exec.threads(),
     };
     if let Some(target) = &cfg.report {
         write_report(target, &report)?;

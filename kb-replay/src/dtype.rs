@@ -9,6 +9,7 @@
 //! decoder), so a bug here cannot make a wrong replay agree with its
 //! reference.
 
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use kb_format::Dtype;
 
@@ -49,17 +50,34 @@ pub fn to_f64(d: Dtype, b: &[u8]) -> Vec<f64> {
 pub fn to_f32(d: Dtype, b: &[u8]) -> Vec<f32> {
     match d {
         Dtype::F32 => words::<4>(b).map(f32::from_le_bytes).collect(),
-        Dtype::F16 => words::<2>(b)
-            .map(|w| f16::from_le_bytes(w).to_f32())
-            .collect(),
+        Dtype::F16 => {
+            // Through half's slice conversion (F16C where the CPU has it).
+            let bits: Vec<u16> = words::<2>(b).map(u16::from_le_bytes).collect();
+            let mut out = vec![0f32; bits.len()];
+            bits.reinterpret_cast::<f16>()
+                .convert_to_f32_slice(&mut out);
+            out
+        }
+        // bf16 is the top half of an f32: widening is a shift.
         Dtype::Bf16 => words::<2>(b)
-            .map(|w| bf16::from_le_bytes(w).to_f32())
+            .map(|w| f32::from_bits((u16::from_le_bytes(w) as u32) << 16))
             .collect(),
         Dtype::I8 => b.iter().map(|&x| x as i8 as f32).collect(),
         Dtype::U8 => b.iter().map(|&x| x as f32).collect(),
         Dtype::I32 => words::<4>(b)
             .map(|w| i32::from_le_bytes(w) as f32)
             .collect(),
+    }
+}
+
+/// Decode elements as i32 (integers exactly; floats truncate toward zero,
+/// saturating).
+pub fn to_i32(d: Dtype, b: &[u8]) -> Vec<i32> {
+    match d {
+        Dtype::I8 => b.iter().map(|&x| x as i8 as i32).collect(),
+        Dtype::U8 => b.iter().map(|&x| x as i32).collect(),
+        Dtype::I32 => words::<4>(b).map(i32::from_le_bytes).collect(),
+        _ => to_f64(d, b).into_iter().map(|v| v as i32).collect(),
     }
 }
 
@@ -84,6 +102,31 @@ pub fn push_f64(d: Dtype, v: f64, out: &mut Vec<u8>) {
         Dtype::I8 => out.push(v as i8 as u8),
         Dtype::U8 => out.push(v as u8),
         Dtype::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+    }
+}
+
+/// Append every value of `vals` encoded as `d` (as [`push_f64`], with the
+/// dtype dispatch outside the loop).
+pub fn extend_f64(d: Dtype, vals: &[f64], out: &mut Vec<u8>) {
+    out.reserve(vals.len() * d.size());
+    match d {
+        Dtype::F32 => out.extend(vals.iter().flat_map(|&v| (v as f32).to_le_bytes())),
+        Dtype::F16 => out.extend(vals.iter().flat_map(|&v| f16::from_f64(v).to_le_bytes())),
+        Dtype::Bf16 => out.extend(vals.iter().flat_map(|&v| bf16::from_f64(v).to_le_bytes())),
+        Dtype::I8 => out.extend(vals.iter().map(|&v| v as i8 as u8)),
+        Dtype::U8 => out.extend(vals.iter().map(|&v| v as u8)),
+        Dtype::I32 => out.extend(vals.iter().flat_map(|&v| (v as i32).to_le_bytes())),
+    }
+}
+
+/// Append every value of `vals` encoded as `d` (as [`push_i64`]).
+pub fn extend_i64(d: Dtype, vals: &[i64], out: &mut Vec<u8>) {
+    out.reserve(vals.len() * d.size());
+    match d {
+        Dtype::I8 => out.extend(vals.iter().map(|&v| v as i8 as u8)),
+        Dtype::U8 => out.extend(vals.iter().map(|&v| v as u8)),
+        Dtype::I32 => out.extend(vals.iter().flat_map(|&v| (v as i32).to_le_bytes())),
+        _ => vals.iter().for_each(|&v| push_f64(d, v as f64, out)),
     }
 }
 

@@ -4,11 +4,11 @@
 //! independently of the replay.
 //!
 //! Owns: the data plane ([`plane`]), op execution for memory, GEMM and math
-//! ops ([`ops`], with GEMM behind the swappable [`ops::GemmBackend`]), the
-//! effect-ordered replay engine ([`engine`]), the f64 reference evaluator
-//! ([`reference`]), output verification ([`verify`]), `.npy` I/O ([`npy`]),
-//! the JSON report and human summary ([`report`]) and the binary's flow
-//! ([`app`]).
+//! ops ([`ops`]), the GEMM backends ([`backend`]), the effect-ordered
+//! streaming, parallel replay engine ([`engine`]), the f64 reference
+//! evaluator ([`reference`]), output verification ([`verify`]), `.npy` I/O
+//! ([`npy`]), the JSON report and human summary ([`report`]), the progress
+//! bar ([`progress`]) and the binary's flow ([`app`]).
 //!
 //! Does not own: the trace bytes or their validation (kb-format), timing or
 //! simulation (kb-sim), trace queries (kb-inspect). It relies only on the
@@ -17,26 +17,33 @@
 //! bytes to their write ranges, compute ops read operands in order and
 //! write their output, outputs are gathered from tensor shards.
 //!
-//! Replay is sequential for now: records are collected, effects sorted by
-//! (seq, read before write, op_id) and applied one by one. Op execution is
-//! pure (bytes in, bytes out) and separate from the plane, so a parallel or
-//! batched engine can replace [`engine`] without touching [`ops`].
+//! Replay streams: effects are applied in windows as records arrive, in
+//! (seq, read before write, op_id) order, with independent ops running in
+//! parallel on a rayon pool and GEMMs of one shape batched ([`engine`]).
+//! Op execution is pure (bytes in, bytes out) and separate from the plane;
+//! GEMMs go through a [`backend::GemmBackend`] chosen at run time.
 //!
 //! ```no_run
-//! use kb_replay::{app, engine::ReplayOptions, ops::NaiveGemm};
-//! let mut loaded = app::load_mmap("run.kbt".as_ref(), &ReplayOptions::default())?;
-//! let stats = loaded.replayer.run(&loaded.strings, &NaiveGemm)?;
-//! println!("{} ops", stats.memory + stats.gemm + stats.math);
+//! use kb_replay::{app, backend, engine::{Exec, ReplayOptions}};
+//! let pool = app::thread_pool(Some(2))?;
+//! let gemm = backend::default_backend();
+//! let exec = Exec { backend: gemm.as_ref(), pool: Some(&pool) };
+//! let loaded = app::load_mmap("run.kbt".as_ref(), &ReplayOptions::default(), &exec)?;
+//! let s = &loaded.stats;
+//! println!("{} ops", s.memory + s.gemm + s.math);
 //! # Ok::<(), kb_replay::Error>(())
 //! ```
 
 pub mod app;
+pub mod backend;
 pub mod dtype;
 pub mod engine;
 pub mod error;
 pub mod npy;
 pub mod ops;
 pub mod plane;
+pub mod pool;
+pub mod progress;
 pub mod reference;
 pub mod report;
 pub mod verify;

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use kb_replay::app::{self, Config, Input};
+use kb_replay::backend;
 use kb_replay::engine::ReplayOptions;
-use kb_replay::ops::NaiveGemm;
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -20,7 +20,12 @@ Tolerances (ADR-0020 D11, unless the trace's spec gives one):
   f32 rtol=atol=1e-5, f16 1e-3, bf16 1e-2, integers exact;
   an element passes when |out - ref| <= atol + rtol * |ref|.
 
---dump-outputs writes bf16 tensors as float32 (numpy has no bf16).";
+--dump-outputs writes bf16 tensors as float32 (numpy has no bf16).
+
+GEMM backends (--backend): gemm (pure Rust, the default); openblas (system
+OpenBLAS, only in builds with the `openblas` cargo feature).
+Results are bit-identical for every --threads value. A progress bar is drawn
+on stderr only when stderr is a terminal (and not with --quiet).";
 
 /// Replay a kb trace (Phase 2) with real data and verify its outputs.
 #[derive(Debug, Parser)]
@@ -47,9 +52,34 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     dump_outputs: Option<PathBuf>,
 
-    /// No summary on stderr (errors are still printed)
+    /// No summary or progress bar on stderr (errors are still printed)
     #[arg(long, short)]
     quiet: bool,
+
+    /// Worker threads [default: the number of available cores]
+    #[arg(long, short = 'j', value_name = "N")]
+    threads: Option<usize>,
+
+    /// GEMM backend, among those compiled in (see --help)
+    #[arg(long, value_name = "NAME", default_value = "gemm", value_parser = parse_backend)]
+    backend: String,
+}
+
+fn parse_backend(s: &str) -> Result<String, String> {
+    let names = backend::names();
+    if names.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unknown backend {s:?}; this build has: {}{}",
+            names.join(", "),
+            if cfg!(feature = "openblas") {
+                ""
+            } else {
+                " (openblas needs the `openblas` cargo feature)"
+            }
+        ))
+    }
 }
 
 fn parse_expect(s: &str) -> Result<(String, PathBuf), String> {
@@ -82,9 +112,15 @@ fn main() -> ExitCode {
         expect: args.expect,
         dump_outputs: args.dump_outputs,
         quiet: args.quiet,
+        threads: args.threads,
+        progress: !args.quiet && std::io::stderr().is_terminal(),
         options: ReplayOptions::default(),
     };
-    match app::run(&cfg, &NaiveGemm) {
+    let Some(backend) = backend::by_name(&args.backend) else {
+        eprintln!("kb-replay: unknown backend {:?}", args.backend);
+        return ExitCode::from(2);
+    };
+    match app::run(&cfg, backend.as_ref()) {
         Ok(report) if report.pass() => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(1),
         Err(e) => {

@@ -14,8 +14,18 @@
 //!
 //! The plane knows nothing of ops: it reads and writes byte ranges
 //! ([`DataPlane::gather`] / [`DataPlane::scatter`] over [`Extent`]s).
+//!
+//! Reads and writes take `&self`, so the parallel engine can run ops on
+//! several threads at once: device pages live in [`SHARDS`] hash maps, each
+//! behind its own `RwLock` (a page's shard is its page number modulo
+//! `SHARDS`). Each page access holds one shard lock for one copy, so an
+//! access is atomic per page but not across pages; the engine never runs
+//! two ops whose byte ranges conflict at the same time, so that is enough.
+//! Host input pages change only through `&mut self` ([`DataPlane::load_host`]).
 
-use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use rustc_hash::FxHashMap;
 
 use kb_format::pa::{self, MAX_HOST_TENSORS, PA_BITS, Pa};
 use kb_format::{Extent, Space, TensorMeta};
@@ -25,6 +35,19 @@ pub const PAGE_BITS: u32 = 16;
 /// Bytes per page.
 pub const PAGE: usize = 1 << PAGE_BITS;
 const PAGE_MASK: u64 = PAGE as u64 - 1;
+/// Number of independently locked page maps.
+pub const SHARDS: usize = 64;
+
+/// A page's bytes, shared copy-on-write: a memory op that moves whole,
+/// page-aligned pages shares them instead of copying ([`DataPlane::scatter_shared`]),
+/// and a later write to either copy clones it first (`Arc::make_mut`).
+pub type PageBuf = Arc<Box<[u8]>>;
+
+type Pages = FxHashMap<u64, PageBuf>;
+
+fn zero_page() -> PageBuf {
+    Arc::new(vec![0u8; PAGE].into_boxed_slice())
+}
 
 /// Bytes one op (or one gathered tensor) may hold unless configured
 /// otherwise: a corrupt extent must not drive a huge allocation.
@@ -81,10 +104,12 @@ struct HostTensor {
 }
 
 /// Sparse byte-addressable memory over every space of the 51-bit PA.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DataPlane {
-    pages: HashMap<u64, Box<[u8]>>,
-    host_input: HashMap<u64, Box<[u8]>>,
+    /// Written pages, by page number, in `SHARDS` locked maps.
+    pages: Box<[RwLock<Pages>]>,
+    /// The trace's host tensor data, by page number; never written by ops.
+    host_input: Pages,
     host: Vec<HostTensor>,
     max_bytes: u64,
 }
@@ -101,8 +126,8 @@ impl DataPlane {
     /// An empty plane for a trace with these tensors.
     pub fn new(tensors: &[TensorMeta], max_bytes: u64) -> DataPlane {
         DataPlane {
-            pages: HashMap::new(),
-            host_input: HashMap::new(),
+            pages: (0..SHARDS).map(|_| RwLock::new(Pages::default())).collect(),
+            host_input: Pages::default(),
             host: tensors
                 .iter()
                 .map(|t| HostTensor {
@@ -122,14 +147,22 @@ impl DataPlane {
 
     /// Device pages written so far (for statistics).
     pub fn page_count(&self) -> usize {
-        self.pages.len()
+        self.pages
+            .iter()
+            .map(|s| s.read().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
     }
 
     /// Store host-provided bytes of `tensor` at byte `offset` (a tensor chunk).
     pub fn load_host(&mut self, tensor: u32, offset: u64, data: &[u8]) -> Result<(), PlaneError> {
         let addr = self.host_range(tensor, offset, data.len() as u64)?;
         self.host[tensor as usize].loaded += data.len() as u64;
-        write_pages(&mut self.host_input, None, addr, data);
+        let mut pos = 0;
+        for (page, off, n) in page_spans(addr, data.len()) {
+            let p = Arc::make_mut(self.host_input.entry(page).or_insert_with(zero_page));
+            p[off..off + n].copy_from_slice(&data[pos..pos + n]);
+            pos += n;
+        }
         Ok(())
     }
 
@@ -147,7 +180,14 @@ impl DataPlane {
         out: &mut [u8],
     ) -> Result<(), PlaneError> {
         let addr = self.host_range(tensor, offset, out.len() as u64)?;
-        read_pages(&self.host_input, None, addr, out);
+        let mut pos = 0;
+        for (page, off, n) in page_spans(addr, out.len()) {
+            match self.host_input.get(&page) {
+                Some(p) => out[pos..pos + n].copy_from_slice(&p[off..off + n]),
+                None => out[pos..pos + n].fill(0),
+            }
+            pos += n;
+        }
         Ok(())
     }
 
@@ -205,17 +245,62 @@ impl DataPlane {
     /// host bytes read as the trace's tensor data unless an op overwrote them.
     pub fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), PlaneError> {
         let space = self.check(addr, out.len() as u64)?;
-        let fallback = (space == Space::Host).then_some(&self.host_input);
-        read_pages(&self.pages, fallback, addr, out);
+        let host = space == Space::Host;
+        let mut pos = 0;
+        for (page, off, n) in page_spans(addr, out.len()) {
+            let dst = &mut out[pos..pos + n];
+            let shard = self
+                .shard(page)
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            match self.page_or_input(&shard, page, host) {
+                Some(p) => dst.copy_from_slice(&p[off..off + n]),
+                None => dst.fill(0),
+            }
+            pos += n;
+        }
         Ok(())
     }
 
-    /// Write `data` at `addr`.
-    pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PlaneError> {
+    /// Write `data` at `addr`. Takes `&self`: see the module docs.
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), PlaneError> {
         let space = self.check(addr, data.len() as u64)?;
-        let fallback = (space == Space::Host).then_some(&self.host_input);
-        write_pages(&mut self.pages, fallback, addr, data);
+        let host = space == Space::Host;
+        let mut pos = 0;
+        for (page, off, n) in page_spans(addr, data.len()) {
+            let mut shard = self
+                .shard(page)
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let p = self.page_mut(&mut shard, page, host);
+            p[off..off + n].copy_from_slice(&data[pos..pos + n]);
+            pos += n;
+        }
         Ok(())
+    }
+
+    /// A page to write: created from the host input (host space) or zeros,
+    /// and unshared.
+    fn page_mut<'a>(&self, shard: &'a mut Pages, page: u64, host: bool) -> &'a mut [u8] {
+        let p = shard.entry(page).or_insert_with(|| {
+            match self.host_input.get(&page).filter(|_| host) {
+                Some(orig) => orig.clone(),
+                None => zero_page(),
+            }
+        });
+        let b: &mut Box<[u8]> = Arc::make_mut(p);
+        &mut b[..]
+    }
+
+    fn shard(&self, page: u64) -> &RwLock<Pages> {
+        &self.pages[page as usize % SHARDS]
+    }
+
+    /// A page's current bytes: written, or (in host space) the input.
+    fn page_or_input<'a>(&'a self, shard: &'a Pages, page: u64, host: bool) -> Option<&'a PageBuf> {
+        shard
+            .get(&page)
+            .or_else(|| self.host_input.get(&page).filter(|_| host))
     }
 
     /// Total bytes of `extents`, checked against the limit.
@@ -238,38 +323,143 @@ impl DataPlane {
     pub fn gather(&self, extents: &[Extent], out: &mut Vec<u8>) -> Result<(), PlaneError> {
         let total = self.extent_bytes(extents)?;
         out.reserve(total as usize);
-        for e in extents {
-            for (addr, len) in runs(e)? {
-                let at = out.len();
-                out.resize(at + len as usize, 0);
-                self.read(addr, &mut out[at..])?;
-            }
-        }
+        self.gather_each(extents, |piece| out.extend_from_slice(piece))?;
         Ok(())
     }
 
-    /// Write `data` to `extents` in order; `data` must hold exactly their bytes.
-    pub fn scatter(&mut self, extents: &[Extent], data: &[u8]) -> Result<(), PlaneError> {
+    /// Call `f` with the bytes of `extents`, in order, a piece at a time
+    /// (at most a page; unwritten device memory as zeros); returns their
+    /// total. `f` runs under a page lock: it must not use the plane.
+    pub fn gather_each(
+        &self,
+        extents: &[Extent],
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<u64, PlaneError> {
+        self.gather_pages(extents, |piece, _| f(piece))
+    }
+
+    /// As [`DataPlane::gather_each`], also passing the page itself when a
+    /// piece is a whole, page-aligned page that exists (for sharing).
+    pub fn gather_pages(
+        &self,
+        extents: &[Extent],
+        mut f: impl FnMut(&[u8], Option<&PageBuf>),
+    ) -> Result<u64, PlaneError> {
         let total = self.extent_bytes(extents)?;
-        if total != data.len() as u64 {
-            return Err(PlaneError::LengthMismatch {
-                data: data.len() as u64,
-                ranges: total,
-            });
-        }
-        let mut pos = 0usize;
         for e in extents {
             for (addr, len) in runs(e)? {
-                let len = len as usize;
-                self.write(addr, &data[pos..pos + len])?;
-                pos += len;
+                let space = self.check(addr, len)?;
+                let host = space == Space::Host;
+                for (page, off, n) in page_spans(addr, len as usize) {
+                    let shard = self
+                        .shard(page)
+                        .read()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    match self.page_or_input(&shard, page, host) {
+                        Some(p) => f(&p[off..off + n], (n == PAGE).then_some(p)),
+                        None => f(&ZEROS[..n], None),
+                    }
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Write `data` to `extents` in order; `data` must hold exactly their bytes.
+    pub fn scatter(&self, extents: &[Extent], data: &[u8]) -> Result<(), PlaneError> {
+        let mut pos = 0usize;
+        self.scatter_each(extents, data.len() as u64, |dst| {
+            dst.copy_from_slice(&data[pos..pos + dst.len()]);
+            pos += dst.len();
+        })
+    }
+
+    /// Fill the bytes of `extents`, in order, a piece at a time through `f`
+    /// (which must fill all of each piece); `total` must be their size, or
+    /// nothing is written. `f` runs under a page lock: it must not use the
+    /// plane.
+    pub fn scatter_each(
+        &self,
+        extents: &[Extent],
+        total: u64,
+        mut f: impl FnMut(&mut [u8]),
+    ) -> Result<(), PlaneError> {
+        self.scatter_pages(extents, total, |_, _| None, |_, dst| f(dst))
+    }
+
+    /// Write `data` to `extents` in order, as [`DataPlane::scatter`], but
+    /// share instead of copying every whole, page-aligned destination page
+    /// whose bytes `shared` holds: `(offset in data, page)` in increasing
+    /// offsets, each page's bytes equal to `data` there.
+    pub fn scatter_shared(
+        &self,
+        extents: &[Extent],
+        data: &[u8],
+        shared: &[(usize, PageBuf)],
+    ) -> Result<(), PlaneError> {
+        let mut next = 0;
+        self.scatter_pages(
+            extents,
+            data.len() as u64,
+            |at, n| {
+                while next < shared.len() && shared[next].0 < at {
+                    next += 1;
+                }
+                match shared.get(next) {
+                    Some((o, p)) if *o == at && n == PAGE => Some(p.clone()),
+                    _ => None,
+                }
+            },
+            |at, dst| dst.copy_from_slice(&data[at..at + dst.len()]),
+        )
+    }
+
+    /// The writing loop: for each destination piece at byte `at` of the
+    /// data, `share(at, len)` may give a whole page to put there; else
+    /// `fill(at, piece)` writes the piece.
+    fn scatter_pages(
+        &self,
+        extents: &[Extent],
+        total: u64,
+        mut share: impl FnMut(usize, usize) -> Option<PageBuf>,
+        mut fill: impl FnMut(usize, &mut [u8]),
+    ) -> Result<(), PlaneError> {
+        let ranges = self.extent_bytes(extents)?;
+        if total != ranges {
+            return Err(PlaneError::LengthMismatch {
+                data: total,
+                ranges,
+            });
+        }
+        let mut at = 0usize;
+        for e in extents {
+            for (addr, len) in runs(e)? {
+                let space = self.check(addr, len)?;
+                let host = space == Space::Host;
+                for (page, off, n) in page_spans(addr, len as usize) {
+                    let mut shard = self
+                        .shard(page)
+                        .write()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    match share(at, n) {
+                        Some(p) if off == 0 => {
+                            shard.insert(page, p);
+                        }
+                        _ => fill(at, &mut self.page_mut(&mut shard, page, host)[off..off + n]),
+                    }
+                    at += n;
+                }
             }
         }
         Ok(())
     }
 }
 
-/// The runs of an extent as (address, length), validated not to overflow.
+/// What unwritten device memory reads as.
+static ZEROS: [u8; PAGE] = [0; PAGE];
+
+/// The runs of an extent as (address, length), validated not to overflow;
+/// back-to-back rows (stride equal to length) come as one run.
 pub fn runs(e: &Extent) -> Result<impl Iterator<Item = (u64, u64)> + use<>, PlaneError> {
     let overflow = PlaneError::ExtentOverflow {
         pa: e.pa,
@@ -292,54 +482,32 @@ pub fn runs(e: &Extent) -> Result<impl Iterator<Item = (u64, u64)> + use<>, Plan
             return Err(overflow);
         }
     }
-    let (pa, len) = (e.pa, e.len);
+    // Rows that follow each other with no gap are one run (so that whole
+    // pages in them can be shared).
+    let (rows, stride, len) = if rows > 1 && stride == e.len {
+        (1, 0, e.len * rows)
+    } else {
+        (rows, stride, e.len)
+    };
+    let pa = e.pa;
     Ok((0..rows).map(move |r| (pa + r * stride, len)))
 }
 
-fn read_pages(
-    pages: &HashMap<u64, Box<[u8]>>,
-    fallback: Option<&HashMap<u64, Box<[u8]>>>,
-    mut addr: u64,
-    out: &mut [u8],
-) {
-    let mut pos = 0;
-    while pos < out.len() {
-        let off = (addr & PAGE_MASK) as usize;
-        let n = (PAGE - off).min(out.len() - pos);
-        let page = addr >> PAGE_BITS;
-        let src = pages
-            .get(&page)
-            .or_else(|| fallback.and_then(|f| f.get(&page)));
-        match src {
-            Some(p) => out[pos..pos + n].copy_from_slice(&p[off..off + n]),
-            None => out[pos..pos + n].fill(0),
+/// The pieces of `len` bytes at `addr` as (page number, offset in page, length).
+fn page_spans(addr: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize)> {
+    let mut addr = addr;
+    let mut left = len;
+    std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
         }
-        pos += n;
-        addr += n as u64;
-    }
-}
-
-fn write_pages(
-    pages: &mut HashMap<u64, Box<[u8]>>,
-    fallback: Option<&HashMap<u64, Box<[u8]>>>,
-    mut addr: u64,
-    data: &[u8],
-) {
-    let mut pos = 0;
-    while pos < data.len() {
         let off = (addr & PAGE_MASK) as usize;
-        let n = (PAGE - off).min(data.len() - pos);
-        let page = addr >> PAGE_BITS;
-        let p = pages
-            .entry(page)
-            .or_insert_with(|| match fallback.and_then(|f| f.get(&page)) {
-                Some(orig) => orig.clone(),
-                None => vec![0u8; PAGE].into_boxed_slice(),
-            });
-        p[off..off + n].copy_from_slice(&data[pos..pos + n]);
-        pos += n;
+        let n = (PAGE - off).min(left);
+        let item = (addr >> PAGE_BITS, off, n);
         addr += n as u64;
-    }
+        left -= n;
+        Some(item)
+    })
 }
 
 /// A human-readable address: `sip0.cube1.pe2.tcm+0x40` for device PAs,
@@ -425,7 +593,7 @@ mod tests {
 
     #[test]
     fn partial_and_overlapping_writes_keep_the_latest_bytes() {
-        let mut p = plane();
+        let p = plane();
         let base = dev(Space::Tcm, 100);
         p.write(base, &[1, 2, 3, 4, 5, 6]).unwrap();
         p.write(base + 2, &[9, 9]).unwrap();
@@ -437,7 +605,7 @@ mod tests {
 
     #[test]
     fn writes_and_reads_cross_page_boundaries() {
-        let mut p = plane();
+        let p = plane();
         let base = dev(Space::Hbm, PAGE as u64 * 3 - 3);
         let data: Vec<u8> = (0..PAGE as u32 + 10).map(|i| (i % 251) as u8).collect();
         p.write(base, &data).unwrap();
@@ -452,7 +620,7 @@ mod tests {
 
     #[test]
     fn strided_gather_and_scatter() {
-        let mut p = plane();
+        let p = plane();
         let src = dev(Space::Hbm, 0);
         p.write(src, &(0u8..32).collect::<Vec<_>>()).unwrap();
         // 3 rows of 2 bytes, 8 apart, then one contiguous run of 3.

@@ -38,6 +38,9 @@ pub struct Report {
     /// `None` when verification was not asked for.
     pub outputs: Option<Vec<OutputReport>>,
     pub wall_seconds: f64,
+    /// The GEMM backend and the worker threads.
+    pub backend: String,
+    pub threads: usize,
 }
 
 impl Report {
@@ -101,6 +104,16 @@ impl Report {
             "gflops": num(self.gflops()),
             "replay_seconds": num(s.replay_seconds),
             "wall_seconds": num(self.wall_seconds),
+            "backend": self.backend,
+            "threads": self.threads,
+            "engine": {
+                "windows": s.windows,
+                "max_window_effects": s.max_window_effects,
+                "max_pending_records": s.max_pending_records,
+                "waves": s.waves,
+                "gemm_batches": s.gemm_batches,
+                "gemm_batched_ops": s.gemm_batched_ops,
+            },
         })
     }
 
@@ -202,6 +215,8 @@ mod tests {
             stats: Stats::default(),
             outputs: Some(vec![output(true), output(false)]),
             wall_seconds: 0.5,
+            backend: "gemm".into(),
+            threads: 2,
         };
         assert!(!r.pass());
         let j = r.to_json();

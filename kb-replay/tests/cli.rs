@@ -254,6 +254,62 @@ fn report_to_stdout_is_json() {
     assert_eq!(out["first_mismatch"], serde_json::Value::Null);
     assert!(j["wall_seconds"].is_number());
     assert!(j["gflops"].is_number());
+    assert_eq!(j["backend"], "gemm");
+    assert!(j["threads"].as_u64().unwrap() >= 1);
+    assert!(j["engine"]["windows"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn threads_and_backend_flags() {
+    let (bytes, _) = chain_trace();
+    for t in ["1", "2", "3"] {
+        let o = run(
+            &[
+                "-",
+                "--verify",
+                "--threads",
+                t,
+                "--backend",
+                "gemm",
+                "--report",
+                "-",
+                "-q",
+            ],
+            Some(&bytes),
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(j["threads"].to_string(), t);
+    }
+    let o = run(&["-", "--threads", "0"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--threads must be at least 1"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["-", "--backend", "cuda"], Some(&bytes));
+    assert_no_panic(&o);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown backend \"cuda\""),
+        "{}",
+        stderr(&o)
+    );
+    let help = run(&["--help"], None);
+    let h = String::from_utf8_lossy(&help.stdout);
+    assert!(h.contains("--threads") && h.contains("--backend") && h.contains("openblas"));
+}
+
+#[test]
+fn no_progress_bar_when_stderr_is_not_a_terminal() {
+    // A trace long enough for the bar to tick, were it drawn.
+    let (bytes, _) = chain_trace();
+    let o = run(&["-", "--verify"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(0));
+    let e = stderr(&o);
+    assert!(!e.contains('\r') && !e.contains('\u{1b}'), "{e:?}");
+    assert!(!e.contains("records ("), "{e:?}");
 }
 
 #[test]

@@ -6,20 +6,24 @@ use common::*;
 use half::{bf16, f16};
 use kb_format::{Dtype, Expr, MathInput, MathOp, OpKind, Params};
 use kb_replay::app::{self, Loaded};
-use kb_replay::engine::{ReplayOptions, Stats};
-use kb_replay::ops::NaiveGemm;
+use kb_replay::backend::{GemmCrate, NaiveGemm};
+use kb_replay::engine::{Exec, ReplayOptions, Stats};
 use kb_replay::verify::{self, OutputReport};
 use kb_replay::{Error, npy};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 fn load(bytes: &[u8]) -> Result<Loaded, Error> {
-    app::load_stream(bytes, &ReplayOptions::default())
+    app::load_stream(
+        bytes,
+        &ReplayOptions::default(),
+        &Exec::sequential(&NaiveGemm),
+    )
 }
 
 fn replay(bytes: &[u8]) -> Result<(Loaded, Stats), Error> {
-    let mut l = load(bytes)?;
-    let stats = l.replayer.run(&l.strings, &NaiveGemm)?;
+    let l = load(bytes)?;
+    let stats = l.stats.clone();
     Ok((l, stats))
 }
 
@@ -51,8 +55,7 @@ fn memory_chain_reproduces_the_input_and_passes() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("t.kbt");
     std::fs::write(&p, &bytes).unwrap();
-    let mut m = app::load_mmap(&p, &ReplayOptions::default()).unwrap();
-    m.replayer.run(&m.strings, &NaiveGemm).unwrap();
+    let m = app::load_mmap(&p, &ReplayOptions::default(), &Exec::sequential(&NaiveGemm)).unwrap();
     assert_eq!(output(&m, "y"), output(&l, "y"));
 }
 
@@ -254,6 +257,7 @@ fn rand_values(rng: &mut StdRng, n: usize, dtype: Dtype) -> Vec<f64> {
     (0..n)
         .map(|_| match dtype {
             Dtype::I8 => rng.random_range(-128i32..=127) as f64,
+            Dtype::I32 => rng.random_range(-5_000i32..=5_000) as f64,
             _ => rng.random_range(-1.0f64..1.0),
         })
         .collect()
@@ -282,6 +286,10 @@ fn encode(vals: &[f64], dtype: Dtype) -> (Vec<u8>, Vec<f64>) {
             Dtype::I8 => {
                 b.push(v as i8 as u8);
                 stored.push(v as i8 as f64);
+            }
+            Dtype::I32 => {
+                b.extend((v as i32).to_le_bytes());
+                stored.push(v as i32 as f64);
             }
             _ => unreachable!(),
         }
@@ -388,6 +396,26 @@ fn gemm_case(din: Dtype, dacc: Dtype, dout: Dtype, tol: f64, seed: u64) {
     }
     let r = verify_spec(&l);
     assert!(r[0].pass, "{:?}", r[0]);
+    // The default backend on two threads: the same verdict, and the bits
+    // of its own one-thread run.
+    let pool2 = app::thread_pool(Some(2)).unwrap();
+    let pool1 = app::thread_pool(Some(1)).unwrap();
+    let mut outs = Vec::new();
+    for p in [&pool1, &pool2] {
+        let exec = Exec {
+            backend: &GemmCrate,
+            pool: Some(p),
+        };
+        let l = app::load_stream(&bytes[..], &ReplayOptions::default(), &exec).unwrap();
+        assert!(verify_spec(&l)[0].pass, "{din} default backend");
+        outs.push(output(&l, "c"));
+    }
+    assert_eq!(outs[0], outs[1]);
+}
+
+#[test]
+fn gemm_i32_inputs_accumulate_exactly() {
+    gemm_case(Dtype::I32, Dtype::I32, Dtype::I32, 0.0, 6);
 }
 
 #[test]
@@ -717,12 +745,8 @@ fn corrupted_bytes_are_errors_not_panics() {
         b[i] ^= 1 << rng.random_range(0..8);
         // Either path may succeed (a flip in padding the stream reader does
         // not hash), fail cleanly, or replay; none may panic.
-        if let Ok(mut l) = load(&b) {
-            let _ = l.replayer.run(&l.strings, &NaiveGemm);
-        }
+        let _ = load(&b);
         std::fs::write(&p, &b).unwrap();
-        if let Ok(mut l) = app::load_mmap(&p, &ReplayOptions::default()) {
-            let _ = l.replayer.run(&l.strings, &NaiveGemm);
-        }
+        let _ = app::load_mmap(&p, &ReplayOptions::default(), &Exec::sequential(&NaiveGemm));
     }
 }

@@ -8,76 +8,28 @@
 //!   the *stored* matrix is row- or column-major.
 //! - `acc` and `out` are m x n in `layout_out`; `acc` is in `dtype_acc`,
 //!   `out` in `dtype_out`.
-//! - Arithmetic is in the accumulation dtype: f32 for `dtype_acc` f32 (and
-//!   for f16/bf16, whose result is rounded through that precision before
-//!   the output conversion); wrapping i32 for `dtype_acc` i32, which needs
-//!   integer inputs. Other combinations are errors.
+//! - Arithmetic is in the accumulation dtype (from the record): f32 for
+//!   `dtype_acc` f32, f16 and bf16 (f16/bf16 inputs are widened exactly to
+//!   f32; an f16/bf16 accumulator's result is rounded through that
+//!   precision before the output conversion); wrapping i32 for `dtype_acc`
+//!   i32, which needs integer inputs. Other combinations are errors.
+//! - Integer GEMMs are exact. When every partial sum is an integer below
+//!   2^24 (i8 inputs with k <= 1024, say) the products run through the f32
+//!   backend, below 2^53 through f64, and only otherwise through wrapping
+//!   i32 loops; the accumulator is added in wrapping i32 afterwards. Exact
+//!   arithmetic gives the same bits on every path.
 //!
-//! The multiply itself is behind [`GemmBackend`], which sees row-major f32
-//! or i32 matrices only, so a BLAS or batched backend can be swapped in.
+//! A GEMM runs in three steps so that the engine can batch: [`prepare`]
+//! decodes the operands into logical row-major matrices, [`compute`] or
+//! [`compute_batch`] calls the [`GemmBackend`], [`finish`] encodes the
+//! output. GEMMs with equal [`BatchKey`]s can share one batched call;
+//! [`execute`] does all three for one GEMM.
 
+use half::slice::HalfFloatSliceExt;
 use kb_format::{Dtype, GemmParams, Layout};
 
+use crate::backend::{Dims, GemmArgs, GemmBackend};
 use crate::dtype;
-
-/// Matrix sizes of one multiply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dims {
-    pub m: usize,
-    pub k: usize,
-    pub n: usize,
-}
-
-/// A GEMM implementation: `c[m x n] += a[m x k] . b[k x n]`, every matrix
-/// row-major and dense. Backends may reorder the k sum (results then differ
-/// in the last bits, within the verification tolerances).
-pub trait GemmBackend: Send + Sync + std::fmt::Debug {
-    fn name(&self) -> &'static str;
-    fn gemm_f32(&self, d: Dims, a: &[f32], b: &[f32], c: &mut [f32]);
-    /// Integer GEMM with wrapping i32 arithmetic.
-    fn gemm_i32(&self, d: Dims, a: &[i32], b: &[i32], c: &mut [i32]);
-}
-
-/// The default backend: straightforward loops (i, p, j order), summing k
-/// in increasing order.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NaiveGemm;
-
-impl GemmBackend for NaiveGemm {
-    fn name(&self) -> &'static str {
-        "naive"
-    }
-
-    fn gemm_f32(&self, d: Dims, a: &[f32], b: &[f32], c: &mut [f32]) {
-        if d.n == 0 {
-            return;
-        }
-        for (i, crow) in c.chunks_exact_mut(d.n).enumerate().take(d.m) {
-            for p in 0..d.k {
-                let av = a[i * d.k + p];
-                let brow = &b[p * d.n..(p + 1) * d.n];
-                for (cv, &bv) in crow.iter_mut().zip(brow) {
-                    *cv += av * bv;
-                }
-            }
-        }
-    }
-
-    fn gemm_i32(&self, d: Dims, a: &[i32], b: &[i32], c: &mut [i32]) {
-        if d.n == 0 {
-            return;
-        }
-        for (i, crow) in c.chunks_exact_mut(d.n).enumerate().take(d.m) {
-            for p in 0..d.k {
-                let av = a[i * d.k + p];
-                let brow = &b[p * d.n..(p + 1) * d.n];
-                for (cv, &bv) in crow.iter_mut().zip(brow) {
-                    *cv = cv.wrapping_add(av.wrapping_mul(bv));
-                }
-            }
-        }
-    }
-}
 
 fn dims(p: &GemmParams) -> Option<(Dims, [usize; 3])> {
     let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
@@ -115,6 +67,33 @@ pub fn flops(p: &GemmParams) -> u64 {
         .saturating_mul(p.k as u64)
 }
 
+/// What makes GEMMs batchable together: equal shape, dtypes, layouts,
+/// transpose flags and accumulator presence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchKey {
+    mkn: [u32; 3],
+    dtypes: [u8; 3],
+    /// transpose_a, transpose_b, col-major a, b, out, has acc.
+    flags: [bool; 6],
+}
+
+/// The batch key of a GEMM.
+pub fn batch_key(p: &GemmParams) -> BatchKey {
+    let col = |l: Layout| l == Layout::ColMajor;
+    BatchKey {
+        mkn: [p.m, p.k, p.n],
+        dtypes: [p.dtype_in as u8, p.dtype_acc as u8, p.dtype_out as u8],
+        flags: [
+            p.transpose_a,
+            p.transpose_b,
+            col(p.layout_a),
+            col(p.layout_b),
+            col(p.layout_out),
+            p.acc.is_some(),
+        ],
+    }
+}
+
 /// The logical `rows x cols` matrix, row-major, from its stored form.
 fn logical<T: Copy>(
     stored: Vec<T>,
@@ -146,18 +125,58 @@ fn logical<T: Copy>(
     out
 }
 
-/// Row-major m x n to `layout` order.
-fn store<T: Copy>(c: &[T], m: usize, n: usize, layout: Layout) -> Vec<T> {
+/// Row-major m x n values in `layout` order, through `f`.
+fn store<T: Copy>(c: &[T], m: usize, n: usize, layout: Layout, mut f: impl FnMut(T)) {
     match layout {
-        Layout::RowMajor => c.to_vec(),
-        Layout::ColMajor => (0..n)
-            .flat_map(|j| (0..m).map(move |i| c[i * n + j]))
-            .collect(),
+        Layout::RowMajor => c.iter().for_each(|&v| f(v)),
+        Layout::ColMajor => (0..n).for_each(|j| (0..m).for_each(|i| f(c[i * n + j]))),
     }
 }
 
-/// Run one GEMM on its concatenated operand bytes; returns the output bytes.
-pub fn execute(p: &GemmParams, input: &[u8], backend: &dyn GemmBackend) -> Result<Vec<u8>, String> {
+/// Operands decoded for the backend: logical row-major matrices.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    d: Dims,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    /// Float arithmetic in f32; `c` starts as the accumulator.
+    F32 {
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c: Vec<f32>,
+    },
+    /// Exact integer products in f32 (`c` starts at zero); `acc` is added
+    /// in wrapping i32 afterwards.
+    IntF32 {
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c: Vec<f32>,
+        acc: Option<Vec<i32>>,
+    },
+    /// As `IntF32`, in f64.
+    IntF64 {
+        a: Vec<f64>,
+        b: Vec<f64>,
+        c: Vec<f64>,
+        acc: Option<Vec<i32>>,
+    },
+    /// Wrapping i32; `c` starts as the accumulator.
+    I32 {
+        a: Vec<i32>,
+        b: Vec<i32>,
+        c: Vec<i32>,
+    },
+}
+
+fn max_abs(v: &[i32]) -> u64 {
+    v.iter().map(|x| x.unsigned_abs() as u64).max().unwrap_or(0)
+}
+
+/// Decode a GEMM's concatenated operand bytes; an error says what does not fit.
+pub fn prepare(p: &GemmParams, input: &[u8]) -> Result<Prepared, String> {
     let (d, [mk, kn, mn]) = dims(p).ok_or("gemm sizes overflow")?;
     let want = input_len(p).ok_or("gemm sizes overflow")?;
     if want != input.len() as u64 {
@@ -175,27 +194,30 @@ pub fn execute(p: &GemmParams, input: &[u8], backend: &dyn GemmBackend) -> Resul
             input.len()
         ));
     }
+    if let Some(mut dec) = Decoder::new(p) {
+        dec.feed(input);
+        return dec.finish();
+    }
     let si = p.dtype_in.size();
     let (a, rest) = input.split_at(mk * si);
     let (b, acc) = rest.split_at(kn * si);
-    let mut out = Vec::with_capacity(mn * p.dtype_out.size());
-    match p.dtype_acc {
-        Dtype::F32 | Dtype::F16 | Dtype::Bf16 => {
-            let a = logical(
+    let kind = match p.dtype_acc {
+        Dtype::F32 | Dtype::F16 | Dtype::Bf16 => Kind::F32 {
+            a: logical(
                 dtype::to_f32(p.dtype_in, a),
                 d.m,
                 d.k,
                 p.transpose_a,
                 p.layout_a,
-            );
-            let b = logical(
+            ),
+            b: logical(
                 dtype::to_f32(p.dtype_in, b),
                 d.k,
                 d.n,
                 p.transpose_b,
                 p.layout_b,
-            );
-            let mut c = if p.acc.is_some() {
+            ),
+            c: if p.acc.is_some() {
                 logical(
                     dtype::to_f32(p.dtype_acc, acc),
                     d.m,
@@ -205,12 +227,8 @@ pub fn execute(p: &GemmParams, input: &[u8], backend: &dyn GemmBackend) -> Resul
                 )
             } else {
                 vec![0f32; mn]
-            };
-            backend.gemm_f32(d, &a, &b, &mut c);
-            for v in store(&c, d.m, d.n, p.layout_out) {
-                dtype::push_f32(p.dtype_out, dtype::round_f32(p.dtype_acc, v), &mut out);
-            }
-        }
+            },
+        },
         Dtype::I32 => {
             if !dtype::is_int(p.dtype_in) {
                 return Err(format!(
@@ -218,29 +236,391 @@ pub fn execute(p: &GemmParams, input: &[u8], backend: &dyn GemmBackend) -> Resul
                     p.dtype_in
                 ));
             }
-            let ints = |d: Dtype, b: &[u8]| -> Vec<i32> {
-                dtype::to_i64(d, b).into_iter().map(|v| v as i32).collect()
-            };
-            let a = logical(ints(p.dtype_in, a), d.m, d.k, p.transpose_a, p.layout_a);
-            let b = logical(ints(p.dtype_in, b), d.k, d.n, p.transpose_b, p.layout_b);
-            let mut c = if p.acc.is_some() {
-                logical(ints(Dtype::I32, acc), d.m, d.n, false, p.layout_out)
+            let a = logical(
+                dtype::to_i32(p.dtype_in, a),
+                d.m,
+                d.k,
+                p.transpose_a,
+                p.layout_a,
+            );
+            let b = logical(
+                dtype::to_i32(p.dtype_in, b),
+                d.k,
+                d.n,
+                p.transpose_b,
+                p.layout_b,
+            );
+            let acc = p.acc.is_some().then(|| {
+                logical(
+                    dtype::to_i32(Dtype::I32, acc),
+                    d.m,
+                    d.n,
+                    false,
+                    p.layout_out,
+                )
+            });
+            // Every partial sum is at most k * max|a| * max|b| in magnitude.
+            let bound = (d.k as u128) * (max_abs(&a) as u128) * (max_abs(&b) as u128);
+            if bound <= 1 << 24 {
+                Kind::IntF32 {
+                    a: a.iter().map(|&v| v as f32).collect(),
+                    b: b.iter().map(|&v| v as f32).collect(),
+                    c: vec![0f32; mn],
+                    acc,
+                }
+            } else if bound <= 1 << 53 {
+                Kind::IntF64 {
+                    a: a.iter().map(|&v| v as f64).collect(),
+                    b: b.iter().map(|&v| v as f64).collect(),
+                    c: vec![0f64; mn],
+                    acc,
+                }
             } else {
-                vec![0i32; mn]
-            };
-            backend.gemm_i32(d, &a, &b, &mut c);
-            for v in store(&c, d.m, d.n, p.layout_out) {
-                dtype::push_i64(p.dtype_out, v as i64, &mut out);
+                Kind::I32 {
+                    a,
+                    b,
+                    c: acc.unwrap_or_else(|| vec![0i32; mn]),
+                }
             }
         }
         other => return Err(format!("gemm cannot accumulate in {other}")),
+    };
+    Ok(Prepared { d, kind })
+}
+
+/// Element size of a float operand dtype the decoder handles.
+fn float_size(d: Dtype) -> Option<usize> {
+    matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16).then(|| d.size())
+}
+
+/// Append the f32 values of whole `d` elements in `b` to `out`.
+fn decode_f32(d: Dtype, b: &[u8], out: &mut Vec<f32>) {
+    match d {
+        Dtype::F32 => out.extend(
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
+        Dtype::Bf16 => out.extend(
+            b.chunks_exact(2)
+                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
+        ),
+        _ => out.extend(dtype::to_f32(d, b)),
     }
-    Ok(out)
+}
+
+/// Decodes a GEMM's operand bytes as they are gathered, piece by piece,
+/// straight into the f32 matrices [`compute`] needs: one pass over the
+/// bytes instead of a copy and a decode. For float inputs accumulating in
+/// a float dtype; other GEMMs gather their bytes and use [`prepare`].
+#[derive(Debug)]
+pub struct Decoder<'p> {
+    p: &'p GemmParams,
+    d: Dims,
+    /// Bytes of a, b and acc.
+    lens: [usize; 3],
+    dtypes: [Dtype; 3],
+    /// The operand being decoded, and bytes of it seen.
+    part: usize,
+    seen: usize,
+    vals: [Vec<f32>; 3],
+    /// A partial element split across pieces.
+    carry: [u8; 4],
+    carry_len: usize,
+    /// Bytes fed beyond the operands.
+    extra: usize,
+}
+
+impl<'p> Decoder<'p> {
+    /// A decoder, when this GEMM can use one.
+    pub fn new(p: &'p GemmParams) -> Option<Decoder<'p>> {
+        let si = float_size(p.dtype_in)?;
+        let sa = float_size(p.dtype_acc)?;
+        let (d, [mk, kn, mn]) = dims(p)?;
+        let acc = if p.acc.is_some() { mn } else { 0 };
+        let lens = [
+            mk.checked_mul(si)?,
+            kn.checked_mul(si)?,
+            acc.checked_mul(sa)?,
+        ];
+        let vals = [
+            crate::pool::F32.take(mk),
+            crate::pool::F32.take(kn),
+            crate::pool::F32.take(mn),
+        ];
+        Some(Decoder {
+            p,
+            d,
+            lens,
+            dtypes: [p.dtype_in, p.dtype_in, p.dtype_acc],
+            part: 0,
+            seen: 0,
+            vals,
+            carry: [0; 4],
+            carry_len: 0,
+            extra: 0,
+        })
+    }
+
+    /// The next bytes of the operands, in order.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            while self.part < 3 && self.seen == self.lens[self.part] {
+                self.part += 1;
+                self.seen = 0;
+            }
+            if self.part == 3 {
+                self.extra += bytes.len();
+                return;
+            }
+            let take = (self.lens[self.part] - self.seen).min(bytes.len());
+            let (now, rest) = bytes.split_at(take);
+            self.decode(now);
+            self.seen += take;
+            bytes = rest;
+        }
+    }
+
+    fn decode(&mut self, mut b: &[u8]) {
+        let dt = self.dtypes[self.part];
+        let es = dt.size();
+        let out = &mut self.vals[self.part];
+        if self.carry_len > 0 {
+            let n = (es - self.carry_len).min(b.len());
+            self.carry[self.carry_len..self.carry_len + n].copy_from_slice(&b[..n]);
+            self.carry_len += n;
+            b = &b[n..];
+            if self.carry_len < es {
+                return;
+            }
+            decode_f32(dt, &self.carry[..es], out);
+            self.carry_len = 0;
+        }
+        let whole = b.len() / es * es;
+        decode_f32(dt, &b[..whole], out);
+        let rest = &b[whole..];
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.carry_len = rest.len();
+    }
+
+    /// The decoded operands; an error when the bytes fed were not exactly
+    /// the operands.
+    pub fn finish(self) -> Result<Prepared, String> {
+        let fed = self.lens[..self.part].iter().sum::<usize>()
+            + if self.part < 3 { self.seen } else { 0 }
+            + self.extra;
+        let want: usize = self.lens.iter().sum();
+        if fed != want {
+            return Err(format!(
+                "gemm {}x{}x{} needs {want} operand bytes, but its read ranges hold {fed}",
+                self.p.m, self.p.k, self.p.n
+            ));
+        }
+        let p = self.p;
+        let d = self.d;
+        let [a, b, mut c] = self.vals;
+        if p.acc.is_none() {
+            c.resize(d.m * d.n, 0.0);
+        }
+        Ok(Prepared {
+            d,
+            kind: Kind::F32 {
+                a: logical(a, d.m, d.k, p.transpose_a, p.layout_a),
+                b: logical(b, d.k, d.n, p.transpose_b, p.layout_b),
+                c: logical(c, d.m, d.n, false, p.layout_out),
+            },
+        })
+    }
+}
+
+/// A computed GEMM's output bytes, handed out in order in pieces of any
+/// size ([`Output::fill`]): straight from the f32 result when the output is
+/// row-major f32 accumulated in f32, else encoded once up front.
+#[derive(Debug)]
+pub struct Output<'a> {
+    src: OutSrc<'a>,
+    pos: usize,
+}
+
+#[derive(Debug)]
+enum OutSrc<'a> {
+    F32(&'a [f32]),
+    Bytes(Vec<u8>),
+}
+
+impl<'a> Output<'a> {
+    pub fn new(p: &GemmParams, x: &'a Prepared) -> Output<'a> {
+        let src = match &x.kind {
+            Kind::F32 { c, .. }
+                if p.dtype_out == Dtype::F32
+                    && p.dtype_acc == Dtype::F32
+                    && p.layout_out == Layout::RowMajor =>
+            {
+                OutSrc::F32(c)
+            }
+            _ => OutSrc::Bytes(finish(p, x)),
+        };
+        Output { src, pos: 0 }
+    }
+
+    /// Bytes in all.
+    pub fn len(&self) -> usize {
+        match &self.src {
+            OutSrc::F32(c) => c.len() * 4,
+            OutSrc::Bytes(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The next `dst.len()` bytes.
+    pub fn fill(&mut self, dst: &mut [u8]) {
+        match &self.src {
+            OutSrc::Bytes(b) => dst.copy_from_slice(&b[self.pos..self.pos + dst.len()]),
+            OutSrc::F32(c) => {
+                let mut i = 0;
+                while i < dst.len() {
+                    let at = self.pos + i;
+                    let (e, o) = (at / 4, at % 4);
+                    let left = dst.len() - i;
+                    if o == 0 && left >= 4 {
+                        let n = left / 4;
+                        for (w, v) in dst[i..i + 4 * n].chunks_exact_mut(4).zip(&c[e..e + n]) {
+                            w.copy_from_slice(&v.to_le_bytes());
+                        }
+                        i += 4 * n;
+                    } else {
+                        let k = (4 - o).min(left);
+                        dst[i..i + k].copy_from_slice(&c[e].to_le_bytes()[o..o + k]);
+                        i += k;
+                    }
+                }
+            }
+        }
+        self.pos += dst.len();
+    }
+}
+
+impl Prepared {
+    /// Give the buffers back to the pool.
+    pub fn recycle(self) {
+        if let Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } = self.kind {
+            for v in [a, b, c] {
+                crate::pool::F32.give(v);
+            }
+        }
+    }
+}
+
+/// Run one prepared GEMM on the backend.
+pub fn compute(x: &mut Prepared, backend: &dyn GemmBackend) {
+    let d = x.d;
+    match &mut x.kind {
+        Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } => backend.gemm_f32(d, a, b, c),
+        Kind::IntF64 { a, b, c, .. } => backend.gemm_f64(d, a, b, c),
+        Kind::I32 { a, b, c } => backend.gemm_i32(d, a, b, c),
+    }
+}
+
+/// Run prepared GEMMs of one [`BatchKey`] as batched backend calls (one
+/// per arithmetic; integer GEMMs can differ in it). Each gets the bits
+/// [`compute`] would give it.
+pub fn compute_batch(xs: &mut [Prepared], backend: &dyn GemmBackend) {
+    let Some(d) = xs.first().map(|x| x.d) else {
+        return;
+    };
+    let mut f32s = Vec::new();
+    let mut f64s = Vec::new();
+    let mut i32s = Vec::new();
+    for x in xs.iter_mut() {
+        assert_eq!(x.d, d, "a gemm batch has one shape");
+        match &mut x.kind {
+            Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } => f32s.push(GemmArgs { a, b, c }),
+            Kind::IntF64 { a, b, c, .. } => f64s.push(GemmArgs { a, b, c }),
+            Kind::I32 { a, b, c } => i32s.push(GemmArgs { a, b, c }),
+        }
+    }
+    if !f32s.is_empty() {
+        backend.gemm_f32_batch(d, &mut f32s);
+    }
+    if !f64s.is_empty() {
+        backend.gemm_f64_batch(d, &mut f64s);
+    }
+    if !i32s.is_empty() {
+        backend.gemm_i32_batch(d, &mut i32s);
+    }
+}
+
+/// Exact integer results plus the accumulator, wrapped to i32.
+fn int_out(v: i64, acc: Option<&Vec<i32>>, i: usize) -> i64 {
+    let v = v as i32;
+    acc.map_or(v, |acc| acc[i].wrapping_add(v)) as i64
+}
+
+/// Encode a computed GEMM's output bytes.
+pub fn finish(p: &GemmParams, x: &Prepared) -> Vec<u8> {
+    let Dims { m, n, .. } = x.d;
+    let mut out = Vec::with_capacity(m * n * p.dtype_out.size());
+    match &x.kind {
+        // Row-major float outputs accumulated in f32: whole-slice conversion
+        // (half's uses F16C where the CPU has it).
+        Kind::F32 { c, .. }
+            if p.layout_out == Layout::RowMajor
+                && p.dtype_acc == Dtype::F32
+                && matches!(p.dtype_out, Dtype::F32 | Dtype::F16 | Dtype::Bf16) =>
+        {
+            match p.dtype_out {
+                Dtype::F32 => out.extend(c.iter().flat_map(|v| v.to_le_bytes())),
+                Dtype::F16 => {
+                    let mut h = vec![half::f16::ZERO; c.len()];
+                    h.convert_from_f32_slice(c);
+                    out.extend(h.iter().flat_map(|v| v.to_le_bytes()));
+                }
+                _ => {
+                    let mut h = vec![half::bf16::ZERO; c.len()];
+                    h.convert_from_f32_slice(c);
+                    out.extend(h.iter().flat_map(|v| v.to_le_bytes()));
+                }
+            }
+        }
+        Kind::F32 { c, .. } => store(c, m, n, p.layout_out, |v| {
+            dtype::push_f32(p.dtype_out, dtype::round_f32(p.dtype_acc, v), &mut out)
+        }),
+        Kind::IntF32 { c, acc, .. } => {
+            let vals: Vec<i64> = (0..c.len())
+                .map(|i| int_out(c[i] as i64, acc.as_ref(), i))
+                .collect();
+            store(&vals, m, n, p.layout_out, |v| {
+                dtype::push_i64(p.dtype_out, v, &mut out)
+            });
+        }
+        Kind::IntF64 { c, acc, .. } => {
+            let vals: Vec<i64> = (0..c.len())
+                .map(|i| int_out(c[i] as i64, acc.as_ref(), i))
+                .collect();
+            store(&vals, m, n, p.layout_out, |v| {
+                dtype::push_i64(p.dtype_out, v, &mut out)
+            });
+        }
+        Kind::I32 { c, .. } => store(c, m, n, p.layout_out, |v| {
+            dtype::push_i64(p.dtype_out, v as i64, &mut out)
+        }),
+    }
+    out
+}
+
+/// Run one GEMM on its concatenated operand bytes; returns the output bytes.
+pub fn execute(p: &GemmParams, input: &[u8], backend: &dyn GemmBackend) -> Result<Vec<u8>, String> {
+    let mut x = prepare(p, input)?;
+    compute(&mut x, backend);
+    Ok(finish(p, &x))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{GemmCrate, NaiveGemm};
     use kb_format::Addr;
 
     fn params(m: u32, k: u32, n: u32) -> GemmParams {
@@ -349,5 +729,147 @@ mod tests {
         assert_eq!(flops(&params(2, 3, 4)), 48);
         assert_eq!(output_len(&params(u32::MAX, 1, u32::MAX)), None);
         assert_eq!(output_len(&params(3, 1, 5)), Some(60));
+    }
+
+    fn bytes_of(d: Dtype, vals: &[f64]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for &v in vals {
+            dtype::push_f64(d, v, &mut b);
+        }
+        b
+    }
+
+    /// Pseudo-random integers in [-r, r].
+    fn ints(n: usize, r: i64, seed: u64) -> Vec<f64> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) as i64 % (2 * r + 1) - r) as f64
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decoding_in_pieces_of_any_size_gives_the_same_operands() {
+        for (din, dacc) in [
+            (Dtype::F32, Dtype::F32),
+            (Dtype::F16, Dtype::F32),
+            (Dtype::Bf16, Dtype::F32),
+            (Dtype::F16, Dtype::F16),
+        ] {
+            let mut p = params(5, 7, 3);
+            p.dtype_in = din;
+            p.dtype_acc = dacc;
+            p.acc = Some(Addr::default());
+            p.transpose_b = true;
+            let mut input = bytes_of(din, &ints(35 + 21, 3, 1));
+            input.extend(bytes_of(dacc, &ints(15, 3, 2)));
+            let whole = execute(&p, &input, &GemmCrate).unwrap();
+            for piece in [1, 3, 5, 64] {
+                let mut dec = Decoder::new(&p).unwrap();
+                for c in input.chunks(piece) {
+                    dec.feed(c);
+                }
+                let mut x = dec.finish().unwrap();
+                compute(&mut x, &GemmCrate);
+                assert_eq!(finish(&p, &x), whole, "{din} pieces of {piece}");
+                // Output handed out in odd pieces.
+                let mut o = Output::new(&p, &x);
+                let mut got = vec![0u8; o.len()];
+                for c in got.chunks_mut(3) {
+                    o.fill(c);
+                }
+                assert_eq!(got, whole);
+            }
+            let mut dec = Decoder::new(&p).unwrap();
+            dec.feed(&input[1..]);
+            assert!(dec.finish().unwrap_err().contains("needs"));
+        }
+        // Integer accumulation has no decoder.
+        let mut p = params(1, 1, 1);
+        p.dtype_in = Dtype::I8;
+        p.dtype_acc = Dtype::I32;
+        assert!(Decoder::new(&p).is_none());
+    }
+
+    #[test]
+    fn batches_give_each_gemm_its_own_bits() {
+        let mut p = params(9, 33, 17);
+        p.acc = Some(Addr::default());
+        p.layout_out = Layout::ColMajor;
+        let inputs: Vec<Vec<u8>> = (0..5)
+            .map(|i| {
+                let v: Vec<f64> = ints(9 * 33 + 33 * 17 + 9 * 17, 100, i)
+                    .into_iter()
+                    .map(|x| x / 37.0)
+                    .collect();
+                bytes_of(Dtype::F32, &v)
+            })
+            .collect();
+        let mut xs: Vec<Prepared> = inputs.iter().map(|b| prepare(&p, b).unwrap()).collect();
+        compute_batch(&mut xs, &GemmCrate);
+        for (x, b) in xs.iter().zip(&inputs) {
+            assert_eq!(finish(&p, x), execute(&p, b, &GemmCrate).unwrap());
+        }
+        assert_eq!(batch_key(&p), batch_key(&p.clone()));
+        let mut q = p;
+        q.transpose_a = true;
+        assert_ne!(batch_key(&p), batch_key(&q));
+    }
+
+    /// Integer GEMMs against i64 loops, wrapped to i32: small values go
+    /// through f32, medium through f64, large through i32 loops, and a
+    /// batch may mix them.
+    #[test]
+    fn integer_gemms_are_exact_on_every_path() {
+        let (m, k, n) = (4usize, 9usize, 5usize);
+        let mut p = params(m as u32, k as u32, n as u32);
+        p.dtype_in = Dtype::I32;
+        p.dtype_acc = Dtype::I32;
+        p.dtype_out = Dtype::I32;
+        p.acc = Some(Addr::default());
+        let mut batch = Vec::new();
+        let mut wants = Vec::new();
+        let mut inputs = Vec::new();
+        for (i, r) in [100i64, 1 << 20, 1 << 30].into_iter().enumerate() {
+            let a = ints(m * k, r, 3 * i as u64 + 1);
+            let b = ints(k * n, r, 3 * i as u64 + 2);
+            let acc = ints(m * n, 1 << 30, 3 * i as u64 + 3);
+            let want: Vec<i64> = (0..m * n)
+                .map(|e| {
+                    let (row, col) = (e / n, e % n);
+                    let dot = (0..k).fold(0i64, |s, q| {
+                        s.wrapping_add((a[row * k + q] as i64).wrapping_mul(b[q * n + col] as i64))
+                    });
+                    (acc[e] as i64).wrapping_add(dot) as i32 as i64
+                })
+                .collect();
+            let mut input = bytes_of(Dtype::I32, &a);
+            input.extend(bytes_of(Dtype::I32, &b));
+            input.extend(bytes_of(Dtype::I32, &acc));
+            let out = execute(&p, &input, &GemmCrate).unwrap();
+            assert_eq!(dtype::to_i64(Dtype::I32, &out), want, "range {r}");
+            let naive = execute(&p, &input, &NaiveGemm).unwrap();
+            assert_eq!(out, naive, "range {r}");
+            batch.push(prepare(&p, &input).unwrap());
+            wants.push(out);
+            inputs.push(input);
+        }
+        compute_batch(&mut batch, &GemmCrate);
+        for (x, w) in batch.iter().zip(&wants) {
+            assert_eq!(&finish(&p, x), w);
+        }
+        // i8 inputs with a k too large for f32 (k * 2^14 > 2^24) use f64.
+        let k = 2000usize;
+        let mut p = params(1, k as u32, 1);
+        p.dtype_in = Dtype::I8;
+        p.dtype_acc = Dtype::I32;
+        p.dtype_out = Dtype::I32;
+        let input = vec![0x80u8; 2 * k];
+        let out = execute(&p, &input, &GemmCrate).unwrap();
+        assert_eq!(dtype::to_i64(Dtype::I32, &out), [128 * 128 * k as i64]);
     }
 }

@@ -175,7 +175,34 @@ fn min_nan(a: f64, b: f64) -> f64 {
 }
 
 fn elementwise<T: Copy>(ins: &[Mat<T>], rows: usize, cols: usize, f: impl Fn(&[T]) -> T) -> Vec<T> {
-    let mut out = Vec::with_capacity(rows * cols);
+    let count = rows * cols;
+    // Every input a 1 x 1 (a fill): one value, repeated.
+    if ins.iter().all(|m| m.data.len() == 1) {
+        let args: Vec<T> = ins.iter().map(|m| m.data[0]).collect();
+        return if count == 0 {
+            Vec::new()
+        } else {
+            vec![f(&args); count]
+        };
+    }
+    // Every input full-size or 1 x 1: no row/column broadcasting.
+    if ins
+        .iter()
+        .all(|m| m.data.len() == count || m.data.len() == 1)
+    {
+        let mut args: Vec<T> = ins.iter().map(|m| m.data[0]).collect();
+        return (0..count)
+            .map(|i| {
+                for (a, m) in args.iter_mut().zip(ins) {
+                    if m.data.len() == count {
+                        *a = m.data[i];
+                    }
+                }
+                f(&args)
+            })
+            .collect();
+    }
+    let mut out = Vec::with_capacity(count);
     let mut args = Vec::with_capacity(ins.len());
     for i in 0..rows {
         for j in 0..cols {
@@ -318,9 +345,7 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
                 _ => a[0],
             }),
         };
-        for v in vals {
-            dtype::push_i64(p.dtype, v, &mut out);
-        }
+        dtype::extend_i64(p.dtype, &vals, &mut out);
     } else {
         let ins: Vec<Mat<f64>> = ops.iter().map(Operand::f64s).collect();
         let vals = match p.op {
@@ -347,9 +372,7 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
                 _ => a[0],
             }),
         };
-        for v in vals {
-            dtype::push_f64(p.dtype, v, &mut out);
-        }
+        dtype::extend_f64(p.dtype, &vals, &mut out);
     }
     Ok(out)
 }

@@ -1,14 +1,15 @@
 //! Op execution, separate from the data plane: each op is a pure function
 //! from the bytes its read ranges hold (concatenated in order) to the bytes
-//! its write ranges receive. The engine gathers, calls, and scatters; a
-//! parallel or batched engine can reuse these functions unchanged.
+//! its write ranges receive. The engine gathers, calls, and scatters; GEMMs
+//! can also run in batches ([`gemm::prepare`], [`gemm::compute_batch`],
+//! [`gemm::finish`]) with the same bits as one by one.
 
 pub mod gemm;
 pub mod math;
 
 use kb_format::{OpKind, Params, Record};
 
-pub use gemm::{Dims, GemmBackend, NaiveGemm};
+pub use crate::backend::{Dims, GemmBackend, GemmCrate, NaiveGemm};
 
 /// What a record's op needs and gives, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

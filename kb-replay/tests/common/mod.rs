@@ -86,6 +86,7 @@ pub struct Op {
     pub fingerprint: Option<u64>,
     pub read: Option<Effect>,
     pub write: Option<Effect>,
+    pub deps: Vec<u64>,
 }
 
 fn effect(time: u64, seq: u64, ranges: Vec<Extent>) -> Option<Effect> {
@@ -104,6 +105,7 @@ pub fn mem(id: u64, t: u64, rseq: u64, reads: Vec<Extent>, wseq: u64, writes: Ve
         fingerprint: None,
         read: effect(t, rseq, reads),
         write: effect(t + 10, wseq, writes),
+        deps: vec![],
     }
 }
 
@@ -145,6 +147,7 @@ pub fn gemm(
         fingerprint: None,
         read: effect(t, seq, reads),
         write: effect(t + 10, seq, writes),
+        deps: vec![],
     }
 }
 
@@ -191,6 +194,7 @@ pub fn math(
             effect(t, seq, reads)
         },
         write: effect(t + 10, seq, writes),
+        deps: vec![],
     }
 }
 
@@ -224,12 +228,26 @@ pub fn build(
     ops: &[Op],
     outputs: Vec<VerifyOutput>,
 ) -> Vec<u8> {
+    build_chunked(tensors, host, ops, outputs, None)
+}
+
+/// As [`build`], cutting records chunks at `chunk_bytes` of records.
+pub fn build_chunked(
+    tensors: Vec<TensorMeta>,
+    host: &[(u32, Vec<u8>)],
+    ops: &[Op],
+    outputs: Vec<VerifyOutput>,
+    chunk_bytes: Option<usize>,
+) -> Vec<u8> {
     let meta = Meta {
         tool: "test".into(),
         tensors,
         ..Meta::default()
     };
     let mut w = TraceWriter::new(Vec::new(), &meta).expect("writer");
+    if let Some(b) = chunk_bytes {
+        w.set_records_chunk_target(b);
+    }
     for (i, data) in host {
         w.tensor_data(*i, 0, data).expect("tensor data");
     }
@@ -244,7 +262,7 @@ pub fn build(
             op_name,
             kind: op.kind,
             params: op.params.clone(),
-            deps: vec![],
+            deps: op.deps.clone(),
             fingerprint: op.fingerprint,
             read: op.read.clone(),
             write: op.write.clone(),

@@ -1,0 +1,125 @@
+//! The default backend: the pure-Rust `gemm` crate.
+//!
+//! The crate's entry point takes raw pointers and strides, so this module
+//! is the one place in kb-replay with `unsafe`: one call per dtype, after
+//! [`Dims::check`] has checked every slice length. It is here because it
+//! matters: on the shapes kb-sim's kernels use (8x64x64 to 256^3) the crate
+//! runs 1.2-2x faster than the safe alternatives measured (ndarray's
+//! `matrixmultiply`, `faer`); see BENCHMARKS.md.
+//!
+//! Threads: `Parallelism::Rayon(0)` uses the pool the call runs in; the
+//! crate splits only the m and n loops across threads (never k) and picks
+//! its blocking from the shape and the cache sizes alone, so the bits do
+//! not depend on the thread count (tested in `backend::tests`). A batch
+//! runs its items on the pool, each single-threaded when there are at
+//! least as many items as threads.
+#![allow(unsafe_code)]
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::{Dims, GemmArgs, GemmBackend};
+
+/// The `gemm` crate; see the module docs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GemmCrate;
+
+/// `c += a . b` through `gemm::gemm` for any element type the crate has.
+fn call<T: 'static + Copy + Send + Sync + num_one::One>(
+    d: Dims,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    par: Parallelism,
+) {
+    d.check(a, b, c);
+    if d.m == 0 || d.n == 0 || d.k == 0 {
+        return;
+    }
+    // Strides in elements; the lengths are at most isize::MAX bytes (they
+    // are slices), so these fit.
+    let (k, n) = (d.k as isize, d.n as isize);
+    // SAFETY: `check` proved a.len() == m*k, b.len() == k*n and
+    // c.len() == m*n. With column stride 1 and row strides k, n and n, the
+    // crate touches a[i*k + p], b[p*n + j] and c[i*n + j] for i < m, p < k,
+    // j < n: all in bounds. `c` is a unique borrow, so it does not alias
+    // `a` or `b`, and no other thread can touch it during the call; the
+    // crate reads `c` (read_dst = true) before writing it.
+    unsafe {
+        gemm::gemm(
+            d.m,
+            d.n,
+            d.k,
+            c.as_mut_ptr(),
+            1,
+            n,
+            true,
+            a.as_ptr(),
+            1,
+            k,
+            b.as_ptr(),
+            1,
+            n,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// The value one in the element types this backend calls the crate with.
+mod num_one {
+    pub trait One {
+        const ONE: Self;
+    }
+    impl One for f32 {
+        const ONE: f32 = 1.0;
+    }
+    impl One for f64 {
+        const ONE: f64 = 1.0;
+    }
+}
+
+impl GemmBackend for GemmCrate {
+    fn name(&self) -> &'static str {
+        "gemm"
+    }
+
+    fn gemm_f32(&self, d: Dims, a: &[f32], b: &[f32], c: &mut [f32]) {
+        call(d, a, b, c, Parallelism::Rayon(0));
+    }
+
+    fn gemm_f64(&self, d: Dims, a: &[f64], b: &[f64], c: &mut [f64]) {
+        call(d, a, b, c, Parallelism::Rayon(0));
+    }
+
+    fn gemm_f32_batch(&self, d: Dims, batch: &mut [GemmArgs<'_, f32>]) {
+        let par = inner(batch.len());
+        batch
+            .par_iter_mut()
+            .with_max_len(1)
+            .for_each(|g| call(d, g.a, g.b, g.c, par));
+    }
+
+    fn gemm_f64_batch(&self, d: Dims, batch: &mut [GemmArgs<'_, f64>]) {
+        let par = inner(batch.len());
+        batch
+            .par_iter_mut()
+            .with_max_len(1)
+            .for_each(|g| call(d, g.a, g.b, g.c, par));
+    }
+}
+
+/// Threads inside each call of a batch: none when the batch alone has an
+/// item for every thread (nesting only adds overhead), else the pool's.
+/// Either gives the same bits.
+fn inner(items: usize) -> Parallelism {
+    if items >= rayon::current_num_threads() {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(0)
+    }
+}

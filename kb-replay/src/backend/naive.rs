@@ -1,0 +1,58 @@
+//! The reference backend: straightforward loops (i, p, j order), summing k
+//! in increasing order. Slow; the tests compare the others with it.
+
+use super::{Dims, GemmBackend};
+
+/// Plain loops; see the module docs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NaiveGemm;
+
+fn gemm_float<T>(d: Dims, a: &[T], b: &[T], c: &mut [T])
+where
+    T: Copy + std::ops::Mul<Output = T> + std::ops::AddAssign,
+{
+    d.check(a, b, c);
+    if d.n == 0 {
+        return;
+    }
+    for (i, crow) in c.chunks_exact_mut(d.n).enumerate() {
+        for p in 0..d.k {
+            let av = a[i * d.k + p];
+            let brow = &b[p * d.n..(p + 1) * d.n];
+            for (cv, &bv) in crow.iter_mut().zip(brow) {
+                *cv += av * bv;
+            }
+        }
+    }
+}
+
+/// Wrapping i32 `c += a . b` (also the default of [`GemmBackend::gemm_i32`]).
+pub fn gemm_i32(d: Dims, a: &[i32], b: &[i32], c: &mut [i32]) {
+    d.check(a, b, c);
+    if d.n == 0 {
+        return;
+    }
+    for (i, crow) in c.chunks_exact_mut(d.n).enumerate() {
+        for p in 0..d.k {
+            let av = a[i * d.k + p];
+            let brow = &b[p * d.n..(p + 1) * d.n];
+            for (cv, &bv) in crow.iter_mut().zip(brow) {
+                *cv = cv.wrapping_add(av.wrapping_mul(bv));
+            }
+        }
+    }
+}
+
+impl GemmBackend for NaiveGemm {
+    fn name(&self) -> &'static str {
+        "naive"
+    }
+
+    fn gemm_f32(&self, d: Dims, a: &[f32], b: &[f32], c: &mut [f32]) {
+        gemm_float(d, a, b, c);
+    }
+
+    fn gemm_f64(&self, d: Dims, a: &[f64], b: &[f64], c: &mut [f64]) {
+        gemm_float(d, a, b, c);
+    }
+}

@@ -1,0 +1,601 @@
+//! Running a window's nodes: one by one in order, or in waves on the rayon
+//! pool (see the module docs of [`super`]).
+
+use kb_format::{Effect, OpKind, Params, Strings, TensorMeta};
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+
+use super::graph::{self, Node, Step};
+use super::{Delta, EffKey, Held, PendingOp, Stats, op_error};
+use crate::error::{Error, Result, fmt_ns};
+use crate::ops::{self, GemmBackend, Plan, gemm};
+use crate::plane::{DataPlane, PlaneError, fmt_extents};
+use crate::pool;
+
+/// What running a node needs besides its op.
+pub(crate) struct Cx<'a> {
+    pub plane: &'a DataPlane,
+    pub tensors: &'a [TensorMeta],
+    pub strings: &'a Strings,
+    pub backend: &'a dyn GemmBackend,
+    pub batch: bool,
+    pub lookahead: usize,
+    pub hold_budget: u64,
+}
+
+/// What a read produced.
+enum ReadOut {
+    /// Nothing to hold (the op has no write).
+    Nothing,
+    /// Bytes for the write as they are (a memory op).
+    Held(Held),
+    /// Operand bytes of a compute op whose output the write needs.
+    Operands(Vec<u8>),
+}
+
+/// The read effect up to computing: gather (a memory op's fingerprint on
+/// the way), count, check the fingerprint and the sizes.
+fn read_phase(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<ReadOut> {
+    let r = &op.rec;
+    let err = |d: String| op_error(r, cx.strings, d);
+    let Some(read) = &r.read else {
+        return Ok(ReadOut::Nothing);
+    };
+    let reading = |x: PlaneError| {
+        err(format!(
+            "reading {}: {x}",
+            fmt_extents(&read.ranges, cx.tensors)
+        ))
+    };
+    let total = cx.plane.extent_bytes(&read.ranges).map_err(reading)?;
+    let mut bytes = pool::BYTES.take(total as usize);
+    // A memory op with a write keeps whole pages to share them.
+    let share = op.plan == Plan::Move && r.write.is_some();
+    let mut pages = Vec::new();
+    cx.plane
+        .gather_pages(&read.ranges, |piece, page| {
+            if let (true, Some(p)) = (share, page) {
+                pages.push((bytes.len(), p.clone()));
+            }
+            bytes.extend_from_slice(piece);
+        })
+        .map_err(reading)?;
+    delta.bytes_read += bytes.len() as u64;
+    let write_len = match &r.write {
+        Some(w) => Some(cx.plane.extent_bytes(&w.ranges).map_err(|x| {
+            err(format!(
+                "writing {}: {x}",
+                fmt_extents(&w.ranges, cx.tensors)
+            ))
+        })?),
+        None => None,
+    };
+    let out = match op.plan {
+        Plan::Skip => ReadOut::Nothing,
+        Plan::Move => {
+            if let Some(fp) = r.fingerprint {
+                // One-shot over the gathered bytes: xxhash-rust's streaming
+                // hasher is several times slower.
+                let got = kb_format::fingerprint(&bytes);
+                if got != fp {
+                    return Err(err(format!(
+                        "fingerprint mismatch: the trace records {fp:#018x}, but the {} bytes \
+                         replay read at {} hash to {got:#018x}; read {}; write {}",
+                        bytes.len(),
+                        fmt_ns(read.time),
+                        fmt_extents(&read.ranges, cx.tensors),
+                        r.write
+                            .as_ref()
+                            .map_or("(none)".into(), |w| fmt_extents(&w.ranges, cx.tensors)),
+                    )));
+                }
+                delta.fingerprints += 1;
+            }
+            match write_len {
+                Some(wl) if wl != bytes.len() as u64 => {
+                    return Err(err(format!(
+                        "reads {} bytes ({}) but writes {wl} bytes ({})",
+                        bytes.len(),
+                        fmt_extents(&read.ranges, cx.tensors),
+                        r.write
+                            .as_ref()
+                            .map_or(String::new(), |w| fmt_extents(&w.ranges, cx.tensors)),
+                    )));
+                }
+                Some(_) => ReadOut::Held(Held { bytes, pages }),
+                None => ReadOut::Nothing,
+            }
+        }
+        Plan::Compute { input, output } => {
+            if input != bytes.len() as u64 {
+                return Err(err(format!(
+                    "its operands take {input} bytes, but its read ranges ({}) hold {}",
+                    fmt_extents(&read.ranges, cx.tensors),
+                    bytes.len()
+                )));
+            }
+            match write_len {
+                Some(wl) if wl != output => {
+                    return Err(err(format!(
+                        "its output takes {output} bytes, but its write ranges hold {wl}"
+                    )));
+                }
+                Some(_) => ReadOut::Operands(bytes),
+                None => ReadOut::Nothing,
+            }
+        }
+    };
+    Ok(out)
+}
+
+/// A GEMM's read, decoding its operands straight from the plane when it
+/// can (see [`gemm::Decoder`]); `Ok(None)` when the generic path must
+/// handle it (integer GEMMs; sizes that disagree, which that path reports).
+fn gemm_fast_read(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<gemm::Prepared>> {
+    let r = &op.rec;
+    let (Params::Gemm(p), Some(read), Some(write), Plan::Compute { input, output }) =
+        (&r.params, &r.read, &r.write, op.plan)
+    else {
+        return Ok(None);
+    };
+    if cx.plane.extent_bytes(&read.ranges).ok() != Some(input)
+        || cx.plane.extent_bytes(&write.ranges).ok() != Some(output)
+    {
+        return Ok(None);
+    }
+    let Some(mut dec) = gemm::Decoder::new(p) else {
+        return Ok(None);
+    };
+    let n = cx
+        .plane
+        .gather_each(&read.ranges, |piece| dec.feed(piece))
+        .map_err(|x| {
+            op_error(
+                r,
+                cx.strings,
+                format!("reading {}: {x}", fmt_extents(&read.ranges, cx.tensors)),
+            )
+        })?;
+    delta.bytes_read += n;
+    dec.finish()
+        .map(Some)
+        .map_err(|d| op_error(r, cx.strings, d))
+}
+
+/// A GEMM's read as prepared operands (`None`: the op has no write, so
+/// nothing is computed).
+fn gemm_read(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<gemm::Prepared>> {
+    if let Some(x) = gemm_fast_read(cx, op, delta)? {
+        return Ok(Some(x));
+    }
+    let Params::Gemm(p) = &op.rec.params else {
+        unreachable!("gemm_read is for gemm ops");
+    };
+    match read_phase(cx, op, delta)? {
+        ReadOut::Operands(b) => {
+            let x = gemm::prepare(p, &b).map_err(|d| op_error(&op.rec, cx.strings, d));
+            pool::BYTES.give(b);
+            x.map(Some)
+        }
+        ReadOut::Held(h) => {
+            pool::BYTES.give(h.bytes);
+            Ok(None)
+        }
+        ReadOut::Nothing => Ok(None),
+    }
+}
+
+fn is_gemm(op: &PendingOp) -> bool {
+    op.rec.kind == OpKind::Gemm && matches!(op.rec.params, Params::Gemm(_))
+}
+
+/// The whole read effect: what to hold for the write, if anything.
+fn read_node(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<Held>> {
+    if is_gemm(op) {
+        let Params::Gemm(p) = &op.rec.params else {
+            unreachable!()
+        };
+        return Ok(gemm_read(cx, op, delta)?.map(|mut x| {
+            gemm::compute(&mut x, cx.backend);
+            let out = gemm::finish(p, &x);
+            x.recycle();
+            Held::bytes(out)
+        }));
+    }
+    match read_phase(cx, op, delta)? {
+        ReadOut::Nothing => Ok(None),
+        ReadOut::Held(h) => Ok(Some(h)),
+        ReadOut::Operands(b) => {
+            let out = ops::compute(&op.rec, &b, cx.backend);
+            pool::BYTES.give(b);
+            out.map(|o| Some(Held::bytes(o)))
+                .map_err(|d| op_error(&op.rec, cx.strings, d))
+        }
+    }
+}
+
+/// The error of a failed scatter.
+fn write_error(cx: &Cx, op: &PendingOp, write: &Effect, x: PlaneError) -> Error {
+    let what = match x {
+        PlaneError::LengthMismatch { data, ranges } => {
+            format!("has {data} bytes to write, but its write ranges hold {ranges}")
+        }
+        x => x.to_string(),
+    };
+    op_error(
+        &op.rec,
+        cx.strings,
+        format!(
+            "writing {} at {}: {what}",
+            fmt_extents(&write.ranges, cx.tensors),
+            fmt_ns(write.time)
+        ),
+    )
+}
+
+/// The write of a GEMM computed in place: its output straight to the plane.
+fn write_gemm(cx: &Cx, op: &PendingOp, x: &gemm::Prepared, delta: &mut Delta) -> Result<()> {
+    let (Params::Gemm(p), Some(write)) = (&op.rec.params, &op.rec.write) else {
+        unreachable!("write_gemm is for gemm ops with a write");
+    };
+    let mut out = gemm::Output::new(p, x);
+    let n = out.len() as u64;
+    cx.plane
+        .scatter_each(&write.ranges, n, |dst| out.fill(dst))
+        .map_err(|e| write_error(cx, op, write, e))?;
+    delta.bytes_written += n;
+    Ok(())
+}
+
+/// The write effect: scatter `held` (what the read produced; `None` when
+/// the op has no read effect).
+fn write_node(cx: &Cx, op: &PendingOp, held: Option<Held>, delta: &mut Delta) -> Result<()> {
+    let r = &op.rec;
+    let err = |d: String| op_error(r, cx.strings, d);
+    let Some(write) = &r.write else {
+        return Ok(());
+    };
+    let held = match held {
+        Some(d) => d,
+        None => match op.plan {
+            Plan::Skip => return Ok(()),
+            Plan::Move => Held::default(),
+            Plan::Compute { input, output } => {
+                if input != 0 {
+                    return Err(err(format!(
+                        "its operands take {input} bytes, but it has no read effect"
+                    )));
+                }
+                let wl = cx.plane.extent_bytes(&write.ranges).map_err(|x| {
+                    err(format!(
+                        "writing {}: {x}",
+                        fmt_extents(&write.ranges, cx.tensors)
+                    ))
+                })?;
+                if wl != output {
+                    return Err(err(format!(
+                        "its output takes {output} bytes, but its write ranges hold {wl}"
+                    )));
+                }
+                Held::bytes(ops::compute(r, &[], cx.backend).map_err(err)?)
+            }
+        },
+    };
+    cx.plane
+        .scatter_shared(&write.ranges, &held.bytes, &held.pages)
+        .map_err(|x| write_error(cx, op, write, x))?;
+    delta.bytes_written += held.bytes.len() as u64;
+    pool::BYTES.give(held.bytes);
+    Ok(())
+}
+
+/// What a node left behind.
+struct Done {
+    node: u32,
+    /// Held for the op's write (a `Read` node of an op with a write).
+    held: Option<Held>,
+    delta: Delta,
+}
+
+fn run_node(cx: &Cx, node: u32, n: Node, op: &PendingOp, held: Option<Held>) -> Result<Done> {
+    let mut delta = Delta::default();
+    let held = match n.step {
+        Step::Read => read_node(cx, op, &mut delta)?,
+        Step::Write => {
+            write_node(cx, op, held, &mut delta)?;
+            None
+        }
+        Step::Both if is_gemm(op) && op.rec.read.is_some() => {
+            match gemm_read(cx, op, &mut delta)? {
+                Some(mut x) => {
+                    gemm::compute(&mut x, cx.backend);
+                    let res = write_gemm(cx, op, &x, &mut delta);
+                    x.recycle();
+                    res?;
+                }
+                None => write_node(cx, op, None, &mut delta)?,
+            }
+            None
+        }
+        Step::Both => {
+            let h = read_node(cx, op, &mut delta)?;
+            write_node(cx, op, h, &mut delta)?;
+            None
+        }
+    };
+    Ok(Done { node, held, delta })
+}
+
+/// GEMM reads of one batch key, run as one batched backend call. Each
+/// node's result is the one it gets alone.
+fn run_gemm_batch(
+    cx: &Cx,
+    items: &[(u32, Node)],
+    ops: &[Option<PendingOp>],
+) -> Vec<(u32, Result<Done>)> {
+    let op = |n: &Node| ops[n.slot as usize].as_ref().expect("live op");
+    // Gather and decode in parallel.
+    let prepared: Vec<Result<(Option<gemm::Prepared>, Delta)>> = items
+        .par_iter()
+        .with_max_len(1)
+        .map(|(_, n)| {
+            let mut delta = Delta::default();
+            gemm_read(cx, op(n), &mut delta).map(|x| (x, delta))
+        })
+        .collect();
+    let mut xs: Vec<gemm::Prepared> = Vec::new();
+    let mut ok = Vec::with_capacity(items.len());
+    let mut out: Vec<Option<Result<Done>>> = Vec::with_capacity(items.len());
+    for (i, p) in prepared.into_iter().enumerate() {
+        match p {
+            Ok((Some(x), delta)) => {
+                ok.push((i, delta));
+                xs.push(x);
+                out.push(None);
+            }
+            // Nothing to compute (cannot happen for batched ops, which
+            // have a write; handled for completeness).
+            Ok((None, delta)) => out.push(Some(Ok(Done {
+                node: items[i].0,
+                held: None,
+                delta,
+            }))),
+            Err(e) => out.push(Some(Err(e))),
+        }
+    }
+    gemm::compute_batch(&mut xs, cx.backend);
+    let finished: Vec<(usize, Result<Done>)> = ok
+        .into_par_iter()
+        .zip(xs.into_par_iter())
+        .with_max_len(1)
+        .map(|((i, mut delta), x)| {
+            let (node, n) = items[i];
+            let o = op(&n);
+            let res = match (n.step, &o.rec.params) {
+                (Step::Both, _) => write_gemm(cx, o, &x, &mut delta).map(|()| None),
+                (_, Params::Gemm(p)) => Ok(Some(Held::bytes(gemm::finish(p, &x)))),
+                _ => unreachable!("gemm batches hold gemm ops"),
+            };
+            x.recycle();
+            (i, res.map(|held| Done { node, held, delta }))
+        })
+        .collect();
+    for (i, r) in finished {
+        out[i] = Some(r);
+    }
+    out.into_iter()
+        .zip(items)
+        .map(|(r, &(node, _))| (node, r.expect("every item ran")))
+        .collect()
+}
+
+/// The nodes of a sorted window: an op's read and write share a node when
+/// they are next to each other.
+fn nodes(keys: &[EffKey]) -> Vec<Node> {
+    let mut v = Vec::with_capacity(keys.len());
+    let mut i = 0;
+    while i < keys.len() {
+        let k = keys[i];
+        let both = !k.write && keys.get(i + 1).is_some_and(|n| n.slot == k.slot && n.write);
+        v.push(Node {
+            slot: k.slot,
+            step: match (both, k.write) {
+                (true, _) => Step::Both,
+                (false, true) => Step::Write,
+                (false, false) => Step::Read,
+            },
+        });
+        i += 1 + both as usize;
+    }
+    v
+}
+
+/// Effects a node applies.
+fn effects(n: Node) -> u8 {
+    if n.step == Step::Both { 2 } else { 1 }
+}
+
+/// Apply a window: `keys` sorted, every op they name live in `ops`.
+pub(crate) fn run_window(
+    cx: &Cx,
+    keys: &[EffKey],
+    ops: &mut [Option<PendingOp>],
+    pool: Option<&rayon::ThreadPool>,
+    stats: &mut Stats,
+) -> Result<()> {
+    let nodes = nodes(keys);
+    let in_order = |ops: &mut [Option<PendingOp>], stats: &mut Stats| -> Result<()> {
+        for (i, &n) in nodes.iter().enumerate() {
+            let op = ops[n.slot as usize].as_mut().expect("live op");
+            let held = op.held.take();
+            let done = run_node(cx, i as u32, n, op, held)?;
+            op.held = done.held;
+            op.left -= effects(n);
+            stats.add(done.delta);
+        }
+        Ok(())
+    };
+    match pool {
+        Some(pool) if pool.current_num_threads() > 1 && nodes.len() > 1 => {
+            let limits = (cx.lookahead.max(1), cx.hold_budget);
+            pool.install(|| run_waves(cx, &nodes, ops, limits, stats))
+        }
+        // In the pool even with one thread: backends take their threads
+        // from the pool they run in.
+        Some(pool) => pool.install(|| in_order(ops, stats)),
+        None => in_order(ops, stats),
+    }
+}
+
+/// A unit of work in a wave.
+enum Task {
+    One(u32, Node, Option<Held>),
+    Gemms(Vec<(u32, Node)>),
+}
+
+/// Bytes a node's read holds until the op's write (0 for a node that
+/// holds nothing: a write, both effects at once, or a read without write).
+fn hold_cost(n: Node, ops: &[Option<PendingOp>]) -> u64 {
+    let Some(op) = ops[n.slot as usize].as_ref() else {
+        return 0;
+    };
+    if n.step != Step::Read || op.rec.write.is_none() {
+        return 0;
+    }
+    match op.plan {
+        Plan::Compute { output, .. } => output,
+        _ => op.rec.read.as_ref().map_or(0, |r| {
+            r.ranges
+                .iter()
+                .fold(0u64, |acc, e| acc.saturating_add(e.bytes()))
+        }),
+    }
+}
+
+fn run_waves(
+    cx: &Cx,
+    nodes: &[Node],
+    ops: &mut [Option<PendingOp>],
+    (lookahead, budget): (usize, u64),
+    stats: &mut Stats,
+) -> Result<()> {
+    let g = graph::build(nodes, ops);
+    let mut preds = g.preds;
+    // Ready nodes not run yet, in effect order.
+    let mut waiting: std::collections::BTreeSet<u32> = (0..nodes.len() as u32)
+        .filter(|&i| preds[i as usize] == 0)
+        .collect();
+    let mut done = vec![false; nodes.len()];
+    // Bytes that reads run in this window hold for writes not yet run.
+    let mut held = 0u64;
+    // The first node not done: a wave runs ready nodes up to `lookahead`
+    // after it, so what reads hold for later writes stays bounded.
+    let mut low = 0usize;
+    // Nodes at or after `limit` no longer run: an earlier one failed.
+    let mut limit = nodes.len() as u32;
+    let mut failed: Option<Error> = None;
+    loop {
+        while low < nodes.len() && done[low] {
+            low += 1;
+        }
+        let end = (low + lookahead).min(limit as usize) as u32;
+        let mut ready = Vec::new();
+        for &i in waiting.range(..end) {
+            let cost = hold_cost(nodes[i as usize], ops);
+            // Past the budget only the first node not done still runs.
+            if cost > 0 && held + cost > budget && i as usize != low {
+                continue;
+            }
+            held += cost;
+            ready.push(i);
+        }
+        if ready.is_empty() {
+            break;
+        }
+        for i in &ready {
+            waiting.remove(i);
+        }
+        stats.waves += 1;
+        // Group the GEMMs that can share a batched call.
+        let mut tasks = Vec::with_capacity(ready.len());
+        let mut batches: FxHashMap<gemm::BatchKey, Vec<(u32, Node)>> = FxHashMap::default();
+        for &i in &ready {
+            let n = nodes[i as usize];
+            let op = ops[n.slot as usize].as_mut().expect("live op");
+            let batchable = cx.batch
+                && n.step != Step::Write
+                && op.rec.kind == OpKind::Gemm
+                && op.rec.read.is_some()
+                && op.rec.write.is_some();
+            match (&op.rec.params, batchable) {
+                (Params::Gemm(p), true) => {
+                    batches.entry(gemm::batch_key(p)).or_default().push((i, n))
+                }
+                _ => tasks.push(Task::One(i, n, op.held.take())),
+            }
+        }
+        let mut batches: Vec<_> = batches.into_values().collect();
+        batches.sort_unstable_by_key(|b| b[0].0);
+        let most = cx.backend.max_batch().max(1);
+        for group in batches {
+            for b in group.chunks(most) {
+                if b.len() == 1 {
+                    tasks.push(Task::One(b[0].0, b[0].1, None));
+                } else {
+                    stats.gemm_batches += 1;
+                    stats.gemm_batched_ops += b.len() as u64;
+                    tasks.push(Task::Gemms(b.to_vec()));
+                }
+            }
+        }
+        let shared: &[Option<PendingOp>] = ops;
+        let results: Vec<Vec<(u32, Result<Done>)>> = tasks
+            .into_par_iter()
+            .with_max_len(1)
+            .map(|t| match t {
+                Task::One(i, n, held) => {
+                    let op = shared[n.slot as usize].as_ref().expect("live op");
+                    vec![(i, run_node(cx, i, n, op, held))]
+                }
+                Task::Gemms(items) => run_gemm_batch(cx, &items, shared),
+            })
+            .collect();
+        for (node, r) in results.into_iter().flatten() {
+            match r {
+                Ok(d) => {
+                    let n = nodes[d.node as usize];
+                    if n.step == Step::Write {
+                        held = held.saturating_sub(hold_cost(
+                            Node {
+                                step: Step::Read,
+                                ..n
+                            },
+                            ops,
+                        ));
+                    }
+                    let op = ops[n.slot as usize].as_mut().expect("live op");
+                    op.held = d.held;
+                    op.left -= effects(n);
+                    stats.add(d.delta);
+                    done[d.node as usize] = true;
+                    for &s in &g.succs[d.node as usize] {
+                        preds[s as usize] -= 1;
+                        if preds[s as usize] == 0 {
+                            waiting.insert(s);
+                        }
+                    }
+                }
+                Err(e) => {
+                    if node < limit {
+                        limit = node;
+                        failed = Some(e);
+                    }
+                }
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,251 @@
+//! The dependency graph of a window: which earlier nodes each node must
+//! wait for.
+//!
+//! Nodes are in effect order; an edge always goes from an earlier node to
+//! a later one, so running a node after its predecessors applies every
+//! conflicting pair of effects in effect order, and that is all the order
+//! the result depends on. Edges:
+//!
+//! - byte ranges, through an interval index of the window's accesses: a
+//!   read waits for the last earlier write of any byte it reads (RAW); a
+//!   write waits for the last earlier write (WAW) and every read since
+//!   (WAR) of any byte it writes. A strided extent counts as the whole
+//!   span from its first to its last byte: a superset, which can only add
+//!   edges (less parallelism, never a different result);
+//! - an op's write waits for its own read (it writes what the read made);
+//! - the record's dependency ids: the op's first node waits for the latest
+//!   earlier node of each op it names, when that op has one in the window.
+
+use std::collections::BTreeMap;
+
+use kb_format::Extent;
+use rustc_hash::FxHashMap;
+
+use super::PendingOp;
+
+/// What a node applies of its op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The read effect: gather, check or compute, hold.
+    Read,
+    /// The write effect: scatter what the read held.
+    Write,
+    /// Both, back to back.
+    Both,
+}
+
+/// One node of a window.
+#[derive(Debug, Clone, Copy)]
+pub struct Node {
+    pub slot: u32,
+    pub step: Step,
+}
+
+/// Predecessor counts and successor lists.
+#[derive(Debug, Default)]
+pub struct Graph {
+    pub preds: Vec<u32>,
+    pub succs: Vec<Vec<u32>>,
+}
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+struct Seg {
+    end: u64,
+    writer: u32,
+    readers: Vec<u32>,
+}
+
+/// Who last wrote and who read since, for disjoint byte intervals.
+#[derive(Debug, Default)]
+struct Intervals {
+    map: BTreeMap<u64, Seg>,
+}
+
+impl Intervals {
+    /// Make `x` a segment boundary.
+    fn split_at(&mut self, x: u64) {
+        let Some((&start, seg)) = self.map.range_mut(..x).next_back() else {
+            return;
+        };
+        if seg.end > x {
+            let tail = Seg {
+                end: seg.end,
+                writer: seg.writer,
+                readers: seg.readers.clone(),
+            };
+            seg.end = x;
+            debug_assert!(start < x);
+            self.map.insert(x, tail);
+        }
+    }
+
+    /// Record an access of `[start, end)` by `node`, adding the nodes it
+    /// must wait for to `preds`.
+    fn access(&mut self, start: u64, end: u64, node: u32, write: bool, preds: &mut Vec<u32>) {
+        if start >= end {
+            return;
+        }
+        self.split_at(start);
+        self.split_at(end);
+        let mut cursor = start;
+        let mut gaps = Vec::new();
+        for (&s, seg) in self.map.range_mut(start..end) {
+            if s > cursor {
+                gaps.push((cursor, s));
+            }
+            if seg.writer != NONE {
+                preds.push(seg.writer);
+            }
+            if write {
+                preds.extend_from_slice(&seg.readers);
+                seg.writer = node;
+                seg.readers.clear();
+            } else if seg.readers.last() != Some(&node) {
+                seg.readers.push(node);
+            }
+            cursor = seg.end;
+        }
+        if cursor < end {
+            gaps.push((cursor, end));
+        }
+        for (s, e) in gaps {
+            let seg = if write {
+                Seg {
+                    end: e,
+                    writer: node,
+                    readers: Vec::new(),
+                }
+            } else {
+                Seg {
+                    end: e,
+                    writer: NONE,
+                    readers: vec![node],
+                }
+            };
+            self.map.insert(s, seg);
+        }
+    }
+
+    fn extents(&mut self, es: &[Extent], node: u32, write: bool, preds: &mut Vec<u32>) {
+        for e in es {
+            if let Some((start, end)) = span(e) {
+                self.access(start, end, node, write, preds);
+            }
+        }
+    }
+}
+
+/// The bytes an extent covers, first to last (`None` when empty or when it
+/// overflows; the op then fails when it runs, and a failed node's result
+/// is never used).
+fn span(e: &Extent) -> Option<(u64, u64)> {
+    if e.len == 0 || e.rows == 0 {
+        return None;
+    }
+    let last_row = if e.rows <= 1 {
+        0
+    } else {
+        (e.rows as u64 - 1).checked_mul(e.stride)?
+    };
+    let end = e.pa.checked_add(last_row)?.checked_add(e.len)?;
+    Some((e.pa, end))
+}
+
+/// Build the graph of `nodes` (in effect order) over the ops they apply.
+pub fn build(nodes: &[Node], ops: &[Option<PendingOp>]) -> Graph {
+    let n = nodes.len();
+    let mut g = Graph {
+        preds: vec![0; n],
+        succs: vec![Vec::new(); n],
+    };
+    let mut iv = Intervals::default();
+    // Op id -> its latest node so far.
+    let mut latest: FxHashMap<u64, u32> = FxHashMap::default();
+    let mut preds = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let i = i as u32;
+        let Some(op) = ops[node.slot as usize].as_ref() else {
+            continue;
+        };
+        let r = &op.rec;
+        preds.clear();
+        let reads = matches!(node.step, Step::Read | Step::Both);
+        let writes = matches!(node.step, Step::Write | Step::Both);
+        match latest.get(&r.op_id) {
+            // Its own read, earlier in this window.
+            Some(&own) => preds.push(own),
+            // The op's first node here: its explicit dependencies.
+            None => preds.extend(r.deps.iter().filter_map(|d| latest.get(d).copied())),
+        }
+        if reads && let Some(e) = &r.read {
+            iv.extents(&e.ranges, i, false, &mut preds);
+        }
+        if writes && let Some(e) = &r.write {
+            iv.extents(&e.ranges, i, true, &mut preds);
+        }
+        latest.insert(r.op_id, i);
+        preds.sort_unstable();
+        preds.dedup();
+        for &p in preds.iter().filter(|&&p| p != i) {
+            debug_assert!(p < i, "edges go forward");
+            g.succs[p as usize].push(i);
+            g.preds[i as usize] += 1;
+        }
+    }
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn preds(iv: &mut Intervals, s: u64, e: u64, node: u32, write: bool) -> Vec<u32> {
+        let mut p = Vec::new();
+        iv.access(s, e, node, write, &mut p);
+        p.sort();
+        p.dedup();
+        p
+    }
+
+    #[test]
+    fn reads_wait_for_writers_and_writes_for_readers_and_writers() {
+        let mut iv = Intervals::default();
+        assert!(preds(&mut iv, 0, 10, 0, true).is_empty());
+        assert!(preds(&mut iv, 20, 30, 1, true).is_empty());
+        // A read over both writes and the gap between.
+        assert_eq!(preds(&mut iv, 5, 25, 2, false), [0, 1]);
+        // Another read: readers do not wait for readers.
+        assert_eq!(preds(&mut iv, 0, 30, 3, false), [0, 1]);
+        // A write over part of it waits for the writer and both readers.
+        assert_eq!(preds(&mut iv, 8, 12, 4, true), [0, 2, 3]);
+        // Bytes 12..20 were only read (by 2 and 3).
+        assert_eq!(preds(&mut iv, 12, 20, 5, true), [2, 3]);
+        // Disjoint ranges do not conflict.
+        assert!(preds(&mut iv, 100, 200, 6, true).is_empty());
+        // After 4 and 5 overwrote 8..20, a read there waits for them only.
+        assert_eq!(preds(&mut iv, 9, 19, 7, false), [4, 5]);
+        // Bytes 0..8: written by 0, read by 2 (from 5) and 3.
+        assert_eq!(preds(&mut iv, 0, 8, 8, true), [0, 2, 3]);
+    }
+
+    #[test]
+    fn strided_extents_cover_their_whole_span() {
+        let e = Extent {
+            pa: 100,
+            len: 4,
+            rows: 3,
+            stride: 10,
+        };
+        assert_eq!(span(&e), Some((100, 124)));
+        assert_eq!(span(&Extent::contiguous(7, 0)), None);
+        let huge = Extent {
+            pa: u64::MAX - 10,
+            len: 4,
+            rows: 3,
+            stride: 10,
+        };
+        assert_eq!(span(&huge), None);
+    }
+}

@@ -1,0 +1,519 @@
+//! The replay engine: applies every data effect in `seq` order (the
+//! contract's rule 2), as chunks of records arrive, running independent
+//! ops in parallel.
+//!
+//! # Windows
+//!
+//! Records arrive in (t_start, op_id) order, but Phase 1 applied their
+//! effects in `seq` order, which can differ (a long DMA that started early
+//! may write after a later op read). The engine queues each record's
+//! effects and applies them in *windows*: once no effect with a seq below
+//! some bound can still arrive, every queued effect below the bound is
+//! staged, and when [`ReplayOptions::window`] effects are staged they are
+//! applied together and their records dropped. Memory is the live data
+//! plane plus the records of one window and of the ops still in flight
+//! (their effects straddle the bound), never the whole op log.
+//!
+//! The bound is the larger of:
+//!
+//! - the *seq frontier*: the smallest seq no record has carried yet. Seqs
+//!   are a global order of effects (one per effect, a record's read and
+//!   write may share one), so an effect below the frontier can only be a
+//!   duplicate; one arriving after its seq was applied is an error naming
+//!   the op. kb-sim numbers effects 0, 1, 2, ... so the frontier follows
+//!   the stream closely; a trace with gaps in its seqs only holds more
+//!   records (at worst all of them, the old behaviour).
+//! - the records chunk's seq watermark ([`Replayer::set_watermark`]: every
+//!   effect with a seq below it is in this chunk or an earlier one).
+//!
+//! With [`ReplayOptions::streaming`] off every effect waits for the end of
+//! the trace, as the first, sequential engine did.
+//!
+//! # Parallel execution
+//!
+//! A window is a list of *nodes* in effect order (seq, read before write,
+//! op id): an op's read (gather its read ranges; a memory op checks the
+//! fingerprint, a compute op computes its output), its write (scatter what
+//! the read produced), or both in one node when nothing lies between them.
+//! [`graph`] links each node to the earlier nodes it conflicts with (RAW,
+//! WAW, WAR over the byte ranges, through an interval index), to its own
+//! read, and to the ops in the record's explicit dependency ids. With one
+//! thread the nodes run in order. With more, [`exec`] runs the window in
+//! waves on the rayon pool: every node whose predecessors are done, and
+//! that is at most [`ReplayOptions::lookahead`] nodes after the first one
+//! not done, runs in the next wave, as long as what reads run ahead hold
+//! for their writes stays within [`ReplayOptions::hold_budget`] (the
+//! bounds keep parallel runs from holding much more than sequential ones);
+//! GEMM reads in a wave that
+//! share shape, dtypes, layouts and transpose flags run as one batched
+//! backend call.
+//!
+//! Every node computes the same bits whatever runs beside it (ops are pure
+//! functions of their input bytes; backends give the same bits for any
+//! thread count and batch), so results are bit-identical for every
+//! `--threads`. Errors are reported in effect order: after a node fails,
+//! only earlier nodes still run, and the earliest failure is returned.
+
+mod exec;
+mod graph;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Instant;
+
+use kb_format::{Meta, OpKind, Record, RecordChunk, Strings, TensorMeta};
+use serde::Serialize;
+
+use crate::error::{Error, Result, fmt_ns};
+use crate::ops::{self, GemmBackend, Plan};
+use crate::plane::DataPlane;
+
+/// Replay settings.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// Most bytes one op may read or write, and one output tensor may hold.
+    pub max_bytes: u64,
+    /// Apply effects as soon as the stream allows it (see the module
+    /// docs); false holds every record until the trace ends.
+    pub streaming: bool,
+    /// Effects staged before a window is applied: larger windows give
+    /// more parallelism and hold more records.
+    pub window: usize,
+    /// Run ready GEMMs of one shape as one batched backend call.
+    pub batch_gemms: bool,
+    /// How far ahead of the first unfinished node (in effect order) a wave
+    /// may run ready nodes: more finds more parallel work, and lets more
+    /// reads hold data for writes still to come.
+    pub lookahead: usize,
+    /// Most bytes that reads run ahead in parallel may hold for their
+    /// writes (the first op not done always runs).
+    pub hold_budget: u64,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            max_bytes: crate::plane::DEFAULT_MAX_BYTES,
+            streaming: true,
+            window: 4096,
+            batch_gemms: true,
+            lookahead: 256,
+            hold_budget: 16 << 20,
+        }
+    }
+}
+
+/// How to run ops: the GEMM backend and the thread pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Exec<'a> {
+    pub backend: &'a dyn GemmBackend,
+    /// `None`, or a pool of one thread, runs nodes one by one in order.
+    pub pool: Option<&'a rayon::ThreadPool>,
+}
+
+impl<'a> Exec<'a> {
+    /// One thread, no pool.
+    pub fn sequential(backend: &'a dyn GemmBackend) -> Exec<'a> {
+        Exec {
+            backend,
+            pool: None,
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.map_or(1, |p| p.current_num_threads())
+    }
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    pub records: u64,
+    /// Ops executed, by kind.
+    pub memory: u64,
+    pub gemm: u64,
+    pub math: u64,
+    /// Records of kinds this build does not know, skipped.
+    pub unknown_skipped: u64,
+    /// Fingerprints recomputed and matched.
+    pub fingerprints_checked: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// 2mnk summed over gemm ops.
+    pub gemm_flops: u64,
+    /// Seconds spent applying effects.
+    pub replay_seconds: f64,
+    /// Windows applied, and the most effects one held.
+    pub windows: u64,
+    pub max_window_effects: u64,
+    /// Most records held at once (waiting for their effects' turn).
+    pub max_pending_records: u64,
+    /// Waves run in parallel windows (0 with one thread).
+    pub waves: u64,
+    /// Batched GEMM calls of two or more GEMMs, and the GEMMs in them.
+    pub gemm_batches: u64,
+    pub gemm_batched_ops: u64,
+}
+
+/// Counters a node adds to [`Stats`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Delta {
+    pub fingerprints: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+impl Stats {
+    fn add(&mut self, d: Delta) {
+        self.fingerprints_checked += d.fingerprints;
+        self.bytes_read += d.bytes_read;
+        self.bytes_written += d.bytes_written;
+    }
+}
+
+/// An effect waiting to be applied, in application order: seq, then read
+/// before write, then op id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct EffKey {
+    pub seq: u64,
+    pub write: bool,
+    pub op_id: u64,
+    pub slot: u32,
+}
+
+/// A record whose effects are not all applied yet.
+#[derive(Debug)]
+pub(crate) struct PendingOp {
+    pub rec: Record,
+    pub plan: Plan,
+    /// Effects still to apply.
+    pub left: u8,
+    /// What the read produced for the write (moved bytes or the output).
+    pub held: Option<Held>,
+}
+
+/// What an op's read holds for its write: the bytes, and the whole pages
+/// among them that the write may share instead of copying.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    pub bytes: Vec<u8>,
+    /// (offset in `bytes`, page), increasing offsets.
+    pub pages: Vec<(usize, crate::plane::PageBuf)>,
+}
+
+impl Held {
+    pub fn bytes(bytes: Vec<u8>) -> Held {
+        Held {
+            bytes,
+            pages: Vec::new(),
+        }
+    }
+}
+
+/// The smallest seq no effect has carried yet.
+#[derive(Debug, Default)]
+struct Frontier {
+    next: u64,
+    ahead: BinaryHeap<Reverse<u64>>,
+}
+
+impl Frontier {
+    fn see(&mut self, seq: u64) {
+        if seq > self.next {
+            self.ahead.push(Reverse(seq));
+            return;
+        }
+        if seq < self.next {
+            return;
+        }
+        self.next = self.next.saturating_add(1);
+        while let Some(&Reverse(s)) = self.ahead.peek() {
+            if s > self.next {
+                break;
+            }
+            self.ahead.pop();
+            if s == self.next {
+                self.next = self.next.saturating_add(1);
+            }
+        }
+    }
+}
+
+pub(crate) fn op_error(r: &Record, strings: &Strings, detail: String) -> Error {
+    Error::Op {
+        op_id: r.op_id,
+        component: strings.name(r.component).into_owned(),
+        op_name: strings.name(r.op_name).into_owned(),
+        time: fmt_ns(r.t_start),
+        detail,
+    }
+}
+
+/// Replays a trace onto a [`DataPlane`] as its records arrive.
+#[derive(Debug)]
+pub struct Replayer {
+    tensors: Vec<TensorMeta>,
+    plane: DataPlane,
+    opts: ReplayOptions,
+    ops: Vec<Option<PendingOp>>,
+    free: Vec<u32>,
+    pending: u64,
+    queue: BinaryHeap<Reverse<EffKey>>,
+    /// Sorted effects below `staged_below`, not applied yet.
+    staged: Vec<EffKey>,
+    /// No effect with a seq below this may arrive any more.
+    staged_below: u64,
+    frontier: Frontier,
+    watermark: u64,
+    stats: Stats,
+}
+
+impl Replayer {
+    pub fn new(meta: &Meta, opts: &ReplayOptions) -> Replayer {
+        Replayer {
+            tensors: meta.tensors.clone(),
+            plane: DataPlane::new(&meta.tensors, opts.max_bytes),
+            opts: opts.clone(),
+            ops: Vec::new(),
+            free: Vec::new(),
+            pending: 0,
+            queue: BinaryHeap::new(),
+            staged: Vec::new(),
+            staged_below: 0,
+            frontier: Frontier::default(),
+            watermark: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Host-provided bytes of a tensor (a tensor chunk).
+    pub fn load_host(&mut self, tensor: u32, offset: u64, data: &[u8]) -> Result<()> {
+        self.plane
+            .load_host(tensor, offset, data)
+            .map_err(|e| Error::Trace(format!("tensor data chunk: {e}")))
+    }
+
+    pub fn plane(&self) -> &DataPlane {
+        &self.plane
+    }
+
+    pub fn tensors(&self) -> &[TensorMeta] {
+        &self.tensors
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Records held now, waiting for their effects' turn.
+    pub fn pending_records(&self) -> u64 {
+        self.pending
+    }
+
+    /// Queue a decoded record. `strings` names components and ops in errors.
+    pub fn push(&mut self, r: Record, strings: &Strings) -> Result<()> {
+        self.stats.records += 1;
+        let plan = ops::plan(&r).map_err(|d| op_error(&r, strings, d))?;
+        match r.kind {
+            OpKind::Memory => self.stats.memory += 1,
+            OpKind::Gemm => self.stats.gemm += 1,
+            OpKind::Math => self.stats.math += 1,
+            OpKind::Unknown(_) => self.stats.unknown_skipped += 1,
+        }
+        if let (Some(rd), Some(wr)) = (&r.read, &r.write)
+            && wr.seq < rd.seq
+        {
+            return Err(op_error(
+                &r,
+                strings,
+                format!(
+                    "its write (seq {}) comes before its read (seq {})",
+                    wr.seq, rd.seq
+                ),
+            ));
+        }
+        for e in [&r.read, &r.write].into_iter().flatten() {
+            if e.seq < self.staged_below {
+                return Err(op_error(
+                    &r,
+                    strings,
+                    format!(
+                        "its effect at seq {} ({}) arrives after replay applied every effect \
+                         below seq {}: effect seqs must be unique",
+                        e.seq,
+                        fmt_ns(e.time),
+                        self.staged_below
+                    ),
+                ));
+            }
+            self.frontier.see(e.seq);
+        }
+        if plan == Plan::Skip {
+            return Ok(());
+        }
+        self.stats.gemm_flops = self.stats.gemm_flops.saturating_add(ops::flops(&r));
+        let left = r.read.is_some() as u8 + r.write.is_some() as u8;
+        if left == 0 {
+            return Ok(());
+        }
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.ops.push(None);
+                (self.ops.len() - 1) as u32
+            }
+        };
+        for (e, write) in [(&r.read, false), (&r.write, true)] {
+            if let Some(e) = e {
+                self.queue.push(Reverse(EffKey {
+                    seq: e.seq,
+                    write,
+                    op_id: r.op_id,
+                    slot,
+                }));
+            }
+        }
+        self.ops[slot as usize] = Some(PendingOp {
+            rec: r,
+            plan,
+            left,
+            held: None,
+        });
+        self.pending += 1;
+        self.stats.max_pending_records = self.stats.max_pending_records.max(self.pending);
+        Ok(())
+    }
+
+    /// The format's promise that no effect with a seq below `w` is still to
+    /// come (a records chunk's watermark).
+    pub fn set_watermark(&mut self, w: u64) {
+        self.watermark = self.watermark.max(w);
+    }
+
+    /// Decode a records chunk, queue its records and apply what it allows.
+    pub fn push_chunk(&mut self, mut c: RecordChunk<'_>, exec: &Exec) -> Result<()> {
+        let mut r = Record::default();
+        while c.next_into(&mut r)? {
+            self.push(std::mem::take(&mut r), c.strings())?;
+        }
+        // When kb-format gives records chunks a seq watermark:
+        // self.set_watermark(c.watermark());
+        self.step(c.strings(), exec)
+    }
+
+    /// Apply a window if one is ready (streaming only).
+    pub fn step(&mut self, strings: &Strings, exec: &Exec) -> Result<()> {
+        if !self.opts.streaming {
+            return Ok(());
+        }
+        self.stage(self.frontier.next.max(self.watermark));
+        if self.staged.len() >= self.opts.window.max(1) {
+            self.apply_staged(strings, exec)?;
+        }
+        Ok(())
+    }
+
+    /// Apply every effect left: the trace has ended. `strings` names
+    /// components and ops in errors. On error the plane holds the effects
+    /// applied before it (and possibly some after it, in parallel runs).
+    pub fn finish(&mut self, strings: &Strings, exec: &Exec) -> Result<Stats> {
+        self.stage(u64::MAX);
+        self.apply_staged(strings, exec)?;
+        Ok(self.stats.clone())
+    }
+
+    /// Move every queued effect below `bound` to the staged list.
+    fn stage(&mut self, bound: u64) {
+        while let Some(&Reverse(k)) = self.queue.peek() {
+            if k.seq >= bound {
+                break;
+            }
+            self.queue.pop();
+            self.staged.push(k);
+        }
+        self.staged_below = self.staged_below.max(bound);
+    }
+
+    fn apply_staged(&mut self, strings: &Strings, exec: &Exec) -> Result<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let keys = std::mem::take(&mut self.staged);
+        self.stats.windows += 1;
+        self.stats.max_window_effects = self.stats.max_window_effects.max(keys.len() as u64);
+        let cx = exec::Cx {
+            plane: &self.plane,
+            tensors: &self.tensors,
+            strings,
+            backend: exec.backend,
+            batch: self.opts.batch_gemms,
+            lookahead: self.opts.lookahead,
+            hold_budget: self.opts.hold_budget,
+        };
+        let res = exec::run_window(&cx, &keys, &mut self.ops, exec.pool, &mut self.stats);
+        // Drop the records whose effects are all applied.
+        for k in &keys {
+            let slot = k.slot as usize;
+            if self.ops[slot].as_ref().is_some_and(|o| o.left == 0) {
+                self.ops[slot] = None;
+                self.free.push(k.slot);
+                self.pending -= 1;
+            }
+        }
+        self.stats.replay_seconds += start.elapsed().as_secs_f64();
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_frontier_is_the_first_seq_not_seen() {
+        let mut f = Frontier::default();
+        for s in [1, 3, 0] {
+            f.see(s);
+        }
+        assert_eq!(f.next, 2);
+        f.see(2);
+        assert_eq!(f.next, 4);
+        // Duplicates and old seqs change nothing.
+        f.see(3);
+        f.see(0);
+        assert_eq!(f.next, 4);
+        f.see(5);
+        f.see(5);
+        f.see(4);
+        assert_eq!(f.next, 6);
+        assert!(f.ahead.is_empty());
+    }
+
+    #[test]
+    fn effects_order_by_seq_then_read_first_then_op_id() {
+        let k = |seq, write, op_id| EffKey {
+            seq,
+            write,
+            op_id,
+            slot: 0,
+        };
+        let mut v = vec![
+            k(2, false, 1),
+            k(1, true, 0),
+            k(1, false, 5),
+            k(1, false, 3),
+        ];
+        v.sort();
+        assert_eq!(
+            v,
+            [
+                k(1, false, 3),
+                k(1, false, 5),
+                k(1, true, 0),
+                k(2, false, 1)
+            ]
+        );
+    }
+}

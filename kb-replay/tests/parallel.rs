@@ -1,0 +1,490 @@
+//! The parallel engine against the sequential one: random traces full of
+//! read/write hazards give bit-identical bytes for every thread count,
+//! window size, lookahead and with batching on or off; errors are the
+//! first in effect order; streaming holds few records.
+
+mod common;
+
+use common::*;
+use kb_format::{Dtype, Effect, MathInput, MathOp, OpKind, Space};
+use kb_replay::Error;
+use kb_replay::app::{self, Loaded};
+use kb_replay::backend::{GemmBackend, GemmCrate, NaiveGemm};
+use kb_replay::engine::{Exec, ReplayOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const PES: u32 = 4;
+const BUFS: u64 = 6;
+const BUF: u64 = 1024;
+const SLOTS: u64 = 16;
+
+fn buf(pe: u32, i: u64) -> u64 {
+    dev(Space::Tcm, pe, i * BUF)
+}
+
+/// A random op log over 4 PEs' TCM buffers and an HBM region: loads,
+/// stores (some strided), GEMMs (f32, f16, with and without an in-place
+/// accumulator) and adds, with writes delayed past other ops' effects.
+fn random_trace(seed: u64, n: usize) -> Vec<u8> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let x: Vec<f32> = (0..(SLOTS * BUF / 4) as usize)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let tensors = vec![
+        tensor("x", Dtype::F32, &[(SLOTS * BUF / 4) / 64, 64], true, None),
+        tensor(
+            "y",
+            Dtype::F32,
+            &[(SLOTS * BUF / 4) / 64, 64],
+            false,
+            Some(hbm(0)),
+        ),
+    ];
+    // Ops with effect positions; seqs are assigned by position below.
+    let mut ops: Vec<Op> = Vec::new();
+    let mut pos: Vec<(u64, usize, bool)> = Vec::new();
+    let deploy = mem(
+        0,
+        0,
+        0,
+        vec![span(host(0, 0), SLOTS * BUF)],
+        0,
+        vec![span(hbm(0), SLOTS * BUF)],
+    );
+    ops.push(deploy);
+    pos.push((0, 0, false));
+    pos.push((1, 0, true));
+    for i in 1..n {
+        let pe = rng.random_range(0..PES);
+        let b = |rng: &mut StdRng| buf(pe, rng.random_range(0..BUFS));
+        let slot = hbm(rng.random_range(0..SLOTS) * BUF);
+        let t = i as u64 * 10;
+        let id = i as u64;
+        let kind = rng.random_range(0..10);
+        let mut op = match kind {
+            // Load, contiguous or as 4 strided rows.
+            0..=2 => {
+                let src = if rng.random_bool(0.5) {
+                    vec![span(slot, BUF)]
+                } else {
+                    vec![strided(slot, BUF / 4, 4, BUF / 2)]
+                };
+                mem(id, t, 0, src, 0, vec![span(b(&mut rng), BUF)])
+            }
+            // Store.
+            3..=4 => mem(
+                id,
+                t,
+                0,
+                vec![span(b(&mut rng), BUF)],
+                0,
+                vec![span(slot, BUF)],
+            ),
+            // GEMM 16x16x16 f32, maybe accumulating in place.
+            5..=6 => {
+                let mut p = gemm_params(16, 16, 16, Dtype::F32, Dtype::F32, Dtype::F32);
+                let (a, bb, out) = (b(&mut rng), b(&mut rng), b(&mut rng));
+                let mut reads = vec![span(a, BUF), span(bb, BUF)];
+                if rng.random_bool(0.5) {
+                    p.acc = Some(Default::default());
+                    reads.push(span(out, BUF));
+                }
+                gemm(id, t, 0, p, reads, vec![span(out, BUF)])
+            }
+            // GEMM 16x16x16 f16 in, f32 out.
+            7 => {
+                let p = gemm_params(16, 16, 16, Dtype::F16, Dtype::F32, Dtype::F32);
+                let (a, bb, out) = (b(&mut rng), b(&mut rng), b(&mut rng));
+                gemm(
+                    id,
+                    t,
+                    0,
+                    p,
+                    vec![span(a, BUF / 2), span(bb + BUF / 2, BUF / 2)],
+                    vec![span(out, BUF)],
+                )
+            }
+            // Add two tiles, scaled down so chains stay finite.
+            _ => {
+                let f = Dtype::F32;
+                let (a, c, out) = (b(&mut rng), b(&mut rng), b(&mut rng));
+                let mut op = math(
+                    id,
+                    t,
+                    0,
+                    MathOp::Add,
+                    vec![tile(1, 256, f), tile(1, 256, f)],
+                    (1, 256, f),
+                    None,
+                    vec![span(a, BUF), span(c, BUF)],
+                    vec![span(out, BUF)],
+                );
+                if rng.random_bool(0.3) {
+                    op.params = kb_format::Params::Math(kb_format::MathParams {
+                        op: MathOp::Mul,
+                        inputs: vec![tile(1, 256, f), MathInput::Scalar(0.25)],
+                        out: Default::default(),
+                        rows: 1,
+                        cols: 256,
+                        dtype: f,
+                        axis: None,
+                    });
+                    op.read = Some(Effect {
+                        time: t,
+                        seq: 0,
+                        ranges: vec![span(a, BUF)],
+                    });
+                }
+                op
+            }
+        };
+        if rng.random_bool(0.2) {
+            op.deps = vec![rng.random_range(0..id)];
+        }
+        ops.push(op);
+        let at = i as u64 * 10;
+        pos.push((at, i, false));
+        // Memory ops write a while later; compute ops right away.
+        let delay = if kind <= 4 {
+            rng.random_range(0..4) * 10 + 5
+        } else {
+            1
+        };
+        pos.push((at + delay, i, true));
+    }
+    pos.sort();
+    for (seq, &(_, i, write)) in pos.iter().enumerate() {
+        let e = if write {
+            &mut ops[i].write
+        } else {
+            &mut ops[i].read
+        };
+        e.as_mut().expect("effect").seq = seq as u64;
+    }
+    let xb = f32_bytes(&x);
+    ops[0].fingerprint = Some(kb_format::fingerprint(&xb));
+    build_chunked(tensors, &[(0, xb)], &ops, vec![], Some(2048))
+}
+
+/// Every buffer and the HBM region after replay.
+fn state(l: &Loaded) -> Vec<u8> {
+    let mut out = vec![0u8; (SLOTS * BUF) as usize];
+    l.replayer.plane().read(hbm(0), &mut out).unwrap();
+    for pe in 0..PES {
+        for i in 0..BUFS {
+            let mut b = vec![0u8; BUF as usize];
+            l.replayer.plane().read(buf(pe, i), &mut b).unwrap();
+            out.extend(b);
+        }
+    }
+    out
+}
+
+fn pool(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .unwrap()
+}
+
+fn run(bytes: &[u8], threads: usize, opts: &ReplayOptions, be: &dyn GemmBackend) -> Loaded {
+    let p = pool(threads);
+    let exec = Exec {
+        backend: be,
+        pool: Some(&p),
+    };
+    app::load_stream(bytes, opts, &exec).expect("replay")
+}
+
+#[test]
+fn thread_counts_windows_and_batching_give_identical_bits() {
+    for seed in 0..4 {
+        let bytes = random_trace(seed, 400);
+        let base = run(&bytes, 1, &ReplayOptions::default(), &GemmCrate);
+        let want = state(&base);
+        let d = ReplayOptions::default();
+        let variants = [
+            ("2 threads", 2, d.clone()),
+            ("3 threads", 3, d.clone()),
+            (
+                "small windows and lookahead",
+                2,
+                ReplayOptions {
+                    window: 7,
+                    lookahead: 3,
+                    hold_budget: 0,
+                    ..d.clone()
+                },
+            ),
+            (
+                "no batching",
+                2,
+                ReplayOptions {
+                    batch_gemms: false,
+                    ..d.clone()
+                },
+            ),
+            (
+                "not streaming",
+                2,
+                ReplayOptions {
+                    streaming: false,
+                    ..d.clone()
+                },
+            ),
+        ];
+        let mut batched = 0;
+        for (what, threads, opts) in variants {
+            let l = run(&bytes, threads, &opts, &GemmCrate);
+            assert!(state(&l) == want, "seed {seed}: {what} differs");
+            let (a, b) = (&l.stats, &base.stats);
+            assert_eq!(
+                (a.bytes_read, a.bytes_written, a.fingerprints_checked),
+                (b.bytes_read, b.bytes_written, b.fingerprints_checked),
+                "{what}"
+            );
+            assert!(a.waves > 0, "{what} ran in parallel");
+            batched += a.gemm_batched_ops;
+        }
+        assert!(batched > 0, "seed {seed}: some GEMMs ran batched");
+        // The sequential run without a pool is the same too.
+        let seq = app::load_stream(
+            &bytes[..],
+            &ReplayOptions::default(),
+            &Exec::sequential(&GemmCrate),
+        )
+        .unwrap();
+        assert!(state(&seq) == want);
+        // The naive reference agrees to rounding, on a short trace (long
+        // chains of GEMMs grow the values and amplify rounding differences).
+        let short = random_trace(seed, 40);
+        let naive = run(&short, 2, &ReplayOptions::default(), &NaiveGemm);
+        let gemm = run(&short, 2, &ReplayOptions::default(), &GemmCrate);
+        let (g, n) = (f32_of(&state(&gemm)), f32_of(&state(&naive)));
+        let finite = |v: &f32| v.is_finite();
+        assert_eq!(
+            g.iter().filter(|v| finite(v)).count(),
+            n.iter().filter(|v| finite(v)).count()
+        );
+        let (mut diff, mut norm) = (0f64, 0f64);
+        for (x, y) in g.iter().zip(&n).filter(|(x, y)| finite(x) && finite(y)) {
+            diff += ((x - y) as f64).powi(2);
+            norm += (*y as f64).powi(2);
+        }
+        assert!(
+            diff.sqrt() <= 1e-4 * norm.sqrt(),
+            "seed {seed}: {diff} vs {norm}"
+        );
+    }
+}
+
+#[test]
+fn streaming_holds_a_window_not_the_trace() {
+    let bytes = random_trace(9, 3000);
+    let opts = ReplayOptions {
+        window: 64,
+        ..ReplayOptions::default()
+    };
+    for threads in [1, 2] {
+        let l = run(&bytes, threads, &opts, &GemmCrate);
+        assert!(l.stats.windows > 20, "{}", l.stats.windows);
+        assert!(
+            l.stats.max_pending_records < 300,
+            "held {} of 3000 records",
+            l.stats.max_pending_records
+        );
+    }
+    let all = run(
+        &bytes,
+        2,
+        &ReplayOptions {
+            streaming: false,
+            ..ReplayOptions::default()
+        },
+        &GemmCrate,
+    );
+    assert_eq!(all.stats.windows, 1);
+    assert_eq!(all.stats.max_pending_records, 3000);
+}
+
+/// Independent host -> hbm copies; `bad` ones carry a wrong fingerprint.
+fn copies(bad: &[u64]) -> Vec<u8> {
+    let n = 12u64;
+    let x: Vec<u8> = (0..n * 64).map(|i| i as u8).collect();
+    let tensors = vec![tensor("x", Dtype::U8, &[n * 64], true, None)];
+    let ops: Vec<Op> = (0..n)
+        .map(|i| {
+            let mut op = mem(
+                i,
+                i,
+                2 * i,
+                vec![span(host(0, i * 64), 64)],
+                2 * i + 1,
+                vec![span(hbm(i * 64), 64)],
+            );
+            let right = kb_format::fingerprint(&x[(i * 64) as usize..((i + 1) * 64) as usize]);
+            op.fingerprint = Some(if bad.contains(&i) { right ^ 1 } else { right });
+            op
+        })
+        .collect();
+    build(tensors, &[(0, x)], &ops, vec![])
+}
+
+#[test]
+fn the_first_error_in_effect_order_is_reported() {
+    let bytes = copies(&[9, 4, 7]);
+    for threads in [1, 2, 3] {
+        for window in [1, 5, 4096] {
+            let opts = ReplayOptions {
+                window,
+                ..ReplayOptions::default()
+            };
+            let p = pool(threads);
+            let exec = Exec {
+                backend: &GemmCrate,
+                pool: Some(&p),
+            };
+            let err = app::load_stream(&bytes[..], &opts, &exec).unwrap_err();
+            assert!(
+                matches!(err, Error::Op { op_id: 4, .. }),
+                "{threads} threads, window {window}: {err}"
+            );
+            assert!(err.to_string().contains("fingerprint mismatch"), "{err}");
+        }
+    }
+    assert!(
+        app::load_stream(
+            &copies(&[])[..],
+            &ReplayOptions::default(),
+            &Exec::sequential(&GemmCrate)
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn an_effect_arriving_after_its_seq_was_applied_is_an_error() {
+    // One record per chunk, so windows apply between records.
+    let tensors = vec![tensor("x", Dtype::U8, &[64], true, None)];
+    let ops = vec![
+        mem(1, 0, 0, vec![span(host(0, 0), 8)], 1, vec![span(hbm(0), 8)]),
+        mem(2, 1, 2, vec![span(hbm(0), 8)], 3, vec![span(hbm(8), 8)]),
+        // Reuses seq 1, long applied.
+        mem(3, 2, 1, vec![span(hbm(8), 8)], 4, vec![span(hbm(16), 8)]),
+    ];
+    let bytes = build_chunked(tensors, &[(0, vec![5; 64])], &ops, vec![], Some(1));
+    let opts = ReplayOptions {
+        window: 1,
+        ..ReplayOptions::default()
+    };
+    let err = app::load_stream(&bytes[..], &opts, &Exec::sequential(&GemmCrate)).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::Op { op_id: 3, .. }) && msg.contains("seqs must be unique"),
+        "{msg}"
+    );
+    // Holding every record until the end accepts it (the old behaviour).
+    let all = ReplayOptions {
+        streaming: false,
+        ..ReplayOptions::default()
+    };
+    assert!(app::load_stream(&bytes[..], &all, &Exec::sequential(&GemmCrate)).is_ok());
+}
+
+#[test]
+fn shared_pages_are_copied_before_either_side_changes() {
+    // A whole page moved host -> hbm is shared; then the hbm copy is
+    // overwritten in part, and the host input must not change.
+    let page = 1u64 << 16;
+    let x: Vec<u8> = (0..2 * page).map(|i| (i % 251) as u8).collect();
+    let tensors = vec![
+        tensor("x", Dtype::U8, &[2 * page], true, None),
+        tensor("y", Dtype::U8, &[2 * page], false, Some(hbm(0))),
+    ];
+    let ops = vec![
+        mem(
+            1,
+            0,
+            0,
+            vec![span(host(0, 0), 2 * page)],
+            1,
+            vec![span(hbm(0), 2 * page)],
+        ),
+        mem(
+            2,
+            1,
+            2,
+            vec![span(host(0, 5), 3)],
+            3,
+            vec![span(hbm(page + 7), 3)],
+        ),
+        // Copy the (changed) hbm page to another page, then change the source.
+        mem(
+            3,
+            2,
+            4,
+            vec![span(hbm(page), page)],
+            5,
+            vec![span(hbm(4 * page), page)],
+        ),
+        mem(
+            4,
+            3,
+            6,
+            vec![span(host(0, 0), 1)],
+            7,
+            vec![span(hbm(page), 1)],
+        ),
+    ];
+    let bytes = build(tensors, &[(0, x.clone())], &ops, vec![]);
+    for threads in [1, 2] {
+        let l = run(&bytes, threads, &ReplayOptions::default(), &GemmCrate);
+        let p = l.replayer.plane();
+        let mut got = vec![0u8; (2 * page) as usize];
+        p.read(hbm(0), &mut got).unwrap();
+        let mut want = x.clone();
+        want[(page + 7) as usize..(page + 10) as usize].copy_from_slice(&x[5..8]);
+        want[page as usize] = x[0];
+        assert!(got == want, "hbm copy");
+        let mut copy = vec![0u8; page as usize];
+        p.read(hbm(4 * page), &mut copy).unwrap();
+        let mut want3 = x[page as usize..].to_vec();
+        want3[7..10].copy_from_slice(&x[5..8]);
+        assert!(copy == want3, "copy of the copy");
+        let mut host_in = vec![0u8; (2 * page) as usize];
+        p.read_host_input(0, 0, &mut host_in).unwrap();
+        assert!(host_in == x, "host input unchanged");
+        let mut host_now = vec![0u8; (2 * page) as usize];
+        p.read(host(0, 0), &mut host_now).unwrap();
+        assert!(host_now == x, "host space unchanged");
+    }
+}
+
+#[test]
+fn unknown_kinds_are_skipped_in_parallel_too() {
+    let tensors = vec![tensor("x", Dtype::U8, &[64], true, None)];
+    let mut ops: Vec<Op> = (0..6)
+        .map(|i| {
+            mem(
+                i,
+                i,
+                2 * i,
+                vec![span(host(0, i), 1)],
+                2 * i + 1,
+                vec![span(hbm(i), 1)],
+            )
+        })
+        .collect();
+    for i in [1, 4] {
+        ops[i].kind = OpKind::Unknown(200);
+        ops[i].params = kb_format::Params::Raw(vec![9]);
+    }
+    let bytes = build(tensors, &[(0, vec![7; 64])], &ops, vec![]);
+    let l = run(&bytes, 2, &ReplayOptions::default(), &GemmCrate);
+    assert_eq!(l.stats.unknown_skipped, 2);
+    assert_eq!(l.stats.memory, 4);
+    let mut got = vec![0u8; 6];
+    l.replayer.plane().read(hbm(0), &mut got).unwrap();
+    assert_eq!(got, [7, 0, 7, 7, 0, 7]);
+}

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# kb-replay benchmarks, side by side with numpy in one run (BENCHMARKS.md,
+# kb-replay section). Prints each figure as it goes and the ratios last.
+#
+#   scripts/bench-replay.sh            # all cores
+#   THREADS=2 RUNS=5 scripts/bench-replay.sh
+#
+# Needs python3 (numpy goes into a private venv, target/replay-venv). When
+# the system has OpenBLAS (Debian: apt-get install libopenblas-dev) the
+# `openblas` backend is measured too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+THREADS=${THREADS:-$(nproc)}
+RUNS=${RUNS:-3}
+OUT=target/bench-replay
+mkdir -p "$OUT"
+echo "# kb-replay benchmarks: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) cores, threads=$THREADS, best of $RUNS"
+echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# ---- numpy -------------------------------------------------------------
+VENV=target/replay-venv
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q numpy
+fi
+"$VENV/bin/python" - "$RUNS" > "$OUT/numpy.txt" <<'EOF'
+import sys, time
+import numpy as np
+runs = int(sys.argv[1])
+def best(f):
+    f()
+    t = []
+    for _ in range(max(runs, 3)):
+        s = time.perf_counter(); f(); t.append(time.perf_counter() - s)
+    return min(t)
+rng = np.random.default_rng(0)
+for n in (1024, 2048):
+    a = rng.random((n, n), dtype=np.float32); b = rng.random((n, n), dtype=np.float32)
+    print(f"numpy f32 n={n}: {2 * n**3 / best(lambda: a @ b) / 1e9:.1f} GFLOP/s")
+n = 256
+a = rng.random((n, n)).astype(np.float16); b = rng.random((n, n)).astype(np.float16)
+print(f"numpy f16 n={n}: {2 * n**3 / best(lambda: a @ b) / 1e9:.2f} GFLOP/s")
+print(f"numpy {np.__version__}")
+EOF
+cat "$OUT/numpy.txt"
+
+# ---- builds ------------------------------------------------------------
+FEATURES=()
+BACKENDS=(gemm)
+if pkg-config --exists openblas 2>/dev/null || ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so '; then
+    FEATURES=(--features openblas)
+    BACKENDS+=(openblas)
+fi
+cargo build -q --release -p kb-sim
+cargo build -q --release -p kb-replay "${FEATURES[@]}"
+cargo bench -q -p kb-replay "${FEATURES[@]}" --bench backend --no-run 2>/dev/null
+BENCH=$(ls -t target/release/deps/backend-* | grep -v '\.d$' | head -1)
+SIM=target/release/kb-sim
+REPLAY=target/release/kb-replay
+
+# ---- backends called directly ------------------------------------------
+: > "$OUT/backend.txt"
+for be in "${BACKENDS[@]}"; do
+    "$BENCH" --backend "$be" --threads "$THREADS" square 1024 square 2048 f16 256 f16 1024 | tee -a "$OUT/backend.txt"
+done
+
+# ---- replay of a GEMM-heavy trace vs the backend on the same shapes -----
+# gemm_tiled on the small topology (4 PEs): 256x256x256 f32 tiles, the
+# largest that fit the 1 MiB TCM with an f32 accumulator.
+HEAVY=$OUT/gemm-heavy.kbt
+$SIM -q -t small -b gemm_tiled -p m=1024 -p n=1024 -p k=1024 \
+    -p block_m=256 -p block_n=256 -p block_k=256 -p dtype=f32 -o "$HEAVY"
+# Best of RUNS: replay GFLOP/s (GEMM flops over the replay time, the
+# report's `gflops`) and over the whole run (`gemm_flops / wall_seconds`).
+replay_best() { # trace backend threads -> "replay_gflops wall_gflops replay_seconds"
+    local best="0 0 0"
+    for _ in $(seq "$RUNS"); do
+        "$REPLAY" "$1" --backend "$2" --threads "$3" --report "$OUT/r.json" -q
+        local cur
+        cur=$(python3 -c "import json; r=json.load(open('$OUT/r.json')); print(r['gflops'], r['gemm_flops']/r['wall_seconds']/1e9, r['replay_seconds'])")
+        best=$(python3 -c "a='$best'.split(); b='$cur'.split(); print(' '.join(b if float(b[0]) > float(a[0]) else a))")
+    done
+    echo "$best"
+}
+: > "$OUT/heavy.txt"
+for be in "${BACKENDS[@]}"; do
+    read -r rg wg _ < <(replay_best "$HEAVY" "$be" "$THREADS")
+    echo "replay gemm-heavy backend=$be threads=$THREADS: $rg GFLOP/s replay, $wg GFLOP/s wall" | tee -a "$OUT/heavy.txt"
+    "$BENCH" --backend "$be" --threads "$THREADS" trace "$HEAVY" | tee -a "$OUT/heavy.txt"
+done
+"$REPLAY" "$HEAVY" --verify --threads "$THREADS" 2>&1 | tail -1 | tee -a "$OUT/heavy.txt" || true
+
+# ---- threads: a batch-heavy trace, 1 vs 2 threads ----------------------
+# gemm_tiled on the default topology (32 PEs doing the same 128^3 GEMMs).
+BATCHY=$OUT/batch-heavy.kbt
+$SIM -q -b gemm_tiled -p m=1024 -p n=1024 -p k=1024 \
+    -p block_m=128 -p block_n=128 -p block_k=128 -p dtype=f32 -o "$BATCHY"
+read -r _ _ t1 < <(replay_best "$BATCHY" gemm 1)
+read -r _ _ t2 < <(replay_best "$BATCHY" gemm 2)
+echo "batch-heavy replay seconds: 1 thread $t1, 2 threads $t2" | tee "$OUT/threads.txt"
+"$REPLAY" "$BATCHY" --threads 2 --report "$OUT/r.json" -q
+python3 -c "import json; e=json.load(open('$OUT/r.json'))['engine']; print(f\"batch-heavy engine: {e['gemm_batches']} batched calls of {e['gemm_batched_ops']} GEMMs, {e['waves']} waves\")" | tee -a "$OUT/threads.txt"
+
+# ---- streaming memory: a trace and one 10x longer, through a pipe -------
+# copy with 10-row tiles, then 1-row tiles: the same 16 MiB of data, ten
+# times the ops. Replay only (verification then holds the output and its
+# reference in f64: about 5x the output's bytes more, the same for both).
+: > "$OUT/stream.txt"
+for tr in 10 1; do
+    $SIM -q -b copy -p rows=8000 -p cols=512 -p tile_rows=$tr -o "$OUT/copy-$tr.kbt"
+    "$REPLAY" "$OUT/copy-$tr.kbt" --verify 2>&1 | tail -1
+    rss=$( { /usr/bin/time -f "%M" "$REPLAY" - -q --report "$OUT/r.json" < "$OUT/copy-$tr.kbt"; } 2>&1 | tail -1)
+    recs=$(python3 -c "import json; r=json.load(open('$OUT/r.json')); print(r['records'], r['engine']['max_pending_records'])")
+    echo "stream copy tile_rows=$tr: records/max held $recs, peak RSS $rss KB" | tee -a "$OUT/stream.txt"
+done
+# The same through kb-sim's pipe (replay starts before kb-sim finishes).
+rss=$( { $SIM -q -b copy -p rows=8000 -p cols=512 -p tile_rows=1 | /usr/bin/time -f "%M" "$REPLAY" - -q; } 2>&1 | tail -1)
+echo "stream copy tile_rows=1 from kb-sim's pipe: peak RSS $rss KB" | tee -a "$OUT/stream.txt"
+
+# ---- ratios --------------------------------------------------------------
+echo "# ratios"
+python3 - "$OUT" <<'EOF'
+import re, sys
+out = sys.argv[1]
+def nums(path, pat):
+    return [float(x) for x in re.findall(pat, open(f"{out}/{path}").read())]
+np32 = dict(zip((1024, 2048), nums("numpy.txt", r"numpy f32 n=\d+: ([\d.]+)")))
+np16 = nums("numpy.txt", r"numpy f16 n=\d+: ([\d.]+)")[0]
+be = open(f"{out}/backend.txt").read()
+for name in ("gemm", "openblas"):
+    for n in (1024, 2048):
+        m = re.search(rf"square f32 n={n} backend={name} \S+: ([\d.]+)", be)
+        if m:
+            print(f"{name} f32 n={n} / numpy: {float(m.group(1)) / np32[n]:.2f}")
+    for n in (256, 1024):
+        m = re.search(rf"f16 n={n} backend={name} \S+: ([\d.]+)", be)
+        if m:
+            print(f"{name} f16 n={n} / numpy f16 n=256: {float(m.group(1)) / np16:.0f}x")
+heavy = open(f"{out}/heavy.txt").read()
+for name in ("gemm", "openblas"):
+    r = re.search(rf"replay gemm-heavy backend={name} \S+: ([\d.]+) GFLOP/s replay, ([\d.]+) GFLOP/s wall", heavy)
+    d = re.search(rf"direct backend={name} \S+: ([\d.]+)", heavy)
+    db = re.search(rf"direct-batched backend={name} \S+: ([\d.]+)", heavy)
+    if r and d:
+        print(f"{name} replay / direct on the same shapes: {float(r.group(1)) / float(d.group(1)):.2f} "
+              f"(wall {float(r.group(2)) / float(d.group(1)):.2f}; vs direct-batched {float(r.group(1)) / float(db.group(1)):.2f})")
+t = nums("threads.txt", r"(\d+\.\d+)")
+print(f"batch-heavy 2 threads / 1 thread speed-up: {t[0] / t[1]:.2f}")
+s = nums("stream.txt", r"peak RSS (\d+) KB")
+print(f"streaming peak RSS, 10x longer / base: {s[1] / s[0]:.2f}")
+EOF
