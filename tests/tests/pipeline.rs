@@ -175,10 +175,12 @@ fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
             vec!["m=67", "n=45", "k=83", "block_m=16", "block_n=32"],
             vec!["m=40", "n=24", "k=50", "dtype=i8"],
             vec!["m=33", "n=20", "k=9", "dtype=f32"],
+            vec!["m=16", "n=16", "k=300", "dtype=f32"],
         ],
         "vector_add" => vec![
             vec!["rows=37", "cols=19", "tile_rows=5", "dtype=f16"],
             vec!["rows=33", "cols=3", "dtype=i32"],
+            vec!["rows=20", "cols=9", "dtype=i8"],
         ],
         "gemm_tiled" => vec![
             vec![
