@@ -75,7 +75,7 @@ fuzz_target!(|data: &[u8]| {
                     Err(_) => return,
                 }
             },
-            Ok(Some(Event::Tensor { .. })) => {}
+                        Ok(Some(Event::Tensor { .. } | Event::Snapshot { .. })) => {}
             Ok(None) | Err(_) => return,
         }
     }

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
                     Err(_) => return,
                 }
             },
-            Ok(Some(Event::Tensor { data, .. })) => {
+                        Ok(Some(Event::Tensor { data, .. } | Event::Snapshot { data, .. })) => {
                 std::hint::black_box(data);
             }
             Ok(None) => {

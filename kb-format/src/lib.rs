@@ -23,7 +23,7 @@ pub mod writer;
 
 pub use error::{FormatError, Result};
 pub use footer::{Footer, IndexEntry};
-pub use reader::{Event, MmapTrace, RecordChunk, Snapshot, StreamReader, Strings};
+pub use reader::{Event, MmapTrace, RecordChunk, StreamReader, Strings};
 pub use types::*;
 pub use writer::{AtomicFile, TraceWriter};
 

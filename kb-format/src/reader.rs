@@ -241,15 +241,6 @@ impl<'a> RecordChunk<'a> {
     }
 }
 
-/// An op input captured by Phase 1 (`kb-sim --capture-inputs`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
-    pub op_id: u64,
-    /// Which input of the op (gemm: a, b, acc; math: its tile inputs).
-    pub operand: u32,
-    pub data: Vec<u8>,
-}
-
 /// What a stream reader yields, chunk by chunk.
 #[derive(Debug)]
 pub enum Event<'a> {
@@ -260,6 +251,13 @@ pub enum Event<'a> {
         data: &'a [u8],
     },
     Records(RecordChunk<'a>),
+    /// Input `operand` of op `op_id` as Phase 1 observed it (debug mode,
+    /// `kb-sim --capture-inputs`); it comes before the op's record.
+    Snapshot {
+        op_id: u64,
+        operand: u32,
+        data: &'a [u8],
+    },
 }
 
 /// Decode a postcard payload that must be used up exactly.
@@ -410,8 +408,6 @@ pub struct StreamReader<R: Read> {
     ordinal: u32,
     /// Hash of the footer index entries the chunks read so far call for.
     index: Xxh3,
-    /// Snapshot chunks read and not yet taken.
-    snapshots: Vec<Snapshot>,
 }
 
 impl<R: Read> std::fmt::Debug for StreamReader<R> {
@@ -433,7 +429,6 @@ impl<R: Read> StreamReader<R> {
             state: State::default(),
             ordinal: 0,
             index: Xxh3::new(),
-            snapshots: Vec::new(),
         };
         let mut h = [0u8; BLOCK];
         s.read_exact(&mut h, "the 64-byte file header")?;
@@ -449,12 +444,6 @@ impl<R: Read> StreamReader<R> {
         s.state.meta = State::meta(&s.buf, at)?;
         s.state.chunks = 1;
         Ok(s)
-    }
-
-    /// The snapshot chunks read so far (`kb-sim --capture-inputs`), in
-    /// stream order; a snapshot comes before its op's record.
-    pub fn take_snapshots(&mut self) -> Vec<Snapshot> {
-        std::mem::take(&mut self.snapshots)
     }
 
     pub fn meta(&self) -> &Meta {
@@ -617,11 +606,11 @@ impl<R: Read> StreamReader<R> {
                 }
                 ChunkKind::Snapshot => {
                     self.state.chunks += 1;
-                    self.snapshots.push(Snapshot {
+                    return Ok(Some(Event::Snapshot {
                         op_id: h.aux[0],
                         operand: h.aux[1] as u32,
-                        data: self.buf.clone(),
-                    });
+                        data: &self.buf,
+                    }));
                 }
                 ChunkKind::Tensor => {
                     self.state.tensor(&h, at - BLOCK as u64)?;
@@ -947,21 +936,8 @@ impl MmapTrace {
         Ok(())
     }
 
-    /// Every snapshot chunk (`kb-sim --capture-inputs`) as (op id, operand,
-    /// bytes borrowed from the map), each checksum-verified.
-    pub fn snapshots(&self) -> Result<Vec<(u64, u32, &[u8])>> {
-        let mut out = Vec::new();
-        for e in &self.footer.index {
-            if e.kind == ChunkKind::Snapshot {
-                let (h, p, _) = self.payload(e.offset)?;
-                out.push((h.aux[0], h.aux[1] as u32, p));
-            }
-        }
-        Ok(out)
-    }
-
     /// Visit the chunks in stream order like a `StreamReader` would:
-    /// tensor data and records chunks, each payload checksum-verified.
+    /// tensor data, records and snapshot chunks, each checksum-verified.
     pub fn for_each_event(&self, mut f: impl FnMut(Event<'_>) -> Result<()>) -> Result<()> {
         let mut last = None;
         for e in &self.footer.index {
@@ -983,6 +959,14 @@ impl MmapTrace {
                         self.strings_at(e.ordinal),
                         &mut last,
                     )))?;
+                }
+                ChunkKind::Snapshot => {
+                    let (h, p, _) = self.payload(e.offset)?;
+                    f(Event::Snapshot {
+                        op_id: h.aux[0],
+                        operand: h.aux[1] as u32,
+                        data: p,
+                    })?;
                 }
                 _ => {}
             }

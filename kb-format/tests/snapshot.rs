@@ -21,28 +21,43 @@ fn snapshots_round_trip_through_both_readers() {
     .unwrap();
     let bytes = w.finish(&VerifySpec::default()).unwrap();
 
+    // Stream order: both snapshots, then the records chunk with op 3.
     let mut s = StreamReader::open(&bytes[..]).unwrap();
-    assert_eq!(s.skip_to_end().unwrap(), 1);
-    let got = s.take_snapshots();
-    assert_eq!(got.len(), 2);
-    assert_eq!(
-        (got[0].op_id, got[0].operand, &got[0].data[..]),
-        (3, 0, &[1u8, 2, 3, 4][..])
-    );
-    assert_eq!(
-        (got[1].op_id, got[1].operand, got[1].data.len()),
-        (3, 1, 100)
-    );
-    assert!(s.take_snapshots().is_empty(), "taken once");
+    let mut seen = Vec::new();
+    while let Some(ev) = s.next_event().unwrap() {
+        match ev {
+            Event::Snapshot {
+                op_id,
+                operand,
+                data,
+            } => seen.push(format!("snap {op_id}/{operand} {}", data.len())),
+            Event::Records(_) => seen.push("records".into()),
+            Event::Tensor { .. } => seen.push("tensor".into()),
+        }
+    }
+    assert_eq!(seen, ["snap 3/0 4", "snap 3/1 100", "records"]);
 
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("s.kbt");
     std::fs::write(&p, &bytes).unwrap();
     let m = MmapTrace::open(&p).unwrap();
     m.verify_digest().unwrap();
-    let snaps = m.snapshots().unwrap();
+    let mut snaps = Vec::new();
+    m.for_each_event(|ev| {
+        if let Event::Snapshot {
+            op_id,
+            operand,
+            data,
+        } = ev
+        {
+            snaps.push((op_id, operand, data.to_vec()));
+        }
+        Ok(())
+    })
+    .unwrap();
     assert_eq!(snaps.len(), 2);
-    assert_eq!(snaps[1], (3, 1, &[9u8; 100][..]));
+    assert_eq!(snaps[0], (3, 0, vec![1, 2, 3, 4]));
+    assert_eq!(snaps[1], (3, 1, vec![9; 100]));
 
     // A damaged snapshot payload is a checksum error, not wrong data.
     let mut bad = bytes.clone();

@@ -142,6 +142,7 @@ pub fn visit_file<V: Visitor>(name: &str, path: &Path, v: &mut V) -> Result<()> 
                 offset,
                 data,
             } => v.tensor(tensor, offset, data),
+            Event::Snapshot { .. } => Ok(Flow::Continue),
             Event::Records(_) if !v.wants_records() => Ok(Flow::Continue),
             Event::Records(mut c) => {
                 let mut flow = Ok(Flow::Continue);
@@ -193,6 +194,7 @@ pub fn visit_reader<R: Read, V: Visitor>(name: &str, r: R, v: &mut V) -> Result<
                 offset,
                 data,
             } => v.tensor(tensor, offset, data)?,
+            Event::Snapshot { .. } => Flow::Continue,
             Event::Records(_) if !v.wants_records() => Flow::Continue,
             Event::Records(mut c) => {
                 let mut flow = Flow::Continue;

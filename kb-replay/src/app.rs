@@ -69,6 +69,11 @@ fn on_event(rep: &mut Replayer, ev: Event<'_>, exec: &Exec, bar: &Progress) -> R
             offset,
             data,
         } => rep.load_host(tensor, offset, data)?,
+        Event::Snapshot {
+            op_id,
+            operand,
+            data,
+        } => rep.add_snapshot(op_id, operand, data),
         Event::Records(c) => {
             rep.push_chunk(c, exec)?;
             bar.update(rep.stats().records, rep.pending_records());

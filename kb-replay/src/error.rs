@@ -36,6 +36,17 @@ pub enum Error {
     /// Bad usage that the argument parser cannot catch.
     #[error("{0}")]
     Usage(String),
+
+    /// `--check-intermediates`: an op's replayed input differs from the
+    /// snapshot Phase 1 captured (a mismatch: exit 1, not 2).
+    #[error("op {op_id} ({op_name} on {component} at {time}): {detail}")]
+    Intermediate {
+        op_id: u64,
+        component: String,
+        op_name: String,
+        time: String,
+        detail: String,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -63,6 +63,11 @@ struct Args {
     /// GEMM backend, among those compiled in (see --help)
     #[arg(long, value_name = "NAME", default_value = "gemm", value_parser = parse_backend)]
     backend: String,
+
+    /// Debug mode: compare each compute op's inputs with the snapshots
+    /// `kb-sim --capture-inputs` recorded; the first op that differs exits 1
+    #[arg(long)]
+    check_intermediates: bool,
 }
 
 fn parse_backend(s: &str) -> Result<String, String> {
@@ -114,7 +119,10 @@ fn main() -> ExitCode {
         quiet: args.quiet,
         threads: args.threads,
         progress: !args.quiet && std::io::stderr().is_terminal(),
-        options: ReplayOptions::default(),
+        options: ReplayOptions {
+            check_intermediates: args.check_intermediates,
+            ..ReplayOptions::default()
+        },
     };
     let Some(backend) = backend::by_name(&args.backend) else {
         eprintln!("kb-replay: unknown backend {:?}", args.backend);
@@ -125,7 +133,10 @@ fn main() -> ExitCode {
         Ok(_) => ExitCode::from(1),
         Err(e) => {
             eprintln!("kb-replay: {}", e.message(&cfg.input.name()));
-            ExitCode::from(2)
+            match e {
+                kb_replay::error::Error::Intermediate { .. } => ExitCode::from(1),
+                _ => ExitCode::from(2),
+            }
         }
     }
 }

@@ -283,29 +283,36 @@ fn capture_inputs_snapshots_the_inputs_phase_1_knows() {
     let (bytes, _) = run(&cfg, Vec::new()).unwrap();
     let mut r = kb_format::StreamReader::open(&bytes[..]).unwrap();
     let mut gemms = Vec::new();
+    let mut snaps = Vec::new();
     let mut rec = kb_format::Record::default();
     while let Some(ev) = r.next_event().unwrap() {
-        if let kb_format::Event::Records(mut c) = ev {
-            while c.next_into(&mut rec).unwrap() {
-                if rec.kind == kb_format::OpKind::Gemm {
-                    gemms.push(rec.op_id);
+        match ev {
+            kb_format::Event::Records(mut c) => {
+                while c.next_into(&mut rec).unwrap() {
+                    if rec.kind == kb_format::OpKind::Gemm {
+                        gemms.push(rec.op_id);
+                    }
                 }
             }
+            kb_format::Event::Snapshot {
+                op_id,
+                operand,
+                data,
+            } => {
+                // A snapshot comes before its op's record.
+                assert!(!gemms.contains(&op_id));
+                snaps.push((op_id, operand, data.len()));
+            }
+            kb_format::Event::Tensor { .. } => {}
         }
     }
-    let snaps = r.take_snapshots();
     assert!(!gemms.is_empty());
     // Each dot's A and B tiles were loaded (known); an accumulator is a
     // pending result and is not captured.
     assert_eq!(snaps.len(), 2 * gemms.len());
-    for s in &snaps {
-        assert!(
-            gemms.contains(&s.op_id) && s.operand < 2,
-            "{} {}",
-            s.op_id,
-            s.operand
-        );
-        assert!(!s.data.is_empty());
+    for &(op, operand, len) in &snaps {
+        assert!(gemms.contains(&op) && operand < 2, "{op} {operand}");
+        assert!(len > 0);
     }
     cfg.capture_inputs = false;
     let (plain, _) = run(&cfg, Vec::new()).unwrap();

@@ -276,3 +276,30 @@ fn a_data_dependent_kernel_logs_different_ops_for_different_data_and_both_verify
         "different indices must move different rows"
     );
 }
+
+#[test]
+fn captured_inputs_match_phase_2_for_every_benchmark() {
+    for bench in [
+        "gemm",
+        "gemm_tiled",
+        "softmax",
+        "vector_add",
+        "gather",
+        "copy",
+    ] {
+        let (sim, replay) = pipe(
+            (
+                "kb-sim",
+                &["-q", "-t", "small", "-b", bench, "--capture-inputs"],
+            ),
+            ("kb-replay", &["--verify", "--check-intermediates"]),
+        );
+        assert!(sim.status.success(), "{bench}: {}", stderr(&sim));
+        assert_eq!(
+            replay.status.code(),
+            Some(0),
+            "{bench}: {}",
+            stderr(&replay)
+        );
+    }
+}

@@ -35,6 +35,7 @@ pub fn read_stream(bytes: &[u8]) -> Result<Dump> {
                 offset,
                 data,
             } => tensors.push((tensor, offset, data.to_vec())),
+            Event::Snapshot { .. } => {}
             Event::Records(mut c) => {
                 while c.next_into(&mut r)? {
                     records.push(r.clone());
@@ -78,6 +79,7 @@ pub fn read_mmap(path: &Path) -> Result<Dump> {
                 offset,
                 data,
             } => tensors.push((tensor, offset, data.to_vec())),
+            Event::Snapshot { .. } => {}
             Event::Records(mut c) => {
                 let mut r = Record::default();
                 while c.next_into(&mut r)? {

@@ -21,6 +21,8 @@ pub(crate) struct Cx<'a> {
     pub batch: bool,
     pub lookahead: usize,
     pub hold_budget: u64,
+    /// Phase 1's input snapshots, when checking intermediates.
+    pub snapshots: Option<&'a std::collections::HashMap<(u64, u32), Vec<u8>>>,
 }
 
 /// What a read produced.
@@ -114,6 +116,9 @@ fn read_phase(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<ReadOut> {
                     bytes.len()
                 )));
             }
+            if let Some(snaps) = cx.snapshots {
+                check_inputs(cx, r, &read.ranges, &bytes, snaps)?;
+            }
             match write_len {
                 Some(wl) if wl != output => {
                     return Err(err(format!(
@@ -165,7 +170,10 @@ fn gemm_fast_read(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<g
 /// A GEMM's read as prepared operands (`None`: the op has no write, so
 /// nothing is computed).
 fn gemm_read(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<gemm::Prepared>> {
-    if let Some(x) = gemm_fast_read(cx, op, delta)? {
+    // Checking intermediates needs the operands' bytes: the generic path.
+    if cx.snapshots.is_none()
+        && let Some(x) = gemm_fast_read(cx, op, delta)?
+    {
         return Ok(Some(x));
     }
     let Params::Gemm(p) = &op.rec.params else {
@@ -598,4 +606,60 @@ fn run_waves(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// `--check-intermediates`: compare each operand (one read range each, in
+/// operand order) with Phase 1's snapshot of it, if there is one.
+fn check_inputs(
+    cx: &Cx,
+    r: &kb_format::Record,
+    ranges: &[kb_format::Extent],
+    bytes: &[u8],
+    snaps: &std::collections::HashMap<(u64, u32), Vec<u8>>,
+) -> Result<()> {
+    let mut at = 0usize;
+    for (i, x) in ranges.iter().enumerate() {
+        let n = x.bytes() as usize;
+        let got = &bytes[at..at + n];
+        at += n;
+        let Some(want) = snaps.get(&(r.op_id, i as u32)) else {
+            continue;
+        };
+        if want.as_slice() != got {
+            let first = want
+                .iter()
+                .zip(got)
+                .position(|(a, b)| a != b)
+                .unwrap_or(want.len().min(got.len()));
+            let e = super::op_error(
+                r,
+                cx.strings,
+                format!(
+                    "input {i} differs from Phase 1's snapshot: {} bytes replayed vs {} captured, first difference at byte {first} ({:#04x} vs {:#04x}); read {}",
+                    got.len(),
+                    want.len(),
+                    got.get(first).copied().unwrap_or(0),
+                    want.get(first).copied().unwrap_or(0),
+                    fmt_extents(std::slice::from_ref(x), cx.tensors)
+                ),
+            );
+            return Err(match e {
+                Error::Op {
+                    op_id,
+                    component,
+                    op_name,
+                    time,
+                    detail,
+                } => Error::Intermediate {
+                    op_id,
+                    component,
+                    op_name,
+                    time,
+                    detail,
+                },
+                other => other,
+            });
+        }
+    }
+    Ok(())
 }

@@ -88,6 +88,10 @@ pub struct ReplayOptions {
     /// Most bytes that reads run ahead in parallel may hold for their
     /// writes (the first op not done always runs).
     pub hold_budget: u64,
+    /// Compare each compute op's inputs with the snapshots Phase 1
+    /// captured (`kb-sim --capture-inputs`); the first difference stops
+    /// the replay with [`Error::Intermediate`].
+    pub check_intermediates: bool,
 }
 
 impl Default for ReplayOptions {
@@ -99,6 +103,7 @@ impl Default for ReplayOptions {
             batch_gemms: true,
             lookahead: 256,
             hold_budget: 16 << 20,
+            check_intermediates: false,
         }
     }
 }
@@ -266,6 +271,8 @@ pub struct Replayer {
     frontier: Frontier,
     watermark: u64,
     stats: Stats,
+    /// Phase 1's input snapshots by (op id, operand), when checking.
+    snapshots: std::collections::HashMap<(u64, u32), Vec<u8>>,
 }
 
 impl Replayer {
@@ -283,6 +290,7 @@ impl Replayer {
             frontier: Frontier::default(),
             watermark: 0,
             stats: Stats::default(),
+            snapshots: Default::default(),
         }
     }
 
@@ -392,6 +400,14 @@ impl Replayer {
     }
 
     /// Decode a records chunk, queue its records and apply what it allows.
+    /// Keep one of Phase 1's input snapshots for `check_intermediates`
+    /// (snapshots come before their ops' records); ignored otherwise.
+    pub fn add_snapshot(&mut self, op_id: u64, operand: u32, data: &[u8]) {
+        if self.opts.check_intermediates {
+            self.snapshots.insert((op_id, operand), data.to_vec());
+        }
+    }
+
     pub fn push_chunk(&mut self, mut c: RecordChunk<'_>, exec: &Exec) -> Result<()> {
         let mut r = Record::default();
         while c.next_into(&mut r)? {
@@ -451,6 +467,7 @@ impl Replayer {
             batch: self.opts.batch_gemms,
             lookahead: self.opts.lookahead,
             hold_budget: self.opts.hold_budget,
+            snapshots: self.opts.check_intermediates.then_some(&self.snapshots),
         };
         let res = exec::run_window(&cx, &keys, &mut self.ops, exec.pool, &mut self.stats);
         // Drop the records whose effects are all applied.

@@ -239,6 +239,29 @@ pub fn build_chunked(
     outputs: Vec<VerifyOutput>,
     chunk_bytes: Option<usize>,
 ) -> Vec<u8> {
+    build_full(tensors, host, &[], ops, outputs, chunk_bytes)
+}
+
+/// As [`build`], with input snapshots (op id, operand, bytes) written
+/// before the records, as `kb-sim --capture-inputs` does.
+pub fn build_with_snapshots(
+    tensors: Vec<TensorMeta>,
+    host: &[(u32, Vec<u8>)],
+    snapshots: &[(u64, u32, Vec<u8>)],
+    ops: &[Op],
+    outputs: Vec<VerifyOutput>,
+) -> Vec<u8> {
+    build_full(tensors, host, snapshots, ops, outputs, None)
+}
+
+fn build_full(
+    tensors: Vec<TensorMeta>,
+    host: &[(u32, Vec<u8>)],
+    snapshots: &[(u64, u32, Vec<u8>)],
+    ops: &[Op],
+    outputs: Vec<VerifyOutput>,
+    chunk_bytes: Option<usize>,
+) -> Vec<u8> {
     let meta = Meta {
         tool: "test".into(),
         tensors,
@@ -250,6 +273,9 @@ pub fn build_chunked(
     }
     for (i, data) in host {
         w.tensor_data(*i, 0, data).expect("tensor data");
+    }
+    for (op, operand, data) in snapshots {
+        w.snapshot(*op, *operand, data).expect("snapshot");
     }
     for op in ops {
         let component = w.intern(&op.component);
