@@ -39,23 +39,7 @@ impl<T: Copy> Mat<T> {
 }
 
 fn op_name(op: MathOp) -> &'static str {
-    match op {
-        MathOp::Exp => "exp",
-        MathOp::Log => "log",
-        MathOp::Sqrt => "sqrt",
-        MathOp::Rsqrt => "rsqrt",
-        MathOp::Add => "add",
-        MathOp::Sub => "sub",
-        MathOp::Mul => "mul",
-        MathOp::Div => "div",
-        MathOp::Max => "max",
-        MathOp::Min => "min",
-        MathOp::Where => "where",
-        MathOp::Cast => "cast",
-        MathOp::Sum => "sum",
-        MathOp::ReduceMax => "reduce_max",
-        MathOp::Copy => "copy",
-    }
+    op.name()
 }
 
 fn arity(op: MathOp) -> usize {
