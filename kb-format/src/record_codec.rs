@@ -3,11 +3,13 @@
 //! against the previous value in the same chunk. Each chunk starts from a
 //! zero state, so any records chunk decodes on its own (random access).
 //!
-//! Addresses use two predictors: the read side (read ranges, and the
-//! params addresses a kernel reads from) and the write side (write ranges
-//! and output addresses). A memory op's `src` then codes against its own
-//! read range and `dst` against its write range. docs/trace-format.md
-//! gives the exact layout.
+//! Addresses code against predictors held per (component, op name)
+//! context, because one context's records walk nearby addresses while
+//! different contexts interleave in time. Each context has four: read-side
+//! and write-side params addresses, read and write range addresses (apart
+//! from the params, which carry the VA or LA a kernel used while ranges
+//! carry PAs). docs/trace-format.md gives the exact layout and the context
+//! table.
 
 use crate::error::{FormatError, Result};
 use crate::types::*;
@@ -18,9 +20,9 @@ const F_WRITE: u8 = 1 << 2;
 const F_DEPS: u8 = 1 << 3;
 const F_KNOWN: u8 = F_FINGERPRINT | F_READ | F_WRITE | F_DEPS;
 
-/// Address predictor of the read side.
+/// Address predictor of the read-side params.
 const RD: usize = 0;
-/// Address predictor of the write side.
+/// Address predictor of the write-side params.
 const WR: usize = 1;
 
 /// Largest number of math inputs, effect ranges and dependencies a record
@@ -29,13 +31,64 @@ pub const MAX_MATH_INPUTS: usize = 64;
 pub const MAX_RANGES: usize = 1 << 20;
 pub const MAX_DEPS: usize = 1 << 20;
 
+/// Offset of the range predictors from the params ones.
+const RANGES: usize = 2;
+
 /// Delta-coding state shared by the encoder and decoder.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct State {
     op_id: u64,
     t_start: u64,
     seq: u64,
-    addr: [u64; 2],
+    /// The slot of the current record's context in `ctx`.
+    slot: usize,
+    /// The address predictors of each (component, op name) context: a
+    /// context's records move similar addresses, while records of
+    /// different contexts interleave in time (PEs, loads and stores).
+    ctx: Contexts,
+}
+
+/// Predictors by (component, op name) context: a direct-mapped table of
+/// `CONTEXTS` slots, the slot being the top bits of
+/// `(component << 32 | op_name) * 0x9E37_79B9_7F4A_7C15` (wrapping). A
+/// context not in its slot starts from zero predictors and takes the slot
+/// over. Each slot holds four predictors: read-side params, write-side
+/// params, read ranges, write ranges. No allocation per record; both sides
+/// evict the same way.
+#[derive(Debug, Clone)]
+struct Contexts(Box<[(u64, [u64; 4]); CONTEXTS]>);
+
+/// Slots of the context table (a power of two).
+const CONTEXTS: usize = 256;
+
+impl Default for Contexts {
+    fn default() -> Self {
+        Contexts(Box::new([(u64::MAX, [0; 4]); CONTEXTS]))
+    }
+}
+
+impl State {
+    /// Selects the context of a record's (component, op name).
+    #[inline(always)]
+    fn enter(&mut self, component: u32, op_name: u32) {
+        let key = (component as u64) << 32 | op_name as u64;
+        let slot = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CONTEXTS.trailing_zeros()))
+            as usize
+            & (CONTEXTS - 1);
+        if self.ctx.0[slot].0 != key {
+            // A new context starts from the previous record's predictors:
+            // its first addresses are often near those.
+            let from = self.ctx.0[self.slot & (CONTEXTS - 1)].1;
+            self.ctx.0[slot] = (key, from);
+        }
+        self.slot = slot;
+    }
+
+    /// The current context's predictor `side`.
+    #[inline(always)]
+    fn addr(&mut self, side: usize) -> &mut u64 {
+        &mut self.ctx.0[self.slot & (CONTEXTS - 1)].1[side & 3]
+    }
 }
 
 #[inline(always)]
@@ -124,8 +177,10 @@ impl Out<'_> {
 
     #[inline(always)]
     fn addr(&mut self, st: &mut State, side: usize, a: u64) {
-        self.signed(a.wrapping_sub(st.addr[side]) as i64);
-        st.addr[side] = a;
+        let p = st.addr(side);
+        let d = a.wrapping_sub(*p);
+        *p = a;
+        self.signed(d as i64);
     }
 
     #[inline(always)]
@@ -140,14 +195,17 @@ impl Out<'_> {
         self.signed(e.seq.wrapping_sub(st.seq) as i64);
         st.seq = e.seq;
         self.varint(e.ranges.len() as u64);
+        let mut pa = *st.addr(side + RANGES);
         for x in &e.ranges {
-            self.addr(st, side, x.pa);
+            self.signed(x.pa.wrapping_sub(pa) as i64);
+            pa = x.pa;
             self.varint(x.len);
             self.varint(x.rows as u64);
             if x.rows > 1 {
                 self.varint(x.stride);
             }
         }
+        *st.addr(side + RANGES) = pa;
     }
 
     fn params(&mut self, st: &mut State, p: &Params) {
@@ -289,6 +347,7 @@ impl RecordEncoder {
         o.varint(r.t_end.saturating_sub(r.t_start));
         o.varint(r.component as u64);
         o.varint(r.op_name as u64);
+        st.enter(r.component, r.op_name);
         if let Some(fp) = r.fingerprint {
             o.fixed(fp);
         }
@@ -539,8 +598,10 @@ impl<'a> RecordDecoder<'a> {
 
     #[inline(always)]
     fn addr(&mut self, side: usize) -> u64 {
-        let a = self.state.addr[side].wrapping_add(self.cur.signed());
-        self.state.addr[side] = a;
+        let d = self.cur.signed();
+        let p = self.state.addr(side);
+        let a = p.wrapping_add(d);
+        *p = a;
         a
     }
 
@@ -574,12 +635,16 @@ impl<'a> RecordDecoder<'a> {
         // Overwrite the ranges the reused record already holds, then grow
         // or shrink: no per-range capacity checks in the common case.
         e.ranges.resize(n, Extent::contiguous(0, 0));
+        // The predictor stays in a register through the loop.
+        let mut pa = *self.state.addr(side + RANGES);
         for x in e.ranges.iter_mut() {
-            x.pa = self.addr(side);
+            pa = pa.wrapping_add(self.cur.signed());
+            x.pa = pa;
             x.len = self.cur.varint();
             x.rows = self.cur.varint_u32();
             x.stride = if x.rows > 1 { self.cur.varint() } else { 0 };
         }
+        *self.state.addr(side + RANGES) = pa;
     }
 
     #[inline(always)]
@@ -625,6 +690,7 @@ impl<'a> RecordDecoder<'a> {
         self.state.t_start = t_start;
         r.component = self.cur.varint_u32();
         r.op_name = self.cur.varint_u32();
+        self.state.enter(r.component, r.op_name);
         r.fingerprint = if flags & F_FINGERPRINT != 0 {
             Some(self.cur.fixed())
         } else {
@@ -915,5 +981,129 @@ mod tests {
             err.to_string().contains("offset 110") && err.to_string().contains("overflows"),
             "{err}"
         );
+    }
+
+    /// A record with one read range and nothing else.
+    fn read_at(op_id: u64, component: u32, pa: u64) -> Record {
+        Record {
+            op_id,
+            component,
+            read: Some(Effect {
+                time: 0,
+                seq: 0,
+                ranges: vec![Extent::contiguous(pa, 64)],
+            }),
+            ..Record::default()
+        }
+    }
+
+    /// Encodes `records` and returns each record's bytes.
+    fn encode_each(records: &[Record]) -> Vec<Vec<u8>> {
+        let mut enc = RecordEncoder::default();
+        let mut out = Vec::new();
+        for r in records {
+            let before = enc.len();
+            enc.push(r);
+            out.push(enc.as_bytes()[before..].to_vec());
+        }
+        out
+    }
+
+    fn decode_all(bytes: &[u8], n: usize) -> Vec<Record> {
+        let mut d = RecordDecoder::new(bytes, 0, n as u64);
+        let mut out = Vec::new();
+        let mut r = Record::default();
+        while d.next_into(&mut r).unwrap() {
+            out.push(r.clone());
+        }
+        out
+    }
+
+    #[test]
+    fn a_context_codes_against_its_own_last_address() {
+        // Context (0, 0) lives in slot 0; (1, 0) in slot 0x7f (the top
+        // byte of 2^32 * 0x9E3779B97F4A7C15), so they do not collide.
+        let records = [
+            read_at(0, 0, 0x1000),
+            read_at(1, 1, 0x9000_0000),
+            read_at(2, 0, 0x1040),
+        ];
+        let bytes = encode_each(&records);
+        // flags (read), kind, op_id +0, dt, duration, component, op_name,
+        // time, seq, 1 range, pa, len 64, rows 1, no params.
+        let head = [0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01];
+        // pa 0x1000 against zero: zigzag 0x2000.
+        assert_eq!(
+            bytes[0],
+            [&head[..], &[0x80, 0x40, 0x40, 0x01, 0x00]].concat()
+        );
+        // A new context starts from the previous record's predictors:
+        // 0x9000_0000 - 0x1000, zigzag 0x1_1fff_e000.
+        let mut second = head;
+        second[2] = 0x02; // op_id +1
+        second[5] = 0x01; // component 1
+        let pa = [0x80, 0xc0, 0xff, 0xff, 0x11];
+        assert_eq!(bytes[1], [&second[..], &pa, &[0x40, 0x01, 0x00]].concat());
+        // Back in context (0, 0): 0x1040 against its own 0x1000, not
+        // against the other context's 0x9000_0000.
+        let mut third = head;
+        third[2] = 0x02;
+        assert_eq!(
+            bytes[2],
+            [&third[..], &[0x80, 0x01, 0x40, 0x01, 0x00]].concat()
+        );
+        assert_eq!(decode_all(&bytes.concat(), 3), records);
+    }
+
+    #[test]
+    fn contexts_that_share_a_slot_evict_each_other() {
+        // (360, 0) shares slot 0 with (0, 0): its record takes the slot
+        // over, so (0, 0) then starts again from (360, 0)'s predictors.
+        let records = [
+            read_at(0, 0, 0x1000),
+            read_at(1, 360, 0x5000),
+            read_at(2, 0, 0x1040),
+        ];
+        let bytes = encode_each(&records);
+        // 0x1040 against 0x5000: zigzag(-0x3fc0) = 0x7f7f.
+        assert_eq!(&bytes[2][10..13], &[0xff, 0xfe, 0x01]);
+        assert_eq!(decode_all(&bytes.concat(), 3), records);
+    }
+
+    #[test]
+    fn many_contexts_round_trip() {
+        // More contexts than slots, interleaved, with both effects and
+        // params: the encoder and decoder evict alike.
+        let records: Vec<Record> = (0..4000u64)
+            .map(|i| {
+                let h = i.wrapping_mul(0x2545_F491_4F6C_DD1D);
+                let pa = 0x1_0000_0000 + (h >> 40) * 64;
+                let mut r = read_at(i, (h >> 20) as u32 % 700, pa);
+                r.op_name = (h >> 10) as u32 % 3;
+                r.write = Some(Effect {
+                    time: 5,
+                    seq: 1,
+                    ranges: vec![Extent::contiguous(pa ^ 0x4000_0000, 64)],
+                });
+                r.params = Params::Memory(MemoryParams {
+                    src: Addr {
+                        space: Space::Hbm,
+                        addr: pa + 7,
+                    },
+                    dst: Addr {
+                        space: Space::Tcm,
+                        addr: h >> 50,
+                    },
+                    rows: 1,
+                    row_bytes: 64,
+                    src_stride: 64,
+                    dst_stride: 64,
+                    dtype: None,
+                });
+                r
+            })
+            .collect();
+        let bytes = encode_each(&records).concat();
+        assert_eq!(decode_all(&bytes, records.len()), records);
     }
 }
