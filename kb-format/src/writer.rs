@@ -494,34 +494,71 @@ fn check_record(r: &Record) -> Result<()> {
 /// renamed to the target only by `commit`. Dropped without `commit` (an
 /// error, a panic), the temporary file is removed; a killed process leaves
 /// only a `.<name>.partial*` file, never the target name.
+///
+/// A target that exists and is not a regular file (`/dev/null`, a FIFO,
+/// `/dev/stdout`) is written in place: renaming over it would replace a
+/// device with a plain file, and such a target cannot look complete.
 #[derive(Debug)]
 pub struct AtomicFile {
     target: PathBuf,
-    file: io::BufWriter<tempfile::NamedTempFile>,
+    file: io::BufWriter<Destination>,
+}
+
+#[derive(Debug)]
+enum Destination {
+    Temporary(tempfile::NamedTempFile),
+    InPlace(std::fs::File),
+}
+
+impl Write for Destination {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Destination::Temporary(f) => f.write(buf),
+            Destination::InPlace(f) => f.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Destination::Temporary(f) => f.flush(),
+            Destination::InPlace(f) => f.flush(),
+        }
+    }
 }
 
 impl AtomicFile {
     pub fn create(target: &Path) -> io::Result<AtomicFile> {
-        let dir = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
+        // Follows symlinks: `/dev/stdout` is a link to a pipe or a tty.
+        let special = std::fs::metadata(target).is_ok_and(|m| !m.is_file() && !m.is_dir());
+        let dest = if special {
+            Destination::InPlace(std::fs::OpenOptions::new().write(true).open(target)?)
+        } else {
+            let dir = match target.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            let name = target
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Destination::Temporary(
+                tempfile::Builder::new()
+                    .prefix(&format!(".{name}.partial"))
+                    .tempfile_in(dir)?,
+            )
         };
-        let name = target
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{name}.partial"))
-            .tempfile_in(dir)?;
         Ok(AtomicFile {
             target: target.to_path_buf(),
-            file: io::BufWriter::with_capacity(1 << 20, tmp),
+            file: io::BufWriter::with_capacity(1 << 20, dest),
         })
     }
 
-    /// Flush, sync and rename into place.
+    /// Flush, sync and rename into place (a special target: flush).
     pub fn commit(self) -> io::Result<()> {
-        let tmp = self.file.into_inner().map_err(|e| e.into_error())?;
+        let tmp = match self.file.into_inner().map_err(|e| e.into_error())? {
+            Destination::Temporary(tmp) => tmp,
+            Destination::InPlace(mut f) => return f.flush(),
+        };
         // Temporary files are private (0600); a trace is an ordinary file.
         #[cfg(unix)]
         {

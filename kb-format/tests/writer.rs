@@ -282,3 +282,30 @@ fn atomic_file_goes_in_the_target_directory() {
         1
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn atomic_file_writes_a_special_target_in_place() {
+    // `-o /dev/null` or a FIFO: renaming over it would replace the device
+    // or pipe with a plain file. A FIFO stands in for /dev/null here.
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    let mut f = AtomicFile::create(&fifo).unwrap();
+    std::io::Write::write_all(&mut f, b"through the pipe").unwrap();
+    f.commit().unwrap();
+    // Checked before joining: a reader of a replaced FIFO waits forever.
+    let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+    assert!(kind.is_fifo(), "the FIFO was replaced: {kind:?}");
+    assert_eq!(reader.join().unwrap(), b"through the pipe");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
