@@ -86,10 +86,10 @@ pub(crate) fn out_err(e: io::Error) -> Error {
     Error::io("writing output", e)
 }
 
-/// Write an output file atomically: into a temporary file beside it
-/// (created with the usual permissions, so the umask applies), renamed
-/// into place only when `write` succeeded; removed otherwise. `-` writes
-/// to standard output.
+/// Write an output file atomically through kb-format's `AtomicFile`: into
+/// a temporary file beside it, renamed into place only when `write`
+/// succeeded, removed otherwise (`/dev/null` or a FIFO is written in
+/// place). `-` writes to standard output.
 pub(crate) fn write_output<T>(
     path: &Path,
     write: impl FnOnce(&mut dyn io::Write) -> Result<T>,
@@ -101,29 +101,10 @@ pub(crate) fn write_output<T>(
         io::Write::flush(&mut so).map_err(|e| Error::io(&what, e))?;
         return Ok(v);
     }
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::usage(format!("{what}: not a file name")))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.partial",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(|e| Error::io(&what, e))?;
-    let mut w = io::BufWriter::with_capacity(1 << 20, file);
-    let res = write(&mut w).and_then(|v| {
-        io::Write::flush(&mut w).map_err(|e| Error::io(&what, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(&what, e))?;
-        Ok(v)
-    });
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
+    let mut f = kb_format::AtomicFile::create(path).map_err(|e| Error::io(&what, e))?;
+    let v = write(&mut f)?;
+    f.commit().map_err(|e| Error::io(&what, e))?;
+    Ok(v)
 }
 
 #[cfg(test)]
