@@ -2,19 +2,14 @@
 //! resumed when it completes. (The kernels issue replaces hand-written
 //! programs with `tl` kernels driven by a KernelRunner through this seam.)
 
-use kb_format::{Addr, Dtype, GemmParams, MathParams, MemoryParams, OpKind, Params, Space};
+use kb_format::{Dtype, GemmParams, MathParams, MemoryParams, OpKind, Params, Space};
 
-/// A 2-D DMA: `rows` x `row_bytes` from `src` to `dst`, rows `*_stride`
-/// bytes apart on each side. Addresses are PAs (the PA address model).
+/// A 2-D DMA: the trace's memory params (`rows` x `row_bytes` from `src`
+/// to `dst`, rows `*_stride` bytes apart on each side) and an op name.
+/// Addresses are the ones the kernel used (PA, VA or LA).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DmaCmd {
-    pub src: Addr,
-    pub dst: Addr,
-    pub rows: u32,
-    pub row_bytes: u64,
-    pub src_stride: u64,
-    pub dst_stride: u64,
-    pub dtype: Option<Dtype>,
+    pub mem: MemoryParams,
     /// Op name override (pipeline stages: `TileToken/DMA_READ`).
     pub label: Option<&'static str>,
 }
@@ -33,7 +28,7 @@ impl DataOp for DmaCmd {
         if let Some(l) = self.label {
             return l;
         }
-        match (self.src.space, self.dst.space) {
+        match (self.mem.src.space, self.mem.dst.space) {
             (_, Space::Tcm) => "dma_read",
             (Space::Tcm, _) => "dma_write",
             _ => "dma_copy",
@@ -45,15 +40,7 @@ impl DataOp for DmaCmd {
     }
 
     fn params(&self) -> Params {
-        Params::Memory(MemoryParams {
-            src: self.src,
-            dst: self.dst,
-            rows: self.rows,
-            row_bytes: self.row_bytes,
-            src_stride: self.src_stride,
-            dst_stride: self.dst_stride,
-            dtype: self.dtype,
-        })
+        Params::Memory(self.mem)
     }
 }
 

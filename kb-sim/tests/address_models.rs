@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 mod common;
 
-use kb_format::{Addr, Dtype, Meta, Record, Space, TraceWriter, VerifySpec};
+use kb_format::{Addr, Dtype, MemoryParams, Meta, Record, Space, TraceWriter, VerifySpec};
 use kb_sim::bench::kernel_args;
 use kb_sim::engine::{Engine, RunStats};
 use kb_sim::kernel::{self, Block, Executor, KernelArgs, KernelFn, Tl};
@@ -169,19 +169,21 @@ fn va_page_fault_falls_back_to_pa() {
         .unwrap()
     };
     let load = DmaCmd {
-        src: Addr {
-            space: Space::Hbm,
-            addr: pa(Space::Hbm, 2),
+        mem: MemoryParams {
+            src: Addr {
+                space: Space::Hbm,
+                addr: pa(Space::Hbm, 2),
+            },
+            dst: Addr {
+                space: Space::Tcm,
+                addr: pa(Space::Tcm, 0),
+            },
+            rows: 1,
+            row_bytes: 256,
+            src_stride: 256,
+            dst_stride: 256,
+            dtype: None,
         },
-        dst: Addr {
-            space: Space::Tcm,
-            addr: pa(Space::Tcm, 0),
-        },
-        rows: 1,
-        row_bytes: 256,
-        src_stride: 256,
-        dst_stride: 256,
-        dtype: None,
         label: None,
     };
     let mut programs: Vec<Box<dyn PeProgram>> =

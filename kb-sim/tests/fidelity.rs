@@ -4,7 +4,7 @@
 
 mod common;
 
-use kb_format::{Addr, Meta, Record, Space, TraceWriter, VerifySpec};
+use kb_format::{Addr, MemoryParams, Meta, Record, Space, TraceWriter, VerifySpec};
 use kb_sim::engine::Engine;
 use kb_sim::machine::{Machine, PeCoord};
 use kb_sim::program::{Command, DmaCmd, PeProgram, Script};
@@ -49,19 +49,21 @@ fn pa(space: Space, pe: PeCoord, offset: u64) -> u64 {
 
 fn read_cmd(from_hbm_of: PeCoord, at: u64, to: PeCoord, bytes: u64) -> DmaCmd {
     DmaCmd {
-        src: Addr {
-            space: Space::Hbm,
-            addr: pa(Space::Hbm, from_hbm_of, at),
+        mem: MemoryParams {
+            src: Addr {
+                space: Space::Hbm,
+                addr: pa(Space::Hbm, from_hbm_of, at),
+            },
+            dst: Addr {
+                space: Space::Tcm,
+                addr: pa(Space::Tcm, to, 0),
+            },
+            rows: 1,
+            row_bytes: bytes,
+            src_stride: bytes,
+            dst_stride: bytes,
+            dtype: None,
         },
-        dst: Addr {
-            space: Space::Tcm,
-            addr: pa(Space::Tcm, to, 0),
-        },
-        rows: 1,
-        row_bytes: bytes,
-        src_stride: bytes,
-        dst_stride: bytes,
-        dtype: None,
         label: None,
     }
 }

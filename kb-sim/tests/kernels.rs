@@ -139,7 +139,7 @@ fn a_store_is_visible_to_the_next_load() {
 
 #[test]
 fn a_deadlock_names_each_blocked_kernel_and_what_it_waits_for() {
-    use kb_format::{Addr, Space};
+    use kb_format::{Addr, MemoryParams, Space};
     use kb_sim::machine::PeCoord;
     use kb_sim::program::{Command, DmaCmd, Script};
     let m = Machine::build(&Topology::load("small").unwrap());
@@ -156,19 +156,21 @@ fn a_deadlock_names_each_blocked_kernel_and_what_it_waits_for() {
         .unwrap()
     };
     let load = DmaCmd {
-        src: Addr {
-            space: Space::Hbm,
-            addr: pa(Space::Hbm, 0),
+        mem: MemoryParams {
+            src: Addr {
+                space: Space::Hbm,
+                addr: pa(Space::Hbm, 0),
+            },
+            dst: Addr {
+                space: Space::Tcm,
+                addr: pa(Space::Tcm, 0),
+            },
+            rows: 1,
+            row_bytes: 64,
+            src_stride: 64,
+            dst_stride: 64,
+            dtype: None,
         },
-        dst: Addr {
-            space: Space::Tcm,
-            addr: pa(Space::Tcm, 0),
-        },
-        rows: 1,
-        row_bytes: 64,
-        src_stride: 64,
-        dst_stride: 64,
-        dtype: None,
         label: None,
     };
     // PE0 issues op 0; PE1 waits on it, but completions wake only their

@@ -309,8 +309,9 @@ impl<W: Write> Engine<'_, W> {
         c: DmaCmd,
         store: bool,
     ) -> Result<u64, SimError> {
-        let src = self.resolve(pc, "source", c.src, c.rows, c.row_bytes, c.src_stride);
-        let dst = self.resolve(pc, "destination", c.dst, c.rows, c.row_bytes, c.dst_stride);
+        let m = &c.mem;
+        let src = self.resolve(pc, "source", m.src, m.rows, m.row_bytes, m.src_stride);
+        let dst = self.resolve(pc, "destination", m.dst, m.rows, m.row_bytes, m.dst_stride);
         let (src, dst) = match (src, dst) {
             (Ok(s), Ok(d)) => (s, d),
             (Err(e), _) | (_, Err(e)) => return Err(self.kernel_err(pc, e)),
@@ -460,7 +461,7 @@ impl<W: Write> Engine<'_, W> {
                 self.dmas.get(d).op = Some(op);
                 // VA model: one TLB access per translated (HBM) side.
                 let tlb = if self.m.topo.address_model == AddressModel::Va {
-                    let sides = [cmd.src.space, cmd.dst.space]
+                    let sides = [cmd.mem.src.space, cmd.mem.dst.space]
                         .iter()
                         .filter(|&&s| s == Space::Hbm)
                         .count();
@@ -616,7 +617,7 @@ impl<W: Write> Engine<'_, W> {
                     x.write,
                 )?;
                 let pe = x.pe as usize;
-                if x.cmd.dst.space == Space::Tcm {
+                if x.cmd.mem.dst.space == Space::Tcm {
                     // A load: its bytes go to the kernel that waits on it,
                     // now or later (an asynchronous load).
                     if self.pes[pe].waiting == Wait::Cmd(CmdRef(x.op_id)) {

@@ -15,7 +15,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use kb_format::pa::Pa;
-use kb_format::{Addr, Dtype, GemmParams, Layout, MathInput, MathOp, MathParams, Space};
+use kb_format::{
+    Addr, Dtype, GemmParams, Layout, MathInput, MathOp, MathParams, MemoryParams, Space,
+};
 use ndarray::Array2;
 
 pub use exec::{Executor, KernelBody, Port};
@@ -569,16 +571,18 @@ impl<'p> Tl<'p> {
             tcm: self.tcm.clone(),
         };
         let cmd = DmaCmd {
-            src: src.addr,
-            dst: Addr {
-                space: Space::Tcm,
-                addr: pa,
+            mem: MemoryParams {
+                src: src.addr,
+                dst: Addr {
+                    space: Space::Tcm,
+                    addr: pa,
+                },
+                rows: src.rows,
+                row_bytes: rb,
+                src_stride: src.row_stride,
+                dst_stride: rb,
+                dtype: Some(src.dtype),
             },
-            rows: src.rows,
-            row_bytes: rb,
-            src_stride: src.row_stride,
-            dst_stride: rb,
-            dtype: Some(src.dtype),
             label: self.stage,
         };
         (tile, cmd)
@@ -616,16 +620,18 @@ impl<'p> Tl<'p> {
         );
         let rb = dst.row_bytes();
         let cmd = DmaCmd {
-            src: Addr {
-                space: Space::Tcm,
-                addr: pa,
+            mem: MemoryParams {
+                src: Addr {
+                    space: Space::Tcm,
+                    addr: pa,
+                },
+                dst: dst.addr,
+                rows: dst.rows,
+                row_bytes: rb,
+                src_stride: rb,
+                dst_stride: dst.row_stride,
+                dtype: Some(dst.dtype),
             },
-            dst: dst.addr,
-            rows: dst.rows,
-            row_bytes: rb,
-            src_stride: rb,
-            dst_stride: dst.row_stride,
-            dtype: Some(dst.dtype),
             label: self.stage,
         };
         self.port.call(Command::Store(cmd));
@@ -673,16 +679,18 @@ impl<'p> Tl<'p> {
             }));
         }
         let cmd = DmaCmd {
-            src: src.addr,
-            dst: Addr {
-                space: Space::Tcm,
-                addr: pa,
+            mem: MemoryParams {
+                src: src.addr,
+                dst: Addr {
+                    space: Space::Tcm,
+                    addr: pa,
+                },
+                rows: src.rows,
+                row_bytes: src.row_bytes(),
+                src_stride: src.row_stride,
+                dst_stride: cols as u64 * es,
+                dtype: Some(src.dtype),
             },
-            rows: src.rows,
-            row_bytes: src.row_bytes(),
-            src_stride: src.row_stride,
-            dst_stride: cols as u64 * es,
-            dtype: Some(src.dtype),
             label: self.stage,
         };
         let valid = match self.port.call(Command::Dma(cmd)) {
@@ -717,16 +725,18 @@ impl<'p> Tl<'p> {
             dst.dtype
         );
         let cmd = DmaCmd {
-            src: Addr {
-                space: Space::Tcm,
-                addr: pa,
+            mem: MemoryParams {
+                src: Addr {
+                    space: Space::Tcm,
+                    addr: pa,
+                },
+                dst: dst.addr,
+                rows: dst.rows,
+                row_bytes: dst.row_bytes(),
+                src_stride: cols as u64 * dtype.size() as u64,
+                dst_stride: dst.row_stride,
+                dtype: Some(dst.dtype),
             },
-            dst: dst.addr,
-            rows: dst.rows,
-            row_bytes: dst.row_bytes(),
-            src_stride: cols as u64 * dtype.size() as u64,
-            dst_stride: dst.row_stride,
-            dtype: Some(dst.dtype),
             label: self.stage,
         };
         self.port.call(Command::Store(cmd));
