@@ -7,10 +7,8 @@ use super::{Dims, GemmBackend};
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NaiveGemm;
 
-fn gemm_float<T>(d: Dims, a: &[T], b: &[T], c: &mut [T])
-where
-    T: Copy + std::ops::Mul<Output = T> + std::ops::AddAssign,
-{
+/// `c[i][j] = madd(c[i][j], a[i][p], b[p][j])` for p in increasing order.
+fn gemm_with<T: Copy>(d: Dims, a: &[T], b: &[T], c: &mut [T], madd: impl Fn(T, T, T) -> T) {
     d.check(a, b, c);
     if d.n == 0 {
         return;
@@ -20,27 +18,22 @@ where
             let av = a[i * d.k + p];
             let brow = &b[p * d.n..(p + 1) * d.n];
             for (cv, &bv) in crow.iter_mut().zip(brow) {
-                *cv += av * bv;
+                *cv = madd(*cv, av, bv);
             }
         }
     }
 }
 
+fn gemm_float<T>(d: Dims, a: &[T], b: &[T], c: &mut [T])
+where
+    T: Copy + std::ops::Mul<Output = T> + std::ops::Add<Output = T>,
+{
+    gemm_with(d, a, b, c, |c, a, b| c + a * b);
+}
+
 /// Wrapping i32 `c += a . b` (also the default of [`GemmBackend::gemm_i32`]).
 pub fn gemm_i32(d: Dims, a: &[i32], b: &[i32], c: &mut [i32]) {
-    d.check(a, b, c);
-    if d.n == 0 {
-        return;
-    }
-    for (i, crow) in c.chunks_exact_mut(d.n).enumerate() {
-        for p in 0..d.k {
-            let av = a[i * d.k + p];
-            let brow = &b[p * d.n..(p + 1) * d.n];
-            for (cv, &bv) in crow.iter_mut().zip(brow) {
-                *cv = cv.wrapping_add(av.wrapping_mul(bv));
-            }
-        }
-    }
+    gemm_with(d, a, b, c, |c, a, b| c.wrapping_add(a.wrapping_mul(b)));
 }
 
 impl GemmBackend for NaiveGemm {
