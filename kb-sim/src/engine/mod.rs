@@ -407,17 +407,7 @@ impl<'m, W: Write> Engine<'m, W> {
 
     fn send_route(&mut self, route: Rc<[LinkId]>, bytes: u64, then: Arrive) {
         let now = self.q.now();
-        if route.is_empty() {
-            let id = self.msgs.insert(Msg {
-                route,
-                hop: 0,
-                bytes,
-                tail: now,
-                then,
-            });
-            self.q.push(now, Ev::Arrive(id));
-            return;
-        }
+        let local = route.is_empty();
         let id = self.msgs.insert(Msg {
             route,
             hop: 0,
@@ -425,7 +415,8 @@ impl<'m, W: Write> Engine<'m, W> {
             tail: now,
             then,
         });
-        self.q.push(now, Ev::Hop(id));
+        self.q
+            .push(now, if local { Ev::Arrive(id) } else { Ev::Hop(id) });
     }
 
     /// The head of `msg` is at the start of link `route[hop]`.
