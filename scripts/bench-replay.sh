@@ -52,17 +52,32 @@ if pkg-config --exists openblas 2>/dev/null || ldconfig -p 2>/dev/null | grep -q
     FEATURES=(--features openblas)
     BACKENDS+=(openblas)
 fi
+# Two builds: the default backend is measured from a binary without
+# OpenBLAS, whose thread pool spins (sched_yield) at start-up and after
+# each call and would take CPU from kb-replay's own threads; the openblas
+# backend runs with OPENBLAS_NUM_THREADS=1 (kb-replay parallelises across
+# and within GEMMs itself).
 cargo build -q --release -p kb-sim
-cargo build -q --release -p kb-replay "${FEATURES[@]}"
-cargo bench -q -p kb-replay "${FEATURES[@]}" --bench backend --no-run 2>/dev/null
-BENCH=$(ls -t target/release/deps/backend-* | grep -v '\.d$' | head -1)
+build_replay() { # name, cargo feature args...
+    local name=$1
+    shift
+    cargo build -q --release -p kb-replay "$@"
+    cp target/release/kb-replay "$OUT/kb-replay-$name"
+    cargo bench -q -p kb-replay "$@" --bench backend --no-run 2>/dev/null
+    cp "$(ls -t target/release/deps/backend-* | grep -v '\.d$' | head -1)" "$OUT/backend-$name"
+}
+build_replay gemm
+[ ${#FEATURES[@]} -gt 0 ] && build_replay openblas "${FEATURES[@]}"
+export OPENBLAS_NUM_THREADS=1
 SIM=target/release/kb-sim
-REPLAY=target/release/kb-replay
+REPLAY=$OUT/kb-replay-gemm
+replay_for() { echo "$OUT/kb-replay-$1"; }
+bench_for() { echo "$OUT/backend-$1"; }
 
 # ---- backends called directly ------------------------------------------
 : > "$OUT/backend.txt"
 for be in "${BACKENDS[@]}"; do
-    "$BENCH" --backend "$be" --threads "$THREADS" square 1024 square 2048 f16 256 f16 1024 | tee -a "$OUT/backend.txt"
+    "$(bench_for "$be")" --backend "$be" --threads "$THREADS" square 1024 square 2048 f16 256 f16 1024 | tee -a "$OUT/backend.txt"
 done
 
 # ---- replay of a GEMM-heavy trace vs the backend on the same shapes -----
@@ -76,7 +91,7 @@ $SIM -q -t small -b gemm_tiled -p m=1024 -p n=1024 -p k=1024 \
 replay_best() { # trace backend threads -> "replay_gflops wall_gflops replay_seconds"
     local best="0 0 0"
     for _ in $(seq "$RUNS"); do
-        "$REPLAY" "$1" --backend "$2" --threads "$3" --report "$OUT/r.json" -q
+        "$(replay_for "$2")" "$1" --backend "$2" --threads "$3" --report "$OUT/r.json" -q
         local cur
         cur=$(python3 -c "import json; r=json.load(open('$OUT/r.json')); print(r['gflops'], r['gemm_flops']/r['wall_seconds']/1e9, r['replay_seconds'])")
         best=$(python3 -c "a='$best'.split(); b='$cur'.split(); print(' '.join(b if float(b[0]) > float(a[0]) else a))")
@@ -87,7 +102,7 @@ replay_best() { # trace backend threads -> "replay_gflops wall_gflops replay_sec
 for be in "${BACKENDS[@]}"; do
     read -r rg wg _ < <(replay_best "$HEAVY" "$be" "$THREADS")
     echo "replay gemm-heavy backend=$be threads=$THREADS: $rg GFLOP/s replay, $wg GFLOP/s wall" | tee -a "$OUT/heavy.txt"
-    "$BENCH" --backend "$be" --threads "$THREADS" trace "$HEAVY" | tee -a "$OUT/heavy.txt"
+    "$(bench_for "$be")" --backend "$be" --threads "$THREADS" trace "$HEAVY" | tee -a "$OUT/heavy.txt"
 done
 "$REPLAY" "$HEAVY" --verify --threads "$THREADS" 2>&1 | tail -1 | tee -a "$OUT/heavy.txt" || true
 
@@ -100,7 +115,7 @@ read -r _ _ t1 < <(replay_best "$BATCHY" gemm 1)
 read -r _ _ t2 < <(replay_best "$BATCHY" gemm 2)
 echo "batch-heavy replay seconds: 1 thread $t1, 2 threads $t2" | tee "$OUT/threads.txt"
 "$REPLAY" "$BATCHY" --threads 2 --report "$OUT/r.json" -q
-python3 -c "import json; e=json.load(open('$OUT/r.json'))['engine']; print(f\"batch-heavy engine: {e['gemm_batches']} batched calls of {e['gemm_batched_ops']} GEMMs, {e['waves']} waves\")" | tee -a "$OUT/threads.txt"
+python3 -c "import json; e=json.load(open('$OUT/r.json'))['engine']; print(f\"batch-heavy engine: {e['gemm_batches']} batched calls of {e['gemm_batched_ops']} GEMMs, {e['tasks']} parallel tasks\")" | tee -a "$OUT/threads.txt"
 
 # ---- streaming memory: a trace and one 10x longer, through a pipe -------
 # copy with 10-row tiles, then 1-row tiles: the same 16 MiB of data, ten

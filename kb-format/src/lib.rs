@@ -34,4 +34,4 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
 
 /// Streaming fingerprint for bytes gathered piece by piece (strided
 /// blocks): gives the same value as [`fingerprint`] over the concatenation.
-pub type Fingerprinter = xxhash_rust::xxh3::Xxh3;
+pub type Fingerprinter = xxhash_rust::xxh3::Xxh3Default;

@@ -39,8 +39,10 @@ const PAGE_MASK: u64 = PAGE as u64 - 1;
 pub const SHARDS: usize = 64;
 
 /// A page's bytes, shared copy-on-write: a memory op that moves whole,
-/// page-aligned pages shares them instead of copying ([`DataPlane::scatter_shared`]),
-/// and a later write to either copy clones it first (`Arc::make_mut`).
+/// page-aligned pages shares them instead of copying
+/// ([`DataPlane::scatter_snapshot`]), a [`Snapshot`] holds the pages it
+/// read, and a later write to a shared page clones it first
+/// (`Arc::make_mut`).
 pub type PageBuf = Arc<Box<[u8]>>;
 
 type Pages = FxHashMap<u64, PageBuf>;
@@ -303,6 +305,16 @@ impl DataPlane {
             .or_else(|| self.host_input.get(&page).filter(|_| host))
     }
 
+    /// Into how many contiguous pieces of memory (page parts) the bytes of
+    /// `extents` fall, at most; invalid extents count as none.
+    pub fn piece_count(extents: &[Extent]) -> usize {
+        extents
+            .iter()
+            .flat_map(|e| runs(e).into_iter().flatten())
+            .map(|(addr, len)| ((addr & PAGE_MASK) + len).div_ceil(PAGE as u64) as usize)
+            .sum()
+    }
+
     /// Total bytes of `extents`, checked against the limit.
     pub fn extent_bytes(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
         let mut total = 0u64;
@@ -335,17 +347,45 @@ impl DataPlane {
         extents: &[Extent],
         mut f: impl FnMut(&[u8]),
     ) -> Result<u64, PlaneError> {
-        self.gather_pages(extents, |piece, _| f(piece))
+        let total = self.extent_bytes(extents)?;
+        self.for_each_piece(extents, |shard, page, off, n, host| {
+            match self.page_or_input(shard, page, host) {
+                Some(p) => f(&p[off..off + n]),
+                None => f(&ZEROS[..n]),
+            }
+        })?;
+        Ok(total)
     }
 
-    /// As [`DataPlane::gather_each`], also passing the page itself when a
-    /// piece is a whole, page-aligned page that exists (for sharing).
-    pub fn gather_pages(
+    /// The bytes of `extents`, in order, without copying them: references
+    /// to the pages that hold them (see [`Snapshot`]).
+    pub fn snapshot(&self, extents: &[Extent]) -> Result<Snapshot, PlaneError> {
+        let len = self.extent_bytes(extents)?;
+        let mut pieces = Vec::new();
+        self.for_each_piece(extents, |shard, page, off, n, host| {
+            let page = self.page_or_input(shard, page, host).cloned();
+            // Back-to-back pieces of one page (rows that touch) are one.
+            match pieces.last_mut() {
+                Some(PieceRef {
+                    page: Some(last),
+                    off: o,
+                    len: l,
+                }) if page.as_ref().is_some_and(|p| Arc::ptr_eq(p, last)) && *o + *l == off => {
+                    *l += n
+                }
+                _ => pieces.push(PieceRef { page, off, len: n }),
+            }
+        })?;
+        Ok(Snapshot { pieces, len })
+    }
+
+    /// Call `f(shard, page number, offset, length, host)` for each page
+    /// piece of `extents`, in order, holding that page's shard read lock.
+    fn for_each_piece(
         &self,
         extents: &[Extent],
-        mut f: impl FnMut(&[u8], Option<&PageBuf>),
-    ) -> Result<u64, PlaneError> {
-        let total = self.extent_bytes(extents)?;
+        mut f: impl FnMut(&Pages, u64, usize, usize, bool),
+    ) -> Result<(), PlaneError> {
         for e in extents {
             for (addr, len) in runs(e)? {
                 let space = self.check(addr, len)?;
@@ -355,14 +395,11 @@ impl DataPlane {
                         .shard(page)
                         .read()
                         .unwrap_or_else(PoisonError::into_inner);
-                    match self.page_or_input(&shard, page, host) {
-                        Some(p) => f(&p[off..off + n], (n == PAGE).then_some(p)),
-                        None => f(&ZEROS[..n], None),
-                    }
+                    f(&shard, page, off, n, host);
                 }
             }
         }
-        Ok(total)
+        Ok(())
     }
 
     /// Write `data` to `extents` in order; `data` must hold exactly their bytes.
@@ -387,30 +424,43 @@ impl DataPlane {
         self.scatter_pages(extents, total, |_, _| None, |_, dst| f(dst))
     }
 
-    /// Write `data` to `extents` in order, as [`DataPlane::scatter`], but
-    /// share instead of copying every whole, page-aligned destination page
-    /// whose bytes `shared` holds: `(offset in data, page)` in increasing
-    /// offsets, each page's bytes equal to `data` there.
-    pub fn scatter_shared(
-        &self,
-        extents: &[Extent],
-        data: &[u8],
-        shared: &[(usize, PageBuf)],
-    ) -> Result<(), PlaneError> {
-        let mut next = 0;
+    /// Write the bytes of `snap` to `extents` in order, copying each byte
+    /// once, and sharing instead of copying every whole, page-aligned
+    /// destination page that a whole page of the snapshot fills.
+    pub fn scatter_snapshot(&self, extents: &[Extent], snap: &Snapshot) -> Result<(), PlaneError> {
+        // The snapshot piece holding byte `at` of the data, and its start
+        // (`at` only grows).
+        let cursor = std::cell::Cell::new((0usize, 0usize));
+        let seek = |at: usize| {
+            let (mut i, mut start) = cursor.get();
+            while start + snap.pieces[i].len <= at {
+                start += snap.pieces[i].len;
+                i += 1;
+            }
+            cursor.set((i, start));
+            (i, start)
+        };
         self.scatter_pages(
             extents,
-            data.len() as u64,
+            snap.len,
             |at, n| {
-                while next < shared.len() && shared[next].0 < at {
-                    next += 1;
-                }
-                match shared.get(next) {
-                    Some((o, p)) if *o == at && n == PAGE => Some(p.clone()),
-                    _ => None,
+                let (i, start) = seek(at);
+                let p = &snap.pieces[i];
+                (start == at && n == PAGE && p.len == PAGE)
+                    .then(|| p.page.clone())
+                    .flatten()
+            },
+            |at, dst| {
+                let mut done = 0;
+                while done < dst.len() {
+                    let (i, start) = seek(at + done);
+                    let piece = snap.pieces[i].bytes();
+                    let from = &piece[at + done - start..];
+                    let k = from.len().min(dst.len() - done);
+                    dst[done..done + k].copy_from_slice(&from[..k]);
+                    done += k;
                 }
             },
-            |at, dst| dst.copy_from_slice(&data[at..at + dst.len()]),
         )
     }
 
@@ -457,6 +507,102 @@ impl DataPlane {
 
 /// What unwritten device memory reads as.
 static ZEROS: [u8; PAGE] = [0; PAGE];
+
+/// [`kb_format::fingerprint`] of the concatenated `pieces`: one pass over
+/// a single piece; the streaming hasher (slower on small pieces) otherwise.
+pub fn fingerprint_pieces<'a>(mut pieces: impl Iterator<Item = &'a [u8]>) -> u64 {
+    let first = pieces.next().unwrap_or_default();
+    let Some(second) = pieces.next() else {
+        return kb_format::fingerprint(first);
+    };
+    let mut h = kb_format::Fingerprinter::new();
+    h.update(first);
+    h.update(second);
+    pieces.for_each(|p| h.update(p));
+    h.digest()
+}
+
+/// Part of one page (or of unwritten memory, when `page` is `None`).
+#[derive(Debug, Clone)]
+struct PieceRef {
+    page: Option<PageBuf>,
+    off: usize,
+    len: usize,
+}
+
+impl PieceRef {
+    fn bytes(&self) -> &[u8] {
+        match &self.page {
+            Some(p) => &p[self.off..self.off + self.len],
+            None => &ZEROS[..self.len],
+        }
+    }
+}
+
+/// Bytes read from the plane without copying them: references to the
+/// pages that held them, piece by piece in data order. A page a snapshot
+/// refers to is shared, so a later write to it copies it first
+/// (`Arc::make_mut`): the snapshot keeps the bytes as they were read.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pieces: Vec<PieceRef>,
+    len: u64,
+}
+
+impl Snapshot {
+    /// Bytes in all.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Contiguous pieces of memory the bytes are in.
+    pub fn piece_count(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// The bytes, piece by piece, in order.
+    pub fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        self.pieces.iter().map(PieceRef::bytes)
+    }
+
+    /// The fingerprint of the bytes ([`kb_format::fingerprint`] of their
+    /// concatenation), without concatenating them.
+    pub fn fingerprint(&self) -> u64 {
+        fingerprint_pieces(self.pieces())
+    }
+
+    /// Bytes `start..start + len`, when one piece holds them all.
+    pub fn contiguous(&self, start: usize, len: usize) -> Option<SnapshotSlice> {
+        let mut at = 0usize;
+        for p in &self.pieces {
+            if start < at + p.len {
+                return (start + len <= at + p.len).then(|| {
+                    SnapshotSlice(PieceRef {
+                        page: p.page.clone(),
+                        off: p.off + (start - at),
+                        len,
+                    })
+                });
+            }
+            at += p.len;
+        }
+        None
+    }
+}
+
+/// Contiguous bytes of a [`Snapshot`], holding their page.
+#[derive(Debug, Clone)]
+pub struct SnapshotSlice(PieceRef);
+
+impl SnapshotSlice {
+    pub fn bytes(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
 
 /// The runs of an extent as (address, length), validated not to overflow;
 /// back-to-back rows (stride equal to length) come as one run.

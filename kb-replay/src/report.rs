@@ -110,7 +110,7 @@ impl Report {
                 "windows": s.windows,
                 "max_window_effects": s.max_window_effects,
                 "max_pending_records": s.max_pending_records,
-                "waves": s.waves,
+                "tasks": s.tasks,
                 "gemm_batches": s.gemm_batches,
                 "gemm_batched_ops": s.gemm_batched_ops,
             },

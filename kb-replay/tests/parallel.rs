@@ -207,6 +207,7 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
         let variants = [
             ("2 threads", 2, d.clone()),
             ("3 threads", 3, d.clone()),
+            ("8 threads", 8, d.clone()),
             (
                 "small windows and lookahead",
                 2,
@@ -234,7 +235,6 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
                 },
             ),
         ];
-        let mut batched = 0;
         for (what, threads, opts) in variants {
             let l = run(&bytes, threads, &opts, &GemmCrate);
             assert!(state(&l) == want, "seed {seed}: {what} differs");
@@ -244,10 +244,8 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
                 (b.bytes_read, b.bytes_written, b.fingerprints_checked),
                 "{what}"
             );
-            assert!(a.waves > 0, "{what} ran in parallel");
-            batched += a.gemm_batched_ops;
+            assert!(a.tasks > 0, "{what} ran in parallel");
         }
-        assert!(batched > 0, "seed {seed}: some GEMMs ran batched");
         // The sequential run without a pool is the same too.
         let seq = app::load_stream(
             &bytes[..],
@@ -277,6 +275,62 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
             "seed {seed}: {diff} vs {norm}"
         );
     }
+}
+
+/// Independent GEMMs of one shape that one deploy makes ready: the deploy
+/// runs alone, so when it finishes every thread is free and the GEMMs
+/// start as batched calls (which GEMMs batch otherwise depends on timing);
+/// the bits are those of the sequential run.
+#[test]
+fn gemms_ready_together_run_batched() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let x: Vec<f32> = (0..(SLOTS * BUF / 4) as usize)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let xb = f32_bytes(&x);
+    let tensors = vec![tensor(
+        "x",
+        Dtype::F32,
+        &[(SLOTS * BUF / 4) / 64, 64],
+        true,
+        None,
+    )];
+    let mut deploy = mem(
+        0,
+        0,
+        0,
+        vec![span(host(0, 0), SLOTS * BUF)],
+        1,
+        vec![span(hbm(0), SLOTS * BUF)],
+    );
+    deploy.fingerprint = Some(kb_format::fingerprint(&xb));
+    let mut ops = vec![deploy];
+    for i in 0..8u64 {
+        let p = gemm_params(16, 16, 16, Dtype::F32, Dtype::F32, Dtype::F32);
+        let out = buf((i % PES as u64) as u32, i / PES as u64);
+        ops.push(gemm(
+            i + 1,
+            20 + i,
+            2 + i,
+            p,
+            vec![span(hbm(i * BUF), BUF), span(hbm((i + 8) * BUF), BUF)],
+            vec![span(out, BUF)],
+        ));
+    }
+    let bytes = build_chunked(tensors, &[(0, xb)], &ops, vec![], Some(2048));
+    let base = run(&bytes, 1, &ReplayOptions::default(), &GemmCrate);
+    for threads in [2, 4] {
+        let l = run(&bytes, threads, &ReplayOptions::default(), &GemmCrate);
+        assert!(state(&l) == state(&base), "{threads} threads");
+        assert!(
+            l.stats.gemm_batches > 0 && l.stats.gemm_batched_ops >= 2,
+            "{threads} threads: {} batched calls of {} GEMMs",
+            l.stats.gemm_batches,
+            l.stats.gemm_batched_ops
+        );
+    }
+    // The products are real: the outputs are not all zero.
+    assert!(state(&base).iter().any(|&b| b != 0));
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Running a window's nodes: one by one in order, or in waves on the rayon
-//! pool (see the module docs of [`super`]).
+//! Running a window's nodes: one by one in order, or as a dataflow on the
+//! rayon pool (see the module docs of [`super`]).
 
 use kb_format::{Effect, OpKind, Params, Strings, TensorMeta};
 use rayon::prelude::*;
@@ -35,8 +35,9 @@ enum ReadOut {
     Operands(Vec<u8>),
 }
 
-/// The read effect up to computing: gather (a memory op's fingerprint on
-/// the way), count, check the fingerprint and the sizes.
+/// The read effect up to computing: a memory op's bytes as a snapshot of
+/// their pages (fingerprint checked), a compute op's operands gathered;
+/// counts, and checks the sizes.
 fn read_phase(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<ReadOut> {
     let r = &op.rec;
     let err = |d: String| op_error(r, cx.strings, d);
@@ -49,20 +50,6 @@ fn read_phase(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<ReadOut> {
             fmt_extents(&read.ranges, cx.tensors)
         ))
     };
-    let total = cx.plane.extent_bytes(&read.ranges).map_err(reading)?;
-    let mut bytes = pool::BYTES.take(total as usize);
-    // A memory op with a write keeps whole pages to share them.
-    let share = op.plan == Plan::Move && r.write.is_some();
-    let mut pages = Vec::new();
-    cx.plane
-        .gather_pages(&read.ranges, |piece, page| {
-            if let (true, Some(p)) = (share, page) {
-                pages.push((bytes.len(), p.clone()));
-            }
-            bytes.extend_from_slice(piece);
-        })
-        .map_err(reading)?;
-    delta.bytes_read += bytes.len() as u64;
     let write_len = match &r.write {
         Some(w) => Some(cx.plane.extent_bytes(&w.ranges).map_err(|x| {
             err(format!(
@@ -73,42 +60,48 @@ fn read_phase(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<ReadOut> {
         None => None,
     };
     let out = match op.plan {
-        Plan::Skip => ReadOut::Nothing,
+        Plan::Skip => {
+            delta.bytes_read += cx.plane.extent_bytes(&read.ranges).map_err(reading)?;
+            ReadOut::Nothing
+        }
         Plan::Move => {
+            let snap = cx.plane.snapshot(&read.ranges).map_err(reading)?;
+            delta.bytes_read += snap.len();
+            // Hash whichever side is in fewer pieces: the streaming hasher
+            // is slow on small ones (a strided tile's rows).
+            let defer = r
+                .write
+                .as_ref()
+                .is_some_and(|w| DataPlane::piece_count(&w.ranges) < snap.piece_count());
+            let mut check = None;
             if let Some(fp) = r.fingerprint {
-                // One-shot over the gathered bytes: xxhash-rust's streaming
-                // hasher is several times slower.
-                let got = kb_format::fingerprint(&bytes);
-                if got != fp {
-                    return Err(err(format!(
-                        "fingerprint mismatch: the trace records {fp:#018x}, but the {} bytes \
-                         replay read at {} hash to {got:#018x}; read {}; write {}",
-                        bytes.len(),
-                        fmt_ns(read.time),
-                        fmt_extents(&read.ranges, cx.tensors),
-                        r.write
-                            .as_ref()
-                            .map_or("(none)".into(), |w| fmt_extents(&w.ranges, cx.tensors)),
-                    )));
+                if defer {
+                    check = Some(fp);
+                } else {
+                    check_fingerprint(cx, r, fp, snap.fingerprint(), snap.len())?;
+                    delta.fingerprints += 1;
                 }
-                delta.fingerprints += 1;
             }
             match write_len {
-                Some(wl) if wl != bytes.len() as u64 => {
+                Some(wl) if wl != snap.len() => {
                     return Err(err(format!(
                         "reads {} bytes ({}) but writes {wl} bytes ({})",
-                        bytes.len(),
+                        snap.len(),
                         fmt_extents(&read.ranges, cx.tensors),
                         r.write
                             .as_ref()
                             .map_or(String::new(), |w| fmt_extents(&w.ranges, cx.tensors)),
                     )));
                 }
-                Some(_) => ReadOut::Held(Held { bytes, pages }),
+                Some(_) => ReadOut::Held(Held::Snapshot { snap, check }),
                 None => ReadOut::Nothing,
             }
         }
         Plan::Compute { input, output } => {
+            let total = cx.plane.extent_bytes(&read.ranges).map_err(reading)?;
+            let mut bytes = pool::BYTES.take(total as usize);
+            cx.plane.gather(&read.ranges, &mut bytes).map_err(reading)?;
+            delta.bytes_read += bytes.len() as u64;
             if input != bytes.len() as u64 {
                 return Err(err(format!(
                     "its operands take {input} bytes, but its read ranges ({}) hold {}",
@@ -133,6 +126,30 @@ fn read_phase(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<ReadOut> {
     Ok(out)
 }
 
+/// The error for a memory op whose `len` bytes hash to `got`, not `fp`.
+fn check_fingerprint(cx: &Cx, r: &kb_format::Record, fp: u64, got: u64, len: u64) -> Result<()> {
+    if got == fp {
+        return Ok(());
+    }
+    let (time, ranges) = r
+        .read
+        .as_ref()
+        .map_or((0, &[][..]), |e| (e.time, &e.ranges[..]));
+    Err(op_error(
+        r,
+        cx.strings,
+        format!(
+            "fingerprint mismatch: the trace records {fp:#018x}, but the {len} bytes \
+             replay read at {} hash to {got:#018x}; read {}; write {}",
+            fmt_ns(time),
+            fmt_extents(ranges, cx.tensors),
+            r.write
+                .as_ref()
+                .map_or("(none)".into(), |w| fmt_extents(&w.ranges, cx.tensors)),
+        ),
+    ))
+}
+
 /// A GEMM's read, decoding its operands straight from the plane when it
 /// can (see [`gemm::Decoder`]); `Ok(None)` when the generic path must
 /// handle it (integer GEMMs; sizes that disagree, which that path reports).
@@ -148,23 +165,18 @@ fn gemm_fast_read(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<g
     {
         return Ok(None);
     }
-    let Some(mut dec) = gemm::Decoder::new(p) else {
+    let snap = cx.plane.snapshot(&read.ranges).map_err(|x| {
+        op_error(
+            r,
+            cx.strings,
+            format!("reading {}: {x}", fmt_extents(&read.ranges, cx.tensors)),
+        )
+    })?;
+    let Some(prepared) = gemm::Decoder::from_snapshot(p, &snap) else {
         return Ok(None);
     };
-    let n = cx
-        .plane
-        .gather_each(&read.ranges, |piece| dec.feed(piece))
-        .map_err(|x| {
-            op_error(
-                r,
-                cx.strings,
-                format!("reading {}: {x}", fmt_extents(&read.ranges, cx.tensors)),
-            )
-        })?;
-    delta.bytes_read += n;
-    dec.finish()
-        .map(Some)
-        .map_err(|d| op_error(r, cx.strings, d))
+    delta.bytes_read += snap.len();
+    prepared.map(Some).map_err(|d| op_error(r, cx.strings, d))
 }
 
 /// A GEMM's read as prepared operands (`None`: the op has no write, so
@@ -185,11 +197,7 @@ fn gemm_read(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<gemm::
             pool::BYTES.give(b);
             x.map(Some)
         }
-        ReadOut::Held(h) => {
-            pool::BYTES.give(h.bytes);
-            Ok(None)
-        }
-        ReadOut::Nothing => Ok(None),
+        ReadOut::Held(_) | ReadOut::Nothing => Ok(None),
     }
 }
 
@@ -200,14 +208,10 @@ fn is_gemm(op: &PendingOp) -> bool {
 /// The whole read effect: what to hold for the write, if anything.
 fn read_node(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<Held>> {
     if is_gemm(op) {
-        let Params::Gemm(p) = &op.rec.params else {
-            unreachable!()
-        };
         return Ok(gemm_read(cx, op, delta)?.map(|mut x| {
             gemm::compute(&mut x, cx.backend);
-            let out = gemm::finish(p, &x);
-            x.recycle();
-            Held::bytes(out)
+            x.release_inputs();
+            Held::Gemm(x)
         }));
     }
     match read_phase(cx, op, delta)? {
@@ -216,7 +220,7 @@ fn read_node(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<Held>>
         ReadOut::Operands(b) => {
             let out = ops::compute(&op.rec, &b, cx.backend);
             pool::BYTES.give(b);
-            out.map(|o| Some(Held::bytes(o)))
+            out.map(|o| Some(Held::Bytes(o)))
                 .map_err(|d| op_error(&op.rec, cx.strings, d))
         }
     }
@@ -267,7 +271,7 @@ fn write_node(cx: &Cx, op: &PendingOp, held: Option<Held>, delta: &mut Delta) ->
         Some(d) => d,
         None => match op.plan {
             Plan::Skip => return Ok(()),
-            Plan::Move => Held::default(),
+            Plan::Move => Held::Bytes(Vec::new()),
             Plan::Compute { input, output } => {
                 if input != 0 {
                     return Err(err(format!(
@@ -285,15 +289,41 @@ fn write_node(cx: &Cx, op: &PendingOp, held: Option<Held>, delta: &mut Delta) ->
                         "its output takes {output} bytes, but its write ranges hold {wl}"
                     )));
                 }
-                Held::bytes(ops::compute(r, &[], cx.backend).map_err(err)?)
+                Held::Bytes(ops::compute(r, &[], cx.backend).map_err(err)?)
             }
         },
     };
-    cx.plane
-        .scatter_shared(&write.ranges, &held.bytes, &held.pages)
-        .map_err(|x| write_error(cx, op, write, x))?;
-    delta.bytes_written += held.bytes.len() as u64;
-    pool::BYTES.give(held.bytes);
+    let written = match &held {
+        Held::Bytes(b) => cx.plane.scatter(&write.ranges, b).map(|()| b.len() as u64),
+        Held::Snapshot { snap, .. } => cx
+            .plane
+            .scatter_snapshot(&write.ranges, snap)
+            .map(|()| snap.len()),
+        Held::Gemm(x) => {
+            let res = write_gemm(cx, op, x, delta);
+            if let Held::Gemm(x) = held {
+                x.recycle();
+            }
+            return res;
+        }
+    };
+    delta.bytes_written += written.map_err(|x| write_error(cx, op, write, x))?;
+    if let Held::Snapshot {
+        snap,
+        check: Some(fp),
+    } = &held
+    {
+        // The read left the check to the written bytes (fewer pieces).
+        let snap_of_write = cx
+            .plane
+            .snapshot(&write.ranges)
+            .map_err(|x| write_error(cx, op, write, x))?;
+        check_fingerprint(cx, r, *fp, snap_of_write.fingerprint(), snap.len())?;
+        delta.fingerprints += 1;
+    }
+    if let Held::Bytes(b) = held {
+        pool::BYTES.give(b);
+    }
     Ok(())
 }
 
@@ -376,16 +406,22 @@ fn run_gemm_batch(
         .into_par_iter()
         .zip(xs.into_par_iter())
         .with_max_len(1)
-        .map(|((i, mut delta), x)| {
+        .map(|((i, mut delta), mut x)| {
             let (node, n) = items[i];
             let o = op(&n);
-            let res = match (n.step, &o.rec.params) {
-                (Step::Both, _) => write_gemm(cx, o, &x, &mut delta).map(|()| None),
-                (_, Params::Gemm(p)) => Ok(Some(Held::bytes(gemm::finish(p, &x)))),
-                _ => unreachable!("gemm batches hold gemm ops"),
+            let held = if n.step == Step::Both {
+                let res = write_gemm(cx, o, &x, &mut delta);
+                x.recycle();
+                if let Err(e) = res {
+                    return (i, Err(e));
+                }
+                None
+            } else {
+                // The output waits in f32 for the op's write.
+                x.release_inputs();
+                Some(Held::Gemm(x))
             };
-            x.recycle();
-            (i, res.map(|held| Done { node, held, delta }))
+            (i, Ok(Done { node, held, delta }))
         })
         .collect();
     for (i, r) in finished {
@@ -445,8 +481,7 @@ pub(crate) fn run_window(
     };
     match pool {
         Some(pool) if pool.current_num_threads() > 1 && nodes.len() > 1 => {
-            let limits = (cx.lookahead.max(1), cx.hold_budget);
-            pool.install(|| run_waves(cx, &nodes, ops, limits, stats))
+            run_parallel(cx, &nodes, ops, pool, stats)
         }
         // In the pool even with one thread: backends take their threads
         // from the pool they run in.
@@ -455,10 +490,20 @@ pub(crate) fn run_window(
     }
 }
 
-/// A unit of work in a wave.
+/// A unit of work: one node, or GEMM reads sharing a batched call.
 enum Task {
     One(u32, Node, Option<Held>),
     Gemms(Vec<(u32, Node)>),
+}
+
+impl Task {
+    /// Threads' worth of work in it.
+    fn width(&self) -> usize {
+        match self {
+            Task::One(..) => 1,
+            Task::Gemms(items) => items.len(),
+        }
+    }
 }
 
 /// Bytes a node's read holds until the op's write (0 for a node that
@@ -480,131 +525,265 @@ fn hold_cost(n: Node, ops: &[Option<PendingOp>]) -> u64 {
     }
 }
 
-fn run_waves(
+/// What the parallel run shares, behind one lock: which nodes are ready,
+/// what reads hold for their ops' writes, and the totals.
+struct Sched {
+    preds: Vec<u32>,
+    /// Ready nodes not started, in effect order.
+    ready: std::collections::BTreeSet<u32>,
+    done: Vec<bool>,
+    /// The first node not done.
+    low: usize,
+    /// Threads' worth of tasks running.
+    running: usize,
+    /// Bytes that reads hold for writes not run yet (see `hold_cost`).
+    held_bytes: u64,
+    /// What each op's read produced for its write, by slot.
+    held: FxHashMap<u32, Held>,
+    /// Nodes at or after `limit` no longer start: an earlier one failed.
+    limit: u32,
+    failed: Option<Error>,
+    delta: Delta,
+    tasks: u64,
+    gemm_batches: u64,
+    gemm_batched_ops: u64,
+}
+
+/// Run a window's nodes on the pool as their predecessors finish: a
+/// finished task starts every node it made ready, up to one task per
+/// thread, earliest first (see the module docs of [`super`] for the
+/// bounds). Idle threads meanwhile help the running tasks (a GEMM splits
+/// across the pool).
+fn run_parallel(
     cx: &Cx,
     nodes: &[Node],
     ops: &mut [Option<PendingOp>],
-    (lookahead, budget): (usize, u64),
+    pool: &rayon::ThreadPool,
     stats: &mut Stats,
 ) -> Result<()> {
     let g = graph::build(nodes, ops);
-    let mut preds = g.preds;
-    // Ready nodes not run yet, in effect order.
-    let mut waiting: std::collections::BTreeSet<u32> = (0..nodes.len() as u32)
-        .filter(|&i| preds[i as usize] == 0)
-        .collect();
-    let mut done = vec![false; nodes.len()];
-    // Bytes that reads run in this window hold for writes not yet run.
-    let mut held = 0u64;
-    // The first node not done: a wave runs ready nodes up to `lookahead`
-    // after it, so what reads hold for later writes stays bounded.
-    let mut low = 0usize;
-    // Nodes at or after `limit` no longer run: an earlier one failed.
-    let mut limit = nodes.len() as u32;
-    let mut failed: Option<Error> = None;
-    loop {
-        while low < nodes.len() && done[low] {
-            low += 1;
-        }
-        let end = (low + lookahead).min(limit as usize) as u32;
-        let mut ready = Vec::new();
-        for &i in waiting.range(..end) {
-            let cost = hold_cost(nodes[i as usize], ops);
-            // Past the budget only the first node not done still runs.
-            if cost > 0 && held + cost > budget && i as usize != low {
-                continue;
-            }
-            held += cost;
-            ready.push(i);
-        }
-        if ready.is_empty() {
-            break;
-        }
-        for i in &ready {
-            waiting.remove(i);
-        }
-        stats.waves += 1;
-        // Group the GEMMs that can share a batched call.
-        let mut tasks = Vec::with_capacity(ready.len());
-        let mut batches: FxHashMap<gemm::BatchKey, Vec<(u32, Node)>> = FxHashMap::default();
-        for &i in &ready {
-            let n = nodes[i as usize];
-            let op = ops[n.slot as usize].as_mut().expect("live op");
-            let batchable = cx.batch
-                && n.step != Step::Write
-                && op.rec.kind == OpKind::Gemm
-                && op.rec.read.is_some()
-                && op.rec.write.is_some();
-            match (&op.rec.params, batchable) {
-                (Params::Gemm(p), true) => {
-                    batches.entry(gemm::batch_key(p)).or_default().push((i, n))
-                }
-                _ => tasks.push(Task::One(i, n, op.held.take())),
-            }
-        }
-        let mut batches: Vec<_> = batches.into_values().collect();
-        batches.sort_unstable_by_key(|b| b[0].0);
-        let most = cx.backend.max_batch().max(1);
-        for group in batches {
-            for b in group.chunks(most) {
-                if b.len() == 1 {
-                    tasks.push(Task::One(b[0].0, b[0].1, None));
-                } else {
-                    stats.gemm_batches += 1;
-                    stats.gemm_batched_ops += b.len() as u64;
-                    tasks.push(Task::Gemms(b.to_vec()));
-                }
-            }
-        }
-        let shared: &[Option<PendingOp>] = ops;
-        let results: Vec<Vec<(u32, Result<Done>)>> = tasks
-            .into_par_iter()
-            .with_max_len(1)
-            .map(|t| match t {
-                Task::One(i, n, held) => {
-                    let op = shared[n.slot as usize].as_ref().expect("live op");
-                    vec![(i, run_node(cx, i, n, op, held))]
-                }
-                Task::Gemms(items) => run_gemm_batch(cx, &items, shared),
-            })
-            .collect();
-        for (node, r) in results.into_iter().flatten() {
-            match r {
-                Ok(d) => {
-                    let n = nodes[d.node as usize];
-                    if n.step == Step::Write {
-                        held = held.saturating_sub(hold_cost(
-                            Node {
-                                step: Step::Read,
-                                ..n
-                            },
-                            ops,
-                        ));
-                    }
-                    let op = ops[n.slot as usize].as_mut().expect("live op");
-                    op.held = d.held;
-                    op.left -= effects(n);
-                    stats.add(d.delta);
-                    done[d.node as usize] = true;
-                    for &s in &g.succs[d.node as usize] {
-                        preds[s as usize] -= 1;
-                        if preds[s as usize] == 0 {
-                            waiting.insert(s);
-                        }
-                    }
-                }
-                Err(e) => {
-                    if node < limit {
-                        limit = node;
-                        failed = Some(e);
-                    }
-                }
-            }
+    let mut held = FxHashMap::default();
+    for n in nodes {
+        if let Some(h) = ops[n.slot as usize].as_mut().and_then(|o| o.held.take()) {
+            held.insert(n.slot, h);
         }
     }
-    match failed {
+    let sched = std::sync::Mutex::new(Sched {
+        ready: (0..nodes.len() as u32)
+            .filter(|&i| g.preds[i as usize] == 0)
+            .collect(),
+        preds: g.preds,
+        done: vec![false; nodes.len()],
+        low: 0,
+        running: 0,
+        held_bytes: 0,
+        held,
+        limit: nodes.len() as u32,
+        failed: None,
+        delta: Delta::default(),
+        tasks: 0,
+        gemm_batches: 0,
+        gemm_batched_ops: 0,
+    });
+    let run = Run {
+        cx,
+        nodes,
+        succs: &g.succs,
+        ops,
+        sched: &sched,
+        threads: pool.current_num_threads(),
+    };
+    pool.scope(|s| {
+        let first = run.dispatch(&mut run.lock());
+        for t in first {
+            s.spawn(move |s| run.task(s, t));
+        }
+    });
+    let st = sched
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    stats.add(st.delta);
+    stats.tasks += st.tasks;
+    stats.gemm_batches += st.gemm_batches;
+    stats.gemm_batched_ops += st.gemm_batched_ops;
+    for (i, n) in nodes.iter().enumerate() {
+        if st.done[i] {
+            let op = ops[n.slot as usize].as_mut().expect("live op");
+            op.left -= effects(*n);
+        }
+    }
+    for (slot, h) in st.held {
+        ops[slot as usize].as_mut().expect("live op").held = Some(h);
+    }
+    match st.failed {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// What every task of a parallel run sees.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    cx: &'a Cx<'a>,
+    nodes: &'a [Node],
+    succs: &'a [Vec<u32>],
+    ops: &'a [Option<PendingOp>],
+    sched: &'a std::sync::Mutex<Sched>,
+    threads: usize,
+}
+
+impl<'a> Run<'a> {
+    fn lock(&self) -> std::sync::MutexGuard<'a, Sched> {
+        self.sched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn op(&self, n: Node) -> &'a PendingOp {
+        self.ops[n.slot as usize].as_ref().expect("live op")
+    }
+
+    fn batchable(&self, n: Node) -> Option<gemm::BatchKey> {
+        let op = self.op(n);
+        match &op.rec.params {
+            Params::Gemm(p)
+                if self.cx.batch
+                    && n.step != Step::Write
+                    && op.rec.kind == OpKind::Gemm
+                    && op.rec.read.is_some()
+                    && op.rec.write.is_some() =>
+            {
+                Some(gemm::batch_key(p))
+            }
+            _ => None,
+        }
+    }
+
+    /// Take the next tasks to start: ready nodes in effect order, at most
+    /// `lookahead` after the first node not done, while the threads have
+    /// room and what reads hold stays within the budget (the first node
+    /// not done always runs).
+    fn dispatch(&self, st: &mut Sched) -> Vec<Task> {
+        let cx = self.cx;
+        while st.low < self.nodes.len() && st.done[st.low] {
+            st.low += 1;
+        }
+        let end = (st.low + cx.lookahead.max(1)).min(st.limit as usize) as u32;
+        let admits = |st: &Sched, i: u32| {
+            let cost = hold_cost(self.nodes[i as usize], self.ops);
+            (cost == 0 || st.held_bytes + cost <= cx.hold_budget || i as usize == st.low)
+                .then_some(cost)
+        };
+        let mut out = Vec::new();
+        let mut from = 0u32;
+        while st.running < self.threads {
+            let Some((i, cost)) = st
+                .ready
+                .range(from..end)
+                .find_map(|&i| admits(st, i).map(|c| (i, c)))
+            else {
+                break;
+            };
+            from = i + 1;
+            st.ready.remove(&i);
+            st.held_bytes += cost;
+            let n = self.nodes[i as usize];
+            let mut items = vec![(i, n)];
+            if let Some(key) = self.batchable(n) {
+                // Batch into free threads only: a batch's items wait for
+                // one another, so a batch beside busy threads runs its
+                // items one by one (measured: twice as slow).
+                let room = (self.threads - st.running)
+                    .min(cx.backend.max_batch())
+                    .max(1);
+                let more: Vec<u32> = st
+                    .ready
+                    .range(i + 1..end)
+                    .copied()
+                    .filter(|&j| self.batchable(self.nodes[j as usize]) == Some(key))
+                    .take(room - 1)
+                    .collect();
+                for j in more {
+                    let Some(c) = admits(st, j) else { break };
+                    st.ready.remove(&j);
+                    st.held_bytes += c;
+                    items.push((j, self.nodes[j as usize]));
+                }
+            }
+            let task = if items.len() == 1 {
+                let held = match n.step {
+                    Step::Read => None,
+                    _ => st.held.remove(&n.slot),
+                };
+                Task::One(i, n, held)
+            } else {
+                st.gemm_batches += 1;
+                st.gemm_batched_ops += items.len() as u64;
+                Task::Gemms(items)
+            };
+            st.running += task.width();
+            st.tasks += 1;
+            out.push(task);
+        }
+        out
+    }
+
+    /// Run a task, record what it did, and start what it made ready.
+    fn task<'s>(self, s: &rayon::Scope<'s>, t: Task)
+    where
+        'a: 's,
+    {
+        let width = t.width();
+        let results = match t {
+            Task::One(i, n, held) => vec![(i, run_node(self.cx, i, n, self.op(n), held))],
+            Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.ops),
+        };
+        let next = {
+            let mut st = self.lock();
+            st.running -= width;
+            for (node, r) in results {
+                self.finish(&mut st, node, r);
+            }
+            self.dispatch(&mut st)
+        };
+        for t in next {
+            s.spawn(move |s| self.task(s, t));
+        }
+    }
+
+    fn finish(&self, st: &mut Sched, node: u32, r: Result<Done>) {
+        match r {
+            Ok(d) => {
+                let n = self.nodes[d.node as usize];
+                if n.step == Step::Write {
+                    let cost = hold_cost(
+                        Node {
+                            step: Step::Read,
+                            ..n
+                        },
+                        self.ops,
+                    );
+                    st.held_bytes = st.held_bytes.saturating_sub(cost);
+                }
+                if let Some(h) = d.held {
+                    st.held.insert(n.slot, h);
+                }
+                st.delta.add(d.delta);
+                st.done[d.node as usize] = true;
+                for &s in &self.succs[d.node as usize] {
+                    st.preds[s as usize] -= 1;
+                    if st.preds[s as usize] == 0 {
+                        st.ready.insert(s);
+                    }
+                }
+            }
+            Err(e) => {
+                if node < st.limit {
+                    st.limit = node;
+                    st.failed = Some(e);
+                }
+            }
+        }
     }
 }
 

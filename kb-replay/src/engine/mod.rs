@@ -38,15 +38,22 @@
 //! [`graph`] links each node to the earlier nodes it conflicts with (RAW,
 //! WAW, WAR over the byte ranges, through an interval index), to its own
 //! read, and to the ops in the record's explicit dependency ids. With one
-//! thread the nodes run in order. With more, [`exec`] runs the window in
-//! waves on the rayon pool: every node whose predecessors are done, and
-//! that is at most [`ReplayOptions::lookahead`] nodes after the first one
-//! not done, runs in the next wave, as long as what reads run ahead hold
-//! for their writes stays within [`ReplayOptions::hold_budget`] (the
-//! bounds keep parallel runs from holding much more than sequential ones);
-//! GEMM reads in a wave that
-//! share shape, dtypes, layouts and transpose flags run as one batched
-//! backend call.
+//! thread the nodes run in order. With more, [`exec`] runs the window as
+//! a dataflow on the rayon pool: whenever a node finishes, the nodes it
+//! made ready start, earliest first, one task per thread, as long as each
+//! is at most [`ReplayOptions::lookahead`] nodes after the first one not
+//! done and what reads run ahead hold for their writes stays within
+//! [`ReplayOptions::hold_budget`] (the bounds keep parallel runs from
+//! holding much more than sequential ones). Threads without a task help
+//! the running ones (a large GEMM splits across the pool). Ready GEMM
+//! reads that share shape, dtypes, layouts and transpose flags start as
+//! one batched backend call when threads are free for all of them.
+//!
+//! Moving bytes: a memory op's read takes a [`crate::plane::Snapshot`]
+//! (references to the pages, no copy) and its write copies from it, so
+//! each byte is copied once; the fingerprint is computed over whichever
+//! side is in fewer pieces. A row-major f32 GEMM operand that lies in one
+//! page is read in place.
 //!
 //! Every node computes the same bits whatever runs beside it (ops are pure
 //! functions of their input bytes; backends give the same bits for any
@@ -81,8 +88,8 @@ pub struct ReplayOptions {
     pub window: usize,
     /// Run ready GEMMs of one shape as one batched backend call.
     pub batch_gemms: bool,
-    /// How far ahead of the first unfinished node (in effect order) a wave
-    /// may run ready nodes: more finds more parallel work, and lets more
+    /// How far ahead of the first unfinished node (in effect order) ready
+    /// nodes may start: more finds more parallel work, and lets more
     /// reads hold data for writes still to come.
     pub lookahead: usize,
     /// Most bytes that reads run ahead in parallel may hold for their
@@ -153,8 +160,11 @@ pub struct Stats {
     pub max_window_effects: u64,
     /// Most records held at once (waiting for their effects' turn).
     pub max_pending_records: u64,
-    /// Waves run in parallel windows (0 with one thread).
-    pub waves: u64,
+    /// Tasks started in parallel windows (0 with one thread): a node, or
+    /// a batched call of GEMMs. With more than one thread this and the
+    /// batch counts depend on timing (what is ready when); the results
+    /// never do.
+    pub tasks: u64,
     /// Batched GEMM calls of two or more GEMMs, and the GEMMs in them.
     pub gemm_batches: u64,
     pub gemm_batched_ops: u64,
@@ -171,6 +181,14 @@ pub(crate) struct Delta {
 impl Stats {
     fn add(&mut self, d: Delta) {
         self.fingerprints_checked += d.fingerprints;
+        self.bytes_read += d.bytes_read;
+        self.bytes_written += d.bytes_written;
+    }
+}
+
+impl Delta {
+    fn add(&mut self, d: Delta) {
+        self.fingerprints += d.fingerprints;
         self.bytes_read += d.bytes_read;
         self.bytes_written += d.bytes_written;
     }
@@ -197,22 +215,23 @@ pub(crate) struct PendingOp {
     pub held: Option<Held>,
 }
 
-/// What an op's read holds for its write: the bytes, and the whole pages
-/// among them that the write may share instead of copying.
-#[derive(Debug, Default)]
-pub(crate) struct Held {
-    pub bytes: Vec<u8>,
-    /// (offset in `bytes`, page), increasing offsets.
-    pub pages: Vec<(usize, crate::plane::PageBuf)>,
-}
-
-impl Held {
-    pub fn bytes(bytes: Vec<u8>) -> Held {
-        Held {
-            bytes,
-            pages: Vec::new(),
-        }
-    }
+/// What an op's read holds for its write: a compute op's output bytes, or
+/// a memory op's bytes as a snapshot of the pages they were read from
+/// (copied once, by the write).
+#[derive(Debug)]
+pub(crate) enum Held {
+    Bytes(Vec<u8>),
+    Snapshot {
+        snap: crate::plane::Snapshot,
+        /// The recorded fingerprint, when it is checked on the written
+        /// bytes: when the destination is in fewer pieces than the source
+        /// (a tile gathered from strided rows into TCM), hashing it is
+        /// faster, and it is in cache right after the write.
+        check: Option<u64>,
+    },
+    /// A computed GEMM, its output encoded straight into the pages by the
+    /// write.
+    Gemm(crate::ops::gemm::Prepared),
 }
 
 /// The smallest seq no effect has carried yet.

@@ -30,6 +30,7 @@ use kb_format::{Dtype, GemmParams, Layout};
 
 use crate::backend::{Dims, GemmArgs, GemmBackend};
 use crate::dtype;
+use crate::plane::{Snapshot, SnapshotSlice};
 
 fn dims(p: &GemmParams) -> Option<(Dims, [usize; 3])> {
     let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
@@ -140,19 +141,51 @@ pub struct Prepared {
     kind: Kind,
 }
 
+/// An f32 input matrix: decoded into a buffer, or, when the stored
+/// operand is already a row-major f32 matrix lying in one page, that
+/// page's bytes themselves (no copy).
+#[derive(Debug, Clone)]
+enum Mat {
+    Owned(Vec<f32>),
+    Page(SnapshotSlice),
+}
+
+impl Mat {
+    /// The bytes of `s` as f32 values, when they can be used in place:
+    /// 4-byte aligned, on a little-endian machine.
+    fn borrow(s: SnapshotSlice) -> Option<Mat> {
+        (cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(s.bytes()).is_ok())
+            .then_some(Mat::Page(s))
+    }
+}
+
+impl std::ops::Deref for Mat {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match self {
+            Mat::Owned(v) => v,
+            // `borrow` checked the alignment and the length.
+            Mat::Page(s) => bytemuck::cast_slice(s.bytes()),
+        }
+    }
+}
+
+impl From<Vec<f32>> for Mat {
+    fn from(v: Vec<f32>) -> Mat {
+        Mat::Owned(v)
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Kind {
     /// Float arithmetic in f32; `c` starts as the accumulator.
-    F32 {
-        a: Vec<f32>,
-        b: Vec<f32>,
-        c: Vec<f32>,
-    },
+    F32 { a: Mat, b: Mat, c: Vec<f32> },
     /// Exact integer products in f32 (`c` starts at zero); `acc` is added
     /// in wrapping i32 afterwards.
     IntF32 {
-        a: Vec<f32>,
-        b: Vec<f32>,
+        a: Mat,
+        b: Mat,
         c: Vec<f32>,
         acc: Option<Vec<i32>>,
     },
@@ -209,14 +242,16 @@ pub fn prepare(p: &GemmParams, input: &[u8]) -> Result<Prepared, String> {
                 d.k,
                 p.transpose_a,
                 p.layout_a,
-            ),
+            )
+            .into(),
             b: logical(
                 dtype::to_f32(p.dtype_in, b),
                 d.k,
                 d.n,
                 p.transpose_b,
                 p.layout_b,
-            ),
+            )
+            .into(),
             c: if p.acc.is_some() {
                 logical(
                     dtype::to_f32(p.dtype_acc, acc),
@@ -263,8 +298,8 @@ pub fn prepare(p: &GemmParams, input: &[u8]) -> Result<Prepared, String> {
             let bound = (d.k as u128) * (max_abs(&a) as u128) * (max_abs(&b) as u128);
             if bound <= 1 << 24 {
                 Kind::IntF32 {
-                    a: a.iter().map(|&v| v as f32).collect(),
-                    b: b.iter().map(|&v| v as f32).collect(),
+                    a: Mat::Owned(a.iter().map(|&v| v as f32).collect()),
+                    b: Mat::Owned(b.iter().map(|&v| v as f32).collect()),
                     c: vec![0f32; mn],
                     acc,
                 }
@@ -296,10 +331,13 @@ fn float_size(d: Dtype) -> Option<usize> {
 /// Append the f32 values of whole `d` elements in `b` to `out`.
 fn decode_f32(d: Dtype, b: &[u8], out: &mut Vec<f32>) {
     match d {
-        Dtype::F32 => out.extend(
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        ),
+        Dtype::F32 => match bytemuck::try_cast_slice::<u8, f32>(b) {
+            Ok(v) if cfg!(target_endian = "little") => out.extend_from_slice(v),
+            _ => out.extend(
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+        },
         Dtype::Bf16 => out.extend(
             b.chunks_exact(2)
                 .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
@@ -323,6 +361,9 @@ pub struct Decoder<'p> {
     part: usize,
     seen: usize,
     vals: [Vec<f32>; 3],
+    /// Operands used in place ([`Decoder::from_snapshot`]); their bytes
+    /// are skipped, not decoded.
+    borrowed: [Option<Mat>; 2],
     /// A partial element split across pieces.
     carry: [u8; 4],
     carry_len: usize,
@@ -333,6 +374,10 @@ pub struct Decoder<'p> {
 impl<'p> Decoder<'p> {
     /// A decoder, when this GEMM can use one.
     pub fn new(p: &'p GemmParams) -> Option<Decoder<'p>> {
+        Decoder::with_borrowed(p, [None, None])
+    }
+
+    fn with_borrowed(p: &'p GemmParams, borrowed: [Option<Mat>; 2]) -> Option<Decoder<'p>> {
         let si = float_size(p.dtype_in)?;
         let sa = float_size(p.dtype_acc)?;
         let (d, [mk, kn, mn]) = dims(p)?;
@@ -342,9 +387,16 @@ impl<'p> Decoder<'p> {
             kn.checked_mul(si)?,
             acc.checked_mul(sa)?,
         ];
+        let take = |borrowed: bool, n: usize| {
+            if borrowed {
+                Vec::new()
+            } else {
+                crate::pool::F32.take(n)
+            }
+        };
         let vals = [
-            crate::pool::F32.take(mk),
-            crate::pool::F32.take(kn),
+            take(borrowed[0].is_some(), mk),
+            take(borrowed[1].is_some(), kn),
             crate::pool::F32.take(mn),
         ];
         Some(Decoder {
@@ -355,10 +407,33 @@ impl<'p> Decoder<'p> {
             part: 0,
             seen: 0,
             vals,
+            borrowed,
             carry: [0; 4],
             carry_len: 0,
             extra: 0,
         })
+    }
+
+    /// Operands from a snapshot of their bytes: `a` and `b` used in place
+    /// when each is a row-major f32 matrix within one page (the common
+    /// case of a tile in TCM), the rest decoded. `None` when this GEMM
+    /// needs the generic path (as [`Decoder::new`]).
+    pub fn from_snapshot(p: &'p GemmParams, snap: &Snapshot) -> Option<Result<Prepared, String>> {
+        let (_, [mk, kn, _]) = dims(p)?;
+        let in_place = |start: usize, elems: usize, transpose: bool, layout: Layout| {
+            let len = elems.checked_mul(4)?;
+            // A stored matrix is the logical row-major one when `logical`
+            // would return it as it is.
+            (p.dtype_in == Dtype::F32 && transpose == (layout == Layout::ColMajor))
+                .then(|| snap.contiguous(start, len))
+                .flatten()
+                .and_then(Mat::borrow)
+        };
+        let a = in_place(0, mk, p.transpose_a, p.layout_a);
+        let b = in_place(mk.checked_mul(4)?, kn, p.transpose_b, p.layout_b);
+        let mut dec = Decoder::with_borrowed(p, [a, b])?;
+        snap.pieces().for_each(|piece| dec.feed(piece));
+        Some(dec.finish())
     }
 
     /// The next bytes of the operands, in order.
@@ -381,6 +456,9 @@ impl<'p> Decoder<'p> {
     }
 
     fn decode(&mut self, mut b: &[u8]) {
+        if self.part < 2 && self.borrowed[self.part].is_some() {
+            return;
+        }
         let dt = self.dtypes[self.part];
         let es = dt.size();
         let out = &mut self.vals[self.part];
@@ -418,14 +496,15 @@ impl<'p> Decoder<'p> {
         let p = self.p;
         let d = self.d;
         let [a, b, mut c] = self.vals;
+        let [ba, bb] = self.borrowed;
         if p.acc.is_none() {
             c.resize(d.m * d.n, 0.0);
         }
         Ok(Prepared {
             d,
             kind: Kind::F32 {
-                a: logical(a, d.m, d.k, p.transpose_a, p.layout_a),
-                b: logical(b, d.k, d.n, p.transpose_b, p.layout_b),
+                a: ba.unwrap_or_else(|| logical(a, d.m, d.k, p.transpose_a, p.layout_a).into()),
+                b: bb.unwrap_or_else(|| logical(b, d.k, d.n, p.transpose_b, p.layout_b).into()),
                 c: logical(c, d.m, d.n, false, p.layout_out),
             },
         })
@@ -486,8 +565,13 @@ impl<'a> Output<'a> {
                     let left = dst.len() - i;
                     if o == 0 && left >= 4 {
                         let n = left / 4;
-                        for (w, v) in dst[i..i + 4 * n].chunks_exact_mut(4).zip(&c[e..e + n]) {
-                            w.copy_from_slice(&v.to_le_bytes());
+                        let dst = &mut dst[i..i + 4 * n];
+                        if cfg!(target_endian = "little") {
+                            dst.copy_from_slice(bytemuck::cast_slice(&c[e..e + n]));
+                        } else {
+                            for (w, v) in dst.chunks_exact_mut(4).zip(&c[e..e + n]) {
+                                w.copy_from_slice(&v.to_le_bytes());
+                            }
                         }
                         i += 4 * n;
                     } else {
@@ -503,12 +587,27 @@ impl<'a> Output<'a> {
 }
 
 impl Prepared {
+    /// Give the input buffers back to the pool (after computing: the
+    /// result stays).
+    pub fn release_inputs(&mut self) {
+        if let Kind::F32 { a, b, .. } | Kind::IntF32 { a, b, .. } = &mut self.kind {
+            for m in [a, b] {
+                if let Mat::Owned(v) = std::mem::replace(m, Mat::Owned(Vec::new())) {
+                    crate::pool::F32.give(v);
+                }
+            }
+        }
+    }
+
     /// Give the buffers back to the pool.
     pub fn recycle(self) {
         if let Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } = self.kind {
-            for v in [a, b, c] {
-                crate::pool::F32.give(v);
+            for m in [a, b] {
+                if let Mat::Owned(v) = m {
+                    crate::pool::F32.give(v);
+                }
             }
+            crate::pool::F32.give(c);
         }
     }
 }

@@ -280,6 +280,16 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
         }
     }
 
+    // Only scalar inputs (a fill): one value, repeated.
+    if !is_reduction(p.op) && count > 1 && ops.iter().all(|o| matches!(o, Operand::Scalar(_))) {
+        let one = MathParams {
+            rows: 1,
+            cols: 1,
+            ..p.clone()
+        };
+        return Ok(execute(&one, input)?.repeat(count));
+    }
+
     // Verbatim copy between equal dtypes and shapes.
     if matches!(p.op, MathOp::Copy | MathOp::Cast)
         && let Operand::Tile {
@@ -421,6 +431,25 @@ mod tests {
         assert_eq!(e, [1.0, std::f32::consts::E, (-1.0f64).exp() as f32]);
         let l = run_f32(&params(MathOp::Log, vec![tile(1, 3, f)], 1, 3, f), &[&x]);
         assert_eq!(l, [0.0, 4f64.ln() as f32, 0.25f64.ln() as f32]);
+    }
+
+    #[test]
+    fn scalar_only_inputs_fill_the_tile() {
+        // A fill (copy of a scalar), in f16: every element is 2.5.
+        let p = params(MathOp::Copy, vec![MathInput::Scalar(2.5)], 3, 4, Dtype::F16);
+        let want: Vec<u8> = (0..12)
+            .flat_map(|_| half::f16::from_f32(2.5).to_le_bytes())
+            .collect();
+        assert_eq!(execute(&p, &[]).unwrap(), want);
+        // Wrapping i8 arithmetic on two scalars: 100 + 100 = -56.
+        let p = params(
+            MathOp::Add,
+            vec![MathInput::Scalar(100.0), MathInput::Scalar(100.0)],
+            2,
+            2,
+            Dtype::I8,
+        );
+        assert_eq!(execute(&p, &[]).unwrap(), vec![(-56i8) as u8; 4]);
     }
 
     #[test]
