@@ -797,6 +797,98 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_copy_once_and_keep_the_bytes_they_read() {
+        let p = plane();
+        let src = dev(Space::Hbm, PAGE as u64 - 8);
+        let data: Vec<u8> = (0..3 * PAGE as u32).map(|i| (i % 253) as u8).collect();
+        p.write(src, &data).unwrap();
+        // Strided rows across page boundaries, then a whole aligned page.
+        let ex = [
+            Extent {
+                pa: src,
+                len: 16,
+                rows: 3,
+                stride: 40,
+            },
+            Extent::contiguous(dev(Space::Hbm, PAGE as u64), PAGE as u64),
+        ];
+        let mut gathered = Vec::new();
+        p.gather(&ex, &mut gathered).unwrap();
+        let snap = p.snapshot(&ex).unwrap();
+        assert_eq!(snap.len(), gathered.len() as u64);
+        assert_eq!(snap.pieces().collect::<Vec<_>>().concat(), gathered);
+        assert_eq!(snap.fingerprint(), kb_format::fingerprint(&gathered));
+        // Row 0 crosses into the second page; rows 1 and 2 lie apart in
+        // it; then the whole page: five pieces.
+        assert_eq!(snap.piece_count(), 5);
+        assert_eq!(snap.contiguous(16, 16).unwrap().bytes(), &gathered[16..32]);
+        assert_eq!(snap.contiguous(36, 8).unwrap().bytes(), &gathered[36..44]);
+        assert!(snap.contiguous(8, 16).is_none(), "spans two pieces");
+        assert!(snap.contiguous(40, 16).is_none(), "spans two pieces");
+        // Writing the source after the snapshot does not change it.
+        p.write(src, &[0xff; 64]).unwrap();
+        p.write(dev(Space::Hbm, PAGE as u64 + 100), &[0xee; 8])
+            .unwrap();
+        assert_eq!(snap.pieces().collect::<Vec<_>>().concat(), gathered);
+        // Scatter: strided destination, then a page-aligned whole page,
+        // which is shared rather than copied.
+        let dst = dev(Space::Tcm, PAGE as u64 - 20);
+        let out = [
+            Extent {
+                pa: dst,
+                len: 24,
+                rows: 2,
+                stride: 30,
+            },
+            Extent::contiguous(dev(Space::Tcm, 2 * PAGE as u64), PAGE as u64),
+        ];
+        p.scatter_snapshot(&out, &snap).unwrap();
+        let mut back = Vec::new();
+        p.gather(&out, &mut back).unwrap();
+        assert_eq!(back, gathered);
+        // A write to the shared page leaves the other side as it was.
+        p.write(dev(Space::Tcm, 2 * PAGE as u64), &[1, 2, 3])
+            .unwrap();
+        assert_eq!(snap.pieces().collect::<Vec<_>>().concat(), gathered);
+        assert_eq!(
+            read(&p, dev(Space::Tcm, 2 * PAGE as u64), 4),
+            vec![1, 2, 3, gathered[51]]
+        );
+        // A destination of the wrong size is refused.
+        assert!(matches!(
+            p.scatter_snapshot(&out[..1], &snap),
+            Err(PlaneError::LengthMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn piece_counts_follow_pages_and_runs() {
+        let page = PAGE as u64;
+        let at = |o| dev(Space::Tcm, o);
+        assert_eq!(
+            DataPlane::piece_count(&[Extent::contiguous(at(0), page)]),
+            1
+        );
+        assert_eq!(
+            DataPlane::piece_count(&[Extent::contiguous(at(8), page)]),
+            2
+        );
+        // Touching rows are one run.
+        let rows = Extent {
+            pa: at(0),
+            len: 64,
+            rows: 16,
+            stride: 64,
+        };
+        assert_eq!(DataPlane::piece_count(&[rows]), 1);
+        let strided = Extent {
+            stride: 128,
+            ..rows
+        };
+        assert_eq!(DataPlane::piece_count(&[strided]), 16);
+    }
+
+    #[test]
     fn host_space_reads_tensor_data_and_keeps_the_input_pristine() {
         let mut p = plane();
         p.load_host(1, 0, &[1, 2, 3, 4]).unwrap();

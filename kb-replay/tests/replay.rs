@@ -194,6 +194,56 @@ fn fingerprint_mismatch_names_the_op() {
     assert!(msg.contains("sip0.cube0.pe0.tcm+0x0 [16 B]"), "{msg}");
 }
 
+/// A load gathering strided rows into one contiguous tile: its fingerprint
+/// is checked on the written tile (fewer pieces), and a wrong one is still
+/// an error naming the op; the right one passes.
+#[test]
+fn a_strided_load_checks_its_fingerprint_on_the_written_tile() {
+    let x: Vec<u8> = (0..32).collect();
+    let rows: Vec<u8> = (0..4).flat_map(|r| 8 * r..8 * r + 4).collect();
+    for wrong in [false, true] {
+        let tensors = vec![
+            tensor("x", Dtype::U8, &[32], true, None),
+            tensor("y", Dtype::U8, &[16], false, Some(tcm(0))),
+        ];
+        let mut ops = vec![
+            mem(
+                6,
+                0,
+                1,
+                vec![span(host(0, 0), 32)],
+                2,
+                vec![span(hbm(0), 32)],
+            ),
+            mem(
+                7,
+                10,
+                3,
+                vec![strided(hbm(0), 4, 4, 8)],
+                4,
+                vec![span(tcm(0), 16)],
+            ),
+        ];
+        ops[0].fingerprint = Some(kb_format::fingerprint(&x));
+        ops[1].fingerprint = Some(kb_format::fingerprint(&rows) ^ wrong as u64);
+        let bytes = build(tensors, &[(0, x.clone())], &ops, vec![]);
+        match replay(&bytes) {
+            Ok((l, stats)) => {
+                assert!(!wrong);
+                assert_eq!(output(&l, "y"), rows);
+                assert_eq!(stats.fingerprints_checked, 2);
+            }
+            Err(err) => {
+                let msg = err.to_string();
+                assert!(wrong, "{msg}");
+                assert!(matches!(err, Error::Op { op_id: 7, .. }), "{msg}");
+                assert!(msg.contains("fingerprint mismatch"), "{msg}");
+                assert!(msg.contains("[4 x 4 B, stride 8]"), "{msg}");
+            }
+        }
+    }
+}
+
 #[test]
 fn unequal_read_and_write_sizes_are_an_error() {
     let tensors = vec![tensor("x", Dtype::U8, &[8], true, None)];

@@ -852,6 +852,53 @@ mod tests {
     }
 
     #[test]
+    fn operands_in_one_page_are_used_in_place_with_the_same_bits() {
+        use crate::plane::{DataPlane, PAGE};
+        use kb_format::{Extent, Space, pa::Pa};
+        let tcm = |offset: u64| {
+            Pa {
+                space: Space::Tcm,
+                sip: 0,
+                cube: 0,
+                pe: 0,
+                offset,
+            }
+            .encode()
+            .unwrap()
+        };
+        let (m, k, n) = (8u32, 16u32, 8u32);
+        let mut p = params(m, k, n);
+        p.acc = Some(Addr::default());
+        let a = bytes_of(Dtype::F32, &ints((m * k) as usize, 9, 1));
+        let b = bytes_of(Dtype::F32, &ints((k * n) as usize, 9, 2));
+        let c = bytes_of(Dtype::F32, &ints((m * n) as usize, 9, 3));
+        let bytes = [a.clone(), b.clone(), c.clone()].concat();
+        let want = execute(&p, &bytes, &GemmCrate).unwrap();
+        let plane = DataPlane::new(&[], crate::plane::DEFAULT_MAX_BYTES);
+        // a and b each inside a page; then a across a page boundary.
+        for (at_a, borrowed_a) in [(0u64, true), (PAGE as u64 - 64, false)] {
+            let (at_b, at_c) = (2 * PAGE as u64, 3 * PAGE as u64);
+            plane.write(tcm(at_a), &a).unwrap();
+            plane.write(tcm(at_b), &b).unwrap();
+            plane.write(tcm(at_c), &c).unwrap();
+            let ranges = [
+                Extent::contiguous(tcm(at_a), a.len() as u64),
+                Extent::contiguous(tcm(at_b), b.len() as u64),
+                Extent::contiguous(tcm(at_c), c.len() as u64),
+            ];
+            let snap = plane.snapshot(&ranges).unwrap();
+            let mut x = Decoder::from_snapshot(&p, &snap).unwrap().unwrap();
+            let Kind::F32 { a: ma, b: mb, .. } = &x.kind else {
+                panic!("f32 gemm")
+            };
+            assert_eq!(matches!(ma, Mat::Page(_)), borrowed_a);
+            assert!(matches!(mb, Mat::Page(_)));
+            compute(&mut x, &GemmCrate);
+            assert_eq!(finish(&p, &x), want);
+        }
+    }
+
+    #[test]
     fn decoding_in_pieces_of_any_size_gives_the_same_operands() {
         for (din, dacc) in [
             (Dtype::F32, Dtype::F32),
