@@ -12,7 +12,7 @@
 //! its blocking from the shape and the cache sizes alone, so the bits do
 //! not depend on the thread count (tested in `backend::tests`). A batch
 //! runs its items on the pool, each single-threaded when there are at
-//! least as many items as threads.
+//! least as many items as threads; `*_one_thread` is `Parallelism::None`.
 #![allow(unsafe_code)]
 
 use gemm::Parallelism;
@@ -94,6 +94,14 @@ impl GemmBackend for GemmCrate {
 
     fn gemm_f64(&self, d: Dims, a: &[f64], b: &[f64], c: &mut [f64]) {
         call(d, a, b, c, Parallelism::Rayon(0));
+    }
+
+    fn gemm_f32_one_thread(&self, d: Dims, a: &[f32], b: &[f32], c: &mut [f32]) {
+        call(d, a, b, c, Parallelism::None);
+    }
+
+    fn gemm_f64_one_thread(&self, d: Dims, a: &[f64], b: &[f64], c: &mut [f64]) {
+        call(d, a, b, c, Parallelism::None);
     }
 
     fn gemm_f32_batch(&self, d: Dims, batch: &mut [GemmArgs<'_, f32>]) {

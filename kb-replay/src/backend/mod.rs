@@ -97,6 +97,19 @@ pub trait GemmBackend: Send + Sync + std::fmt::Debug {
 
     fn gemm_f64(&self, d: Dims, a: &[f64], b: &[f64], c: &mut [f64]);
 
+    /// As [`GemmBackend::gemm_f32`], on the calling thread alone. The
+    /// engine calls it when every thread of the pool has a task of its own:
+    /// splitting a tile-sized GEMM across busy threads costs more than it
+    /// gains (each part packs its operands again). Same bits.
+    fn gemm_f32_one_thread(&self, d: Dims, a: &[f32], b: &[f32], c: &mut [f32]) {
+        self.gemm_f32(d, a, b, c)
+    }
+
+    /// As [`GemmBackend::gemm_f32_one_thread`], in f64.
+    fn gemm_f64_one_thread(&self, d: Dims, a: &[f64], b: &[f64], c: &mut [f64]) {
+        self.gemm_f64(d, a, b, c)
+    }
+
     /// Integer GEMM with wrapping i32 arithmetic (exact, so every order of
     /// summation gives the same bits).
     fn gemm_i32(&self, d: Dims, a: &[i32], b: &[i32], c: &mut [i32]) {
@@ -213,6 +226,10 @@ pub(crate) mod tests {
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&one), bits(&run(2)), "{} {m}x{k}x{n}", be.name());
+            // On the calling thread alone, in a pool of two: the same bits.
+            let mut alone = c0.clone();
+            pool(2).install(|| be.gemm_f32_one_thread(d, &a, &b, &mut alone));
+            assert_eq!(bits(&alone), bits(&one), "{} alone {m}x{k}x{n}", be.name());
             // A batch of three: the single call's bits for each item.
             let mut cs = vec![c0.clone(); 3];
             let mut batch: Vec<GemmArgs<f32>> = cs
@@ -231,10 +248,13 @@ pub(crate) mod tests {
             let mut c64: Vec<f64> = c0.iter().map(|&x| x as f64).collect();
             let mut want64 = c64.clone();
             NaiveGemm.gemm_f64(d, &a64, &b64, &mut want64);
+            let mut alone64 = c64.clone();
             be.gemm_f64(d, &a64, &b64, &mut c64);
             for (x, y) in c64.iter().zip(&want64) {
                 assert!((x - y).abs() <= 1e-12 * (k as f64 + 1.0), "{x} vs {y}");
             }
+            pool(2).install(|| be.gemm_f64_one_thread(d, &a64, &b64, &mut alone64));
+            assert!(alone64 == c64, "{} f64 alone {m}x{k}x{n}", be.name());
         }
         // Wrapping i32.
         let d = Dims { m: 1, k: 2, n: 1 };

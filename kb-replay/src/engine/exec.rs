@@ -206,10 +206,10 @@ fn is_gemm(op: &PendingOp) -> bool {
 }
 
 /// The whole read effect: what to hold for the write, if anything.
-fn read_node(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<Held>> {
+fn read_node(cx: &Cx, op: &PendingOp, delta: &mut Delta, share_pool: bool) -> Result<Option<Held>> {
     if is_gemm(op) {
         return Ok(gemm_read(cx, op, delta)?.map(|mut x| {
-            gemm::compute(&mut x, cx.backend);
+            gemm::compute(&mut x, cx.backend, share_pool);
             x.release_inputs();
             Held::Gemm(x)
         }));
@@ -335,10 +335,18 @@ struct Done {
     delta: Delta,
 }
 
-fn run_node(cx: &Cx, node: u32, n: Node, op: &PendingOp, held: Option<Held>) -> Result<Done> {
+/// Run one node; a GEMM in it uses the pool's threads when `share_pool`.
+fn run_node(
+    cx: &Cx,
+    node: u32,
+    n: Node,
+    op: &PendingOp,
+    held: Option<Held>,
+    share_pool: bool,
+) -> Result<Done> {
     let mut delta = Delta::default();
     let held = match n.step {
-        Step::Read => read_node(cx, op, &mut delta)?,
+        Step::Read => read_node(cx, op, &mut delta, share_pool)?,
         Step::Write => {
             write_node(cx, op, held, &mut delta)?;
             None
@@ -346,7 +354,7 @@ fn run_node(cx: &Cx, node: u32, n: Node, op: &PendingOp, held: Option<Held>) -> 
         Step::Both if is_gemm(op) && op.rec.read.is_some() => {
             match gemm_read(cx, op, &mut delta)? {
                 Some(mut x) => {
-                    gemm::compute(&mut x, cx.backend);
+                    gemm::compute(&mut x, cx.backend, share_pool);
                     let res = write_gemm(cx, op, &x, &mut delta);
                     x.recycle();
                     res?;
@@ -356,7 +364,7 @@ fn run_node(cx: &Cx, node: u32, n: Node, op: &PendingOp, held: Option<Held>) -> 
             None
         }
         Step::Both => {
-            let h = read_node(cx, op, &mut delta)?;
+            let h = read_node(cx, op, &mut delta, share_pool)?;
             write_node(cx, op, h, &mut delta)?;
             None
         }
@@ -472,7 +480,7 @@ pub(crate) fn run_window(
         for (i, &n) in nodes.iter().enumerate() {
             let op = ops[n.slot as usize].as_mut().expect("live op");
             let held = op.held.take();
-            let done = run_node(cx, i as u32, n, op, held)?;
+            let done = run_node(cx, i as u32, n, op, held, true)?;
             op.held = done.held;
             op.left -= effects(n);
             stats.add(done.delta);
@@ -492,7 +500,8 @@ pub(crate) fn run_window(
 
 /// A unit of work: one node, or GEMM reads sharing a batched call.
 enum Task {
-    One(u32, Node, Option<Held>),
+    /// A node, and whether a GEMM in it may split across the pool.
+    One(u32, Node, Option<Held>, bool),
     Gemms(Vec<(u32, Node)>),
 }
 
@@ -715,7 +724,7 @@ impl<'a> Run<'a> {
                     Step::Read => None,
                     _ => st.held.remove(&n.slot),
                 };
-                Task::One(i, n, held)
+                Task::One(i, n, held, false)
             } else {
                 st.gemm_batches += 1;
                 st.gemm_batched_ops += items.len() as u64;
@@ -724,6 +733,15 @@ impl<'a> Run<'a> {
             st.running += task.width();
             st.tasks += 1;
             out.push(task);
+        }
+        // Threads left over: nothing else can start, so the tasks just
+        // started may split their GEMMs across the pool.
+        if st.running < self.threads {
+            for t in &mut out {
+                if let Task::One(.., share_pool) = t {
+                    *share_pool = true;
+                }
+            }
         }
         out
     }
@@ -735,7 +753,9 @@ impl<'a> Run<'a> {
     {
         let width = t.width();
         let results = match t {
-            Task::One(i, n, held) => vec![(i, run_node(self.cx, i, n, self.op(n), held))],
+            Task::One(i, n, held, share_pool) => {
+                vec![(i, run_node(self.cx, i, n, self.op(n), held, share_pool))]
+            }
             Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.ops),
         };
         let next = {

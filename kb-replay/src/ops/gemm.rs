@@ -612,12 +612,19 @@ impl Prepared {
     }
 }
 
-/// Run one prepared GEMM on the backend.
-pub fn compute(x: &mut Prepared, backend: &dyn GemmBackend) {
+/// Run one prepared GEMM on the backend, with the pool's threads when
+/// `share_pool` (else on the calling thread alone).
+pub fn compute(x: &mut Prepared, backend: &dyn GemmBackend, share_pool: bool) {
     let d = x.d;
     match &mut x.kind {
-        Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } => backend.gemm_f32(d, a, b, c),
-        Kind::IntF64 { a, b, c, .. } => backend.gemm_f64(d, a, b, c),
+        Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } if share_pool => {
+            backend.gemm_f32(d, a, b, c)
+        }
+        Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } => {
+            backend.gemm_f32_one_thread(d, a, b, c)
+        }
+        Kind::IntF64 { a, b, c, .. } if share_pool => backend.gemm_f64(d, a, b, c),
+        Kind::IntF64 { a, b, c, .. } => backend.gemm_f64_one_thread(d, a, b, c),
         Kind::I32 { a, b, c } => backend.gemm_i32(d, a, b, c),
     }
 }
@@ -712,7 +719,7 @@ pub fn finish(p: &GemmParams, x: &Prepared) -> Vec<u8> {
 /// Run one GEMM on its concatenated operand bytes; returns the output bytes.
 pub fn execute(p: &GemmParams, input: &[u8], backend: &dyn GemmBackend) -> Result<Vec<u8>, String> {
     let mut x = prepare(p, input)?;
-    compute(&mut x, backend);
+    compute(&mut x, backend, true);
     Ok(finish(p, &x))
 }
 
@@ -893,7 +900,7 @@ mod tests {
             };
             assert_eq!(matches!(ma, Mat::Page(_)), borrowed_a);
             assert!(matches!(mb, Mat::Page(_)));
-            compute(&mut x, &GemmCrate);
+            compute(&mut x, &GemmCrate, borrowed_a);
             assert_eq!(finish(&p, &x), want);
         }
     }
@@ -920,7 +927,7 @@ mod tests {
                     dec.feed(c);
                 }
                 let mut x = dec.finish().unwrap();
-                compute(&mut x, &GemmCrate);
+                compute(&mut x, &GemmCrate, true);
                 assert_eq!(finish(&p, &x), whole, "{din} pieces of {piece}");
                 // Output handed out in odd pieces.
                 let mut o = Output::new(&p, &x);
