@@ -594,9 +594,27 @@ fn run_parallel(
         gemm_batches: 0,
         gemm_batched_ops: 0,
     });
+    // What each node's read holds, and what each write releases.
+    let costs: Vec<(u64, u64)> = nodes
+        .iter()
+        .map(|&n| {
+            let release = match n.step {
+                Step::Write => hold_cost(
+                    Node {
+                        step: Step::Read,
+                        ..n
+                    },
+                    ops,
+                ),
+                _ => 0,
+            };
+            (hold_cost(n, ops), release)
+        })
+        .collect();
     let run = Run {
         cx,
         nodes,
+        costs: &costs,
         succs: &g.succs,
         ops,
         sched: &sched,
@@ -635,6 +653,8 @@ fn run_parallel(
 struct Run<'a> {
     cx: &'a Cx<'a>,
     nodes: &'a [Node],
+    /// Per node: bytes its read holds, bytes its write releases.
+    costs: &'a [(u64, u64)],
     succs: &'a [Vec<u32>],
     ops: &'a [Option<PendingOp>],
     sched: &'a std::sync::Mutex<Sched>,
@@ -679,7 +699,7 @@ impl<'a> Run<'a> {
         }
         let end = (st.low + cx.lookahead.max(1)).min(st.limit as usize) as u32;
         let admits = |st: &Sched, i: u32| {
-            let cost = hold_cost(self.nodes[i as usize], self.ops);
+            let cost = self.costs[i as usize].0;
             (cost == 0 || st.held_bytes + cost <= cx.hold_budget || i as usize == st.low)
                 .then_some(cost)
         };
@@ -775,16 +795,7 @@ impl<'a> Run<'a> {
         match r {
             Ok(d) => {
                 let n = self.nodes[d.node as usize];
-                if n.step == Step::Write {
-                    let cost = hold_cost(
-                        Node {
-                            step: Step::Read,
-                            ..n
-                        },
-                        self.ops,
-                    );
-                    st.held_bytes = st.held_bytes.saturating_sub(cost);
-                }
+                st.held_bytes = st.held_bytes.saturating_sub(self.costs[d.node as usize].1);
                 if let Some(h) = d.held {
                     st.held.insert(n.slot, h);
                 }
