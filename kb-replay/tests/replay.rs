@@ -244,6 +244,45 @@ fn a_strided_load_checks_its_fingerprint_on_the_written_tile() {
     }
 }
 
+/// A write whose rows overlap (stride below the row size) keeps only the
+/// last bytes written, so its fingerprint is checked on what was read.
+#[test]
+fn a_load_with_overlapping_destination_rows_checks_the_bytes_it_read() {
+    let x: Vec<u8> = (1..=32).collect();
+    let src: Vec<u8> = (0..4).flat_map(|r| x[8 * r..8 * r + 4].to_vec()).collect();
+    let tensors = vec![
+        tensor("x", Dtype::U8, &[32], true, None),
+        tensor("y", Dtype::U8, &[16], false, Some(tcm(0))),
+    ];
+    let mut ops = vec![
+        mem(
+            6,
+            0,
+            1,
+            vec![span(host(0, 0), 32)],
+            2,
+            vec![span(hbm(0), 32)],
+        ),
+        // 16 bytes from four strided rows into two 8-byte rows 4 apart.
+        mem(
+            7,
+            10,
+            3,
+            vec![strided(hbm(0), 4, 4, 8)],
+            4,
+            vec![strided(tcm(0), 8, 2, 4)],
+        ),
+    ];
+    ops[0].fingerprint = Some(kb_format::fingerprint(&x));
+    ops[1].fingerprint = Some(kb_format::fingerprint(&src));
+    let bytes = build(tensors, &[(0, x.clone())], &ops, vec![]);
+    let (l, stats) = replay(&bytes).expect("the fingerprint of the bytes read matches");
+    assert_eq!(stats.fingerprints_checked, 2);
+    // Row 1 overwrote bytes 4..8 of row 0.
+    let want: Vec<u8> = [&src[..4], &src[8..16]].concat();
+    assert_eq!(output(&l, "y")[..12], want[..]);
+}
+
 #[test]
 fn unequal_read_and_write_sizes_are_an_error() {
     let tensors = vec![tensor("x", Dtype::U8, &[8], true, None)];
