@@ -61,6 +61,7 @@
 //! `--threads`. Errors are reported in effect order: after a node fails,
 //! only earlier nodes still run, and the earliest failure is returned.
 
+mod dataflow;
 mod exec;
 mod graph;
 

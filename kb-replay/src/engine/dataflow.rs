@@ -1,0 +1,333 @@
+//! The parallel run of a window: a dataflow on the rayon pool. A finished
+//! task starts the nodes it made ready, earliest first, one task per
+//! thread, within the lookahead and the held-bytes budget (see the module
+//! docs of [`super`]). What a node does is [`super::exec`]'s.
+
+use kb_format::{OpKind, Params};
+use rustc_hash::FxHashMap;
+
+use super::exec::{Cx, Done, effects, run_gemm_batch, run_node};
+use super::graph::{self, Node, Step};
+use super::{Delta, Held, PendingOp, Stats};
+use crate::error::{Error, Result};
+use crate::ops::{Plan, gemm};
+
+/// A unit of work: one node, or GEMM reads sharing a batched call.
+enum Task {
+    /// A node, and whether a GEMM in it may split across the pool.
+    One(u32, Node, Option<Held>, bool),
+    Gemms(Vec<(u32, Node)>),
+}
+
+impl Task {
+    /// Threads' worth of work in it.
+    fn width(&self) -> usize {
+        match self {
+            Task::One(..) => 1,
+            Task::Gemms(items) => items.len(),
+        }
+    }
+}
+
+/// Bytes a node's read holds until the op's write (0 for a node that
+/// holds nothing: a write, both effects at once, or a read without write).
+fn hold_cost(n: Node, ops: &[Option<PendingOp>]) -> u64 {
+    let Some(op) = ops[n.slot as usize].as_ref() else {
+        return 0;
+    };
+    if n.step != Step::Read || op.rec.write.is_none() {
+        return 0;
+    }
+    match op.plan {
+        Plan::Compute { output, .. } => output,
+        _ => op.rec.read.as_ref().map_or(0, |r| {
+            r.ranges
+                .iter()
+                .fold(0u64, |acc, e| acc.saturating_add(e.bytes()))
+        }),
+    }
+}
+
+/// What the parallel run shares, behind one lock: which nodes are ready,
+/// what reads hold for their ops' writes, and the totals.
+struct Sched {
+    preds: Vec<u32>,
+    /// Ready nodes not started, in effect order.
+    ready: std::collections::BTreeSet<u32>,
+    done: Vec<bool>,
+    /// The first node not done.
+    low: usize,
+    /// Threads' worth of tasks running.
+    running: usize,
+    /// Bytes that reads hold for writes not run yet (see `hold_cost`).
+    held_bytes: u64,
+    /// What each op's read produced for its write, by slot.
+    held: FxHashMap<u32, Held>,
+    /// Nodes at or after `limit` no longer start: an earlier one failed.
+    limit: u32,
+    failed: Option<Error>,
+    delta: Delta,
+    tasks: u64,
+    gemm_batches: u64,
+    gemm_batched_ops: u64,
+}
+
+/// Run a window's nodes on the pool as their predecessors finish: a
+/// finished task starts every node it made ready, up to one task per
+/// thread, earliest first (see the module docs of [`super`] for the
+/// bounds). A GEMM started while threads are left over splits across the
+/// pool; otherwise each task keeps to its thread.
+pub(super) fn run_parallel(
+    cx: &Cx,
+    nodes: &[Node],
+    ops: &mut [Option<PendingOp>],
+    pool: &rayon::ThreadPool,
+    stats: &mut Stats,
+) -> Result<()> {
+    let g = graph::build(nodes, ops);
+    let mut held = FxHashMap::default();
+    for n in nodes {
+        if let Some(h) = ops[n.slot as usize].as_mut().and_then(|o| o.held.take()) {
+            held.insert(n.slot, h);
+        }
+    }
+    let sched = std::sync::Mutex::new(Sched {
+        ready: (0..nodes.len() as u32)
+            .filter(|&i| g.preds[i as usize] == 0)
+            .collect(),
+        preds: g.preds,
+        done: vec![false; nodes.len()],
+        low: 0,
+        running: 0,
+        held_bytes: 0,
+        held,
+        limit: nodes.len() as u32,
+        failed: None,
+        delta: Delta::default(),
+        tasks: 0,
+        gemm_batches: 0,
+        gemm_batched_ops: 0,
+    });
+    // What each node's read holds, and what each write releases.
+    let costs: Vec<(u64, u64)> = nodes
+        .iter()
+        .map(|&n| {
+            let release = match n.step {
+                Step::Write => hold_cost(
+                    Node {
+                        step: Step::Read,
+                        ..n
+                    },
+                    ops,
+                ),
+                _ => 0,
+            };
+            (hold_cost(n, ops), release)
+        })
+        .collect();
+    let run = Run {
+        cx,
+        nodes,
+        costs: &costs,
+        succs: &g.succs,
+        ops,
+        sched: &sched,
+        threads: pool.current_num_threads(),
+    };
+    pool.scope(|s| {
+        let first = run.dispatch(&mut run.lock());
+        for t in first {
+            s.spawn(move |s| run.task(s, t));
+        }
+    });
+    let st = sched
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    stats.add(st.delta);
+    stats.tasks += st.tasks;
+    stats.gemm_batches += st.gemm_batches;
+    stats.gemm_batched_ops += st.gemm_batched_ops;
+    for (i, n) in nodes.iter().enumerate() {
+        if st.done[i] {
+            let op = ops[n.slot as usize].as_mut().expect("live op");
+            op.left -= effects(*n);
+        }
+    }
+    for (slot, h) in st.held {
+        ops[slot as usize].as_mut().expect("live op").held = Some(h);
+    }
+    match st.failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// What every task of a parallel run sees.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    cx: &'a Cx<'a>,
+    nodes: &'a [Node],
+    /// Per node: bytes its read holds, bytes its write releases.
+    costs: &'a [(u64, u64)],
+    succs: &'a [Vec<u32>],
+    ops: &'a [Option<PendingOp>],
+    sched: &'a std::sync::Mutex<Sched>,
+    threads: usize,
+}
+
+impl<'a> Run<'a> {
+    fn lock(&self) -> std::sync::MutexGuard<'a, Sched> {
+        self.sched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn op(&self, n: Node) -> &'a PendingOp {
+        self.ops[n.slot as usize].as_ref().expect("live op")
+    }
+
+    fn batchable(&self, n: Node) -> Option<gemm::BatchKey> {
+        let op = self.op(n);
+        match &op.rec.params {
+            Params::Gemm(p)
+                if self.cx.batch
+                    && n.step != Step::Write
+                    && op.rec.kind == OpKind::Gemm
+                    && op.rec.read.is_some()
+                    && op.rec.write.is_some() =>
+            {
+                Some(gemm::batch_key(p))
+            }
+            _ => None,
+        }
+    }
+
+    /// Take the next tasks to start: ready nodes in effect order, at most
+    /// `lookahead` after the first node not done, while the threads have
+    /// room and what reads hold stays within the budget (the first node
+    /// not done always runs).
+    fn dispatch(&self, st: &mut Sched) -> Vec<Task> {
+        let cx = self.cx;
+        while st.low < self.nodes.len() && st.done[st.low] {
+            st.low += 1;
+        }
+        let end = (st.low + cx.lookahead.max(1)).min(st.limit as usize) as u32;
+        let admits = |st: &Sched, i: u32| {
+            let cost = self.costs[i as usize].0;
+            (cost == 0 || st.held_bytes + cost <= cx.hold_budget || i as usize == st.low)
+                .then_some(cost)
+        };
+        let mut out = Vec::new();
+        let mut from = 0u32;
+        while st.running < self.threads {
+            let Some((i, cost)) = st
+                .ready
+                .range(from..end)
+                .find_map(|&i| admits(st, i).map(|c| (i, c)))
+            else {
+                break;
+            };
+            from = i + 1;
+            st.ready.remove(&i);
+            st.held_bytes += cost;
+            let n = self.nodes[i as usize];
+            let mut items = vec![(i, n)];
+            if let Some(key) = self.batchable(n) {
+                // Batch into free threads only: a batch's items wait for
+                // one another, so a batch beside busy threads runs its
+                // items one by one (measured: twice as slow).
+                let room = (self.threads - st.running)
+                    .min(cx.backend.max_batch())
+                    .max(1);
+                let more: Vec<u32> = st
+                    .ready
+                    .range(i + 1..end)
+                    .copied()
+                    .filter(|&j| self.batchable(self.nodes[j as usize]) == Some(key))
+                    .take(room - 1)
+                    .collect();
+                for j in more {
+                    let Some(c) = admits(st, j) else { break };
+                    st.ready.remove(&j);
+                    st.held_bytes += c;
+                    items.push((j, self.nodes[j as usize]));
+                }
+            }
+            let task = if items.len() == 1 {
+                let held = match n.step {
+                    Step::Read => None,
+                    _ => st.held.remove(&n.slot),
+                };
+                Task::One(i, n, held, false)
+            } else {
+                st.gemm_batches += 1;
+                st.gemm_batched_ops += items.len() as u64;
+                Task::Gemms(items)
+            };
+            st.running += task.width();
+            st.tasks += 1;
+            out.push(task);
+        }
+        // Threads left over: nothing else can start, so the tasks just
+        // started may split their GEMMs across the pool.
+        if st.running < self.threads {
+            for t in &mut out {
+                if let Task::One(.., share_pool) = t {
+                    *share_pool = true;
+                }
+            }
+        }
+        out
+    }
+
+    /// Run a task, record what it did, and start what it made ready.
+    fn task<'s>(self, s: &rayon::Scope<'s>, t: Task)
+    where
+        'a: 's,
+    {
+        let width = t.width();
+        let results = match t {
+            Task::One(i, n, held, share_pool) => {
+                vec![(i, run_node(self.cx, i, n, self.op(n), held, share_pool))]
+            }
+            Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.ops),
+        };
+        let next = {
+            let mut st = self.lock();
+            st.running -= width;
+            for (node, r) in results {
+                self.finish(&mut st, node, r);
+            }
+            self.dispatch(&mut st)
+        };
+        for t in next {
+            s.spawn(move |s| self.task(s, t));
+        }
+    }
+
+    fn finish(&self, st: &mut Sched, node: u32, r: Result<Done>) {
+        match r {
+            Ok(d) => {
+                let n = self.nodes[d.node as usize];
+                st.held_bytes = st.held_bytes.saturating_sub(self.costs[d.node as usize].1);
+                if let Some(h) = d.held {
+                    st.held.insert(n.slot, h);
+                }
+                st.delta.add(d.delta);
+                st.done[d.node as usize] = true;
+                for &s in &self.succs[d.node as usize] {
+                    st.preds[s as usize] -= 1;
+                    if st.preds[s as usize] == 0 {
+                        st.ready.insert(s);
+                    }
+                }
+            }
+            Err(e) => {
+                if node < st.limit {
+                    st.limit = node;
+                    st.failed = Some(e);
+                }
+            }
+        }
+    }
+}
