@@ -295,7 +295,7 @@ impl DataPlane {
     }
 
     fn shard(&self, page: u64) -> &RwLock<Pages> {
-        &self.pages[page as usize % SHARDS]
+        &self.pages[shard_of(page)]
     }
 
     /// A page's current bytes: written, or (in host space) the input.
@@ -361,41 +361,64 @@ impl DataPlane {
     /// to the pages that hold them (see [`Snapshot`]).
     pub fn snapshot(&self, extents: &[Extent]) -> Result<Snapshot, PlaneError> {
         let len = self.extent_bytes(extents)?;
-        let mut pieces = Vec::new();
+        let mut snap = Snapshot {
+            len,
+            ..Snapshot::default()
+        };
+        // The page of the previous piece: (page number, index in `pages`).
+        let mut last: Option<(u64, u32)> = None;
         self.for_each_piece(extents, |shard, page, off, n, host| {
-            let page = self.page_or_input(shard, page, host).cloned();
-            // Back-to-back pieces of one page (rows that touch) are one.
-            match pieces.last_mut() {
-                Some(PieceRef {
-                    page: Some(last),
-                    off: o,
-                    len: l,
-                }) if page.as_ref().is_some_and(|p| Arc::ptr_eq(p, last)) && *o + *l == off => {
-                    *l += n
+            let index = match last {
+                Some((p, i)) if p == page => i,
+                _ => {
+                    let i = match self.page_or_input(shard, page, host) {
+                        Some(buf) => {
+                            snap.pages.push(buf.clone());
+                            (snap.pages.len() - 1) as u32
+                        }
+                        None => ZERO_PIECE,
+                    };
+                    last = Some((page, i));
+                    i
                 }
-                _ => pieces.push(PieceRef { page, off, len: n }),
+            };
+            // Back-to-back pieces of one page (rows that touch) are one.
+            match snap.pieces.last_mut() {
+                Some(prev) if prev.page == index && prev.off + prev.len == off => prev.len += n,
+                _ => snap.pieces.push(PieceRef {
+                    page: index,
+                    off,
+                    len: n,
+                }),
             }
         })?;
-        Ok(Snapshot { pieces, len })
+        Ok(snap)
     }
 
     /// Call `f(shard, page number, offset, length, host)` for each page
-    /// piece of `extents`, in order, holding that page's shard read lock.
+    /// piece of `extents`, in order, holding that page's shard read lock
+    /// (kept from one piece to the next in the same shard: a strided
+    /// tile's rows would otherwise take the lock once a row).
     fn for_each_piece(
         &self,
         extents: &[Extent],
         mut f: impl FnMut(&Pages, u64, usize, usize, bool),
     ) -> Result<(), PlaneError> {
+        let mut held: Option<(usize, std::sync::RwLockReadGuard<'_, Pages>)> = None;
         for e in extents {
             for (addr, len) in runs(e)? {
                 let space = self.check(addr, len)?;
                 let host = space == Space::Host;
                 for (page, off, n) in page_spans(addr, len as usize) {
-                    let shard = self
-                        .shard(page)
-                        .read()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    f(&shard, page, off, n, host);
+                    let s = shard_of(page);
+                    if held.as_ref().is_none_or(|(h, _)| *h != s) {
+                        // One lock at a time: never wait holding another.
+                        drop(held.take());
+                        let guard = self.pages[s].read().unwrap_or_else(PoisonError::into_inner);
+                        held = Some((s, guard));
+                    }
+                    let (_, shard) = held.as_ref().expect("just taken");
+                    f(shard, page, off, n, host);
                 }
             }
         }
@@ -447,14 +470,14 @@ impl DataPlane {
                 let (i, start) = seek(at);
                 let p = &snap.pieces[i];
                 (start == at && n == PAGE && p.len == PAGE)
-                    .then(|| p.page.clone())
+                    .then(|| snap.page(p).cloned())
                     .flatten()
             },
             |at, dst| {
                 let mut done = 0;
                 while done < dst.len() {
                     let (i, start) = seek(at + done);
-                    let piece = snap.pieces[i].bytes();
+                    let piece = snap.bytes(&snap.pieces[i]);
                     let from = &piece[at + done - start..];
                     let k = from.len().min(dst.len() - done);
                     dst[done..done + k].copy_from_slice(&from[..k]);
@@ -482,20 +505,28 @@ impl DataPlane {
             });
         }
         let mut at = 0usize;
+        let mut held: Option<(usize, std::sync::RwLockWriteGuard<'_, Pages>)> = None;
         for e in extents {
             for (addr, len) in runs(e)? {
                 let space = self.check(addr, len)?;
                 let host = space == Space::Host;
                 for (page, off, n) in page_spans(addr, len as usize) {
-                    let mut shard = self
-                        .shard(page)
-                        .write()
-                        .unwrap_or_else(PoisonError::into_inner);
+                    // The lock is kept across pieces in one shard.
+                    let s = shard_of(page);
+                    if held.as_ref().is_none_or(|(h, _)| *h != s) {
+                        // One lock at a time: never wait holding another.
+                        drop(held.take());
+                        let guard = self.pages[s]
+                            .write()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        held = Some((s, guard));
+                    }
+                    let (_, shard) = held.as_mut().expect("just taken");
                     match share(at, n) {
                         Some(p) if off == 0 => {
                             shard.insert(page, p);
                         }
-                        _ => fill(at, &mut self.page_mut(&mut shard, page, host)[off..off + n]),
+                        _ => fill(at, &mut self.page_mut(shard, page, host)[off..off + n]),
                     }
                     at += n;
                 }
@@ -503,6 +534,11 @@ impl DataPlane {
         }
         Ok(())
     }
+}
+
+/// The shard of a page number.
+fn shard_of(page: u64) -> usize {
+    page as usize % SHARDS
 }
 
 /// What unwritten device memory reads as.
@@ -522,21 +558,16 @@ pub fn fingerprint_pieces<'a>(mut pieces: impl Iterator<Item = &'a [u8]>) -> u64
     h.digest()
 }
 
-/// Part of one page (or of unwritten memory, when `page` is `None`).
-#[derive(Debug, Clone)]
+/// A piece's page index for unwritten memory (zeros).
+const ZERO_PIECE: u32 = u32::MAX;
+
+/// Part of one page of a [`Snapshot`]: an index into its pages, or
+/// [`ZERO_PIECE`].
+#[derive(Debug, Clone, Copy)]
 struct PieceRef {
-    page: Option<PageBuf>,
+    page: u32,
     off: usize,
     len: usize,
-}
-
-impl PieceRef {
-    fn bytes(&self) -> &[u8] {
-        match &self.page {
-            Some(p) => &p[self.off..self.off + self.len],
-            None => &ZEROS[..self.len],
-        }
-    }
 }
 
 /// Bytes read from the plane without copying them: references to the
@@ -545,6 +576,8 @@ impl PieceRef {
 /// (`Arc::make_mut`): the snapshot keeps the bytes as they were read.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
+    /// Each page once (a strided tile's rows share their page).
+    pages: Vec<PageBuf>,
     pieces: Vec<PieceRef>,
     len: u64,
 }
@@ -566,7 +599,18 @@ impl Snapshot {
 
     /// The bytes, piece by piece, in order.
     pub fn pieces(&self) -> impl Iterator<Item = &[u8]> {
-        self.pieces.iter().map(PieceRef::bytes)
+        self.pieces.iter().map(|p| self.bytes(p))
+    }
+
+    fn page(&self, p: &PieceRef) -> Option<&PageBuf> {
+        self.pages.get(p.page as usize)
+    }
+
+    fn bytes(&self, p: &PieceRef) -> &[u8] {
+        match self.page(p) {
+            Some(buf) => &buf[p.off..p.off + p.len],
+            None => &ZEROS[..p.len],
+        }
     }
 
     /// The fingerprint of the bytes ([`kb_format::fingerprint`] of their
@@ -580,12 +624,10 @@ impl Snapshot {
         let mut at = 0usize;
         for p in &self.pieces {
             if start < at + p.len {
-                return (start + len <= at + p.len).then(|| {
-                    SnapshotSlice(PieceRef {
-                        page: p.page.clone(),
-                        off: p.off + (start - at),
-                        len,
-                    })
+                return (start + len <= at + p.len).then(|| SnapshotSlice {
+                    page: self.page(p).cloned(),
+                    off: p.off + (start - at),
+                    len,
                 });
             }
             at += p.len;
@@ -594,13 +636,21 @@ impl Snapshot {
     }
 }
 
-/// Contiguous bytes of a [`Snapshot`], holding their page.
+/// Contiguous bytes of a [`Snapshot`], holding their page (`None`:
+/// unwritten memory).
 #[derive(Debug, Clone)]
-pub struct SnapshotSlice(PieceRef);
+pub struct SnapshotSlice {
+    page: Option<PageBuf>,
+    off: usize,
+    len: usize,
+}
 
 impl SnapshotSlice {
     pub fn bytes(&self) -> &[u8] {
-        self.0.bytes()
+        match &self.page {
+            Some(p) => &p[self.off..self.off + self.len],
+            None => &ZEROS[..self.len],
+        }
     }
 }
 
