@@ -546,7 +546,7 @@ static ZEROS: [u8; PAGE] = [0; PAGE];
 
 /// [`kb_format::fingerprint`] of the concatenated `pieces`: one pass over
 /// a single piece; the streaming hasher (slower on small pieces) otherwise.
-pub fn fingerprint_pieces<'a>(mut pieces: impl Iterator<Item = &'a [u8]>) -> u64 {
+fn fingerprint_pieces<'a>(mut pieces: impl Iterator<Item = &'a [u8]>) -> u64 {
     let first = pieces.next().unwrap_or_default();
     let Some(second) = pieces.next() else {
         return kb_format::fingerprint(first);
