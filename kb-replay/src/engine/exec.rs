@@ -294,38 +294,33 @@ fn write_node(cx: &Cx, op: &PendingOp, held: Option<Held>, delta: &mut Delta) ->
             }
         },
     };
-    let written = match &held {
-        Held::Bytes(b) => cx.plane.scatter(&write.ranges, b).map(|()| b.len() as u64),
-        Held::Snapshot { snap, .. } => cx
-            .plane
-            .scatter_snapshot(&write.ranges, snap)
-            .map(|()| snap.len()),
+    let writing = |x: PlaneError| write_error(cx, op, write, x);
+    match held {
         Held::Gemm(x) => {
-            let res = write_gemm(cx, op, x, delta);
-            if let Held::Gemm(x) = held {
-                x.recycle();
-            }
-            return res;
+            let res = write_gemm(cx, op, &x, delta);
+            x.recycle();
+            res
         }
-    };
-    delta.bytes_written += written.map_err(|x| write_error(cx, op, write, x))?;
-    if let Held::Snapshot {
-        snap,
-        check: Some(fp),
-    } = &held
-    {
-        // The read left the check to the written bytes (fewer pieces).
-        let snap_of_write = cx
-            .plane
-            .snapshot(&write.ranges)
-            .map_err(|x| write_error(cx, op, write, x))?;
-        check_fingerprint(cx, r, *fp, snap_of_write.fingerprint(), snap.len())?;
-        delta.fingerprints += 1;
+        Held::Bytes(b) => {
+            cx.plane.scatter(&write.ranges, &b).map_err(writing)?;
+            delta.bytes_written += b.len() as u64;
+            pool::BYTES.give(b);
+            Ok(())
+        }
+        Held::Snapshot { snap, check } => {
+            cx.plane
+                .scatter_snapshot(&write.ranges, &snap)
+                .map_err(writing)?;
+            delta.bytes_written += snap.len();
+            if let Some(fp) = check {
+                // The read left the check to the written bytes (fewer pieces).
+                let written = cx.plane.snapshot(&write.ranges).map_err(writing)?;
+                check_fingerprint(cx, r, fp, written.fingerprint(), snap.len())?;
+                delta.fingerprints += 1;
+            }
+            Ok(())
+        }
     }
-    if let Held::Bytes(b) = held {
-        pool::BYTES.give(b);
-    }
-    Ok(())
 }
 
 /// What a node left behind.

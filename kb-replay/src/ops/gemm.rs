@@ -600,13 +600,9 @@ impl Prepared {
     }
 
     /// Give the buffers back to the pool.
-    pub fn recycle(self) {
-        if let Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } = self.kind {
-            for m in [a, b] {
-                if let Mat::Owned(v) = m {
-                    crate::pool::F32.give(v);
-                }
-            }
+    pub fn recycle(mut self) {
+        self.release_inputs();
+        if let Kind::F32 { c, .. } | Kind::IntF32 { c, .. } = self.kind {
             crate::pool::F32.give(c);
         }
     }
