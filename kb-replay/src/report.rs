@@ -113,6 +113,8 @@ impl Report {
                 "tasks": s.tasks,
                 "gemm_batches": s.gemm_batches,
                 "gemm_batched_ops": s.gemm_batched_ops,
+                "fused_ops": s.fused_ops,
+                "gemm_in_place": s.gemm_in_place,
             },
         })
     }

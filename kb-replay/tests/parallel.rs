@@ -234,7 +234,17 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
                     ..d.clone()
                 },
             ),
+            (
+                "no fusion",
+                2,
+                ReplayOptions {
+                    fuse: false,
+                    ..d.clone()
+                },
+            ),
         ];
+        // Fusion and GEMMs in place were exercised (and changed nothing).
+        assert!(base.stats.fused_ops > 0 && base.stats.gemm_in_place > 0);
         for (what, threads, opts) in variants {
             let l = run(&bytes, threads, &opts, &GemmCrate);
             assert!(state(&l) == want, "seed {seed}: {what} differs");
@@ -331,6 +341,94 @@ fn gemms_ready_together_run_batched() {
     }
     // The products are real: the outputs are not all zero.
     assert!(state(&base).iter().any(|&b| b != 0));
+}
+
+/// A GEMM whose matrices lie in TCM accumulates in place, with the bits
+/// the generic path (operands decoded into buffers) gives; one whose
+/// output overlaps an operand takes the generic path.
+#[test]
+fn gemms_in_tcm_compute_in_place_with_the_bits_of_the_generic_path() {
+    let (m, k, n) = (48usize, 40usize, 56usize);
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut vals = |len: usize| -> Vec<u8> {
+        f32_bytes(
+            &(0..len)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (a, b, c) = (vals(m * k), vals(k * n), vals(m * n));
+    let (at_b, at_c) = (a.len() as u64, (a.len() + b.len()) as u64);
+    let x = [a.clone(), b.clone(), c.clone()].concat();
+    let tensors = vec![tensor("x", Dtype::F32, &[x.len() as u64 / 4], true, None)];
+    let deploy = mem(
+        0,
+        0,
+        0,
+        vec![span(host(0, 0), x.len() as u64)],
+        1,
+        vec![span(tcm(0), x.len() as u64)],
+    );
+    let mut acc = gemm_params(
+        m as u32,
+        k as u32,
+        n as u32,
+        Dtype::F32,
+        Dtype::F32,
+        Dtype::F32,
+    );
+    acc.acc = Some(kb_format::Addr::default());
+    let in_place = gemm(
+        1,
+        20,
+        2,
+        acc,
+        vec![
+            span(tcm(0), a.len() as u64),
+            span(tcm(at_b), b.len() as u64),
+            span(tcm(at_c), c.len() as u64),
+        ],
+        vec![span(tcm(at_c), c.len() as u64)],
+    );
+    // Then a product written over its own `a` (and part of `b`).
+    let plain = gemm_params(
+        m as u32,
+        k as u32,
+        n as u32,
+        Dtype::F32,
+        Dtype::F32,
+        Dtype::F32,
+    );
+    let over_a = gemm(
+        2,
+        40,
+        3,
+        plain,
+        vec![
+            span(tcm(0), a.len() as u64),
+            span(tcm(at_b), b.len() as u64),
+        ],
+        vec![span(tcm(0), (m * n * 4) as u64)],
+    );
+    let bytes = build(tensors, &[(0, x)], &[deploy, in_place, over_a], vec![]);
+    let execute = |p, input: &[u8]| kb_replay::ops::gemm::execute(p, input, &GemmCrate).unwrap();
+    let want_c = execute(&acc, &[a.clone(), b.clone(), c].concat());
+    let want_over = execute(&plain, &[a, b].concat());
+    assert_ne!(want_c, want_over);
+    for threads in [1, 2] {
+        let l = run(&bytes, threads, &ReplayOptions::default(), &GemmCrate);
+        let read = |addr, len| {
+            let mut v = vec![0u8; len];
+            l.replayer.plane().read(addr, &mut v).unwrap();
+            v
+        };
+        assert!(read(tcm(at_c), want_c.len()) == want_c, "{threads} threads");
+        assert!(
+            read(tcm(0), want_over.len()) == want_over,
+            "{threads} threads"
+        );
+        assert_eq!(l.stats.gemm_in_place, 1, "{threads} threads");
+    }
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! The default backend: the pure-Rust `gemm` crate.
 //!
 //! The crate's entry point takes raw pointers and strides, so this module
-//! is the one place in kb-replay with `unsafe`: one call per dtype, after
-//! [`Dims::check`] has checked every slice length. It is here because it
+//! uses `unsafe` (as do the OpenBLAS calls and the data plane's TCM
+//! regions): one call per dtype, after [`Dims::check`] has checked every
+//! slice length. It is here because it
 //! matters: on the shapes kb-sim's kernels use (8x64x64 to 256^3) the crate
 //! runs 1.2-2x faster than the safe alternatives measured (ndarray's
 //! `matrixmultiply`, `faer`); see BENCHMARKS.md.

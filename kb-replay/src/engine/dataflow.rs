@@ -6,7 +6,7 @@
 use kb_format::{OpKind, Params};
 use rustc_hash::FxHashMap;
 
-use super::exec::{Cx, Done, effects, run_gemm_batch, run_node};
+use super::exec::{Cx, Done, effects, in_region_gemm, run_gemm_batch, run_node};
 use super::graph::{self, Node, Step};
 use super::{Delta, Held, PendingOp, Stats};
 use crate::error::{Error, Result};
@@ -80,11 +80,11 @@ struct Sched {
 pub(super) fn run_parallel(
     cx: &Cx,
     nodes: &[Node],
+    g: graph::Graph,
     ops: &mut [Option<PendingOp>],
     pool: &rayon::ThreadPool,
     stats: &mut Stats,
 ) -> Result<()> {
-    let g = graph::build(nodes, ops);
     let mut held = FxHashMap::default();
     for n in nodes {
         if let Some(h) = ops[n.slot as usize].as_mut().and_then(|o| o.held.take()) {
@@ -191,10 +191,11 @@ impl<'a> Run<'a> {
         match &op.rec.params {
             Params::Gemm(p)
                 if self.cx.batch
-                    && n.step != Step::Write
+                    && matches!(n.step, Step::Read | Step::Both)
                     && op.rec.kind == OpKind::Gemm
                     && op.rec.read.is_some()
-                    && op.rec.write.is_some() =>
+                    && op.rec.write.is_some()
+                    && !in_region_gemm(self.cx, n, op) =>
             {
                 Some(gemm::batch_key(p))
             }

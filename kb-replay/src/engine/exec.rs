@@ -9,16 +9,17 @@ use super::graph::{Node, Step};
 use super::{Delta, EffKey, Held, PendingOp, Stats, op_error};
 use crate::error::{Error, Result, fmt_ns};
 use crate::ops::{self, GemmBackend, Plan, gemm};
-use crate::plane::{DataPlane, PlaneError, fmt_extents};
+use crate::plane::{PlaneError, Shared, fmt_extents};
 use crate::pool;
 
 /// What running a node needs besides its op.
 pub(crate) struct Cx<'a> {
-    pub plane: &'a DataPlane,
+    pub plane: Shared<'a>,
     pub tensors: &'a [TensorMeta],
     pub strings: &'a Strings,
     pub backend: &'a dyn GemmBackend,
     pub batch: bool,
+    pub fuse: bool,
     pub lookahead: usize,
     pub hold_budget: u64,
     /// Phase 1's input snapshots, when checking intermediates.
@@ -72,7 +73,7 @@ fn read_phase(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<ReadOut> {
             // whose bytes do not overlap reads back what was read.
             let defer = r.write.as_ref().is_some_and(|w| {
                 matches!(w.ranges.as_slice(), [e] if e.rows <= 1 || e.stride >= e.len)
-                    && DataPlane::piece_count(&w.ranges) < snap.piece_count()
+                    && cx.plane.piece_count(&w.ranges) < snap.piece_count()
             });
             let mut check = None;
             if let Some(fp) = r.fingerprint {
@@ -180,6 +181,148 @@ fn gemm_fast_read(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<g
     prepared.map(Some).map_err(|d| op_error(r, cx.strings, d))
 }
 
+/// Where an f32 GEMM's matrices lie when each is back to back in a TCM
+/// region (see [`gemm::in_place_dims`]): addresses of a, b, the
+/// accumulator and the output.
+#[derive(Debug, Clone, Copy)]
+struct InRegion {
+    d: crate::backend::Dims,
+    /// Elements of a, b and the output.
+    elems: [usize; 3],
+    a: u64,
+    b: u64,
+    acc: Option<u64>,
+    out: u64,
+}
+
+impl InRegion {
+    fn find(cx: &Cx, op: &PendingOp) -> Option<InRegion> {
+        let r = &op.rec;
+        let (Params::Gemm(p), Some(read), Some(write), Plan::Compute { input, output }) =
+            (&r.params, &r.read, &r.write, op.plan)
+        else {
+            return None;
+        };
+        // Checking intermediates compares the operands' bytes: the generic path.
+        if cx.snapshots.is_some()
+            || cx.plane.extent_bytes(&read.ranges).ok() != Some(input)
+            || cx.plane.extent_bytes(&write.ranges).ok() != Some(output)
+        {
+            return None;
+        }
+        let (d, elems @ [mk, kn, mn]) = gemm::in_place_dims(p)?;
+        let bytes = |e: usize| e as u64 * 4;
+        let at =
+            |start: usize, e: usize| cx.plane.region_addr(&read.ranges, bytes(start), bytes(e));
+        let x = InRegion {
+            d,
+            elems,
+            a: at(0, mk)?,
+            b: at(mk, kn)?,
+            acc: match p.acc {
+                Some(_) => Some(at(mk + kn, mn)?),
+                None => None,
+            },
+            out: cx.plane.region_addr(&write.ranges, 0, bytes(mn))?,
+        };
+        let range = |addr: u64, e: usize| addr..addr + bytes(e);
+        let meets =
+            |x: &std::ops::Range<u64>, y: &std::ops::Range<u64>| x.start < y.end && y.start < x.end;
+        let out = range(x.out, mn);
+        // The output is written while a and b are read, and the
+        // accumulator is the output itself or apart from it.
+        (!meets(&out, &range(x.a, mk))
+            && !meets(&out, &range(x.b, kn))
+            && x.acc
+                .is_none_or(|acc| acc == x.out || !meets(&out, &range(acc, mn))))
+        .then_some(x)
+    }
+
+    /// `c = acc + a . b` (`c` from the output's accumulator or zeros).
+    fn compute(&self, cx: &Cx, a: &[f32], b: &[f32], c: &mut [f32], share_pool: bool) {
+        if share_pool {
+            cx.backend.gemm_f32(self.d, a, b, c);
+        } else {
+            cx.backend.gemm_f32_one_thread(self.d, a, b, c);
+        }
+    }
+}
+
+/// A GEMM node that applies both effects, computed where its matrices lie
+/// in TCM: no copy at all, the result accumulated in the output's bytes.
+/// `false` when the GEMM is not such a one (nothing done).
+#[allow(unsafe_code)]
+fn gemm_in_region(cx: &Cx, op: &PendingOp, delta: &mut Delta, share_pool: bool) -> bool {
+    let Some(x) = InRegion::find(cx, op) else {
+        return false;
+    };
+    let [mk, kn, mn] = x.elems;
+    // SAFETY: this node applies the op's read and write effects, so no
+    // other node touches a, b, the accumulator or the output while it runs
+    // (the contract of `DataPlane::shared` that the engine keeps). The
+    // output's bytes overlap none of a, b or a separate accumulator
+    // (`InRegion::find`), so the mutable slice is the only one over them.
+    let slices = unsafe {
+        (
+            cx.plane.f32s(x.a, mk),
+            cx.plane.f32s(x.b, kn),
+            x.acc
+                .filter(|&acc| acc != x.out)
+                .map(|acc| cx.plane.f32s(acc, mn)),
+            cx.plane.f32s_mut(x.out, mn),
+        )
+    };
+    let (Some(a), Some(b), acc, Some(c)) = slices else {
+        return false;
+    };
+    match (x.acc, acc) {
+        (None, _) => c.fill(0.0),
+        (Some(_), Some(Some(acc))) => c.copy_from_slice(acc),
+        (Some(_), Some(None)) => return false,
+        // The accumulator is the output.
+        (Some(_), None) => {}
+    }
+    x.compute(cx, a, b, c, share_pool);
+    delta.bytes_read += 4 * (mk + kn + if x.acc.is_some() { mn } else { 0 }) as u64;
+    delta.bytes_written += 4 * mn as u64;
+    delta.gemm_in_place += 1;
+    true
+}
+
+/// A GEMM's read when its matrices lie in TCM: a and b used where they
+/// lie, the result computed into a buffer that waits for the write.
+#[allow(unsafe_code)]
+fn gemm_region_read(
+    cx: &Cx,
+    op: &PendingOp,
+    delta: &mut Delta,
+    share_pool: bool,
+) -> Option<gemm::Prepared> {
+    let x = InRegion::find(cx, op)?;
+    let [mk, kn, mn] = x.elems;
+    // SAFETY: this node applies the op's read effect, so no other node
+    // writes a, b or the accumulator while it runs (the contract of
+    // `DataPlane::shared` that the engine keeps); nothing here writes them.
+    let (a, b, acc) = unsafe {
+        (
+            cx.plane.f32s(x.a, mk)?,
+            cx.plane.f32s(x.b, kn)?,
+            match x.acc {
+                Some(acc) => Some(cx.plane.f32s(acc, mn)?),
+                None => None,
+            },
+        )
+    };
+    let mut c = pool::F32.take(mn);
+    match acc {
+        Some(acc) => c.extend_from_slice(acc),
+        None => c.resize(mn, 0.0),
+    }
+    x.compute(cx, a, b, &mut c, share_pool);
+    delta.bytes_read += 4 * (mk + kn + if x.acc.is_some() { mn } else { 0 }) as u64;
+    Some(gemm::Prepared::computed(x.d, c))
+}
+
 /// A GEMM's read as prepared operands (`None`: the op has no write, so
 /// nothing is computed).
 fn gemm_read(cx: &Cx, op: &PendingOp, delta: &mut Delta) -> Result<Option<gemm::Prepared>> {
@@ -209,6 +352,9 @@ fn is_gemm(op: &PendingOp) -> bool {
 /// The whole read effect: what to hold for the write, if anything.
 fn read_node(cx: &Cx, op: &PendingOp, delta: &mut Delta, share_pool: bool) -> Result<Option<Held>> {
     if is_gemm(op) {
+        if let Some(x) = gemm_region_read(cx, op, delta, share_pool) {
+            return Ok(Some(Held::Gemm(x)));
+        }
         return Ok(gemm_read(cx, op, delta)?.map(|mut x| {
             gemm::compute(&mut x, cx.backend, share_pool);
             x.release_inputs();
@@ -314,8 +460,8 @@ fn write_node(cx: &Cx, op: &PendingOp, held: Option<Held>, delta: &mut Delta) ->
             delta.bytes_written += snap.len();
             if let Some(fp) = check {
                 // The read left the check to the written bytes (fewer pieces).
-                let written = cx.plane.snapshot(&write.ranges).map_err(writing)?;
-                check_fingerprint(cx, r, fp, written.fingerprint(), snap.len())?;
+                let written = cx.plane.fingerprint(&write.ranges).map_err(writing)?;
+                check_fingerprint(cx, r, fp, written, snap.len())?;
                 delta.fingerprints += 1;
             }
             Ok(())
@@ -343,6 +489,9 @@ pub(super) fn run_node(
     let mut delta = Delta::default();
     let held = match n.step {
         Step::Read => read_node(cx, op, &mut delta, share_pool)?,
+        // Its read node applied it.
+        Step::Fused => None,
+        Step::Both if is_gemm(op) && gemm_in_region(cx, op, &mut delta, share_pool) => None,
         Step::Write => {
             write_node(cx, op, held, &mut delta)?;
             None
@@ -460,7 +609,17 @@ fn nodes(keys: &[EffKey]) -> Vec<Node> {
 
 /// Effects a node applies.
 pub(super) fn effects(n: Node) -> u8 {
-    if n.step == Step::Both { 2 } else { 1 }
+    match n.step {
+        Step::Both => 2,
+        Step::Read | Step::Write => 1,
+        Step::Fused => 0,
+    }
+}
+
+/// Whether a node is a GEMM computed where its matrices lie (never in a
+/// batch: it would copy them).
+pub(super) fn in_region_gemm(cx: &Cx, n: Node, op: &PendingOp) -> bool {
+    matches!(n.step, Step::Both | Step::Read) && is_gemm(op) && InRegion::find(cx, op).is_some()
 }
 
 /// Apply a window: `keys` sorted, every op they name live in `ops`.
@@ -471,7 +630,11 @@ pub(crate) fn run_window(
     pool: Option<&rayon::ThreadPool>,
     stats: &mut Stats,
 ) -> Result<()> {
-    let nodes = nodes(keys);
+    let mut nodes = nodes(keys);
+    // On every path: fusion decides how each op runs (the bits never
+    // depend on it, and so never on the thread count).
+    let graph = super::graph::build(&mut nodes, ops, cx.fuse);
+    stats.fused_ops += nodes.iter().filter(|n| n.step == Step::Fused).count() as u64;
     let in_order = |ops: &mut [Option<PendingOp>], stats: &mut Stats| -> Result<()> {
         for (i, &n) in nodes.iter().enumerate() {
             let op = ops[n.slot as usize].as_mut().expect("live op");
@@ -485,7 +648,7 @@ pub(crate) fn run_window(
     };
     match pool {
         Some(pool) if pool.current_num_threads() > 1 && nodes.len() > 1 => {
-            super::dataflow::run_parallel(cx, &nodes, ops, pool, stats)
+            super::dataflow::run_parallel(cx, &nodes, graph, ops, pool, stats)
         }
         // In the pool even with one thread: backends take their threads
         // from the pool they run in.

@@ -15,6 +15,17 @@
 //! - an op's write waits for its own read (it writes what the read made);
 //! - the record's dependency ids: the op's first node waits for the latest
 //!   earlier node of each op it names, when that op has one in the window.
+//!
+//! Fusion: when nothing between an op's read node and its write node
+//! touches the bytes the write covers, applying the write right after the
+//! read changes no result. The read node then does both ([`Step::Both`])
+//! and the write node becomes an empty [`Step::Fused`] (later accesses of
+//! those bytes still wait for it, and it waits for the read node). The
+//! read node also waits for every node the write would have waited for:
+//! all of them come before the read, so this adds no wait that was not
+//! already implied, and no access to the written bytes can run beside it.
+//! A fused op holds nothing between its effects, and a GEMM accumulates
+//! straight into its output.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +33,7 @@ use kb_format::Extent;
 use rustc_hash::FxHashMap;
 
 use super::PendingOp;
+use crate::plane::span;
 
 /// What a node applies of its op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +44,8 @@ pub enum Step {
     Write,
     /// Both, back to back.
     Both,
+    /// A write that its op's read node applies (see the module docs).
+    Fused,
 }
 
 /// One node of a window.
@@ -137,24 +151,10 @@ impl Intervals {
     }
 }
 
-/// The bytes an extent covers, first to last (`None` when empty or when it
-/// overflows; the op then fails when it runs, and a failed node's result
-/// is never used).
-fn span(e: &Extent) -> Option<(u64, u64)> {
-    if e.len == 0 || e.rows == 0 {
-        return None;
-    }
-    let last_row = if e.rows <= 1 {
-        0
-    } else {
-        (e.rows as u64 - 1).checked_mul(e.stride)?
-    };
-    let end = e.pa.checked_add(last_row)?.checked_add(e.len)?;
-    Some((e.pa, end))
-}
-
-/// Build the graph of `nodes` (in effect order) over the ops they apply.
-pub fn build(nodes: &[Node], ops: &[Option<PendingOp>]) -> Graph {
+/// Build the graph of `nodes` (in effect order) over the ops they apply,
+/// fusing the read and write nodes of ops where nothing lies between them
+/// (their steps in `nodes` change to [`Step::Both`] and [`Step::Fused`]).
+pub fn build(nodes: &mut [Node], ops: &[Option<PendingOp>], fuse: bool) -> Graph {
     let n = nodes.len();
     let mut g = Graph {
         preds: vec![0; n],
@@ -164,7 +164,9 @@ pub fn build(nodes: &[Node], ops: &[Option<PendingOp>]) -> Graph {
     // Op id -> its latest node so far.
     let mut latest: FxHashMap<u64, u32> = FxHashMap::default();
     let mut preds = Vec::new();
-    for (i, node) in nodes.iter().enumerate() {
+    let mut write_preds = Vec::new();
+    for i in 0..n {
+        let node = nodes[i];
         let i = i as u32;
         let Some(op) = ops[node.slot as usize].as_ref() else {
             continue;
@@ -173,9 +175,10 @@ pub fn build(nodes: &[Node], ops: &[Option<PendingOp>]) -> Graph {
         preds.clear();
         let reads = matches!(node.step, Step::Read | Step::Both);
         let writes = matches!(node.step, Step::Write | Step::Both);
-        match latest.get(&r.op_id) {
+        let own = latest.get(&r.op_id).copied();
+        match own {
             // Its own read, earlier in this window.
-            Some(&own) => preds.push(own),
+            Some(own) => preds.push(own),
             // The op's first node here: its explicit dependencies.
             None => preds.extend(r.deps.iter().filter_map(|d| latest.get(d).copied())),
         }
@@ -183,7 +186,28 @@ pub fn build(nodes: &[Node], ops: &[Option<PendingOp>]) -> Graph {
             iv.extents(&e.ranges, i, false, &mut preds);
         }
         if writes && let Some(e) = &r.write {
-            iv.extents(&e.ranges, i, true, &mut preds);
+            write_preds.clear();
+            iv.extents(&e.ranges, i, true, &mut write_preds);
+            match own {
+                // Nothing after its read touched these bytes: fuse.
+                Some(own)
+                    if fuse
+                        && node.step == Step::Write
+                        && nodes[own as usize].step == Step::Read
+                        && write_preds.iter().all(|&p| p <= own) =>
+                {
+                    nodes[own as usize].step = Step::Both;
+                    nodes[i as usize].step = Step::Fused;
+                    write_preds.sort_unstable();
+                    write_preds.dedup();
+                    // (`own` is among them when the op writes bytes it reads.)
+                    for &p in write_preds.iter().filter(|&&p| p != own) {
+                        g.succs[p as usize].push(own);
+                        g.preds[own as usize] += 1;
+                    }
+                }
+                _ => preds.extend_from_slice(&write_preds),
+            }
         }
         latest.insert(r.op_id, i);
         preds.sort_unstable();
@@ -228,6 +252,68 @@ mod tests {
         assert_eq!(preds(&mut iv, 9, 19, 7, false), [4, 5]);
         // Bytes 0..8: written by 0, read by 2 (from 5) and 3.
         assert_eq!(preds(&mut iv, 0, 8, 8, true), [0, 2, 3]);
+    }
+
+    fn op(id: u64, read: (u64, u64), write: (u64, u64)) -> Option<PendingOp> {
+        let effect = |seq, (s, e): (u64, u64)| kb_format::Effect {
+            time: 0,
+            seq,
+            ranges: vec![Extent::contiguous(s, e - s)],
+        };
+        Some(PendingOp {
+            rec: kb_format::Record {
+                op_id: id,
+                read: Some(effect(0, read)),
+                write: Some(effect(1, write)),
+                ..Default::default()
+            },
+            plan: crate::ops::Plan::Move,
+            left: 2,
+            held: None,
+        })
+    }
+
+    fn steps(nodes: &[Node]) -> Vec<Step> {
+        nodes.iter().map(|n| n.step).collect()
+    }
+
+    #[test]
+    fn a_write_joins_its_read_when_nothing_between_touches_its_bytes() {
+        use Step::*;
+        let node = |slot, step| Node { slot, step };
+        // Op 0 moves 0..10 to 100..110; op 1 runs between its effects.
+        let unrelated = vec![op(0, (0, 10), (100, 110)), op(1, (200, 210), (300, 310))];
+        let mut nodes = [node(0, Read), node(1, Both), node(0, Write)];
+        let g = build(&mut nodes, &unrelated, true);
+        assert_eq!(steps(&nodes), [Both, Both, Fused]);
+        // The fused write waits for its read only; nothing waits on op 1.
+        assert_eq!(g.preds, [0, 0, 1]);
+        assert_eq!(g.succs[0], [2]);
+        // Without fusion nothing changes.
+        let mut nodes = [node(0, Read), node(1, Both), node(0, Write)];
+        build(&mut nodes, &unrelated, false);
+        assert_eq!(steps(&nodes), [Read, Both, Write]);
+        // Op 1 reads (or writes) bytes op 0 writes: no fusion.
+        for between in [op(1, (105, 106), (300, 310)), op(1, (200, 210), (109, 120))] {
+            let ops = vec![op(0, (0, 10), (100, 110)), between];
+            let mut nodes = [node(0, Read), node(1, Both), node(0, Write)];
+            let g = build(&mut nodes, &ops, true);
+            assert_eq!(steps(&nodes), [Read, Both, Write]);
+            assert_eq!(g.preds, [0, 0, 2]);
+        }
+        // A writer of those bytes before the read: the fused read waits
+        // for it, as the write would have.
+        let ops = vec![op(0, (0, 10), (100, 110)), op(1, (200, 210), (100, 104))];
+        let mut nodes = [node(1, Both), node(0, Read), node(0, Write)];
+        let g = build(&mut nodes, &ops, true);
+        assert_eq!(steps(&nodes), [Both, Both, Fused]);
+        assert_eq!(g.preds, [0, 1, 1]);
+        assert_eq!(g.succs[0], [1]);
+        // An op writing bytes it reads fuses too (reading them comes first).
+        let ops = vec![op(0, (0, 10), (0, 10)), op(1, (200, 210), (300, 310))];
+        let mut nodes = [node(0, Read), node(1, Both), node(0, Write)];
+        build(&mut nodes, &ops, true);
+        assert_eq!(steps(&nodes), [Both, Both, Fused]);
     }
 
     #[test]

@@ -49,11 +49,19 @@
 //! reads that share shape, dtypes, layouts and transpose flags start as
 //! one batched backend call when threads are free for all of them.
 //!
+//! Fusion: when nothing between an op's read and its write touches the
+//! bytes it writes, the write joins the read's node ([`graph`]), so the op
+//! holds nothing in between. TCM regions grow to cover the window before
+//! it runs ([`DataPlane::reserve`]).
+//!
 //! Moving bytes: a memory op's read takes a [`crate::plane::Snapshot`]
 //! (references to the pages, no copy) and its write copies from it, so
 //! each byte is copied once; the fingerprint is computed over whichever
-//! side is in fewer pieces. A row-major f32 GEMM operand that lies in one
-//! page is read in place.
+//! side is in fewer pieces (a tile loaded into TCM is one). An f32 GEMM
+//! whose matrices lie back to back in TCM runs where they lie: with both
+//! effects in its node it accumulates straight into its output's bytes;
+//! a read alone computes into a buffer for the write. Otherwise a
+//! row-major f32 GEMM operand that lies in one page is read in place.
 //!
 //! Every node computes the same bits whatever runs beside it (ops are pure
 //! functions of their input bytes; backends give the same bits for any
@@ -89,6 +97,10 @@ pub struct ReplayOptions {
     pub window: usize,
     /// Run ready GEMMs of one shape as one batched backend call.
     pub batch_gemms: bool,
+    /// Apply an op's write with its read when nothing between them
+    /// touches the written bytes (engine::graph); GEMMs then compute in
+    /// place in TCM. Never changes a result.
+    pub fuse: bool,
     /// How far ahead of the first unfinished node (in effect order) ready
     /// nodes may start: more finds more parallel work, and lets more
     /// reads hold data for writes still to come.
@@ -109,6 +121,7 @@ impl Default for ReplayOptions {
             streaming: true,
             window: 4096,
             batch_gemms: true,
+            fuse: true,
             lookahead: 256,
             hold_budget: 16 << 20,
             check_intermediates: false,
@@ -169,6 +182,12 @@ pub struct Stats {
     /// Batched GEMM calls of two or more GEMMs, and the GEMMs in them.
     pub gemm_batches: u64,
     pub gemm_batched_ops: u64,
+    /// Ops whose write ran with their read, nothing lying between them
+    /// (engine::graph).
+    pub fused_ops: u64,
+    /// GEMMs computed with both effects where their matrices lie in TCM,
+    /// no byte copied.
+    pub gemm_in_place: u64,
 }
 
 /// Counters a node adds to [`Stats`].
@@ -177,6 +196,7 @@ pub(crate) struct Delta {
     pub fingerprints: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    pub gemm_in_place: u64,
 }
 
 impl Stats {
@@ -184,6 +204,7 @@ impl Stats {
         self.fingerprints_checked += d.fingerprints;
         self.bytes_read += d.bytes_read;
         self.bytes_written += d.bytes_written;
+        self.gemm_in_place += d.gemm_in_place;
     }
 }
 
@@ -192,6 +213,7 @@ impl Delta {
         self.fingerprints += d.fingerprints;
         self.bytes_read += d.bytes_read;
         self.bytes_written += d.bytes_written;
+        self.gemm_in_place += d.gemm_in_place;
     }
 }
 
@@ -479,12 +501,29 @@ impl Replayer {
         let keys = std::mem::take(&mut self.staged);
         self.stats.windows += 1;
         self.stats.max_window_effects = self.stats.max_window_effects.max(keys.len() as u64);
+        // TCM regions cover the window's bytes before it runs (they only
+        // grow through `&mut`).
+        self.plane.reserve(keys.iter().flat_map(|k| {
+            let op = self.ops[k.slot as usize].as_ref().expect("live op");
+            let e = if k.write { &op.rec.write } else { &op.rec.read };
+            e.iter().flat_map(|e| &e.ranges)
+        }));
+        // SAFETY: `run_window` never runs two nodes whose byte ranges
+        // overlap, one of them writing, at the same time: with one thread
+        // it runs them in order; with more, a node starts only after every
+        // earlier node it conflicts with (RAW, WAW, WAR over spans that
+        // contain each extent's bytes) has finished (engine::graph), and
+        // the scheduler's lock orders a node's end before its successors'
+        // start. A node touches only its op's read and write ranges.
+        #[allow(unsafe_code)]
+        let plane = unsafe { self.plane.shared() };
         let cx = exec::Cx {
-            plane: &self.plane,
+            plane,
             tensors: &self.tensors,
             strings,
             backend: exec.backend,
             batch: self.opts.batch_gemms,
+            fuse: self.opts.fuse,
             lookahead: self.opts.lookahead,
             hold_budget: self.opts.hold_budget,
             snapshots: self.opts.check_intermediates.then_some(&self.snapshots),

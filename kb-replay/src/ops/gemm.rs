@@ -40,6 +40,22 @@ fn dims(p: &GemmParams) -> Option<(Dims, [usize; 3])> {
     Some((Dims { m, k, n }, [mk, kn, mn]))
 }
 
+/// Dims and element counts (a, b, output) of a GEMM that can run on its
+/// matrices where they are stored: f32 in, accumulated and out, a
+/// row-major output (and accumulator), and `a` and `b` stored as the
+/// logical row-major matrices. `None` for any other GEMM.
+pub fn in_place_dims(p: &GemmParams) -> Option<(Dims, [usize; 3])> {
+    let as_is = |transpose: bool, layout: Layout| transpose == (layout == Layout::ColMajor);
+    (p.dtype_in == Dtype::F32
+        && p.dtype_acc == Dtype::F32
+        && p.dtype_out == Dtype::F32
+        && p.layout_out == Layout::RowMajor
+        && as_is(p.transpose_a, p.layout_a)
+        && as_is(p.transpose_b, p.layout_b))
+    .then(|| dims(p))
+    .flatten()
+}
+
 /// Bytes of the operands (a, b, acc), `None` on overflow.
 pub fn input_len(p: &GemmParams) -> Option<u64> {
     let (_, [mk, kn, mn]) = dims(p)?;
@@ -587,6 +603,19 @@ impl<'a> Output<'a> {
 }
 
 impl Prepared {
+    /// A GEMM computed on its operands where they lie (see
+    /// [`in_place_dims`]): its row-major f32 result, for the write.
+    pub fn computed(d: Dims, c: Vec<f32>) -> Prepared {
+        Prepared {
+            d,
+            kind: Kind::F32 {
+                a: Mat::Owned(Vec::new()),
+                b: Mat::Owned(Vec::new()),
+                c,
+            },
+        }
+    }
+
     /// Give the input buffers back to the pool (after computing: the
     /// result stays).
     pub fn release_inputs(&mut self) {
@@ -858,9 +887,10 @@ mod tests {
     fn operands_in_one_page_are_used_in_place_with_the_same_bits() {
         use crate::plane::{DataPlane, PAGE};
         use kb_format::{Extent, Space, pa::Pa};
-        let tcm = |offset: u64| {
+        // HBM: paged (TCM is a contiguous region, tested in the engine).
+        let hbm = |offset: u64| {
             Pa {
-                space: Space::Tcm,
+                space: Space::Hbm,
                 sip: 0,
                 cube: 0,
                 pe: 0,
@@ -877,17 +907,17 @@ mod tests {
         let c = bytes_of(Dtype::F32, &ints((m * n) as usize, 9, 3));
         let bytes = [a.clone(), b.clone(), c.clone()].concat();
         let want = execute(&p, &bytes, &GemmCrate).unwrap();
-        let plane = DataPlane::new(&[], crate::plane::DEFAULT_MAX_BYTES);
+        let mut plane = DataPlane::new(&[], crate::plane::DEFAULT_MAX_BYTES);
         // a and b each inside a page; then a across a page boundary.
         for (at_a, borrowed_a) in [(0u64, true), (PAGE as u64 - 64, false)] {
             let (at_b, at_c) = (2 * PAGE as u64, 3 * PAGE as u64);
-            plane.write(tcm(at_a), &a).unwrap();
-            plane.write(tcm(at_b), &b).unwrap();
-            plane.write(tcm(at_c), &c).unwrap();
+            plane.write(hbm(at_a), &a).unwrap();
+            plane.write(hbm(at_b), &b).unwrap();
+            plane.write(hbm(at_c), &c).unwrap();
             let ranges = [
-                Extent::contiguous(tcm(at_a), a.len() as u64),
-                Extent::contiguous(tcm(at_b), b.len() as u64),
-                Extent::contiguous(tcm(at_c), c.len() as u64),
+                Extent::contiguous(hbm(at_a), a.len() as u64),
+                Extent::contiguous(hbm(at_b), b.len() as u64),
+                Extent::contiguous(hbm(at_c), c.len() as u64),
             ];
             let snap = plane.snapshot(&ranges).unwrap();
             let mut x = Decoder::from_snapshot(&p, &snap).unwrap().unwrap();

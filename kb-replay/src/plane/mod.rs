@@ -15,20 +15,32 @@
 //! The plane knows nothing of ops: it reads and writes byte ranges
 //! ([`DataPlane::gather`] / [`DataPlane::scatter`] over [`Extent`]s).
 //!
-//! Reads and writes take `&self`, so the parallel engine can run ops on
-//! several threads at once: device pages live in [`SHARDS`] hash maps, each
-//! behind its own `RwLock` (a page's shard is its page number modulo
-//! `SHARDS`). Each page access holds one shard lock for one copy, so an
-//! access is atomic per page but not across pages; the engine never runs
-//! two ops whose byte ranges conflict at the same time, so that is enough.
+//! TCM is not paged: each PE's TCM is one contiguous buffer (a
+//! [`region`]), grown before a window runs ([`DataPlane::reserve`]) to
+//! cover every TCM byte the window touches (up to [`REGION_MAX`] bytes;
+//! offsets beyond stay paged). Its bytes are written in place, so a GEMM
+//! reads its operands and accumulates its output where they lie
+//! ([`Shared::f32s`]), and a tile loaded into TCM is one piece to hash.
+//!
+//! Sharing: `&self` only reads. The engine writes from several threads at
+//! once through a [`Shared`] view, which [`DataPlane::shared`] makes
+//! (`unsafe`) under one contract: no two accesses to overlapping bytes,
+//! one of them a write, run at the same time. The engine's dependency
+//! graph orders every such pair (engine::graph). Device pages live in
+//! [`SHARDS`] hash maps, each behind its own `RwLock` (a page's shard is
+//! its page number modulo `SHARDS`), so the maps themselves are safe to
+//! change from several threads; region bytes rely on the contract alone.
 //! Host input pages change only through `&mut self` ([`DataPlane::load_host`]).
 
 use std::sync::{Arc, PoisonError, RwLock};
 
 use rustc_hash::FxHashMap;
 
-use kb_format::pa::{self, MAX_HOST_TENSORS, PA_BITS, Pa};
+use kb_format::pa::{self, MAX_HOST_TENSORS, OFFSET_BITS, PA_BITS, Pa};
 use kb_format::{Extent, Space, TensorMeta};
+
+mod region;
+use region::Region;
 
 /// log2 of the page size.
 pub const PAGE_BITS: u32 = 16;
@@ -37,6 +49,12 @@ pub const PAGE: usize = 1 << PAGE_BITS;
 const PAGE_MASK: u64 = PAGE as u64 - 1;
 /// Number of independently locked page maps.
 pub const SHARDS: usize = 64;
+/// Most bytes of one TCM kept as a contiguous region; TCM offsets beyond
+/// are paged (a corrupt extent must not drive a huge allocation).
+pub const REGION_MAX: u64 = 64 << 20;
+/// Smallest region (regions grow by doubling).
+const REGION_MIN: u64 = PAGE as u64;
+const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
 
 /// A page's bytes, shared copy-on-write: a memory op that moves whole,
 /// page-aligned pages shares them instead of copying
@@ -110,6 +128,8 @@ struct HostTensor {
 pub struct DataPlane {
     /// Written pages, by page number, in `SHARDS` locked maps.
     pages: Box<[RwLock<Pages>]>,
+    /// Contiguous memories (each PE's TCM), by `addr >> OFFSET_BITS`.
+    regions: FxHashMap<u64, Region>,
     /// The trace's host tensor data, by page number; never written by ops.
     host_input: Pages,
     host: Vec<HostTensor>,
@@ -129,6 +149,7 @@ impl DataPlane {
     pub fn new(tensors: &[TensorMeta], max_bytes: u64) -> DataPlane {
         DataPlane {
             pages: (0..SHARDS).map(|_| RwLock::new(Pages::default())).collect(),
+            regions: FxHashMap::default(),
             host_input: Pages::default(),
             host: tensors
                 .iter()
@@ -246,39 +267,105 @@ impl DataPlane {
     /// Read `out.len()` bytes at `addr`. Unwritten device bytes read as zero;
     /// host bytes read as the trace's tensor data unless an op overwrote them.
     pub fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), PlaneError> {
-        let space = self.check(addr, out.len() as u64)?;
-        let host = space == Space::Host;
         let mut pos = 0;
-        for (page, off, n) in page_spans(addr, out.len()) {
-            let dst = &mut out[pos..pos + n];
-            let shard = self
-                .shard(page)
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
-            match self.page_or_input(&shard, page, host) {
-                Some(p) => dst.copy_from_slice(&p[off..off + n]),
-                None => dst.fill(0),
-            }
+        self.for_each_piece(&[Extent::contiguous(addr, out.len() as u64)], |src| {
+            let n = src.len();
+            out[pos..pos + n].copy_from_slice(src.bytes());
             pos += n;
-        }
-        Ok(())
+        })
     }
 
-    /// Write `data` at `addr`. Takes `&self`: see the module docs.
-    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), PlaneError> {
-        let space = self.check(addr, data.len() as u64)?;
-        let host = space == Space::Host;
-        let mut pos = 0;
-        for (page, off, n) in page_spans(addr, data.len()) {
-            let mut shard = self
-                .shard(page)
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            let p = self.page_mut(&mut shard, page, host);
-            p[off..off + n].copy_from_slice(&data[pos..pos + n]);
-            pos += n;
+    /// Write `data` at `addr`.
+    pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PlaneError> {
+        self.scatter(&[Extent::contiguous(addr, data.len() as u64)], data)
+    }
+
+    /// Write `data` to `extents` in order; `data` must hold exactly their bytes.
+    pub fn scatter(&mut self, extents: &[Extent], data: &[u8]) -> Result<(), PlaneError> {
+        self.reserve(extents);
+        self.scatter_shared(extents, data)
+    }
+
+    /// Write the bytes of `snap` to `extents` in order (see
+    /// [`Shared::scatter_snapshot`]).
+    pub fn scatter_snapshot(
+        &mut self,
+        extents: &[Extent],
+        snap: &Snapshot,
+    ) -> Result<(), PlaneError> {
+        self.reserve(extents);
+        self.scatter_snapshot_shared(extents, snap)
+    }
+
+    /// A view that writes through `&self`, for running ops on several
+    /// threads at once.
+    ///
+    /// # Safety
+    /// While the view (or a copy of it) is in use, no two accesses through
+    /// it to overlapping bytes may run at the same time unless both only
+    /// read, and at most one slice from [`Shared::f32s_mut`] may cover a
+    /// byte while any other slice of that byte is live. Region bytes are
+    /// not locked: breaking this is a data race.
+    #[allow(unsafe_code)]
+    pub unsafe fn shared(&mut self) -> Shared<'_> {
+        Shared { plane: self }
+    }
+
+    /// Grow the TCM regions to cover every TCM byte `extents` touch (up to
+    /// [`REGION_MAX`] bytes each). Every write reserves its bytes first,
+    /// so TCM bytes are paged only beyond `REGION_MAX`: a region never
+    /// grows over pages.
+    pub fn reserve<'e>(&mut self, extents: impl IntoIterator<Item = &'e Extent>) {
+        let mut need: Vec<(u64, u64)> = Vec::new();
+        for e in extents {
+            let Some((start, end)) = span(e) else {
+                continue;
+            };
+            if pa::space_of(start) != Some(Space::Tcm)
+                || (end - 1) >> OFFSET_BITS != start >> OFFSET_BITS
+            {
+                continue;
+            }
+            let key = start >> OFFSET_BITS;
+            let end = ((end - 1) & OFFSET_MASK) + 1;
+            let have = self.regions.get(&key).map_or(0, |r| r.len() as u64);
+            if end > have && have < REGION_MAX {
+                match need.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, n)) => *n = (*n).max(end),
+                    None => need.push((key, end)),
+                }
+            }
         }
-        Ok(())
+        for (key, end) in need {
+            self.grow_region(key, end);
+        }
+    }
+
+    #[allow(unsafe_code)]
+    fn grow_region(&mut self, key: u64, end: u64) {
+        let old = self.regions.get(&key).map_or(0, |r| r.len());
+        let len = end.next_power_of_two().clamp(REGION_MIN, REGION_MAX) as usize;
+        if len <= old {
+            return;
+        }
+        let region = Region::zeroed(len);
+        // SAFETY: `&mut self`: no other slice of either region is live.
+        unsafe {
+            if let Some(prev) = self.regions.get(&key) {
+                region.bytes_mut(0, old).copy_from_slice(prev.bytes(0, old));
+            }
+        }
+        self.regions.insert(key, region);
+    }
+
+    /// The region holding the byte at `addr`, and its offset there.
+    fn region_at(&self, addr: u64) -> Option<(&Region, usize)> {
+        if pa::space_of(addr) != Some(Space::Tcm) {
+            return None;
+        }
+        let r = self.regions.get(&(addr >> OFFSET_BITS))?;
+        let off = (addr & OFFSET_MASK) as usize;
+        (off < r.len()).then_some((r, off))
     }
 
     /// A page to write: created from the host input (host space) or zeros,
@@ -294,10 +381,6 @@ impl DataPlane {
         &mut b[..]
     }
 
-    fn shard(&self, page: u64) -> &RwLock<Pages> {
-        &self.pages[shard_of(page)]
-    }
-
     /// A page's current bytes: written, or (in host space) the input.
     fn page_or_input<'a>(&'a self, shard: &'a Pages, page: u64, host: bool) -> Option<&'a PageBuf> {
         shard
@@ -305,13 +388,17 @@ impl DataPlane {
             .or_else(|| self.host_input.get(&page).filter(|_| host))
     }
 
-    /// Into how many contiguous pieces of memory (page parts) the bytes of
-    /// `extents` fall, at most; invalid extents count as none.
-    pub fn piece_count(extents: &[Extent]) -> usize {
+    /// Into how many contiguous pieces of memory (page parts, region
+    /// parts) the bytes of `extents` fall, at most; invalid extents count
+    /// as none.
+    pub fn piece_count(&self, extents: &[Extent]) -> usize {
         extents
             .iter()
             .flat_map(|e| runs(e).into_iter().flatten())
-            .map(|(addr, len)| ((addr & PAGE_MASK) + len).div_ceil(PAGE as u64) as usize)
+            .map(|(addr, len)| match self.region_at(addr) {
+                Some((r, off)) if len <= (r.len() - off) as u64 => 1,
+                _ => ((addr & PAGE_MASK) + len).div_ceil(PAGE as u64) as usize,
+            })
             .sum()
     }
 
@@ -348,17 +435,30 @@ impl DataPlane {
         mut f: impl FnMut(&[u8]),
     ) -> Result<u64, PlaneError> {
         let total = self.extent_bytes(extents)?;
-        self.for_each_piece(extents, |shard, page, off, n, host| {
-            match self.page_or_input(shard, page, host) {
-                Some(p) => f(&p[off..off + n]),
-                None => f(&ZEROS[..n]),
-            }
-        })?;
+        self.for_each_piece(extents, |src| f(src.bytes()))?;
         Ok(total)
     }
 
+    /// [`kb_format::fingerprint`] of the bytes of `extents`, in order,
+    /// without gathering them (one pass when they are one piece, as a tile
+    /// in TCM is).
+    pub fn fingerprint(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
+        let total = self.extent_bytes(extents)? as usize;
+        let mut whole = None;
+        let mut h = kb_format::Fingerprinter::new();
+        self.for_each_piece(extents, |src| {
+            if src.len() == total {
+                whole = Some(kb_format::fingerprint(src.bytes()));
+            } else {
+                h.update(src.bytes());
+            }
+        })?;
+        Ok(whole.unwrap_or_else(|| h.digest()))
+    }
+
     /// The bytes of `extents`, in order, without copying them: references
-    /// to the pages that hold them (see [`Snapshot`]).
+    /// to the pages that hold them (see [`Snapshot`]); bytes in a region
+    /// are copied.
     pub fn snapshot(&self, extents: &[Extent]) -> Result<Snapshot, PlaneError> {
         let len = self.extent_bytes(extents)?;
         let mut snap = Snapshot {
@@ -367,11 +467,28 @@ impl DataPlane {
         };
         // The page of the previous piece: (page number, index in `pages`).
         let mut last: Option<(u64, u32)> = None;
-        self.for_each_piece(extents, |shard, page, off, n, host| {
+        self.for_each_piece(extents, |src| {
+            let (page, buf, off, n) = match src {
+                Src::Page { page, buf, off, n } => (page, buf, off, n),
+                Src::Region(bytes) => {
+                    // Copied: region bytes change in place once the read
+                    // is over.
+                    for chunk in bytes.chunks(PAGE) {
+                        snap.pages.push(Arc::new(chunk.into()));
+                        snap.pieces.push(PieceRef {
+                            page: (snap.pages.len() - 1) as u32,
+                            off: 0,
+                            len: chunk.len(),
+                        });
+                    }
+                    last = None;
+                    return;
+                }
+            };
             let index = match last {
                 Some((p, i)) if p == page => i,
                 _ => {
-                    let i = match self.page_or_input(shard, page, host) {
+                    let i = match buf {
                         Some(buf) => {
                             snap.pages.push(buf.clone());
                             (snap.pages.len() - 1) as u32
@@ -395,21 +512,33 @@ impl DataPlane {
         Ok(snap)
     }
 
-    /// Call `f(shard, page number, offset, length, host)` for each page
-    /// piece of `extents`, in order, holding that page's shard read lock
-    /// (kept from one piece to the next in the same shard: a strided
-    /// tile's rows would otherwise take the lock once a row).
+    /// Call `f` with each piece of `extents`, in order: a part of a page
+    /// (under that page's shard read lock, kept from one piece to the next
+    /// in the same shard: a strided tile's rows would otherwise take the
+    /// lock once a row) or of a region.
+    #[allow(unsafe_code)]
     fn for_each_piece(
         &self,
         extents: &[Extent],
-        mut f: impl FnMut(&Pages, u64, usize, usize, bool),
+        mut f: impl FnMut(Src<'_>),
     ) -> Result<(), PlaneError> {
         let mut held: Option<(usize, std::sync::RwLockReadGuard<'_, Pages>)> = None;
         for e in extents {
             for (addr, len) in runs(e)? {
                 let space = self.check(addr, len)?;
                 let host = space == Space::Host;
-                for (page, off, n) in page_spans(addr, len as usize) {
+                let (mut addr, mut len) = (addr, len as usize);
+                if len > 0
+                    && let Some((r, off)) = self.region_at(addr)
+                {
+                    let n = len.min(r.len() - off);
+                    // SAFETY: a read; the plane's contract (`shared`) rules
+                    // out a write to these bytes while it runs.
+                    f(Src::Region(unsafe { r.bytes(off, n) }));
+                    addr += n as u64;
+                    len -= n;
+                }
+                for (page, off, n) in page_spans(addr, len) {
                     let s = shard_of(page);
                     if held.as_ref().is_none_or(|(h, _)| *h != s) {
                         // One lock at a time: never wait holding another.
@@ -418,27 +547,27 @@ impl DataPlane {
                         held = Some((s, guard));
                     }
                     let (_, shard) = held.as_ref().expect("just taken");
-                    f(shard, page, off, n, host);
+                    f(Src::Page {
+                        page,
+                        buf: self.page_or_input(shard, page, host),
+                        off,
+                        n,
+                    });
                 }
             }
         }
         Ok(())
     }
 
-    /// Write `data` to `extents` in order; `data` must hold exactly their bytes.
-    pub fn scatter(&self, extents: &[Extent], data: &[u8]) -> Result<(), PlaneError> {
+    fn scatter_shared(&self, extents: &[Extent], data: &[u8]) -> Result<(), PlaneError> {
         let mut pos = 0usize;
-        self.scatter_each(extents, data.len() as u64, |dst| {
+        self.scatter_each_shared(extents, data.len() as u64, |dst| {
             dst.copy_from_slice(&data[pos..pos + dst.len()]);
             pos += dst.len();
         })
     }
 
-    /// Fill the bytes of `extents`, in order, a piece at a time through `f`
-    /// (which must fill all of each piece); `total` must be their size, or
-    /// nothing is written. `f` runs under a page lock: it must not use the
-    /// plane.
-    pub fn scatter_each(
+    fn scatter_each_shared(
         &self,
         extents: &[Extent],
         total: u64,
@@ -447,10 +576,11 @@ impl DataPlane {
         self.scatter_pages(extents, total, |_, _| None, |_, dst| f(dst))
     }
 
-    /// Write the bytes of `snap` to `extents` in order, copying each byte
-    /// once, and sharing instead of copying every whole, page-aligned
-    /// destination page that a whole page of the snapshot fills.
-    pub fn scatter_snapshot(&self, extents: &[Extent], snap: &Snapshot) -> Result<(), PlaneError> {
+    fn scatter_snapshot_shared(
+        &self,
+        extents: &[Extent],
+        snap: &Snapshot,
+    ) -> Result<(), PlaneError> {
         // The snapshot piece holding byte `at` of the data, and its start
         // (`at` only grows).
         let cursor = std::cell::Cell::new((0usize, 0usize));
@@ -489,7 +619,8 @@ impl DataPlane {
 
     /// The writing loop: for each destination piece at byte `at` of the
     /// data, `share(at, len)` may give a whole page to put there; else
-    /// `fill(at, piece)` writes the piece.
+    /// `fill(at, piece)` writes the piece (a page part or a region part).
+    #[allow(unsafe_code)]
     fn scatter_pages(
         &self,
         extents: &[Extent],
@@ -510,7 +641,20 @@ impl DataPlane {
             for (addr, len) in runs(e)? {
                 let space = self.check(addr, len)?;
                 let host = space == Space::Host;
-                for (page, off, n) in page_spans(addr, len as usize) {
+                let (mut addr, mut len) = (addr, len as usize);
+                if len > 0
+                    && let Some((r, off)) = self.region_at(addr)
+                {
+                    let n = len.min(r.len() - off);
+                    // SAFETY: the plane's contract (`shared`) rules out any
+                    // other access to these bytes while this write runs, and
+                    // the slice lives only for this call.
+                    fill(at, unsafe { r.bytes_mut(off, n) });
+                    at += n;
+                    addr += n as u64;
+                    len -= n;
+                }
+                for (page, off, n) in page_spans(addr, len) {
                     // The lock is kept across pieces in one shard.
                     let s = shard_of(page);
                     if held.as_ref().is_none_or(|(h, _)| *h != s) {
@@ -539,6 +683,167 @@ impl DataPlane {
 /// The shard of a page number.
 fn shard_of(page: u64) -> usize {
     page as usize % SHARDS
+}
+
+/// Where one piece of an access lies.
+enum Src<'a> {
+    /// Part of a page; `buf` is `None` for unwritten memory (zeros).
+    Page {
+        page: u64,
+        buf: Option<&'a PageBuf>,
+        off: usize,
+        n: usize,
+    },
+    /// Bytes of a region.
+    Region(&'a [u8]),
+}
+
+impl Src<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Src::Page { n, .. } => *n,
+            Src::Region(b) => b.len(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Src::Page {
+                buf: Some(p),
+                off,
+                n,
+                ..
+            } => &p[*off..*off + *n],
+            Src::Page { buf: None, n, .. } => &ZEROS[..*n],
+            Src::Region(b) => b,
+        }
+    }
+}
+
+/// The plane as several threads write it at once (made by the `unsafe`
+/// [`DataPlane::shared`], whose contract every use relies on).
+#[derive(Debug, Clone, Copy)]
+pub struct Shared<'a> {
+    plane: &'a DataPlane,
+}
+
+impl<'a> Shared<'a> {
+    /// See [`DataPlane::extent_bytes`].
+    pub fn extent_bytes(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
+        self.plane.extent_bytes(extents)
+    }
+
+    /// See [`DataPlane::piece_count`].
+    pub fn piece_count(&self, extents: &[Extent]) -> usize {
+        self.plane.piece_count(extents)
+    }
+
+    /// See [`DataPlane::gather`].
+    pub fn gather(&self, extents: &[Extent], out: &mut Vec<u8>) -> Result<(), PlaneError> {
+        self.plane.gather(extents, out)
+    }
+
+    /// See [`DataPlane::fingerprint`].
+    pub fn fingerprint(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
+        self.plane.fingerprint(extents)
+    }
+
+    /// See [`DataPlane::snapshot`].
+    pub fn snapshot(&self, extents: &[Extent]) -> Result<Snapshot, PlaneError> {
+        self.plane.snapshot(extents)
+    }
+
+    /// Write `data` to `extents` in order; `data` must hold exactly their
+    /// bytes.
+    pub fn scatter(&self, extents: &[Extent], data: &[u8]) -> Result<(), PlaneError> {
+        self.plane.scatter_shared(extents, data)
+    }
+
+    /// Fill the bytes of `extents`, in order, a piece at a time through `f`
+    /// (which must fill all of each piece); `total` must be their size, or
+    /// nothing is written. `f` may run under a page lock: it must not use
+    /// the plane.
+    pub fn scatter_each(
+        &self,
+        extents: &[Extent],
+        total: u64,
+        f: impl FnMut(&mut [u8]),
+    ) -> Result<(), PlaneError> {
+        self.plane.scatter_each_shared(extents, total, f)
+    }
+
+    /// Write the bytes of `snap` to `extents` in order, copying each byte
+    /// once, and sharing instead of copying every whole, page-aligned
+    /// destination page that a whole page of the snapshot fills.
+    pub fn scatter_snapshot(&self, extents: &[Extent], snap: &Snapshot) -> Result<(), PlaneError> {
+        self.plane.scatter_snapshot_shared(extents, snap)
+    }
+
+    /// The address of bytes `start..start + len` of the data of `extents`
+    /// when they lie back to back in one region (a tile in TCM).
+    pub fn region_addr(&self, extents: &[Extent], start: u64, len: u64) -> Option<u64> {
+        let mut at = 0u64;
+        for e in extents {
+            for (addr, n) in runs(e).ok()? {
+                if start < at + n {
+                    let addr = addr + (start - at);
+                    let (r, off) = self.plane.region_at(addr)?;
+                    return (start + len <= at + n && len <= (r.len() - off) as u64)
+                        .then_some(addr);
+                }
+                at += n;
+            }
+        }
+        None
+    }
+
+    /// `n` f32 values at `addr`, read in place from a region (`None`
+    /// unless [`Shared::region_addr`] would give `addr` for these bytes
+    /// and they are 4-byte aligned).
+    ///
+    /// # Safety
+    /// No slice from [`Shared::f32s_mut`] that overlaps these bytes may be
+    /// live at the same time, and no write to them may run meanwhile.
+    #[allow(unsafe_code)]
+    pub unsafe fn f32s(&self, addr: u64, n: usize) -> Option<&'a [f32]> {
+        let (r, off) = self.plane.region_at(addr)?;
+        let len = n.checked_mul(4).filter(|&l| l <= r.len() - off)?;
+        // SAFETY: the caller rules out writers of these bytes.
+        bytemuck::try_cast_slice(unsafe { r.bytes(off, len) }).ok()
+    }
+
+    /// As [`Shared::f32s`], to write in place.
+    ///
+    /// # Safety
+    /// No other slice of these bytes may be live at the same time (from
+    /// this call or any other), and no other access to them may run
+    /// meanwhile.
+    #[allow(unsafe_code, clippy::mut_from_ref)]
+    pub unsafe fn f32s_mut(&self, addr: u64, n: usize) -> Option<&'a mut [f32]> {
+        let (r, off) = self.plane.region_at(addr)?;
+        let len = n.checked_mul(4).filter(|&l| l <= r.len() - off)?;
+        if r.addr_of(off) % 4 != 0 {
+            return None;
+        }
+        // SAFETY: the caller guarantees this is the only slice of these
+        // bytes while it lives.
+        Some(bytemuck::cast_slice_mut(unsafe { r.bytes_mut(off, len) }))
+    }
+}
+
+/// The bytes an extent covers, first to last: `[start, end)` (`None` when
+/// empty or when it overflows).
+pub fn span(e: &Extent) -> Option<(u64, u64)> {
+    if e.len == 0 || e.rows == 0 {
+        return None;
+    }
+    let last_row = if e.rows <= 1 {
+        0
+    } else {
+        (e.rows as u64 - 1).checked_mul(e.stride)?
+    };
+    let end = e.pa.checked_add(last_row)?.checked_add(e.len)?;
+    Some((e.pa, end))
 }
 
 /// What unwritten device memory reads as.
@@ -789,7 +1094,7 @@ mod tests {
 
     #[test]
     fn partial_and_overlapping_writes_keep_the_latest_bytes() {
-        let p = plane();
+        let mut p = plane();
         let base = dev(Space::Tcm, 100);
         p.write(base, &[1, 2, 3, 4, 5, 6]).unwrap();
         p.write(base + 2, &[9, 9]).unwrap();
@@ -801,7 +1106,7 @@ mod tests {
 
     #[test]
     fn writes_and_reads_cross_page_boundaries() {
-        let p = plane();
+        let mut p = plane();
         let base = dev(Space::Hbm, PAGE as u64 * 3 - 3);
         let data: Vec<u8> = (0..PAGE as u32 + 10).map(|i| (i % 251) as u8).collect();
         p.write(base, &data).unwrap();
@@ -816,7 +1121,7 @@ mod tests {
 
     #[test]
     fn strided_gather_and_scatter() {
-        let p = plane();
+        let mut p = plane();
         let src = dev(Space::Hbm, 0);
         p.write(src, &(0u8..32).collect::<Vec<_>>()).unwrap();
         // 3 rows of 2 bytes, 8 apart, then one contiguous run of 3.
@@ -848,7 +1153,7 @@ mod tests {
 
     #[test]
     fn snapshots_copy_once_and_keep_the_bytes_they_read() {
-        let p = plane();
+        let mut p = plane();
         let src = dev(Space::Hbm, PAGE as u64 - 8);
         let data: Vec<u8> = (0..3 * PAGE as u32).map(|i| (i % 253) as u8).collect();
         p.write(src, &data).unwrap();
@@ -912,30 +1217,68 @@ mod tests {
     }
 
     #[test]
-    fn piece_counts_follow_pages_and_runs() {
-        let page = PAGE as u64;
+    fn tcm_regions_grow_keeping_their_bytes_and_page_what_lies_beyond() {
+        let mut p = plane();
         let at = |o| dev(Space::Tcm, o);
+        p.write(at(10), &[1, 2, 3]).unwrap();
         assert_eq!(
-            DataPlane::piece_count(&[Extent::contiguous(at(0), page)]),
-            1
+            p.regions[&(at(0) >> OFFSET_BITS)].len(),
+            REGION_MIN as usize
         );
+        // Growing copies what the region held.
+        p.write(at(3 << 20), &[4, 5]).unwrap();
+        assert_eq!(p.regions[&(at(0) >> OFFSET_BITS)].len(), 4 << 20);
+        assert_eq!(read(&p, at(9), 5), [0, 1, 2, 3, 0]);
+        // Past REGION_MAX bytes are paged; a run across the end is split.
+        let end = REGION_MAX;
+        p.write(at(end - 2), &[6, 7, 8, 9]).unwrap();
         assert_eq!(
-            DataPlane::piece_count(&[Extent::contiguous(at(8), page)]),
-            2
+            p.regions[&(at(0) >> OFFSET_BITS)].len(),
+            REGION_MAX as usize
         );
-        // Touching rows are one run.
-        let rows = Extent {
-            pa: at(0),
-            len: 64,
-            rows: 16,
-            stride: 64,
-        };
-        assert_eq!(DataPlane::piece_count(&[rows]), 1);
-        let strided = Extent {
-            stride: 128,
-            ..rows
-        };
-        assert_eq!(DataPlane::piece_count(&[strided]), 16);
+        assert_eq!(p.page_count(), 1);
+        assert_eq!(read(&p, at(end - 3), 6), [0, 6, 7, 8, 9, 0]);
+        assert_eq!(read(&p, at(3 << 20), 2), [4, 5]);
+        // Another PE's TCM is a region of its own.
+        let other = Pa {
+            pe: 4,
+            ..Pa::decode(at(0)).unwrap()
+        }
+        .encode()
+        .unwrap();
+        assert_eq!(read(&p, other + 10, 3), [0, 0, 0]);
+        p.write(other + 10, &[7]).unwrap();
+        assert_eq!(read(&p, at(10), 1), [1]);
+        assert_eq!(p.regions.len(), 2);
+    }
+
+    #[test]
+    fn piece_counts_follow_pages_regions_and_runs() {
+        let mut p = plane();
+        let page = PAGE as u64;
+        for space in [Space::Hbm, Space::Tcm] {
+            let at = |o| dev(space, o);
+            let one_page = [Extent::contiguous(at(0), page)];
+            let straddling = [Extent::contiguous(at(8), page)];
+            // Touching rows are one run.
+            let rows = Extent {
+                pa: at(0),
+                len: 64,
+                rows: 16,
+                stride: 64,
+            };
+            let strided = Extent {
+                stride: 128,
+                ..rows
+            };
+            p.reserve(&straddling);
+            assert_eq!(p.piece_count(&one_page), 1);
+            // In a region, a run is one piece even across a page boundary.
+            let across = if space == Space::Tcm { 1 } else { 2 };
+            assert_eq!(p.piece_count(&straddling), across, "{space:?}");
+            assert_eq!(p.piece_count(&[rows]), 1);
+            assert_eq!(p.piece_count(&[strided]), 16);
+        }
     }
 
     #[test]

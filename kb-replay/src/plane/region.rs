@@ -1,0 +1,118 @@
+//! A memory kept as one contiguous, zero-initialised buffer (a PE's TCM),
+//! written in place rather than page by page copy-on-write: a GEMM then
+//! reads its operands and accumulates its output where they lie.
+//!
+//! Writing takes `&self`, so the buffer lives behind a raw pointer; the
+//! plane hands out slices of it only under its sharing contract (see
+//! [`super::Shared`]): no two live slices that overlap, one of them
+//! mutable, ever exist at once.
+#![allow(unsafe_code)]
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+
+/// Alignment of a region's buffer: f32 views need 4; at most 16 keeps
+/// `alloc_zeroed` a `calloc`, whose fresh pages are zeroed only when touched.
+const ALIGN: usize = 16;
+
+/// A contiguous, zero-initialised buffer of `len` bytes.
+#[derive(Debug)]
+pub(super) struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a `Region` owns its buffer (like a `Box<[u8]>`); the plane only
+// creates slices of it under the contract in the module docs, which rules
+// out data races across threads.
+unsafe impl Send for Region {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// `len` zero bytes (`len` > 0). Large buffers come from the system
+    /// zeroed and are touched only where written.
+    pub(super) fn zeroed(len: usize) -> Region {
+        let layout = Layout::from_size_align(len.max(1), ALIGN).expect("region size fits isize");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            alloc::handle_alloc_error(layout)
+        };
+        Region { ptr, len }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The address of byte `off` (for overlap checks and alignment).
+    pub(super) fn addr_of(&self, off: usize) -> usize {
+        self.ptr.as_ptr() as usize + off
+    }
+
+    /// Bytes `off..off + n`.
+    ///
+    /// # Safety
+    /// No mutable slice overlapping these bytes may be live while the
+    /// returned one is (see the module docs).
+    pub(super) unsafe fn bytes(&self, off: usize, n: usize) -> &[u8] {
+        assert!(
+            off <= self.len && n <= self.len - off,
+            "region slice out of bounds"
+        );
+        // SAFETY: in bounds (checked above) of a live allocation of `len`
+        // initialised bytes; the caller rules out overlapping writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), n) }
+    }
+
+    /// Bytes `off..off + n`, to write.
+    ///
+    /// # Safety
+    /// No other slice overlapping these bytes may be live while the
+    /// returned one is (see the module docs).
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn bytes_mut(&self, off: usize, n: usize) -> &mut [u8] {
+        assert!(
+            off <= self.len && n <= self.len - off,
+            "region slice out of bounds"
+        );
+        // SAFETY: in bounds (checked above); the caller guarantees the
+        // slice is the only one over these bytes while it lives.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), n) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("as allocated");
+        // SAFETY: allocated in `zeroed` with this layout, freed once.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_start_zeroed_and_keep_what_is_written() {
+        let r = Region::zeroed(3 << 20);
+        assert_eq!(r.len(), 3 << 20);
+        assert_eq!(r.addr_of(0) % ALIGN, 0);
+        // SAFETY: one slice at a time, in this thread.
+        unsafe {
+            assert!(r.bytes(0, r.len()).iter().all(|&b| b == 0));
+            r.bytes_mut(100, 3).copy_from_slice(&[1, 2, 3]);
+            assert_eq!(r.bytes(99, 5), &[0, 1, 2, 3, 0]);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "out of bounds")]
+    fn slices_past_the_end_panic() {
+        let r = Region::zeroed(64);
+        // SAFETY: no other slice is live.
+        let _ = unsafe { r.bytes(60, 8) };
+    }
+}
