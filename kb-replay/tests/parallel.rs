@@ -431,6 +431,64 @@ fn gemms_in_tcm_compute_in_place_with_the_bits_of_the_generic_path() {
     }
 }
 
+/// GEMMs in TCM that one deploy makes ready batch too, computed in place
+/// with the bits of the sequential run and of the generic path.
+#[test]
+fn gemms_in_tcm_batch_in_place() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let x: Vec<f32> = (0..(PES as u64 * 2 * BUF / 4) as usize)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let xb = f32_bytes(&x);
+    let tensors = vec![tensor("x", Dtype::F32, &[xb.len() as u64 / 4], true, None)];
+    // Buffers 0 and 1 of every PE, in one op.
+    let deploy = mem(
+        0,
+        0,
+        0,
+        vec![span(host(0, 0), xb.len() as u64)],
+        1,
+        (0..PES).map(|pe| span(buf(pe, 0), 2 * BUF)).collect(),
+    );
+    let p = gemm_params(16, 16, 16, Dtype::F32, Dtype::F32, Dtype::F32);
+    let mut ops = vec![deploy];
+    for i in 0..2 * PES as u64 {
+        let pe = (i % PES as u64) as u32;
+        ops.push(gemm(
+            i + 1,
+            20 + i,
+            2 + i,
+            p,
+            vec![span(buf(pe, 0), BUF), span(buf(pe, 1), BUF)],
+            vec![span(buf(pe, 2 + i / PES as u64), BUF)],
+        ));
+    }
+    let bytes = build_chunked(tensors, &[(0, xb.clone())], &ops, vec![], Some(2048));
+    let base = run(&bytes, 1, &ReplayOptions::default(), &GemmCrate);
+    assert_eq!(base.stats.gemm_in_place, 8);
+    for pe in 0..PES {
+        let off = (pe as u64 * 2 * BUF) as usize;
+        let want = kb_replay::ops::gemm::execute(&p, &xb[off..off + 2 * BUF as usize], &GemmCrate)
+            .unwrap();
+        for out in [2, 3] {
+            let mut got = vec![0u8; BUF as usize];
+            base.replayer.plane().read(buf(pe, out), &mut got).unwrap();
+            assert!(got == want, "pe {pe} buffer {out}");
+        }
+    }
+    for threads in [2, 4] {
+        let l = run(&bytes, threads, &ReplayOptions::default(), &GemmCrate);
+        assert!(state(&l) == state(&base), "{threads} threads");
+        assert_eq!(l.stats.gemm_in_place, 8);
+        assert!(
+            l.stats.gemm_batches > 0 && l.stats.gemm_batched_ops >= 2,
+            "{threads} threads: {} batched calls of {} GEMMs",
+            l.stats.gemm_batches,
+            l.stats.gemm_batched_ops
+        );
+    }
+}
+
 #[test]
 fn streaming_holds_a_window_not_the_trace() {
     let bytes = random_trace(9, 3000);

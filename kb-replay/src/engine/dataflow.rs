@@ -6,7 +6,7 @@
 use kb_format::{OpKind, Params};
 use rustc_hash::FxHashMap;
 
-use super::exec::{Cx, Done, effects, in_region_gemm, run_gemm_batch, run_node};
+use super::exec::{Cx, Done, effects, run_gemm_batch, run_node};
 use super::graph::{self, Node, Step};
 use super::{Delta, Held, PendingOp, Stats};
 use crate::error::{Error, Result};
@@ -194,8 +194,7 @@ impl<'a> Run<'a> {
                     && matches!(n.step, Step::Read | Step::Both)
                     && op.rec.kind == OpKind::Gemm
                     && op.rec.read.is_some()
-                    && op.rec.write.is_some()
-                    && !in_region_gemm(self.cx, n, op) =>
+                    && op.rec.write.is_some() =>
             {
                 Some(gemm::batch_key(p))
             }

@@ -237,90 +237,97 @@ impl InRegion {
                 .is_none_or(|acc| acc == x.out || !meets(&out, &range(acc, mn))))
         .then_some(x)
     }
+}
 
-    /// `c = acc + a . b` (`c` from the output's accumulator or zeros).
-    fn compute(&self, cx: &Cx, a: &[f32], b: &[f32], c: &mut [f32], share_pool: bool) {
-        if share_pool {
-            cx.backend.gemm_f32(self.d, a, b, c);
-        } else {
-            cx.backend.gemm_f32_one_thread(self.d, a, b, c);
+/// An f32 GEMM's matrices taken where they lie in TCM, for the backend:
+/// a and b in place; the output's own bytes when the node applies both
+/// effects (no copy at all), else a buffer the write takes.
+struct RegionGemm<'a> {
+    x: InRegion,
+    a: &'a [f32],
+    b: &'a [f32],
+    c: RegionOut<'a>,
+}
+
+enum RegionOut<'a> {
+    InPlace(&'a mut [f32]),
+    Buffer(Vec<f32>),
+}
+
+impl<'a> RegionGemm<'a> {
+    /// The GEMM's matrices with `c` holding the accumulator (or zeros);
+    /// `both`: the node applies the op's write too. `None` (nothing done)
+    /// unless the GEMM is one [`InRegion::find`] finds.
+    #[allow(unsafe_code)]
+    fn take(cx: &Cx<'a>, op: &PendingOp, both: bool) -> Option<RegionGemm<'a>> {
+        let x = InRegion::find(cx, op)?;
+        let [mk, kn, mn] = x.elems;
+        // SAFETY: the node that takes these applies the op's read effect
+        // (and its write when `both`), so no other node touches a, b, the
+        // accumulator (or the output) until it ends: the contract of
+        // `DataPlane::shared` that the engine keeps. The slices live no
+        // longer than the node. The output overlaps none of a, b or a
+        // separate accumulator (`InRegion::find`), so its mutable slice is
+        // the only one over its bytes.
+        unsafe {
+            let a = cx.plane.f32s(x.a, mk)?;
+            let b = cx.plane.f32s(x.b, kn)?;
+            let acc = match x.acc {
+                Some(acc) if !(both && acc == x.out) => Some(cx.plane.f32s(acc, mn)?),
+                _ => None,
+            };
+            let c = if both {
+                let c = cx.plane.f32s_mut(x.out, mn)?;
+                match (x.acc, acc) {
+                    (None, _) => c.fill(0.0),
+                    (Some(_), Some(acc)) => c.copy_from_slice(acc),
+                    // The accumulator is the output.
+                    (Some(_), None) => {}
+                }
+                RegionOut::InPlace(c)
+            } else {
+                let mut c = pool::F32.take(mn);
+                match acc {
+                    Some(acc) => c.extend_from_slice(acc),
+                    None => c.resize(mn, 0.0),
+                }
+                RegionOut::Buffer(c)
+            };
+            Some(RegionGemm { x, a, b, c })
         }
     }
-}
 
-/// A GEMM node that applies both effects, computed where its matrices lie
-/// in TCM: no copy at all, the result accumulated in the output's bytes.
-/// `false` when the GEMM is not such a one (nothing done).
-#[allow(unsafe_code)]
-fn gemm_in_region(cx: &Cx, op: &PendingOp, delta: &mut Delta, share_pool: bool) -> bool {
-    let Some(x) = InRegion::find(cx, op) else {
-        return false;
-    };
-    let [mk, kn, mn] = x.elems;
-    // SAFETY: this node applies the op's read and write effects, so no
-    // other node touches a, b, the accumulator or the output while it runs
-    // (the contract of `DataPlane::shared` that the engine keeps). The
-    // output's bytes overlap none of a, b or a separate accumulator
-    // (`InRegion::find`), so the mutable slice is the only one over them.
-    let slices = unsafe {
-        (
-            cx.plane.f32s(x.a, mk),
-            cx.plane.f32s(x.b, kn),
-            x.acc
-                .filter(|&acc| acc != x.out)
-                .map(|acc| cx.plane.f32s(acc, mn)),
-            cx.plane.f32s_mut(x.out, mn),
-        )
-    };
-    let (Some(a), Some(b), acc, Some(c)) = slices else {
-        return false;
-    };
-    match (x.acc, acc) {
-        (None, _) => c.fill(0.0),
-        (Some(_), Some(Some(acc))) => c.copy_from_slice(acc),
-        (Some(_), Some(None)) => return false,
-        // The accumulator is the output.
-        (Some(_), None) => {}
+    fn c(&mut self) -> &mut [f32] {
+        match &mut self.c {
+            RegionOut::InPlace(c) => c,
+            RegionOut::Buffer(c) => c,
+        }
     }
-    x.compute(cx, a, b, c, share_pool);
-    delta.bytes_read += 4 * (mk + kn + if x.acc.is_some() { mn } else { 0 }) as u64;
-    delta.bytes_written += 4 * mn as u64;
-    delta.gemm_in_place += 1;
-    true
-}
 
-/// A GEMM's read when its matrices lie in TCM: a and b used where they
-/// lie, the result computed into a buffer that waits for the write.
-#[allow(unsafe_code)]
-fn gemm_region_read(
-    cx: &Cx,
-    op: &PendingOp,
-    delta: &mut Delta,
-    share_pool: bool,
-) -> Option<gemm::Prepared> {
-    let x = InRegion::find(cx, op)?;
-    let [mk, kn, mn] = x.elems;
-    // SAFETY: this node applies the op's read effect, so no other node
-    // writes a, b or the accumulator while it runs (the contract of
-    // `DataPlane::shared` that the engine keeps); nothing here writes them.
-    let (a, b, acc) = unsafe {
-        (
-            cx.plane.f32s(x.a, mk)?,
-            cx.plane.f32s(x.b, kn)?,
-            match x.acc {
-                Some(acc) => Some(cx.plane.f32s(acc, mn)?),
-                None => None,
-            },
-        )
-    };
-    let mut c = pool::F32.take(mn);
-    match acc {
-        Some(acc) => c.extend_from_slice(acc),
-        None => c.resize(mn, 0.0),
+    /// `c += a . b`, with the pool's threads when `share_pool`.
+    fn compute(&mut self, cx: &Cx, share_pool: bool) {
+        let (d, a, b) = (self.x.d, self.a, self.b);
+        if share_pool {
+            cx.backend.gemm_f32(d, a, b, self.c());
+        } else {
+            cx.backend.gemm_f32_one_thread(d, a, b, self.c());
+        }
     }
-    x.compute(cx, a, b, &mut c, share_pool);
-    delta.bytes_read += 4 * (mk + kn + if x.acc.is_some() { mn } else { 0 }) as u64;
-    Some(gemm::Prepared::computed(x.d, c))
+
+    /// Count what was moved; what the op's write needs, if anything.
+    fn finish(self, delta: &mut Delta) -> Option<Held> {
+        let [mk, kn, mn] = self.x.elems;
+        let acc = if self.x.acc.is_some() { mn } else { 0 };
+        delta.bytes_read += 4 * (mk + kn + acc) as u64;
+        match self.c {
+            RegionOut::InPlace(_) => {
+                delta.bytes_written += 4 * mn as u64;
+                delta.gemm_in_place += 1;
+                None
+            }
+            RegionOut::Buffer(c) => Some(Held::Gemm(gemm::Prepared::computed(self.x.d, c))),
+        }
+    }
 }
 
 /// A GEMM's read as prepared operands (`None`: the op has no write, so
@@ -352,8 +359,9 @@ fn is_gemm(op: &PendingOp) -> bool {
 /// The whole read effect: what to hold for the write, if anything.
 fn read_node(cx: &Cx, op: &PendingOp, delta: &mut Delta, share_pool: bool) -> Result<Option<Held>> {
     if is_gemm(op) {
-        if let Some(x) = gemm_region_read(cx, op, delta, share_pool) {
-            return Ok(Some(Held::Gemm(x)));
+        if let Some(mut g) = RegionGemm::take(cx, op, false) {
+            g.compute(cx, share_pool);
+            return Ok(g.finish(delta));
         }
         return Ok(gemm_read(cx, op, delta)?.map(|mut x| {
             gemm::compute(&mut x, cx.backend, share_pool);
@@ -491,7 +499,13 @@ pub(super) fn run_node(
         Step::Read => read_node(cx, op, &mut delta, share_pool)?,
         // Its read node applied it.
         Step::Fused => None,
-        Step::Both if is_gemm(op) && gemm_in_region(cx, op, &mut delta, share_pool) => None,
+        Step::Both
+            if is_gemm(op)
+                && let Some(mut g) = RegionGemm::take(cx, op, true) =>
+        {
+            g.compute(cx, share_pool);
+            g.finish(&mut delta)
+        }
         Step::Write => {
             write_node(cx, op, held, &mut delta)?;
             None
@@ -525,19 +539,38 @@ pub(super) fn run_gemm_batch(
     ops: &[Option<PendingOp>],
 ) -> Vec<(u32, Result<Done>)> {
     let op = |n: &Node| ops[n.slot as usize].as_ref().expect("live op");
-    // Gather and decode in parallel.
-    let prepared: Vec<Result<(Option<gemm::Prepared>, Delta)>> = items
+    /// An item's matrices: where they lie in TCM, or gathered and decoded.
+    enum Taken<'a> {
+        Region(RegionGemm<'a>),
+        Decoded(Result<(Option<gemm::Prepared>, Delta)>),
+    }
+    // Take, gather and decode in parallel.
+    let taken: Vec<Taken> = items
         .par_iter()
         .with_max_len(1)
-        .map(|(_, n)| {
-            let mut delta = Delta::default();
-            gemm_read(cx, op(n), &mut delta).map(|x| (x, delta))
-        })
+        .map(
+            |(_, n)| match RegionGemm::take(cx, op(n), n.step == Step::Both) {
+                Some(g) => Taken::Region(g),
+                None => {
+                    let mut delta = Delta::default();
+                    Taken::Decoded(gemm_read(cx, op(n), &mut delta).map(|x| (x, delta)))
+                }
+            },
+        )
         .collect();
     let mut xs: Vec<gemm::Prepared> = Vec::new();
     let mut ok = Vec::with_capacity(items.len());
+    let mut region = Vec::new();
     let mut out: Vec<Option<Result<Done>>> = Vec::with_capacity(items.len());
-    for (i, p) in prepared.into_iter().enumerate() {
+    for (i, t) in taken.into_iter().enumerate() {
+        let p = match t {
+            Taken::Region(g) => {
+                region.push((i, g));
+                out.push(None);
+                continue;
+            }
+            Taken::Decoded(p) => p,
+        };
         match p {
             Ok((Some(x), delta)) => {
                 ok.push((i, delta));
@@ -553,6 +586,30 @@ pub(super) fn run_gemm_batch(
             }))),
             Err(e) => out.push(Some(Err(e))),
         }
+    }
+    if let Some((_, g)) = region.first() {
+        let d = g.x.d;
+        let mut args: Vec<crate::backend::GemmArgs<'_, f32>> = region
+            .iter_mut()
+            .map(|(_, g)| crate::backend::GemmArgs {
+                a: g.a,
+                b: g.b,
+                c: match &mut g.c {
+                    RegionOut::InPlace(c) => c,
+                    RegionOut::Buffer(c) => c,
+                },
+            })
+            .collect();
+        cx.backend.gemm_f32_batch(d, &mut args);
+    }
+    for (i, g) in region {
+        let mut delta = Delta::default();
+        let held = g.finish(&mut delta);
+        out[i] = Some(Ok(Done {
+            node: items[i].0,
+            held,
+            delta,
+        }));
     }
     gemm::compute_batch(&mut xs, cx.backend);
     let finished: Vec<(usize, Result<Done>)> = ok
@@ -614,12 +671,6 @@ pub(super) fn effects(n: Node) -> u8 {
         Step::Read | Step::Write => 1,
         Step::Fused => 0,
     }
-}
-
-/// Whether a node is a GEMM computed where its matrices lie (never in a
-/// batch: it would copy them).
-pub(super) fn in_region_gemm(cx: &Cx, n: Node, op: &PendingOp) -> bool {
-    matches!(n.step, Step::Both | Step::Read) && is_gemm(op) && InRegion::find(cx, op).is_some()
 }
 
 /// Apply a window: `keys` sorted, every op they name live in `ops`.
