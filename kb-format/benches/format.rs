@@ -158,7 +158,7 @@ fn main() {
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
-    // Words select sections (a0, a, b); none selects all.
+    // Words select sections (a0, a, b, h); none selects all.
     let words: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-') && a.parse::<u64>().is_err())
@@ -268,6 +268,48 @@ fn main() {
             d.wall.as_secs_f64(),
             file_len as f64 / d.wall.as_secs_f64() / 1e6
         );
+    }
+
+    // (h) fingerprints: kb-format's xxh3 (twox-hash, AVX2 picked at run
+    // time) against xxhash-rust's (SSE2, chosen at compile time), one-shot
+    // and fed in 1 KiB pieces (a strided tile's rows), on data in cache.
+    if on("h") {
+        println!("(h) fingerprint throughput (GB/s, best of {runs} runs of 256 MiB):");
+        for size in [32 << 10, 256 << 10, 4 << 20] {
+            let data: Vec<u8> = (0..size)
+                .map(|i| (splitmix(i as u64) >> 56) as u8)
+                .collect();
+            let reps = (256 << 20) / size;
+            let gbs = |f: &dyn Fn(&[u8]) -> u64| {
+                assert_eq!(f(&data), xxhash_rust::xxh3::xxh3_64(&data));
+                let mut best = f64::MAX;
+                for _ in 0..runs.max(1) {
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        black_box(f(black_box(&data)));
+                    }
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                (reps * size) as f64 / best / 1e9
+            };
+            let ours = gbs(&|d| fingerprint(d));
+            let theirs = gbs(&|d| xxhash_rust::xxh3::xxh3_64(d));
+            let ours_pieces = gbs(&|d| {
+                let mut h = Fingerprinter::new();
+                d.chunks(1024).for_each(|c| h.update(c));
+                h.digest()
+            });
+            let theirs_pieces = gbs(&|d| {
+                let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+                d.chunks(1024).for_each(|c| h.update(c));
+                h.digest()
+            });
+            println!(
+                "    {:>5} KiB: one-shot {ours:.1} (xxhash-rust {theirs:.1}); \
+                 1 KiB pieces {ours_pieces:.1} (xxhash-rust {theirs_pieces:.1})",
+                size >> 10
+            );
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! docs/trace-format.md is the normative description; keep the two in step.
 
 use crate::error::{FormatError, Result};
-use xxhash_rust::xxh3::xxh3_64;
+use crate::xxh3_64;
 
 /// File magic: PNG-style, so text-mode mangling and truncation are detected.
 pub const FILE_MAGIC: [u8; 8] = *b"\x89KBT\r\n\x1a\n";

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+use crate::{Fingerprinter, xxh3_64};
 
 use crate::chunk::{self, BLOCK, ChunkHeader, ChunkKind, Trailer};
 use crate::error::{FormatError, Result};
@@ -402,12 +402,12 @@ impl State {
 pub struct StreamReader<R: Read> {
     r: R,
     offset: u64,
-    digest: Xxh3,
+    digest: Fingerprinter,
     buf: Vec<u8>,
     state: State,
     ordinal: u32,
     /// Hash of the footer index entries the chunks read so far call for.
-    index: Xxh3,
+    index: Fingerprinter,
 }
 
 impl<R: Read> std::fmt::Debug for StreamReader<R> {
@@ -424,11 +424,11 @@ impl<R: Read> StreamReader<R> {
         let mut s = StreamReader {
             r,
             offset: 0,
-            digest: Xxh3::new(),
+            digest: Fingerprinter::new(),
             buf: Vec::new(),
             state: State::default(),
             ordinal: 0,
-            index: Xxh3::new(),
+            index: Fingerprinter::new(),
         };
         let mut h = [0u8; BLOCK];
         s.read_exact(&mut h, "the 64-byte file header")?;

@@ -6,7 +6,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+use crate::{Fingerprinter, xxh3_64};
 
 use crate::chunk::{self, ALIGN, BLOCK, ChunkHeader, ChunkKind, Trailer};
 use crate::error::{FormatError, Result};
@@ -23,7 +23,7 @@ pub const TENSOR_CHUNK_MAX: usize = 64 << 20;
 struct Sink<W: Write> {
     out: W,
     offset: u64,
-    digest: Xxh3,
+    digest: Fingerprinter,
 }
 
 impl<W: Write> Sink<W> {
@@ -151,7 +151,7 @@ impl<W: Write> TraceWriter<W> {
             sink: Sink {
                 out,
                 offset: 0,
-                digest: Xxh3::new(),
+                digest: Fingerprinter::new(),
             },
             ordinal: 0,
             index: Vec::new(),
