@@ -263,12 +263,13 @@ impl<'a> RegionGemm<'a> {
         let x = InRegion::find(cx, op)?;
         let [mk, kn, mn] = x.elems;
         // SAFETY: the node that takes these applies the op's read effect
-        // (and its write when `both`), so no other node touches a, b, the
-        // accumulator (or the output) until it ends: the contract of
-        // `DataPlane::shared` that the engine keeps. The slices live no
-        // longer than the node. The output overlaps none of a, b or a
-        // separate accumulator (`InRegion::find`), so its mutable slice is
-        // the only one over its bytes.
+        // (and its write when `both`), so until it ends no other node
+        // writes a, b or the accumulator (nor, when `both`, touches the
+        // output): the contract of `DataPlane::shared` that the engine
+        // keeps. The slices live no longer than the node. The output
+        // overlaps none of a, b or a separate accumulator
+        // (`InRegion::find`), so its mutable slice is the only one over
+        // its bytes.
         unsafe {
             let a = cx.plane.f32s(x.a, mk)?;
             let b = cx.plane.f32s(x.b, kn)?;
@@ -591,13 +592,9 @@ pub(super) fn run_gemm_batch(
         let d = g.x.d;
         let mut args: Vec<crate::backend::GemmArgs<'_, f32>> = region
             .iter_mut()
-            .map(|(_, g)| crate::backend::GemmArgs {
-                a: g.a,
-                b: g.b,
-                c: match &mut g.c {
-                    RegionOut::InPlace(c) => c,
-                    RegionOut::Buffer(c) => c,
-                },
+            .map(|(_, g)| {
+                let (a, b) = (g.a, g.b);
+                crate::backend::GemmArgs { a, b, c: g.c() }
             })
             .collect();
         cx.backend.gemm_f32_batch(d, &mut args);

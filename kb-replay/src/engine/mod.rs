@@ -67,7 +67,9 @@
 //! functions of their input bytes; backends give the same bits for any
 //! thread count and batch), so results are bit-identical for every
 //! `--threads`. Errors are reported in effect order: after a node fails,
-//! only earlier nodes still run, and the earliest failure is returned.
+//! only earlier nodes still run, and the earliest failure is returned (a
+//! fused op's write fails at its read's place in that order, the same
+//! for every `--threads`).
 
 mod dataflow;
 mod exec;

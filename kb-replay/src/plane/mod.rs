@@ -358,6 +358,19 @@ impl DataPlane {
         self.regions.insert(key, region);
     }
 
+    /// A run of `len` bytes at `addr` as its part in a region (the region,
+    /// the offset there, the bytes), then the paged rest (address, length).
+    /// A region starts at offset 0, so only a run's tail can lie past it.
+    fn split_run(&self, addr: u64, len: usize) -> (Option<(&Region, usize, usize)>, u64, usize) {
+        match self.region_at(addr) {
+            Some((r, off)) if len > 0 => {
+                let n = len.min(r.len() - off);
+                (Some((r, off, n)), addr + n as u64, len - n)
+            }
+            _ => (None, addr, len),
+        }
+    }
+
     /// The region holding the byte at `addr`, and its offset there.
     fn region_at(&self, addr: u64) -> Option<(&Region, usize)> {
         if pa::space_of(addr) != Some(Space::Tcm) {
@@ -527,16 +540,11 @@ impl DataPlane {
             for (addr, len) in runs(e)? {
                 let space = self.check(addr, len)?;
                 let host = space == Space::Host;
-                let (mut addr, mut len) = (addr, len as usize);
-                if len > 0
-                    && let Some((r, off)) = self.region_at(addr)
-                {
-                    let n = len.min(r.len() - off);
+                let (region, addr, len) = self.split_run(addr, len as usize);
+                if let Some((r, off, n)) = region {
                     // SAFETY: a read; the plane's contract (`shared`) rules
                     // out a write to these bytes while it runs.
                     f(Src::Region(unsafe { r.bytes(off, n) }));
-                    addr += n as u64;
-                    len -= n;
                 }
                 for (page, off, n) in page_spans(addr, len) {
                     let s = shard_of(page);
@@ -641,18 +649,13 @@ impl DataPlane {
             for (addr, len) in runs(e)? {
                 let space = self.check(addr, len)?;
                 let host = space == Space::Host;
-                let (mut addr, mut len) = (addr, len as usize);
-                if len > 0
-                    && let Some((r, off)) = self.region_at(addr)
-                {
-                    let n = len.min(r.len() - off);
+                let (region, addr, len) = self.split_run(addr, len as usize);
+                if let Some((r, off, n)) = region {
                     // SAFETY: the plane's contract (`shared`) rules out any
                     // other access to these bytes while this write runs, and
                     // the slice lives only for this call.
                     fill(at, unsafe { r.bytes_mut(off, n) });
                     at += n;
-                    addr += n as u64;
-                    len -= n;
                 }
                 for (page, off, n) in page_spans(addr, len) {
                     // The lock is kept across pieces in one shard.
