@@ -70,6 +70,11 @@ struct Sched {
     tasks: u64,
     gemm_batches: u64,
     gemm_batched_ops: u64,
+    /// Byte spans of the nodes running now (node, start, end, written),
+    /// to check in debug builds the contract of `DataPlane::shared`:
+    /// running nodes never touch the same bytes, one of them writing.
+    #[cfg(debug_assertions)]
+    running_spans: Vec<(u32, u64, u64, bool)>,
 }
 
 /// Run a window's nodes on the pool as their predecessors finish: a
@@ -107,6 +112,8 @@ pub(super) fn run_parallel(
         tasks: 0,
         gemm_batches: 0,
         gemm_batched_ops: 0,
+        #[cfg(debug_assertions)]
+        running_spans: Vec::new(),
     });
     // What each node's read holds, and what each write releases.
     let costs: Vec<(u64, u64)> = nodes
@@ -264,6 +271,11 @@ impl<'a> Run<'a> {
                 st.gemm_batched_ops += items.len() as u64;
                 Task::Gemms(items)
             };
+            #[cfg(debug_assertions)]
+            match &task {
+                Task::One(i, n, ..) => self.claim(st, *i, *n),
+                Task::Gemms(items) => items.iter().for_each(|&(i, n)| self.claim(st, i, n)),
+            }
             st.running += task.width();
             st.tasks += 1;
             out.push(task);
@@ -278,6 +290,47 @@ impl<'a> Run<'a> {
             }
         }
         out
+    }
+
+    /// Debug builds: record the bytes node `i` touches, panicking if a
+    /// running node touches any of them and one of the two writes (the
+    /// dependency graph must have ordered them).
+    #[cfg(debug_assertions)]
+    fn claim(&self, st: &mut Sched, i: u32, n: Node) {
+        let op = self.op(n);
+        let mut spans = Vec::new();
+        for (effect, write, applies) in [
+            (
+                &op.rec.read,
+                false,
+                matches!(n.step, Step::Read | Step::Both),
+            ),
+            (
+                &op.rec.write,
+                true,
+                matches!(n.step, Step::Write | Step::Both),
+            ),
+        ] {
+            if let (Some(e), true) = (effect, applies) {
+                spans.extend(
+                    e.ranges
+                        .iter()
+                        .filter_map(crate::plane::span)
+                        .map(|(s, e)| (i, s, e, write)),
+                );
+            }
+        }
+        for &(_, s, e, w) in &spans {
+            for &(other, os, oe, ow) in &st.running_spans {
+                assert!(
+                    !(s < oe && os < e && (w || ow)),
+                    "nodes {other} and {i} run at once over bytes {:#x}..{:#x}, one writing",
+                    s.max(os),
+                    e.min(oe)
+                );
+            }
+        }
+        st.running_spans.extend(spans);
     }
 
     /// Run a task, record what it did, and start what it made ready.
@@ -296,6 +349,8 @@ impl<'a> Run<'a> {
             let mut st = self.lock();
             st.running -= width;
             for (node, r) in results {
+                #[cfg(debug_assertions)]
+                st.running_spans.retain(|s| s.0 != node);
                 self.finish(&mut st, node, r);
             }
             self.dispatch(&mut st)
