@@ -1,5 +1,6 @@
 //! The data plane: byte-addressable memory keyed by the 51-bit PA of
-//! [`kb_format::pa`], stored as a sparse map of 64 KiB pages.
+//! [`kb_format::pa`], stored as a sparse map of 64 KiB pages, except TCM
+//! (one contiguous region per PE, below).
 //!
 //! Device memory that nothing wrote reads as zero. Host space
 //! (`pa::host(tensor, offset)`) holds the trace's tensor data: it is kept in
