@@ -70,6 +70,8 @@ struct Sched {
     tasks: u64,
     gemm_batches: u64,
     gemm_batched_ops: u64,
+    /// Scratch for `Run::complete`.
+    stack: Vec<u32>,
     /// Byte spans of the nodes running now (node, start, end, written),
     /// to check in debug builds the contract of `DataPlane::shared`:
     /// running nodes never touch the same bytes, one of them writing.
@@ -112,6 +114,7 @@ pub(super) fn run_parallel(
         tasks: 0,
         gemm_batches: 0,
         gemm_batched_ops: 0,
+        stack: Vec::new(),
         #[cfg(debug_assertions)]
         running_spans: Vec::new(),
     });
@@ -334,30 +337,62 @@ impl<'a> Run<'a> {
     }
 
     /// Run a task, record what it did, and start what it made ready.
+    /// The first task started goes on in this thread (no spawn), the
+    /// others are spawned.
     fn task<'s>(self, s: &rayon::Scope<'s>, t: Task)
     where
         'a: 's,
     {
-        let width = t.width();
-        let results = match t {
-            Task::One(i, n, held, share_pool) => {
-                vec![(i, run_node(self.cx, i, n, self.op(n), held, share_pool))]
+        let mut t = t;
+        loop {
+            let width = t.width();
+            let results = match t {
+                Task::One(i, n, held, share_pool) => {
+                    vec![(i, run_node(self.cx, i, n, self.op(n), held, share_pool))]
+                }
+                Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.ops),
+            };
+            let mut next = {
+                let mut st = self.lock();
+                st.running -= width;
+                for (node, r) in results {
+                    #[cfg(debug_assertions)]
+                    st.running_spans.retain(|s| s.0 != node);
+                    self.finish(&mut st, node, r);
+                }
+                self.dispatch(&mut st)
             }
-            Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.ops),
-        };
-        let next = {
-            let mut st = self.lock();
-            st.running -= width;
-            for (node, r) in results {
-                #[cfg(debug_assertions)]
-                st.running_spans.retain(|s| s.0 != node);
-                self.finish(&mut st, node, r);
+            .into_iter();
+            let Some(first) = next.next() else {
+                return;
+            };
+            for t in next {
+                s.spawn(move |s| self.task(s, t));
             }
-            self.dispatch(&mut st)
-        };
-        for t in next {
-            s.spawn(move |s| self.task(s, t));
+            t = first;
         }
+    }
+
+    /// Mark `node` done and make ready the nodes that waited only for it.
+    /// A fused write has nothing to do (its read node applied it), so it
+    /// is done at once rather than started as a task.
+    fn complete(&self, st: &mut Sched, node: u32) {
+        let mut stack = std::mem::take(&mut st.stack);
+        stack.push(node);
+        while let Some(i) = stack.pop() {
+            st.done[i as usize] = true;
+            for &s in &self.succs[i as usize] {
+                st.preds[s as usize] -= 1;
+                if st.preds[s as usize] == 0 {
+                    if self.nodes[s as usize].step == Step::Fused {
+                        stack.push(s);
+                    } else {
+                        st.ready.insert(s);
+                    }
+                }
+            }
+        }
+        st.stack = stack;
     }
 
     fn finish(&self, st: &mut Sched, node: u32, r: Result<Done>) {
@@ -369,13 +404,7 @@ impl<'a> Run<'a> {
                     st.held.insert(n.slot, h);
                 }
                 st.delta.add(d.delta);
-                st.done[d.node as usize] = true;
-                for &s in &self.succs[d.node as usize] {
-                    st.preds[s as usize] -= 1;
-                    if st.preds[s as usize] == 0 {
-                        st.ready.insert(s);
-                    }
-                }
+                self.complete(st, d.node);
             }
             Err(e) => {
                 if node < st.limit {
