@@ -211,7 +211,7 @@ pub enum Layout {
     ColMajor,
 }
 
-/// GEMM params (ADR-0020 D5 gemm, ADR-0052 D3 gemm_<dtype>): out = a x b (+ acc).
+/// GEMM params (ADR-0020 D5 gemm, ADR-0052 D3 `gemm_<dtype>`): out = a x b (+ acc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmParams {
     pub a: Addr,

@@ -6,7 +6,7 @@
 //! Owns: the data plane ([`plane`]), op execution for memory, GEMM and math
 //! ops ([`ops`]), the GEMM backends ([`backend`]), the effect-ordered
 //! streaming, parallel replay engine ([`engine`]), the f64 reference
-//! evaluator ([`reference`]), output verification ([`verify`]), `.npy` I/O
+//! evaluator ([`mod@reference`]), output verification ([`verify`]), `.npy` I/O
 //! ([`npy`]), the JSON report and human summary ([`report`]), the progress
 //! bar ([`progress`]) and the binary's flow ([`app`]).
 //!

@@ -817,7 +817,7 @@ impl Benchmark for Gemm {
     }
 }
 
-/// `gather` (data-dependent): out[i, :] = table[idx[i], :]. Each PE loads
+/// `gather` (data-dependent): `out[i, :] = table[idx[i], :]`. Each PE loads
 /// its slice of the indices, then, for each index value it read, loads that
 /// row of its local copy of the table and stores it: which rows are moved
 /// depends on the data, so different inputs give different op logs.

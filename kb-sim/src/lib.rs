@@ -7,7 +7,7 @@
 //! ([`component`]), the framework with the op-log hook and protocols
 //! ([`engine`]), the data plane ([`data`]), the host runtime's setup
 //! ([`runtime`]), PE programs ([`program`]) and built-in benchmarks
-//! ([`bench`]). Does not own: the trace bytes (kb-format) or computing
+//! ([`mod@bench`]). Does not own: the trace bytes (kb-format) or computing
 //! GEMM/math results (kb-replay).
 //!
 //! Flow: topology -> machine -> benchmark (tensors, programs) -> engine

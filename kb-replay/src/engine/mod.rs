@@ -35,10 +35,10 @@
 //! op id): an op's read (gather its read ranges; a memory op checks the
 //! fingerprint, a compute op computes its output), its write (scatter what
 //! the read produced), or both in one node when nothing lies between them.
-//! [`graph`] links each node to the earlier nodes it conflicts with (RAW,
+//! `graph` links each node to the earlier nodes it conflicts with (RAW,
 //! WAW, WAR over the byte ranges, through an interval index), to its own
 //! read, and to the ops in the record's explicit dependency ids. With one
-//! thread the nodes run in order. With more, [`exec`] runs the window as
+//! thread the nodes run in order. With more, `exec` runs the window as
 //! a dataflow on the rayon pool: whenever a node finishes, the nodes it
 //! made ready start, earliest first, one task per thread, as long as each
 //! is at most [`ReplayOptions::lookahead`] nodes after the first one not
@@ -50,7 +50,7 @@
 //! one batched backend call when threads are free for all of them.
 //!
 //! Fusion: when nothing between an op's read and its write touches the
-//! bytes it writes, the write joins the read's node ([`graph`]), so the op
+//! bytes it writes, the write joins the read's node (`graph`), so the op
 //! holds nothing in between. TCM regions grow to cover the window before
 //! it runs ([`DataPlane::reserve`]).
 //!

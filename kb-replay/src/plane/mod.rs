@@ -17,7 +17,7 @@
 //! ([`DataPlane::gather`] / [`DataPlane::scatter`] over [`Extent`]s).
 //!
 //! TCM is not paged: each PE's TCM is one contiguous buffer (a
-//! [`region`]), grown before a window runs ([`DataPlane::reserve`]) to
+//! `region`), grown before a window runs ([`DataPlane::reserve`]) to
 //! cover every TCM byte the window touches (up to [`REGION_MAX`] bytes;
 //! offsets beyond stay paged). Its bytes are written in place, so a GEMM
 //! reads its operands and accumulates its output where they lie
