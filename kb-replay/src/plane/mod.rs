@@ -459,15 +459,19 @@ impl DataPlane {
     pub fn fingerprint(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
         let total = self.extent_bytes(extents)? as usize;
         let mut whole = None;
-        let mut h = kb_format::Fingerprinter::new();
+        // Made only when needed: a streaming hasher allocates.
+        let mut h: Option<kb_format::Fingerprinter> = None;
         self.for_each_piece(extents, |src| {
             if src.len() == total {
                 whole = Some(kb_format::fingerprint(src.bytes()));
             } else {
-                h.update(src.bytes());
+                h.get_or_insert_with(kb_format::Fingerprinter::new)
+                    .update(src.bytes());
             }
         })?;
-        Ok(whole.unwrap_or_else(|| h.digest()))
+        Ok(whole
+            .or_else(|| h.map(|h| h.digest()))
+            .unwrap_or_else(|| kb_format::fingerprint(&[])))
     }
 
     /// The bytes of `extents`, in order, without copying them: references
@@ -1254,6 +1258,38 @@ mod tests {
         p.write(other + 10, &[7]).unwrap();
         assert_eq!(read(&p, at(10), 1), [1]);
         assert_eq!(p.regions.len(), 2);
+    }
+
+    #[test]
+    fn fingerprints_match_the_gathered_bytes_in_one_piece_or_many() {
+        let mut p = plane();
+        let data: Vec<u8> = (0..3 * PAGE as u32).map(|i| (i % 241) as u8).collect();
+        for space in [Space::Hbm, Space::Tcm] {
+            p.write(dev(space, 100), &data).unwrap();
+            let cases = [
+                vec![Extent::contiguous(dev(space, 100), 3 * PAGE as u64)],
+                vec![Extent {
+                    pa: dev(space, 100),
+                    len: 700,
+                    rows: 90,
+                    stride: 2000,
+                }],
+                vec![
+                    Extent::contiguous(dev(space, 5), 50),
+                    Extent::contiguous(dev(space, PAGE as u64 - 7), 20),
+                ],
+                vec![],
+            ];
+            for ex in cases {
+                let mut want = Vec::new();
+                p.gather(&ex, &mut want).unwrap();
+                assert_eq!(
+                    p.fingerprint(&ex).unwrap(),
+                    kb_format::fingerprint(&want),
+                    "{space:?} {ex:?}"
+                );
+            }
+        }
     }
 
     #[test]
