@@ -457,21 +457,9 @@ impl DataPlane {
     /// without gathering them (one pass when they are one piece, as a tile
     /// in TCM is).
     pub fn fingerprint(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
-        let total = self.extent_bytes(extents)? as usize;
-        let mut whole = None;
-        // Made only when needed: a streaming hasher allocates.
-        let mut h: Option<kb_format::Fingerprinter> = None;
-        self.for_each_piece(extents, |src| {
-            if src.len() == total {
-                whole = Some(kb_format::fingerprint(src.bytes()));
-            } else {
-                h.get_or_insert_with(kb_format::Fingerprinter::new)
-                    .update(src.bytes());
-            }
-        })?;
-        Ok(whole
-            .or_else(|| h.map(|h| h.digest()))
-            .unwrap_or_else(|| kb_format::fingerprint(&[])))
+        let mut h = PieceHasher::new(self.extent_bytes(extents)?);
+        self.for_each_piece(extents, |src| h.feed(src.bytes()))?;
+        Ok(h.digest())
     }
 
     /// The bytes of `extents`, in order, without copying them: references
@@ -830,12 +818,9 @@ impl<'a> Shared<'a> {
     pub unsafe fn f32s_mut(&self, addr: u64, n: usize) -> Option<&'a mut [f32]> {
         let (r, off) = self.plane.region_at(addr)?;
         let len = n.checked_mul(4).filter(|&l| l <= r.len() - off)?;
-        if r.addr_of(off) % 4 != 0 {
-            return None;
-        }
         // SAFETY: the caller guarantees this is the only slice of these
         // bytes while it lives.
-        Some(bytemuck::cast_slice_mut(unsafe { r.bytes_mut(off, len) }))
+        bytemuck::try_cast_slice_mut(unsafe { r.bytes_mut(off, len) }).ok()
     }
 }
 
@@ -857,18 +842,39 @@ pub fn span(e: &Extent) -> Option<(u64, u64)> {
 /// What unwritten device memory reads as.
 static ZEROS: [u8; PAGE] = [0; PAGE];
 
-/// [`kb_format::fingerprint`] of the concatenated `pieces`: one pass over
-/// a single piece; the streaming hasher (slower on small pieces) otherwise.
-fn fingerprint_pieces<'a>(mut pieces: impl Iterator<Item = &'a [u8]>) -> u64 {
-    let first = pieces.next().unwrap_or_default();
-    let Some(second) = pieces.next() else {
-        return kb_format::fingerprint(first);
-    };
-    let mut h = kb_format::Fingerprinter::new();
-    h.update(first);
-    h.update(second);
-    pieces.for_each(|p| h.update(p));
-    h.digest()
+/// [`kb_format::fingerprint`] of bytes fed piece by piece, `total` in
+/// all: one pass when a single piece holds them all; otherwise the
+/// streaming hasher (slower on small pieces, and it allocates).
+struct PieceHasher {
+    total: u64,
+    whole: Option<u64>,
+    streaming: Option<kb_format::Fingerprinter>,
+}
+
+impl PieceHasher {
+    fn new(total: u64) -> PieceHasher {
+        PieceHasher {
+            total,
+            whole: None,
+            streaming: None,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        if bytes.len() as u64 == self.total {
+            self.whole = Some(kb_format::fingerprint(bytes));
+        } else {
+            self.streaming
+                .get_or_insert_with(kb_format::Fingerprinter::new)
+                .update(bytes);
+        }
+    }
+
+    fn digest(self) -> u64 {
+        self.whole
+            .or_else(|| self.streaming.map(|h| h.digest()))
+            .unwrap_or_else(|| kb_format::fingerprint(&[]))
+    }
 }
 
 /// A piece's page index for unwritten memory (zeros).
@@ -929,7 +935,9 @@ impl Snapshot {
     /// The fingerprint of the bytes ([`kb_format::fingerprint`] of their
     /// concatenation), without concatenating them.
     pub fn fingerprint(&self) -> u64 {
-        fingerprint_pieces(self.pieces())
+        let mut h = PieceHasher::new(self.len);
+        self.pieces().for_each(|p| h.feed(p));
+        h.digest()
     }
 
     /// Bytes `start..start + len`, when one piece holds them all.

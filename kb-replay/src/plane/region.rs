@@ -46,8 +46,9 @@ impl Region {
         self.len
     }
 
-    /// The address of byte `off` (for overlap checks and alignment).
-    pub(super) fn addr_of(&self, off: usize) -> usize {
+    /// The address of byte `off`.
+    #[cfg(test)]
+    fn addr_of(&self, off: usize) -> usize {
         self.ptr.as_ptr() as usize + off
     }
 
