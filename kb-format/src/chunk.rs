@@ -8,7 +8,7 @@ use crate::xxh3_64;
 pub const FILE_MAGIC: [u8; 8] = *b"\x89KBT\r\n\x1a\n";
 pub const TRAILER_MAGIC: [u8; 8] = *b"KBTEND\r\n";
 pub const CHUNK_MAGIC: [u8; 4] = *b"KBCH";
-pub const VERSION_MAJOR: u16 = 1;
+pub const VERSION_MAJOR: u16 = 2;
 pub const VERSION_MINOR: u16 = 0;
 
 /// Size of the file header, every chunk header and the trailer.
@@ -34,6 +34,8 @@ pub enum ChunkKind {
     Footer,
     /// An op's input as Phase 1 observed it (`kb-sim --capture-inputs`).
     Snapshot,
+    /// The run's kernel launches, once, just before the verify chunk.
+    Launches,
 }
 
 impl ChunkKind {
@@ -46,6 +48,7 @@ impl ChunkKind {
             ChunkKind::Verify => 5,
             ChunkKind::Footer => 6,
             ChunkKind::Snapshot => 7,
+            ChunkKind::Launches => 8,
         }
     }
 
@@ -58,6 +61,7 @@ impl ChunkKind {
             5 => ChunkKind::Verify,
             6 => ChunkKind::Footer,
             7 => ChunkKind::Snapshot,
+            8 => ChunkKind::Launches,
             _ => return None,
         })
     }
@@ -71,6 +75,7 @@ impl ChunkKind {
             ChunkKind::Verify => "verify",
             ChunkKind::Footer => "footer",
             ChunkKind::Snapshot => "snapshot",
+            ChunkKind::Launches => "launches",
         }
     }
 

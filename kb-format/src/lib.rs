@@ -7,7 +7,8 @@
 //! It knows nothing of simulation or replay semantics.
 //!
 //! A trace is a 64-byte header, then 64-byte-aligned chunks (meta first;
-//! strings, tensor data and records interleaved; verify; footer), then a
+//! strings, tensor data and records interleaved; launches; verify;
+//! footer), then a
 //! 64-byte trailer. Every chunk is length-prefixed and checksummed (xxh3-64);
 //! the footer holds counts, a digest of the stream and an index of every
 //! chunk. docs/trace-format.md gives the exact bytes.
@@ -15,6 +16,7 @@
 pub mod chunk;
 pub mod error;
 pub mod footer;
+pub mod launch;
 pub mod pa;
 pub mod reader;
 pub mod record_codec;
@@ -23,6 +25,7 @@ pub mod writer;
 
 pub use error::{FormatError, Result};
 pub use footer::{Footer, IndexEntry};
+pub use launch::Launch;
 pub use reader::{Event, MmapTrace, RecordChunk, StreamReader, Strings};
 pub use types::*;
 pub use writer::{AtomicFile, TraceWriter};

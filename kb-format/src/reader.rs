@@ -15,6 +15,7 @@ use crate::record_codec::RecordDecoder;
 
 /// Bytes of the seq watermark that starts every records payload.
 pub const SEQ_WATERMARK_BYTES: usize = 8;
+use crate::launch::Launch;
 use crate::types::{Meta, Ps, Record, VerifySpec};
 
 /// The string table (component and op names), grown by strings chunks.
@@ -280,6 +281,7 @@ struct State {
     meta: Meta,
     strings: Strings,
     verify: Option<VerifySpec>,
+    launches: Option<Vec<Launch>>,
     footer: Option<Footer>,
     last: Option<(Ps, u64)>,
     records: u64,
@@ -362,6 +364,39 @@ impl State {
 
     fn verify(p: &[u8], at: u64) -> Result<VerifySpec> {
         decode_all(p, at, "verify chunk")
+    }
+
+    /// The launches chunk comes at most once (traces without one ran no
+    /// recorded launch).
+    fn launches(&mut self, p: &[u8], at: u64) -> Result<()> {
+        if self.launches.is_some() {
+            return Err(FormatError::malformed(
+                at,
+                "trace",
+                "a second launches chunk",
+            ));
+        }
+        let launches: Vec<Launch> = decode_all(p, at, "launches chunk")?;
+        for (i, l) in launches.iter().enumerate() {
+            let bad = if l.grid.contains(&0) {
+                Some(format!("a grid of {} x {}", l.grid[0], l.grid[1]))
+            } else if l.pes.is_empty() {
+                Some("no PEs".to_string())
+            } else if l.t_end < l.t_start {
+                Some(format!("t_end {} before t_start {}", l.t_end, l.t_start))
+            } else {
+                None
+            };
+            if let Some(bad) = bad {
+                return Err(FormatError::malformed(
+                    at,
+                    "launches chunk",
+                    format!("launch {i} ({}) has {bad}", l.kernel),
+                ));
+            }
+        }
+        self.launches = Some(launches);
+        Ok(())
     }
 
     /// Compare the footer with what was read.
@@ -457,6 +492,12 @@ impl<R: Read> StreamReader<R> {
     /// The verification spec, once the stream has been read to its end.
     pub fn verify_spec(&self) -> Option<&VerifySpec> {
         self.state.verify.as_ref()
+    }
+
+    /// The run's kernel launches, once the stream has been read to its
+    /// end (empty for a trace without a launches chunk).
+    pub fn launches(&self) -> &[Launch] {
+        self.state.launches.as_deref().unwrap_or_default()
     }
 
     /// The footer, once the stream has been read to its end.
@@ -563,6 +604,10 @@ impl<R: Read> StreamReader<R> {
                     self.state.verify = Some(State::verify(&self.buf, at)?);
                     self.state.chunks += 1;
                 }
+                ChunkKind::Launches => {
+                    self.state.launches(&self.buf, at)?;
+                    self.state.chunks += 1;
+                }
                 ChunkKind::Footer => {
                     // The digest must exclude the footer chunk header too.
                     let footer = Footer::decode(&self.buf, at)?;
@@ -658,6 +703,7 @@ pub struct MmapTrace {
     meta: Meta,
     strings: Strings,
     verify: VerifySpec,
+    launches: Vec<Launch>,
     footer: Footer,
     footer_offset: u64,
     /// For each chunk (by ordinal), the strings defined before it.
@@ -815,6 +861,10 @@ impl MmapTrace {
                     h.check_payload(payload, pat)?;
                     state.verify = Some(State::verify(payload, pat)?);
                 }
+                ChunkKind::Launches => {
+                    h.check_payload(payload, pat)?;
+                    state.launches(payload, pat)?;
+                }
                 ChunkKind::Tensor => state.tensor(&h, e.offset)?,
                 ChunkKind::Records => state.records(&h, e.offset)?,
                 ChunkKind::Snapshot => {}
@@ -848,6 +898,7 @@ impl MmapTrace {
             meta: state.meta,
             strings: state.strings,
             verify,
+            launches: state.launches.unwrap_or_default(),
             footer,
             footer_offset: fat,
             strings_before,
@@ -864,6 +915,11 @@ impl MmapTrace {
 
     pub fn verify_spec(&self) -> &VerifySpec {
         &self.verify
+    }
+
+    /// The run's kernel launches (empty for a trace without a launches chunk).
+    pub fn launches(&self) -> &[Launch] {
+        &self.launches
     }
 
     pub fn footer(&self) -> &Footer {

@@ -251,10 +251,33 @@ pub enum MathOp {
     Sum = 12,
     ReduceMax = 13,
     Copy = 14,
+    Abs = 15,
+    Neg = 16,
+    Sigmoid = 17,
+    Tanh = 18,
+    Erf = 19,
+    Exp2 = 20,
+    /// Comparisons give a 0/1 mask (output dtype u8).
+    Lt = 21,
+    Le = 22,
+    Gt = 23,
+    Ge = 24,
+    Eq = 25,
+    Ne = 26,
+    ReduceMin = 27,
+    Mean = 28,
+    /// Index (i32) of the first maximum along the axis.
+    ArgMax = 29,
+    /// Index (i32) of the first minimum along the axis.
+    ArgMin = 30,
+    /// No inputs: each element is its index along `axis` (0: the row, 1:
+    /// the column), like Triton's `arange` broadcast to the tile.
+    Arange = 31,
 }
 
 impl MathOp {
-    pub const ALL: [MathOp; 15] = [
+    /// Every op, in code order (`ALL[code]` has that code).
+    pub const ALL: [MathOp; 32] = [
         MathOp::Exp,
         MathOp::Log,
         MathOp::Sqrt,
@@ -270,6 +293,23 @@ impl MathOp {
         MathOp::Sum,
         MathOp::ReduceMax,
         MathOp::Copy,
+        MathOp::Abs,
+        MathOp::Neg,
+        MathOp::Sigmoid,
+        MathOp::Tanh,
+        MathOp::Erf,
+        MathOp::Exp2,
+        MathOp::Lt,
+        MathOp::Le,
+        MathOp::Gt,
+        MathOp::Ge,
+        MathOp::Eq,
+        MathOp::Ne,
+        MathOp::ReduceMin,
+        MathOp::Mean,
+        MathOp::ArgMax,
+        MathOp::ArgMin,
+        MathOp::Arange,
     ];
 
     pub fn from_code(code: u8) -> Option<MathOp> {
@@ -294,6 +334,23 @@ impl MathOp {
             MathOp::Sum => "sum",
             MathOp::ReduceMax => "reduce_max",
             MathOp::Copy => "copy",
+            MathOp::Abs => "abs",
+            MathOp::Neg => "neg",
+            MathOp::Sigmoid => "sigmoid",
+            MathOp::Tanh => "tanh",
+            MathOp::Erf => "erf",
+            MathOp::Exp2 => "exp2",
+            MathOp::Lt => "lt",
+            MathOp::Le => "le",
+            MathOp::Gt => "gt",
+            MathOp::Ge => "ge",
+            MathOp::Eq => "eq",
+            MathOp::Ne => "ne",
+            MathOp::ReduceMin => "reduce_min",
+            MathOp::Mean => "mean",
+            MathOp::ArgMax => "argmax",
+            MathOp::ArgMin => "argmin",
+            MathOp::Arange => "arange",
         }
     }
 }
@@ -435,6 +492,11 @@ impl Meta {
 /// A reference expression over named input tensors, evaluated by kb-replay
 /// in f64 independently of the op replay.
 ///
+/// Values are 2-D. Elementwise ops with several operands (arithmetic,
+/// `Maximum`/`Minimum`/`Pow`, comparisons, `Where`) broadcast numpy-style:
+/// each dim equal or 1 (a `Scalar` is 1 x 1). Reductions keep dims: axis 0
+/// gives 1 x cols, axis 1 rows x 1.
+///
 /// Deserializing refuses expressions nested deeper than [`MAX_EXPR_DEPTH`],
 /// so a hostile verify chunk cannot overflow the stack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -485,6 +547,81 @@ pub enum Expr {
         table: Box<Expr>,
         #[serde(deserialize_with = "de_sub")]
         indices: Box<Expr>,
+    },
+    // Appended variants: postcard encodes the variant index, so existing
+    // ones keep theirs.
+    Sqrt(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    /// `1 / sqrt(x)`.
+    Rsqrt(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    /// Natural logarithm.
+    Log(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Abs(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Neg(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Tanh(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Erf(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    /// Elementwise maximum (NaN if either is NaN).
+    Maximum(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    /// Elementwise minimum (NaN if either is NaN).
+    Minimum(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    /// `a` to the power `b`.
+    Pow(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    /// Comparisons: 1.0 where true, else 0.0 (false when either is NaN,
+    /// except `Ne`).
+    Lt(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Le(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Gt(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Ge(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Eq(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Ne(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    /// `a` where `cond` is non-zero (NaN counts as non-zero), else `b`.
+    Where {
+        #[serde(deserialize_with = "de_sub")]
+        cond: Box<Expr>,
+        #[serde(deserialize_with = "de_sub")]
+        a: Box<Expr>,
+        #[serde(deserialize_with = "de_sub")]
+        b: Box<Expr>,
+    },
+    /// Mean along `axis` (dims kept, as `Sum`).
+    Mean {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        axis: u8,
+    },
+    /// Minimum along `axis` (dims kept, as `Max`).
+    Min {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        axis: u8,
     },
 }
 

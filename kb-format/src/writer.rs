@@ -11,6 +11,7 @@ use crate::{Fingerprinter, xxh3_64};
 use crate::chunk::{self, ALIGN, BLOCK, ChunkHeader, ChunkKind, Trailer};
 use crate::error::{FormatError, Result};
 use crate::footer::{Footer, IndexEntry};
+use crate::launch::Launch;
 use crate::record_codec::{MAX_DEPS, MAX_MATH_INPUTS, MAX_RANGES, RecordEncoder};
 use crate::types::{Counts, Meta, OpKind, Params, Ps, Record, VerifySpec};
 
@@ -386,9 +387,14 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
-    /// Emit every buffered record, the verification spec, the footer and the
-    /// trailer; flush and return the inner writer.
-    pub fn finish(mut self, verify: &VerifySpec) -> Result<W> {
+    /// Emit every buffered record, the launches, the verification spec, the
+    /// footer and the trailer; flush and return the inner writer.
+    pub fn finish(self, verify: &VerifySpec) -> Result<W> {
+        self.finish_with_launches(&[], verify)
+    }
+
+    /// [`finish`](Self::finish), recording the run's kernel launches.
+    pub fn finish_with_launches(mut self, launches: &[Launch], verify: &VerifySpec) -> Result<W> {
         // Every record is about to be written.
         self.seq_floor = u64::MAX;
         self.advance(Ps::MAX)?;
@@ -398,6 +404,11 @@ impl<W: Write> TraceWriter<W> {
         }
         self.flush_records()?;
         self.flush_strings()?;
+        if !launches.is_empty() {
+            let payload = postcard::to_stdvec(launches)
+                .map_err(|e| FormatError::Usage(format!("encoding launches: {e}")))?;
+            self.chunk(ChunkKind::Launches, [0, 0, 0], &payload)?;
+        }
         let payload = postcard::to_stdvec(verify)
             .map_err(|e| FormatError::Usage(format!("encoding verify spec: {e}")))?;
         self.chunk(ChunkKind::Verify, [0, 0, 0], &payload)?;

@@ -124,6 +124,13 @@ fn expr() -> impl Strategy<Value = Expr> {
             (b(), any::<u8>()).prop_map(|(input, axis)| Expr::Softmax { input, axis }),
             (b(), any::<u8>()).prop_map(|(input, axis)| Expr::Sum { input, axis }),
             (b(), any::<u8>()).prop_map(|(input, axis)| Expr::Max { input, axis }),
+            b().prop_map(Expr::Rsqrt),
+            b().prop_map(Expr::Erf),
+            (b(), b()).prop_map(|(x, y)| Expr::Maximum(x, y)),
+            (b(), b()).prop_map(|(x, y)| Expr::Ge(x, y)),
+            (b(), b(), b()).prop_map(|(cond, a, b)| Expr::Where { cond, a, b }),
+            (b(), any::<u8>()).prop_map(|(input, axis)| Expr::Mean { input, axis }),
+            (b(), any::<u8>()).prop_map(|(input, axis)| Expr::Min { input, axis }),
         ]
     })
 }

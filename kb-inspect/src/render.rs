@@ -405,6 +405,31 @@ pub fn expr_string(e: &Expr) -> String {
         Expr::Gather { table, indices } => bin("gather", table, indices),
         Expr::Sum { input, axis } => format!("sum({}, axis={axis})", expr_string(input)),
         Expr::Max { input, axis } => format!("max({}, axis={axis})", expr_string(input)),
+        Expr::Sqrt(a) => un("sqrt", a),
+        Expr::Rsqrt(a) => un("rsqrt", a),
+        Expr::Log(a) => un("log", a),
+        Expr::Abs(a) => un("abs", a),
+        Expr::Neg(a) => un("neg", a),
+        Expr::Tanh(a) => un("tanh", a),
+        Expr::Erf(a) => un("erf", a),
+        Expr::Sigmoid(a) => un("sigmoid", a),
+        Expr::Maximum(a, b) => bin("maximum", a, b),
+        Expr::Minimum(a, b) => bin("minimum", a, b),
+        Expr::Pow(a, b) => bin("pow", a, b),
+        Expr::Lt(a, b) => bin("lt", a, b),
+        Expr::Le(a, b) => bin("le", a, b),
+        Expr::Gt(a, b) => bin("gt", a, b),
+        Expr::Ge(a, b) => bin("ge", a, b),
+        Expr::Eq(a, b) => bin("eq", a, b),
+        Expr::Ne(a, b) => bin("ne", a, b),
+        Expr::Where { cond, a, b } => format!(
+            "where({}, {}, {})",
+            expr_string(cond),
+            expr_string(a),
+            expr_string(b)
+        ),
+        Expr::Mean { input, axis } => format!("mean({}, axis={axis})", expr_string(input)),
+        Expr::Min { input, axis } => format!("min({}, axis={axis})", expr_string(input)),
     }
 }
 

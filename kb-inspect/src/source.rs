@@ -78,6 +78,8 @@ pub struct End<'a> {
     pub strings: &'a Strings,
     pub verify: &'a VerifySpec,
     pub footer: &'a Footer,
+    /// The host program's kernel launches (empty for a trace without any).
+    pub launches: &'a [kb_format::Launch],
     /// False when the visitor stopped early.
     pub complete: bool,
 }
@@ -174,6 +176,7 @@ pub fn visit_file<V: Visitor>(name: &str, path: &Path, v: &mut V) -> Result<()> 
         strings: m.strings(),
         verify: m.verify_spec(),
         footer: m.footer(),
+        launches: m.launches(),
         complete: !stopped,
     })
 }
@@ -228,6 +231,7 @@ pub fn visit_reader<R: Read, V: Visitor>(name: &str, r: R, v: &mut V) -> Result<
         strings: s.strings(),
         verify,
         footer,
+        launches: s.launches(),
         complete: !stopped,
     })
 }

@@ -1,10 +1,11 @@
 //! `summary`: what a trace is (tool, command line, topology, benchmark,
 //! params) and what it holds (simulated time, record counts by kind,
-//! tensors, verification spec), from one pass over its records.
+//! kernel launches, tensors, verification spec), from one pass over its
+//! records.
 
 use std::io::Write;
 
-use kb_format::{Meta, Ps, Record, Strings, VerifySpec};
+use kb_format::{Launch, Meta, Ps, Record, Strings, VerifySpec};
 use serde_json::{Value, json};
 
 use crate::render::{self, expr_string, human_bytes, kind_name, ns};
@@ -17,6 +18,8 @@ pub struct Summary {
     pub input: String,
     pub meta: Meta,
     pub verify: VerifySpec,
+    /// The host program's kernel launches, in launch order.
+    pub launches: Vec<Launch>,
     pub records: u64,
     /// Record counts by kind code (index = `OpKind::code`).
     pub by_kind: Vec<(String, u64)>,
@@ -94,6 +97,7 @@ impl Visitor for Acc {
             input: std::mem::take(&mut self.out.input),
             meta: end.meta.clone(),
             verify: end.verify.clone(),
+            launches: end.launches.to_vec(),
             records: self.n,
             by_kind,
             first_start: self.first,
@@ -173,6 +177,13 @@ impl Summary {
             "flops": self.flops,
             "chunks": self.chunks,
             "strings": self.strings,
+            "launches": self.launches.iter().map(|l| json!({
+                "kernel": l.kernel,
+                "grid": l.grid,
+                "pes": l.pes.iter().map(|p| format!("sip{}.cube{}.pe{}", p[0], p[1], p[2])).collect::<Vec<_>>(),
+                "t_start_ps": l.t_start,
+                "t_end_ps": l.t_end,
+            })).collect::<Vec<_>>(),
             "tensors": m.tensors.iter().zip(self.tensor_bytes.iter().chain(std::iter::repeat(&0))).map(|(t, &have)| json!({
                 "name": t.name,
                 "dtype": t.dtype.name(),
@@ -239,6 +250,20 @@ impl Summary {
             self.bytes_moved,
             self.flops
         )?;
+        writeln!(w, "launches:       {}", self.launches.len())?;
+        for (i, l) in self.launches.iter().enumerate() {
+            writeln!(
+                w,
+                "  #{i} {}  grid {} x {} on {} PE{}  {} .. {} ns",
+                l.kernel,
+                l.grid[0],
+                l.grid[1],
+                l.pes.len(),
+                if l.pes.len() == 1 { "" } else { "s" },
+                ns(l.t_start),
+                ns(l.t_end)
+            )?;
+        }
         writeln!(w, "tensors:        {}", m.tensors.len())?;
         let width = m.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
         for (i, t) in m.tensors.iter().enumerate() {
@@ -320,6 +345,9 @@ mod tests {
             "params:         m=2 seed=7",
             "simulated time: 10.000 ns",
             "records:        7 (memory 5, gemm 1, math 1)",
+            "launches:       2",
+            "  #0 gemm  grid 2 x 1 on 2 PEs  0.000 .. 5.000 ns",
+            "  #1 softmax  grid 4 x 2 on 1 PE  6.000 .. 7.000 ns",
             "host data 12 of 12 bytes",
             "no host data (1 shards)",
             "c = softmax(matmul(a, transpose(b)), axis=1)  (rtol=0.001 atol=0.00001)",
@@ -333,6 +361,14 @@ mod tests {
         assert_eq!(j["topology"]["address_model"], "pa");
         assert_eq!(j["tensors"][1]["dtype"], "bf16");
         assert_eq!(j["verify"][0]["tensor"], "c");
+        assert_eq!(j["launches"][0]["kernel"], "gemm");
+        assert_eq!(
+            j["launches"][0]["pes"],
+            json!(["sip0.cube0.pe0", "sip0.cube0.pe1"])
+        );
+        assert_eq!(j["launches"][1]["grid"], json!([4, 2]));
+        assert_eq!(j["launches"][1]["t_start_ps"], 6_000);
+        assert_eq!(j["launches"][1]["t_end_ps"], 7_000);
     }
 
     #[test]

@@ -23,6 +23,17 @@ pub fn build(
     ops: &[Op],
     verify: &VerifySpec,
 ) -> Vec<u8> {
+    build_with_launches(meta, tensors, ops, &[], verify)
+}
+
+/// [`build`] with a launches chunk.
+pub fn build_with_launches(
+    meta: &Meta,
+    tensors: &[(u32, u64, Vec<u8>)],
+    ops: &[Op],
+    launches: &[kb_format::Launch],
+    verify: &VerifySpec,
+) -> Vec<u8> {
     let mut w = TraceWriter::new(Vec::new(), meta).unwrap();
     for (t, off, data) in tensors {
         w.tensor_data(*t, *off, data).unwrap();
@@ -33,7 +44,7 @@ pub fn build(
         r.op_name = w.intern(op.name);
         w.push(r).unwrap();
     }
-    w.finish(verify).unwrap()
+    w.finish_with_launches(launches, verify).unwrap()
 }
 
 /// A memory op moving `bytes` bytes (one write extent of `bytes`).
@@ -257,11 +268,32 @@ pub fn sample_ops() -> Vec<Op> {
     ]
 }
 
+/// Two launches: a GEMM on two PEs of cube 0, then a softmax on one PE.
+pub fn sample_launches() -> Vec<kb_format::Launch> {
+    vec![
+        kb_format::Launch {
+            kernel: "gemm".into(),
+            grid: [2, 1],
+            pes: vec![[0, 0, 0], [0, 0, 1]],
+            t_start: 0,
+            t_end: 5_000,
+        },
+        kb_format::Launch {
+            kernel: "softmax".into(),
+            grid: [4, 2],
+            pes: vec![[0, 1, 0]],
+            t_start: 6_000,
+            t_end: 7_000,
+        },
+    ]
+}
+
 pub fn sample_trace() -> Vec<u8> {
-    build(
+    build_with_launches(
         &sample_meta(),
         &sample_tensors(),
         &sample_ops(),
+        &sample_launches(),
         &sample_verify(),
     )
 }

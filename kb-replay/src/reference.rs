@@ -7,11 +7,15 @@
 //!
 //! Values are matrices. A tensor of shape `[]` is 1 x 1, `[n]` is a 1 x n
 //! row, `[r, c]` is r x c, and higher ranks fold their leading dimensions
-//! into rows (`[a, b, c]` is (a*b) x c). Binary ops broadcast like numpy
-//! over two dimensions: a 1 x c row repeats across rows, an r x 1 column
-//! across columns, a 1 x 1 value (or a scalar) everywhere. Reductions and
-//! softmax take `axis` 0 (down the rows, per column) or 1 (along each row);
-//! `Sum`/`Max` along axis 0 give 1 x cols, along axis 1 rows x 1.
+//! into rows (`[a, b, c]` is (a*b) x c). Ops of several operands
+//! (arithmetic, maximum/minimum/pow, comparisons, where) broadcast like
+//! numpy over two dimensions: each dim equal or 1, so a 1 x c row repeats
+//! across rows, an r x 1 column across columns, a 1 x 1 value (or a
+//! scalar) everywhere. Reductions and softmax take `axis` 0 (down the rows,
+//! per column) or 1 (along each row); `Sum`/`Max`/`Min`/`Mean` along axis
+//! 0 give 1 x cols, along axis 1 rows x 1. Comparisons give 1.0 or 0.0
+//! (false against NaN, except `Ne`); maximum/minimum and the reductions
+//! propagate NaN; `where` picks `a` where `cond` is non-zero (or NaN).
 
 use kb_format::{Dtype, Expr};
 
@@ -125,17 +129,34 @@ impl Evaluator<'_> {
             .ok_or_else(|| format!("a {rows} x {cols} intermediate is too large"))
     }
 
+    // The recursion evaluates operands only; `apply` (many arms, a large
+    // frame in debug builds) runs outside it, so deep nesting stays cheap
+    // on the stack.
     fn eval_at(&self, e: &Expr, depth: usize) -> Result<Matrix, String> {
         if depth > MAX_DEPTH {
             return Err(format!("expression nests deeper than {MAX_DEPTH} levels"));
         }
-        let sub = |x: &Expr| self.eval_at(x, depth + 1);
+        let mut args = Vec::with_capacity(3);
+        for x in operands(e) {
+            args.push(self.eval_at(x, depth + 1)?);
+        }
+        self.apply(e, args)
+    }
+
+    /// `e`'s op on its evaluated operands (in [`operands`] order).
+    #[inline(never)]
+    fn apply(&self, e: &Expr, args: Vec<Matrix>) -> Result<Matrix, String> {
+        let mut args = args.into_iter();
+        let mut arg = || {
+            args.next()
+                .ok_or_else(|| "an operand is missing".to_string())
+        };
         Ok(match e {
             Expr::Tensor(name) => (self.tensor)(name)?,
             Expr::Scalar(v) => Matrix::scalar(*v),
-            Expr::Matmul(a, b) => self.matmul(&sub(a)?, &sub(b)?)?,
-            Expr::Transpose(a) => {
-                let a = sub(a)?;
+            Expr::Matmul(..) => self.matmul(&arg()?, &arg()?)?,
+            Expr::Transpose(_) => {
+                let a = arg()?;
                 let mut data = Vec::with_capacity(a.data.len());
                 for j in 0..a.cols {
                     for i in 0..a.rows {
@@ -148,19 +169,45 @@ impl Evaluator<'_> {
                     data,
                 }
             }
-            Expr::Add(a, b) => self.broadcast("add", &sub(a)?, &sub(b)?, |x, y| x + y)?,
-            Expr::Sub(a, b) => self.broadcast("sub", &sub(a)?, &sub(b)?, |x, y| x - y)?,
-            Expr::Mul(a, b) => self.broadcast("mul", &sub(a)?, &sub(b)?, |x, y| x * y)?,
-            Expr::Div(a, b) => self.broadcast("div", &sub(a)?, &sub(b)?, |x, y| x / y)?,
-            Expr::Exp(a) => {
-                let mut a = sub(a)?;
-                a.data.iter_mut().for_each(|v| *v = v.exp());
-                a
+            Expr::Add(..) => self.broadcast("add", &arg()?, &arg()?, |x, y| x + y)?,
+            Expr::Sub(..) => self.broadcast("sub", &arg()?, &arg()?, |x, y| x - y)?,
+            Expr::Mul(..) => self.broadcast("mul", &arg()?, &arg()?, |x, y| x * y)?,
+            Expr::Div(..) => self.broadcast("div", &arg()?, &arg()?, |x, y| x / y)?,
+            Expr::Maximum(..) => self.broadcast("maximum", &arg()?, &arg()?, max_nan)?,
+            Expr::Minimum(..) => self.broadcast("minimum", &arg()?, &arg()?, min_nan)?,
+            Expr::Pow(..) => self.broadcast("pow", &arg()?, &arg()?, f64::powf)?,
+            Expr::Lt(..) => self.broadcast("lt", &arg()?, &arg()?, |x, y| truth(x < y))?,
+            Expr::Le(..) => self.broadcast("le", &arg()?, &arg()?, |x, y| truth(x <= y))?,
+            Expr::Gt(..) => self.broadcast("gt", &arg()?, &arg()?, |x, y| truth(x > y))?,
+            Expr::Ge(..) => self.broadcast("ge", &arg()?, &arg()?, |x, y| truth(x >= y))?,
+            Expr::Eq(..) => self.broadcast("eq", &arg()?, &arg()?, |x, y| truth(x == y))?,
+            Expr::Ne(..) => self.broadcast("ne", &arg()?, &arg()?, |x, y| truth(x != y))?,
+            Expr::Where { .. } => {
+                let (c, a, b) = (arg()?, arg()?, arg()?);
+                self.broadcast_n("where", &[&c, &a, &b], |v| {
+                    if v[0] != 0.0 { v[1] } else { v[2] }
+                })?
             }
-            Expr::Softmax { input, axis } => softmax(sub(input)?, *axis)?,
-            Expr::Sum { input, axis } => reduce(&sub(input)?, *axis, 0.0, |a, b| a + b)?,
-            Expr::Max { input, axis } => reduce(&sub(input)?, *axis, f64::NEG_INFINITY, max_nan)?,
-            Expr::Gather { table, indices } => self.gather(&sub(table)?, &sub(indices)?)?,
+            Expr::Exp(_) => map(arg()?, f64::exp),
+            Expr::Sqrt(_) => map(arg()?, f64::sqrt),
+            Expr::Rsqrt(_) => map(arg()?, |v| 1.0 / v.sqrt()),
+            Expr::Log(_) => map(arg()?, f64::ln),
+            Expr::Abs(_) => map(arg()?, f64::abs),
+            Expr::Neg(_) => map(arg()?, |v| -v),
+            Expr::Tanh(_) => map(arg()?, f64::tanh),
+            Expr::Erf(_) => map(arg()?, erf),
+            Expr::Sigmoid(_) => map(arg()?, |v| 1.0 / (1.0 + (-v).exp())),
+            Expr::Softmax { axis, .. } => softmax(arg()?, *axis)?,
+            Expr::Sum { axis, .. } => reduce(&arg()?, *axis, 0.0, |a, b| a + b)?,
+            Expr::Max { axis, .. } => reduce(&arg()?, *axis, f64::NEG_INFINITY, max_nan)?,
+            Expr::Min { axis, .. } => reduce(&arg()?, *axis, f64::INFINITY, min_nan)?,
+            Expr::Mean { axis, .. } => {
+                let m = arg()?;
+                // Lane length; an empty lane gives 0 / 0 = NaN, as numpy.
+                let n = if *axis == 0 { m.rows } else { m.cols } as f64;
+                map(reduce(&m, *axis, 0.0, |a, b| a + b)?, |s| s / n)
+            }
+            Expr::Gather { .. } => self.gather(&arg()?, &arg()?)?,
         })
     }
 
@@ -213,16 +260,33 @@ impl Evaluator<'_> {
         b: &Matrix,
         f: impl Fn(f64, f64) -> f64,
     ) -> Result<Matrix, String> {
-        let dim = |x: usize, y: usize| match (x, y) {
-            _ if x == y => Some(x),
-            (1, y) => Some(y),
-            (x, 1) => Some(x),
+        self.broadcast_n(what, &[a, b], |v| f(v[0], v[1]))
+    }
+
+    /// `f` of the operands' elements, each operand broadcast numpy-style
+    /// to the common shape (per dim: all equal, or 1).
+    fn broadcast_n(
+        &self,
+        what: &str,
+        ms: &[&Matrix],
+        f: impl Fn(&[f64]) -> f64,
+    ) -> Result<Matrix, String> {
+        let dim = |x: Option<usize>, y: usize| match x? {
+            x if x == y => Some(x),
+            1 => Some(y),
+            x if y == 1 => Some(x),
             _ => None,
         };
-        let (Some(rows), Some(cols)) = (dim(a.rows, b.rows), dim(a.cols, b.cols)) else {
+        let rows = ms.iter().try_fold(1, |acc, m| dim(Some(acc), m.rows));
+        let cols = ms.iter().try_fold(1, |acc, m| dim(Some(acc), m.cols));
+        let (Some(rows), Some(cols)) = (rows, cols) else {
+            let shapes: Vec<String> = ms
+                .iter()
+                .map(|m| format!("{} x {}", m.rows, m.cols))
+                .collect();
             return Err(format!(
-                "{what} of {} x {} and {} x {}: shapes do not broadcast",
-                a.rows, a.cols, b.rows, b.cols
+                "{what} of {}: shapes do not broadcast",
+                shapes.join(" and ")
             ));
         };
         let n = self.alloc_check(rows, cols)?;
@@ -233,13 +297,100 @@ impl Evaluator<'_> {
             )
         };
         let mut data = Vec::with_capacity(n);
+        let mut args = vec![0.0; ms.len()];
         for i in 0..rows {
             for j in 0..cols {
-                data.push(f(pick(a, i, j), pick(b, i, j)));
+                for (a, m) in args.iter_mut().zip(ms) {
+                    *a = pick(m, i, j);
+                }
+                data.push(f(&args));
             }
         }
         Ok(Matrix { rows, cols, data })
     }
+}
+
+/// An expression's operands, in the order [`Evaluator::apply`] takes them.
+fn operands(e: &Expr) -> Vec<&Expr> {
+    match e {
+        Expr::Tensor(_) | Expr::Scalar(_) => Vec::new(),
+        Expr::Transpose(a)
+        | Expr::Exp(a)
+        | Expr::Sqrt(a)
+        | Expr::Rsqrt(a)
+        | Expr::Log(a)
+        | Expr::Abs(a)
+        | Expr::Neg(a)
+        | Expr::Tanh(a)
+        | Expr::Erf(a)
+        | Expr::Sigmoid(a)
+        | Expr::Softmax { input: a, .. }
+        | Expr::Sum { input: a, .. }
+        | Expr::Max { input: a, .. }
+        | Expr::Min { input: a, .. }
+        | Expr::Mean { input: a, .. } => vec![a],
+        Expr::Matmul(a, b)
+        | Expr::Add(a, b)
+        | Expr::Sub(a, b)
+        | Expr::Mul(a, b)
+        | Expr::Div(a, b)
+        | Expr::Maximum(a, b)
+        | Expr::Minimum(a, b)
+        | Expr::Pow(a, b)
+        | Expr::Lt(a, b)
+        | Expr::Le(a, b)
+        | Expr::Gt(a, b)
+        | Expr::Ge(a, b)
+        | Expr::Eq(a, b)
+        | Expr::Ne(a, b)
+        | Expr::Gather {
+            table: a,
+            indices: b,
+        } => vec![a, b],
+        Expr::Where { cond, a, b } => vec![cond, a, b],
+    }
+}
+
+fn map(mut m: Matrix, f: impl Fn(f64) -> f64) -> Matrix {
+    m.data.iter_mut().for_each(|v| *v = f(*v));
+    m
+}
+
+fn truth(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+fn min_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
+}
+
+/// The error function, by the series `erf(x) = 2/sqrt(pi) exp(-x^2)
+/// sum_n (2x^2)^n x / (1 3 5 ... (2n+1))`, whose terms are all positive
+/// (no cancellation: a few 1e-15 relative). Deliberately not the
+/// algorithm op replay uses, so the two check each other.
+pub(crate) fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    // erfc(6) < 2.2e-17: erf rounds to 1 from here on.
+    if a >= 6.0 {
+        return 1f64.copysign(x);
+    }
+    let z = 2.0 * a * a;
+    let (mut term, mut sum) = (a, a);
+    for n in 1..1000 {
+        term *= z / (2 * n + 1) as f64;
+        sum += term;
+        if term <= 1e-17 * sum {
+            break;
+        }
+    }
+    (std::f64::consts::FRAC_2_SQRT_PI * (-a * a).exp() * sum).copysign(x)
 }
 
 fn check_axis(axis: u8) -> Result<(), String> {
@@ -433,6 +584,166 @@ mod tests {
         assert!(
             eval(Expr::Max {
                 input: t("b"),
+                axis: 2
+            })
+            .is_err()
+        );
+    }
+
+    fn s(v: f64) -> Box<Expr> {
+        Box::new(Expr::Scalar(v))
+    }
+
+    #[test]
+    fn unary_ops_match_hand_values() {
+        let m = eval(Expr::Sqrt(t("a"))).unwrap();
+        assert_eq!(m.data[3], 2.0);
+        let m = eval(Expr::Rsqrt(t("a"))).unwrap();
+        assert_eq!(m.data[3], 0.5);
+        let m = eval(Expr::Log(s(1.0))).unwrap();
+        assert_eq!(m.data, [0.0]);
+        let m = eval(Expr::Abs(Box::new(Expr::Neg(t("a"))))).unwrap();
+        assert_eq!(m.data, [1., 2., 3., 4., 5., 6.]);
+        let m = eval(Expr::Neg(t("col"))).unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (2, 1, vec![-1., -2.]));
+        // tanh(x) = (e^2x - 1) / (e^2x + 1); sigmoid(0) = 1/2.
+        let m = eval(Expr::Tanh(s(0.5))).unwrap();
+        assert!((m.data[0] - (1f64.exp() - 1.0) / (1f64.exp() + 1.0)).abs() < 1e-16);
+        assert_eq!(eval(Expr::Sigmoid(s(0.0))).unwrap().data, [0.5]);
+        let m = eval(Expr::Sigmoid(s(2.0))).unwrap();
+        assert!((m.data[0] - 1.0 / (1.0 + (-2f64).exp())).abs() < 1e-16);
+        assert_eq!(eval(Expr::Sigmoid(s(-1000.0))).unwrap().data, [0.0]);
+    }
+
+    #[test]
+    fn erf_matches_tabulated_values() {
+        // erf to 16 digits (the nearest f64 values).
+        let table = [
+            (0.1, 0.1124629160182849),
+            (0.5, 0.5204998778130465),
+            (1.0, 0.8427007929497149),
+            (1.5, 0.9661051464753108),
+            (2.0, 0.9953222650189527),
+            (2.5, 0.999_593_047_982_555),
+            (3.0, 0.9999779095030014),
+            (4.0, 0.9999999845827421),
+        ];
+        for (x, want) in table {
+            for (x, want) in [(x, want), (-x, -want)] {
+                let got = erf(x);
+                assert!((got - want).abs() <= 3e-15 * want.abs(), "erf({x}) = {got}");
+            }
+        }
+        assert_eq!(erf(0.0), 0.0);
+        assert_eq!(erf(7.0), 1.0);
+        assert_eq!(erf(f64::NEG_INFINITY), -1.0);
+        assert!(erf(f64::NAN).is_nan());
+        // Tiny x: erf(x) = 2x/sqrt(pi).
+        assert_eq!(erf(1e-300), std::f64::consts::FRAC_2_SQRT_PI * 1e-300);
+        let m = eval(Expr::Erf(t("col"))).unwrap();
+        assert_eq!(m.data, [erf(1.0), erf(2.0)]);
+    }
+
+    #[test]
+    fn binary_ops_comparisons_and_where_broadcast() {
+        // maximum(a, 2x1 column [1, 2] -> broadcast): [[1,2,3],[4,5,6]].
+        let m = eval(Expr::Maximum(t("a"), Box::new(Expr::Scalar(3.5)))).unwrap();
+        assert_eq!(m.data, [3.5, 3.5, 3.5, 4., 5., 6.]);
+        let m = eval(Expr::Minimum(t("col"), t("row"))).unwrap();
+        assert_eq!((m.rows, m.cols), (2, 3));
+        assert_eq!(m.data, [1., 1., 1., 2., 2., 2.]);
+        let m = eval(Expr::Maximum(s(f64::NAN), s(1.0))).unwrap();
+        assert!(m.data[0].is_nan(), "maximum propagates NaN");
+        let m = eval(Expr::Pow(t("col"), t("row"))).unwrap();
+        assert_eq!(m.data, [1., 1., 1., 1024., 1048576., 1073741824.]);
+        // a (2x3) against the column [1, 2]: row 0 vs 1, row 1 vs 2.
+        let cmp = |e: fn(Box<Expr>, Box<Expr>) -> Expr| eval(e(t("a"), t("col"))).unwrap().data;
+        assert_eq!(cmp(Expr::Lt), [0., 0., 0., 0., 0., 0.]);
+        assert_eq!(cmp(Expr::Le), [1., 0., 0., 0., 0., 0.]);
+        assert_eq!(cmp(Expr::Gt), [0., 1., 1., 1., 1., 1.]);
+        assert_eq!(cmp(Expr::Ge), [1., 1., 1., 1., 1., 1.]);
+        assert_eq!(cmp(Expr::Eq), [1., 0., 0., 0., 0., 0.]);
+        assert_eq!(cmp(Expr::Ne), [0., 1., 1., 1., 1., 1.]);
+        let nan = || s(f64::NAN);
+        assert_eq!(eval(Expr::Eq(nan(), nan())).unwrap().data, [0.0]);
+        assert_eq!(eval(Expr::Ne(nan(), nan())).unwrap().data, [1.0]);
+        assert_eq!(eval(Expr::Lt(nan(), s(1.0))).unwrap().data, [0.0]);
+        // where(a > 2.5, a, row): three shapes, one 2x3 result.
+        let m = eval(Expr::Where {
+            cond: Box::new(Expr::Gt(t("a"), s(2.5))),
+            a: t("a"),
+            b: t("row"),
+        })
+        .unwrap();
+        assert_eq!((m.rows, m.cols), (2, 3));
+        assert_eq!(m.data, [10., 20., 3., 4., 5., 6.]);
+        // A column condition, scalar branches: a 2x1 result.
+        let m = eval(Expr::Where {
+            cond: Box::new(Expr::Sub(t("col"), s(1.0))),
+            a: s(7.0),
+            b: s(-7.0),
+        })
+        .unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (2, 1, vec![-7., 7.]));
+        let err = eval(Expr::Where {
+            cond: t("a"),
+            a: t("b"),
+            b: s(0.0),
+        })
+        .unwrap_err();
+        assert!(err.contains("where of 2 x 3 and 3 x 2 and 1 x 1"), "{err}");
+        assert!(
+            eval(Expr::Lt(t("a"), t("b")))
+                .unwrap_err()
+                .contains("lt of")
+        );
+    }
+
+    #[test]
+    fn mean_and_min_keep_dims_and_broadcast_back() {
+        let m = eval(Expr::Mean {
+            input: t("a"),
+            axis: 1,
+        })
+        .unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (2, 1, vec![2., 5.]));
+        let m = eval(Expr::Mean {
+            input: t("a"),
+            axis: 0,
+        })
+        .unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (1, 3, vec![2.5, 3.5, 4.5]));
+        let m = eval(Expr::Min {
+            input: t("b"),
+            axis: 0,
+        })
+        .unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (1, 2, vec![7., 8.]));
+        let m = eval(Expr::Min {
+            input: t("b"),
+            axis: 1,
+        })
+        .unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (3, 1, vec![7., 9., 11.]));
+        // x - mean(x, 1): the row means broadcast across columns.
+        let m = eval(Expr::Sub(
+            t("a"),
+            Box::new(Expr::Mean {
+                input: t("a"),
+                axis: 1,
+            }),
+        ))
+        .unwrap();
+        assert_eq!(m.data, [-1., 0., 1., -1., 0., 1.]);
+        let m = eval(Expr::Min {
+            input: Box::new(Expr::Div(t("col"), s(0.0))),
+            axis: 0,
+        })
+        .unwrap();
+        assert_eq!(m.data, [f64::INFINITY]);
+        assert!(
+            eval(Expr::Mean {
+                input: t("a"),
                 axis: 2
             })
             .is_err()

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kb_format::{Dtype, Meta, TraceWriter, VerifySpec};
-use kb_sim::bench::kernel_args;
 use kb_sim::engine::Engine;
 use kb_sim::kernel::{self, Block, Executor, KernelArgs, KernelBody, Port, Tl};
 use kb_sim::machine::Machine;
@@ -51,7 +50,7 @@ fn peer_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     let (Some(sx), Some(sy)) = (x.shard(tl.pe()), y.shard(tl.pe())) else {
         return;
     };
-    for _ in 0..args.scalar("iters") {
+    for _ in 0..args.get("iters") {
         let a = tl.load(Block::in_shard(x, sx, 0, 0, 128, 128));
         if a.get(0, 0) > -1.0 {
             let h = tl.dot(&a, &a, None);
@@ -76,8 +75,7 @@ fn peer_workload(ex: Executor, iters: u64) -> (u64, u64, f64) {
     let y = rt
         .tensor("y", Dtype::F32, [n as u64, 128], None, Sharding::ROWS)
         .unwrap();
-    let mut args = kernel_args(&rt, &[x, y]);
-    args.scalars.push(("iters".into(), iters));
+    let args = rt.kernel_args(&[x, y]).scalar("iters", iters);
     let args = Arc::new(args);
     let mut programs: Vec<Box<dyn PeProgram>> = Vec::new();
     for (i, pe) in m.pes().collect::<Vec<_>>().into_iter().enumerate() {

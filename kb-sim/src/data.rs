@@ -1,13 +1,26 @@
 //! The Phase 1 data plane: real bytes keyed by 51-bit PA (sparse pages,
 //! unwritten bytes read as zero), partial and overlapping access, and
 //! pending ranges: bytes a compute op will write but whose value only
-//! Phase 2 knows. Reading a pending byte is refused, naming its writer.
+//! Phase 2 knows. A strict read of a pending byte is refused, naming its
+//! writer; a partial read (a DMA moving the bytes) reports which bytes are
+//! unknown and who wrote them, and the destination inherits that writer.
 
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
 use kb_format::Extent;
+
+use crate::program::Writer;
+
+/// Bytes of a partial read whose value is unknown in Phase 1: `len` bytes
+/// at `offset` into the bytes read, last written by compute op `writer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownRange {
+    pub offset: u64,
+    pub len: u64,
+    pub writer: u64,
+}
 
 const PAGE_BITS: u32 = 16;
 const PAGE: usize = 1 << PAGE_BITS;
@@ -28,6 +41,10 @@ pub struct DataPlane {
     pages: FxHashMap<u64, Box<[u8]>>,
     /// start -> (end, writer op id); disjoint intervals.
     pending: BTreeMap<u64, (u64, u64)>,
+    /// Who each writer named in `pending` is, with the number of pending
+    /// intervals naming it (dropped at zero, so this stays as small as the
+    /// pending set).
+    writers: FxHashMap<u64, (Writer, u32)>,
 }
 
 impl DataPlane {
@@ -55,6 +72,11 @@ impl DataPlane {
     /// Append `len` bytes at `pa` to `out` (no zero-fill pass).
     fn append(&self, pa: u64, len: u64, out: &mut Vec<u8>) -> Result<(), PendingRead> {
         self.check_pending(pa, len)?;
+        self.append_unchecked(pa, len, out);
+        Ok(())
+    }
+
+    fn append_unchecked(&self, pa: u64, len: u64, out: &mut Vec<u8>) {
         let mut done = 0u64;
         while done < len {
             let at = pa + done;
@@ -66,7 +88,6 @@ impl DataPlane {
             }
             done += n as u64;
         }
-        Ok(())
     }
 
     /// Write `data` at `pa`; clears any pending mark on those bytes.
@@ -116,8 +137,58 @@ impl DataPlane {
         used
     }
 
+    /// Remember who compute op `w.op_id` is, before marking its output.
+    pub fn register_writer(&mut self, w: Writer) {
+        self.writers.entry(w.op_id).or_insert((w, 0));
+    }
+
+    /// The compute op named by a pending interval.
+    pub fn writer(&self, op_id: u64) -> Option<&Writer> {
+        self.writers.get(&op_id).map(|(w, _)| w)
+    }
+
+    /// The writer's description, or one naming only its op id (a writer
+    /// that was never registered).
+    pub fn writer_or_unnamed(&self, op_id: u64) -> Writer {
+        self.writer(op_id).cloned().unwrap_or(Writer {
+            op_id,
+            op_name: "a compute op",
+            pe: crate::machine::PeCoord {
+                sip: 0,
+                cube: 0,
+                pe: 0,
+            },
+            time: 0,
+        })
+    }
+
+    fn insert_pending(&mut self, start: u64, end: u64, writer: u64) {
+        if let Some((_, n)) = self.writers.get_mut(&writer) {
+            *n += 1;
+        }
+        if let Some((_, w)) = self.pending.insert(start, (end, writer)) {
+            self.unref(w);
+        }
+    }
+
+    fn remove_pending(&mut self, start: u64) -> Option<(u64, u64)> {
+        let v = self.pending.remove(&start)?;
+        self.unref(v.1);
+        Some(v)
+    }
+
+    fn unref(&mut self, writer: u64) {
+        if let Some((_, n)) = self.writers.get_mut(&writer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.writers.remove(&writer);
+            }
+        }
+    }
+
     /// Mark `[pa, pa+len)` as written by compute op `writer` (value unknown
-    /// until Phase 2). Adjacent ranges of one writer merge.
+    /// until Phase 2; register the writer first). Adjacent ranges of one
+    /// writer merge.
     pub fn mark_pending(&mut self, pa: u64, len: u64, writer: u64) {
         if len == 0 {
             return;
@@ -129,16 +200,19 @@ impl DataPlane {
             && e == pa
             && w == writer
         {
-            self.pending.remove(&s);
             start = s;
         }
         if let Some(&(e, w)) = self.pending.get(&end)
             && w == writer
         {
-            self.pending.remove(&end);
             end = e;
         }
-        self.pending.insert(start, (end, writer));
+        // Inserting at a merged left neighbour replaces it; the right one
+        // goes after, so the writer's count never passes through zero.
+        self.insert_pending(start, end, writer);
+        if end != pa + len {
+            self.remove_pending(pa + len);
+        }
     }
 
     /// Mark every row of `x` pending (one range when the rows touch).
@@ -148,6 +222,88 @@ impl DataPlane {
         } else {
             for r in 0..x.rows as u64 {
                 self.mark_pending(x.pa + r * x.stride, x.len, writer);
+            }
+        }
+    }
+
+    /// Append the bytes of `pieces` (in order) to `out`, reading pending
+    /// bytes as whatever the page holds and listing them in `unknown`
+    /// (offsets into what this call appended).
+    pub fn read_partial(
+        &self,
+        pieces: &[Extent],
+        out: &mut Vec<u8>,
+        unknown: &mut Vec<UnknownRange>,
+    ) {
+        let base = out.len() as u64;
+        for x in pieces {
+            let (rows, len, stride) = if x.rows > 1 && x.stride == x.len {
+                (1, x.bytes(), x.bytes())
+            } else {
+                (x.rows as u64, x.len, x.stride)
+            };
+            for r in 0..rows {
+                let pa = x.pa + r * stride;
+                let at = out.len() as u64 - base;
+                if !self.pending.is_empty() {
+                    self.pending_in(pa, len, |s, e, w| {
+                        let offset = at + (s - pa);
+                        match unknown.last_mut() {
+                            Some(u) if u.writer == w && u.offset + u.len == offset => {
+                                u.len += e - s
+                            }
+                            _ => unknown.push(UnknownRange {
+                                offset,
+                                len: e - s,
+                                writer: w,
+                            }),
+                        }
+                    });
+                }
+                self.append_unchecked(pa, len, out);
+            }
+        }
+    }
+
+    /// Call `f(start, end, writer)` for each pending interval's overlap
+    /// with `[pa, pa+len)`, in address order.
+    fn pending_in(&self, pa: u64, len: u64, mut f: impl FnMut(u64, u64, u64)) {
+        let end = pa + len;
+        if let Some((_, &(e, w))) = self.pending.range(..pa).next_back()
+            && e > pa
+        {
+            f(pa, e.min(end), w);
+        }
+        for (&s, &(e, w)) in self.pending.range(pa..end) {
+            f(s, e.min(end), w);
+        }
+    }
+
+    /// Mark the bytes of `pieces` that the unknown ranges cover (offsets
+    /// into the pieces' bytes in order) pending, each with its writer.
+    pub fn mark_unknown(&mut self, pieces: &[Extent], unknown: &[UnknownRange]) {
+        if unknown.is_empty() {
+            return;
+        }
+        // Both the rows and the ranges are in offset order: one pass.
+        let (mut at, mut next) = (0u64, 0usize);
+        for x in pieces {
+            for r in 0..x.rows as u64 {
+                let (lo, hi) = (at, at + x.len);
+                let mut k = next;
+                while let Some(u) = unknown.get(k)
+                    && u.offset < hi
+                {
+                    let (s, e) = (u.offset.max(lo), (u.offset + u.len).min(hi));
+                    if s < e {
+                        self.mark_pending(x.pa + r * x.stride + (s - lo), e - s, u.writer);
+                    }
+                    if u.offset + u.len <= hi {
+                        next = k + 1;
+                    }
+                    k += 1;
+                }
+                at = hi;
             }
         }
     }
@@ -196,12 +352,18 @@ impl DataPlane {
                 .next_back()
                 .map(|(&s, _)| s)
                 .expect("an overlapping interval starts at or before the hit");
-            let (e, w) = self.pending.remove(&start).expect("listed");
+            let (e, w) = *self.pending.get(&start).expect("listed");
+            // Re-insert the surviving parts before dropping the original,
+            // so the writer's count never passes through zero.
+            if e > end {
+                self.insert_pending(end, e, w);
+            }
             if start < pa {
-                self.pending.insert(start, (pa, w));
+                self.insert_pending(start, pa, w);
+            } else {
+                self.remove_pending(start);
             }
             if e > end {
-                self.pending.insert(end, (e, w));
                 break;
             }
         }

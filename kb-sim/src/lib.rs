@@ -4,24 +4,29 @@
 //!
 //! Owns: topologies ([`topology`]), the machine graph and routes
 //! ([`machine`]), the event core ([`event`]), component timing models
-//! ([`component`]), the framework with the op-log hook and protocols
-//! ([`engine`]), the data plane ([`data`]), the host runtime's setup
-//! ([`runtime`]), PE programs ([`program`]) and built-in benchmarks
-//! ([`mod@bench`]). Does not own: the trace bytes (kb-format) or computing
-//! GEMM/math results (kb-replay).
+//! ([`component`]), the framework with the op-log hook, protocols and the
+//! host program's launches ([`engine`]), the data plane ([`data`]), the
+//! host runtime's setup ([`runtime`]), PE programs ([`program`]), and the
+//! public surface users build on: the kernel API ([`kernel`]: `Tl`, tiles),
+//! the program API ([`workload`]: `Workload`, `Program`), `.npy` inputs
+//! ([`input`]) and the command line ([`cli::main`]). Does not own: any
+//! particular workload (the built-ins are the `kb-workloads` crate), the
+//! trace bytes (kb-format) or computing GEMM/math results (kb-replay).
 //!
-//! Flow: topology -> machine -> benchmark (tensors, programs) -> engine
-//! (deploy, launch, run) -> records -> trace.
+//! Flow: topology -> machine -> workload (tensors, launch/wait/free steps)
+//! -> engine (deploy, launches, frees) -> records -> trace.
 
 pub mod alloc;
-pub mod bench;
+pub mod cli;
 pub mod component;
 pub mod data;
 pub mod engine;
 pub mod event;
+pub mod input;
 pub mod kernel;
 pub mod machine;
 pub mod program;
 pub mod run;
 pub mod runtime;
 pub mod topology;
+pub mod workload;

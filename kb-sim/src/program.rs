@@ -2,7 +2,50 @@
 //! resumed when it completes. (The kernels issue replaces hand-written
 //! programs with `tl` kernels driven by a KernelRunner through this seam.)
 
-use kb_format::{Dtype, GemmParams, MathParams, MemoryParams, OpKind, Params, Space};
+use kb_format::{Dtype, GemmParams, MathParams, MemoryParams, OpKind, Params, Ps, Space};
+
+use crate::machine::PeCoord;
+
+/// A compute op as named when its result is read too early: Phase 1 does
+/// not know the value of bytes it wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Writer {
+    pub op_id: u64,
+    pub op_name: &'static str,
+    pub pe: PeCoord,
+    /// When it was issued.
+    pub time: Ps,
+}
+
+impl std::fmt::Display for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "op {} ({} on {}, issued at {:.3} ns)",
+            self.op_id,
+            self.op_name,
+            self.pe,
+            self.time as f64 / 1000.0
+        )
+    }
+}
+
+/// Bytes of a load whose value only Phase 2 knows: `len` bytes at
+/// `offset` into [`Loaded::bytes`], last written by `writer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unknown {
+    pub offset: usize,
+    pub len: usize,
+    pub writer: Writer,
+}
+
+/// What a load delivered: the bytes in tile order, and which of them are
+/// unknown in Phase 1 (results of compute ops, moved without their value).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loaded {
+    pub bytes: Vec<u8>,
+    pub unknown: Vec<Unknown>,
+}
 
 /// A 2-D DMA: the trace's memory params (`rows` x `row_bytes` from `src`
 /// to `dst`, rows `*_stride` bytes apart on each side) and an op name.
@@ -133,7 +176,7 @@ pub enum Reply {
     /// A blocking command completed.
     Done,
     /// A blocking DMA into TCM completed; these are the bytes it wrote.
-    Data(Vec<u8>),
+    Data(Loaded),
 }
 
 /// A PE's program: resumed at kernel start, after a blocking command

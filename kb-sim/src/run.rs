@@ -1,24 +1,26 @@
-//! One simulation run: topology -> machine -> benchmark -> engine -> trace.
+//! One simulation run: topology -> machine -> workload (tensors, host
+//! program) -> engine -> trace.
 
+use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::PathBuf;
 
 use kb_format::{Meta, TopologyMeta, TraceWriter};
 
-use crate::bench::{self, BenchError, BenchParams, Programs};
 use crate::engine::{Engine, RunStats, SimError};
-use crate::kernel::{self, Executor};
+use crate::kernel::Executor;
 use crate::machine::Machine;
-use crate::program::PeProgram;
-use crate::runtime::Runtime;
 use crate::topology::Topology;
+use crate::workload::{Params, Program, Workload, WorkloadError};
 
-/// Everything that determines a run's trace.
+/// Everything that determines a run's trace (with the workload itself).
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub topology: Topology,
-    pub bench: String,
     pub params: Vec<(String, String)>,
     pub seed: u64,
+    /// `.npy` files replacing declared tensors' data, by tensor name.
+    pub inputs: BTreeMap<String, PathBuf>,
     /// How kernels run; every executor writes the same trace.
     pub executor: Executor,
     /// Snapshot compute inputs into the trace (debug mode).
@@ -30,23 +32,38 @@ pub struct RunConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Bench(#[from] BenchError),
+    Workload(#[from] WorkloadError),
     #[error(transparent)]
     Sim(#[from] SimError),
     #[error("writing the trace: {0}")]
     Trace(#[from] kb_format::FormatError),
-    #[error("starting kernels: {0}")]
-    Executor(String),
 }
 
-/// Simulate and write the trace to `out`; returns `out` and run totals.
-pub fn run<W: Write>(cfg: &RunConfig, out: W) -> Result<(W, RunStats), RunError> {
+/// What a run did, beyond the trace.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub stats: RunStats,
+    pub launches: Vec<kb_format::Launch>,
+}
+
+/// Simulate `workload` and write the trace to `out`; returns `out` and
+/// what the run did.
+pub fn run<W: Write>(
+    cfg: &RunConfig,
+    workload: &dyn Workload,
+    out: W,
+) -> Result<(W, RunReport), RunError> {
     let machine = Machine::build(&cfg.topology);
-    let bench = bench::find(&cfg.bench)?;
-    let params = BenchParams::resolve(bench.as_ref(), &cfg.params)?;
-    let mut rng = bench::rng(cfg.seed);
-    let mut rt = Runtime::new(&machine);
-    let built = bench.build(&params, &mut rng, &mut rt)?;
+    let params = Params::resolve(workload, &cfg.params)?;
+    let mut prog = Program::new(
+        workload.name(),
+        &machine,
+        cfg.seed,
+        cfg.executor,
+        cfg.inputs.clone(),
+    );
+    workload.build(&params, &mut prog)?;
+    let built = prog.finish()?;
     let meta = Meta {
         tool: "kb-sim".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),
@@ -56,38 +73,20 @@ pub fn run<W: Write>(cfg: &RunConfig, out: W) -> Result<(W, RunStats), RunError>
             address_model: cfg.topology.address_model.name().into(),
             resolved: cfg.topology.to_yaml(),
         },
-        benchmark: cfg.bench.clone(),
+        benchmark: workload.name().into(),
         params: params.pairs(),
         seed: cfg.seed,
-        tensors: rt.tensors.iter().map(|t| t.meta.clone()).collect(),
+        tensors: built.rt.tensors.iter().map(|t| t.meta.clone()).collect(),
     };
     let mut writer = TraceWriter::new(out, &meta)?;
-    for t in &rt.tensors {
+    for t in &built.rt.tensors {
         if let Some(d) = &t.data {
             writer.tensor_data(t.id, 0, d)?;
         }
     }
-    let programs: Vec<Box<dyn PeProgram>> = match built.programs {
-        Programs::Scripts(p) => p,
-        Programs::Kernel { name, kernel, args } => {
-            let args = std::sync::Arc::new(args);
-            let n = machine.topo.total_pes();
-            let mut programs = Vec::with_capacity(n as usize);
-            for (i, pe) in machine.pes().enumerate() {
-                let tcm = rt.take_tcm(pe);
-                let body = kernel::body(kernel, args.clone(), pe, i as u32, n, tcm);
-                programs.push(
-                    cfg.executor
-                        .spawn(format!("{name}[{i}]"), body)
-                        .map_err(RunError::Executor)?,
-                );
-            }
-            programs
-        }
-    };
-    let engine =
-        Engine::new(&machine, writer, &rt.tensors, programs).capture_inputs(cfg.capture_inputs);
-    let (writer, stats) = engine.run()?;
-    let out = writer.finish(&built.verify)?;
-    Ok((out, stats))
+    let engine = Engine::with_program(&machine, writer, &built.rt.tensors, built.steps)
+        .capture_inputs(cfg.capture_inputs);
+    let (writer, stats, launches) = engine.run_with_launches()?;
+    let out = writer.finish_with_launches(&launches, &built.verify)?;
+    Ok((out, RunReport { stats, launches }))
 }

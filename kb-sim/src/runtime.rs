@@ -116,13 +116,18 @@ pub struct Segment {
 }
 
 /// One PE's part of a tensor as kernels see it: `rows` x `row_bytes` at
-/// `addr`, the address kernels use (PA, VA or LA, by model).
+/// `addr`, the address kernels use (PA, VA or LA, by model), holding the
+/// tensor's rows from `row0` and columns from `col0`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardArg {
     pub pe: PeCoord,
     pub addr: u64,
     pub rows: u64,
     pub row_bytes: u64,
+    /// The tensor row of the shard's first row.
+    pub row0: u64,
+    /// The tensor column of the shard's first column.
+    pub col0: u64,
 }
 
 /// Where a tensor's bytes went.
@@ -289,6 +294,25 @@ impl<'m> Runtime<'m> {
         std::mem::replace(&mut self.tcm[i], FreeList::new(0))
     }
 
+    /// Tensor `id` as kernels see it (name, dtype, shape, each PE's shard).
+    pub fn kernel_arg(&self, id: u32) -> crate::kernel::TensorArg {
+        let t = &self.tensors[id as usize];
+        crate::kernel::TensorArg {
+            name: t.meta.name.clone(),
+            dtype: t.meta.dtype,
+            shape: [t.meta.shape[0], t.meta.shape[1]],
+            shards: t.kernel_shards.clone(),
+        }
+    }
+
+    /// Launch arguments holding tensors `ids`.
+    pub fn kernel_args(&self, ids: &[u32]) -> crate::kernel::KernelArgs {
+        crate::kernel::KernelArgs {
+            tensors: ids.iter().map(|&id| self.kernel_arg(id)).collect(),
+            ..Default::default()
+        }
+    }
+
     /// Declare a 2-D tensor sharded over the machine, with optional host data.
     pub fn tensor(
         &mut self,
@@ -368,6 +392,8 @@ impl<'m> Runtime<'m> {
                         addr,
                         rows: s.rows,
                         row_bytes: s.row_bytes,
+                        row0: 0,
+                        col0: 0,
                     })
                     .collect();
                 Layout {
@@ -382,10 +408,15 @@ impl<'m> Runtime<'m> {
         let Layout {
             shards,
             shard_pes,
-            kernel_shards,
+            mut kernel_shards,
             va,
             mappings,
         } = layout;
+        // Kernel shards follow `parts` in both layouts.
+        for (k, (_, part)) in kernel_shards.iter_mut().zip(&parts) {
+            k.row0 = part.tensor_offset / (cols * es);
+            k.col0 = part.tensor_offset % (cols * es) / es;
+        }
         let meta = TensorMeta {
             name: name.to_string(),
             dtype,
@@ -535,6 +566,8 @@ impl<'m> Runtime<'m> {
                 addr: la,
                 rows: part.rows,
                 row_bytes: part.row_bytes,
+                row0: 0,
+                col0: 0,
             });
             out.mappings.push(Mapping {
                 targets: vec![pe],

@@ -6,7 +6,6 @@ use std::sync::Arc;
 mod common;
 
 use kb_format::{Addr, Dtype, MemoryParams, Meta, Record, Space, TraceWriter, VerifySpec};
-use kb_sim::bench::kernel_args;
 use kb_sim::engine::{Engine, RunStats};
 use kb_sim::kernel::{self, Block, Executor, KernelArgs, KernelFn, Tl};
 use kb_sim::machine::{Machine, NodeKind, PeCoord};
@@ -30,7 +29,7 @@ fn run_kernel(topo: &str, kernel: KernelFn, with_data: bool) -> (Vec<(Record, St
     let x = rt
         .tensor("x", Dtype::F32, [64, 16], data, Sharding::ROWS)
         .unwrap();
-    let args = Arc::new(kernel_args(&rt, &[x]));
+    let args = Arc::new(rt.kernel_args(&[x]));
     let n = m.topo.total_pes();
     let mut programs: Vec<Box<dyn PeProgram>> = Vec::new();
     for (i, pe) in m.pes().collect::<Vec<_>>().into_iter().enumerate() {
@@ -54,7 +53,7 @@ fn records(bytes: &[u8]) -> Vec<(Record, String)> {
 /// PE 0 loads row 0 of the shard on the last PE (another cube in `va`)
 /// through its VA and checks the values.
 fn read_far_shard(tl: &mut Tl<'_>, args: &KernelArgs) {
-    if tl.program_id() != 0 {
+    if tl.program_id(0) != 0 {
         return;
     }
     let x = args.tensor("x");
@@ -239,7 +238,7 @@ fn run_la_with(
     let y = rt
         .tensor("y", Dtype::F32, [n, 64], Some(y_data), Sharding::ROWS)
         .unwrap();
-    let args = Arc::new(kernel_args(&rt, &[x, y]));
+    let args = Arc::new(rt.kernel_args(&[x, y]));
     let pes: Vec<_> = m.pes().collect();
     let mut programs: Vec<Box<dyn PeProgram>> = Vec::new();
     for (i, pe) in pes.into_iter().enumerate() {
@@ -268,7 +267,7 @@ fn load_whole_shard(tl: &mut Tl<'_>, args: &KernelArgs) {
     let x = args.tensor("x");
     let s = *x.shard(tl.pe()).unwrap();
     let t = tl.load(Block::in_shard(x, &s, 0, 0, s.rows as u32, 64));
-    let first = tl.program_id() as u64 * s.rows * 64;
+    let first = tl.program_id(0) as u64 * s.rows * 64;
     assert_eq!(t.get(0, 0), first as f64);
     assert_eq!(
         t.get(s.rows as usize - 1, 63),
@@ -388,7 +387,7 @@ fn la_n_to_one_reflects_aggregated_bandwidth() {
 /// PE 0 streams 1024 one-stripe loads: rows 0, 8, 16, ... (all on channel
 /// 0) with `SAME`, or rows 0, 1, 2, ... (every channel) without.
 fn stripes<const SAME: bool>(tl: &mut Tl<'_>, args: &KernelArgs) {
-    if tl.program_id() != 0 {
+    if tl.program_id(0) != 0 {
         return;
     }
     let x = args.tensor("x");
@@ -440,7 +439,7 @@ fn load_both(tl: &mut Tl<'_>, args: &KernelArgs) {
     let (x, y) = (args.tensor("x"), args.tensor("y"));
     let (sx, sy) = (*x.shard(tl.pe()).unwrap(), *y.shard(tl.pe()).unwrap());
     assert_ne!(sx.addr, sy.addr);
-    let first = tl.program_id() as u64 * sx.rows * 64;
+    let first = tl.program_id(0) as u64 * sx.rows * 64;
     let tx = tl.load(Block::in_shard(x, &sx, 1, 0, 1, 64));
     let ty = tl.load(Block::in_shard(y, &sy, 1, 0, 1, 64));
     assert_eq!(tx.get(0, 5), (first + 64 + 5) as f64);

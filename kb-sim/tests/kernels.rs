@@ -1,5 +1,5 @@
-//! Kernels through the executors: identical traces, failures named with
-//! the kernel, PE and simulated time, TCM limits, store visibility.
+//! Kernels through the executors: failures named with the kernel, PE and
+//! simulated time, TCM limits, store visibility, masked tiles.
 
 use std::sync::Arc;
 
@@ -8,38 +8,8 @@ use kb_sim::engine::{Engine, SimError};
 use kb_sim::kernel::{self, Block, Executor, KernelArgs, KernelFn, Tl};
 use kb_sim::machine::Machine;
 use kb_sim::program::PeProgram;
-use kb_sim::run::{RunConfig, run};
 use kb_sim::runtime::{Runtime, Sharding};
 use kb_sim::topology::Topology;
-
-fn config(topo: &str, executor: Executor) -> RunConfig {
-    RunConfig {
-        topology: Topology::load(topo).unwrap(),
-        bench: "copy".into(),
-        params: vec![
-            ("rows".into(), "301".into()),
-            ("cols".into(), "45".into()),
-            ("tile_rows".into(), "6".into()),
-        ],
-        seed: 3,
-        executor,
-        capture_inputs: false,
-        command_line: vec!["kb-sim".into()],
-    }
-}
-
-#[test]
-fn both_executors_write_identical_traces() {
-    for topo in ["small", "default"] {
-        let (a, _) = run(&config(topo, Executor::Coroutine), Vec::new()).unwrap();
-        let (b, _) = run(&config(topo, Executor::Thread), Vec::new()).unwrap();
-        assert!(a.len() > 1000);
-        assert!(
-            a == b,
-            "{topo}: coroutine and thread executors wrote different traces"
-        );
-    }
-}
 
 /// Run `kernel` on every PE of `small` with one row-sharded input tensor.
 fn run_kernel(kernel: KernelFn, executor: Executor) -> Result<(), SimError> {
@@ -49,7 +19,7 @@ fn run_kernel(kernel: KernelFn, executor: Executor) -> Result<(), SimError> {
     let x = rt
         .tensor("x", Dtype::F32, [64, 16], Some(data), Sharding::ROWS)
         .unwrap();
-    let args = Arc::new(kb_sim::bench::kernel_args(&rt, &[x]));
+    let args = Arc::new(rt.kernel_args(&[x]));
     let pes: Vec<_> = m.pes().collect();
     let mut programs: Vec<Box<dyn PeProgram>> = Vec::new();
     for (i, pe) in pes.into_iter().enumerate() {
@@ -70,7 +40,7 @@ fn first_rows(tl: &mut Tl<'_>, args: &KernelArgs, rows: u32) -> kernel::Tile {
 
 fn panics_on_pe1(tl: &mut Tl<'_>, args: &KernelArgs) {
     let t = first_rows(tl, args, 2);
-    if tl.program_id() == 1 {
+    if tl.program_id(0) == 1 {
         panic!("bad value {}", t.to_f64()[[0, 0]]);
     }
 }
@@ -198,58 +168,6 @@ fn a_deadlock_names_each_blocked_kernel_and_what_it_waits_for() {
     assert!(!e.contains("pe0"), "PE0 finished: {e}");
 }
 
-#[test]
-fn records_chunks_carry_a_seq_watermark_that_later_chunks_respect() {
-    let cfg = RunConfig {
-        topology: Topology::load("small").unwrap(),
-        bench: "vector_add".into(),
-        params: vec![
-            ("rows".into(), "2048".into()),
-            ("cols".into(), "16".into()),
-            ("tile_rows".into(), "1".into()),
-        ],
-        seed: 1,
-        executor: Executor::Coroutine,
-        capture_inputs: false,
-        command_line: vec![],
-    };
-    let (bytes, _) = run(&cfg, Vec::new()).unwrap();
-    let mut r = kb_format::StreamReader::open(&bytes[..]).unwrap();
-    let mut chunks: Vec<(u64, Vec<u64>)> = Vec::new();
-    let mut rec = kb_format::Record::default();
-    while let Some(ev) = r.next_event().unwrap() {
-        if let kb_format::Event::Records(mut c) = ev {
-            let w = c.seq_watermark();
-            let mut seqs = Vec::new();
-            while c.next_into(&mut rec).unwrap() {
-                seqs.extend(
-                    [rec.read.as_ref(), rec.write.as_ref()]
-                        .into_iter()
-                        .flatten()
-                        .map(|e| e.seq),
-                );
-            }
-            chunks.push((w, seqs));
-        }
-    }
-    assert!(chunks.len() >= 3, "{} chunks", chunks.len());
-    assert_eq!(
-        chunks.last().unwrap().0,
-        u64::MAX,
-        "the last chunk promises everything"
-    );
-    let (mid, _) = chunks[chunks.len() / 2];
-    assert!(mid > 0, "an intermediate chunk makes a real promise");
-    for (k, (w, _)) in chunks.iter().enumerate() {
-        for (_, later) in &chunks[k + 1..] {
-            assert!(
-                later.iter().all(|s| s >= w),
-                "chunk {k} promised no effect below {w}"
-            );
-        }
-    }
-}
-
 fn masked_edge_tile(tl: &mut Tl<'_>, args: &KernelArgs) {
     let x = args.tensor("x");
     let s = *x.shard(tl.pe()).unwrap();
@@ -270,56 +188,4 @@ fn masked_edge_tile(tl: &mut Tl<'_>, args: &KernelArgs) {
 #[test]
 fn masked_loads_fill_edges_with_other_and_store_the_valid_corner() {
     run_kernel(masked_edge_tile, Executor::Coroutine).unwrap();
-}
-
-#[test]
-fn capture_inputs_snapshots_the_inputs_phase_1_knows() {
-    let mut cfg = config("small", Executor::Coroutine);
-    cfg.bench = "gemm_tiled".into();
-    cfg.params = vec![
-        ("m".into(), "40".into()),
-        ("n".into(), "24".into()),
-        ("k".into(), "50".into()),
-    ];
-    cfg.capture_inputs = true;
-    let (bytes, _) = run(&cfg, Vec::new()).unwrap();
-    let mut r = kb_format::StreamReader::open(&bytes[..]).unwrap();
-    let mut gemms = Vec::new();
-    let mut snaps = Vec::new();
-    let mut rec = kb_format::Record::default();
-    while let Some(ev) = r.next_event().unwrap() {
-        match ev {
-            kb_format::Event::Records(mut c) => {
-                while c.next_into(&mut rec).unwrap() {
-                    if rec.kind == kb_format::OpKind::Gemm {
-                        gemms.push(rec.op_id);
-                    }
-                }
-            }
-            kb_format::Event::Snapshot {
-                op_id,
-                operand,
-                data,
-            } => {
-                // A snapshot comes before its op's record.
-                assert!(!gemms.contains(&op_id));
-                snaps.push((op_id, operand, data.len()));
-            }
-            kb_format::Event::Tensor { .. } => {}
-        }
-    }
-    assert!(!gemms.is_empty());
-    // Each dot's A and B tiles were loaded (known); an accumulator is a
-    // pending result and is not captured.
-    assert_eq!(snaps.len(), 2 * gemms.len());
-    for &(op, operand, len) in &snaps {
-        assert!(gemms.contains(&op) && operand < 2, "{op} {operand}");
-        assert!(len > 0);
-    }
-    cfg.capture_inputs = false;
-    let (plain, _) = run(&cfg, Vec::new()).unwrap();
-    assert!(
-        plain.len() < bytes.len(),
-        "snapshots only with --capture-inputs"
-    );
 }

@@ -1,4 +1,5 @@
-//! Math op replay: elementwise, where, cast/copy and reductions over tiles.
+//! Math op replay: elementwise, comparisons, where, cast/copy and
+//! reductions over tiles.
 //!
 //! Tile inputs arrive concatenated in input order (`rows x cols` row-major
 //! elements of their dtype each); scalar inputs are immediates and take no
@@ -6,15 +7,30 @@
 //!
 //! - Elementwise ops broadcast: an input of 1 x cols repeats across rows,
 //!   rows x 1 across columns, 1 x 1 (or a scalar) everywhere.
-//! - `where` takes (cond, a, b): a where cond is non-zero, else b.
-//! - `sum` / `reduce_max` reduce one tile along `axis` 0 (over rows, giving
-//!   1 x cols) or 1 (over columns, giving rows x 1); the output may be
-//!   declared as either vector orientation.
+//! - `where` takes (cond, a, b): a where cond is non-zero (NaN counts as
+//!   non-zero), else b; cond may have any dtype (a u8 mask, typically).
+//! - Comparisons (`lt` `le` `gt` `ge` `eq` `ne`) write a u8 mask of 0/1
+//!   and need a u8 output. They compare exact values (every dtype decodes
+//!   exactly to f64); NaN compares false, except `ne`, true.
+//! - Reductions reduce one tile along `axis` 0 (over rows, giving 1 x cols)
+//!   or 1 (over columns, giving rows x 1); the output may be declared as
+//!   either vector orientation. `sum` adds in order from the lane's first
+//!   element, in f64; `mean` is that sum divided by the lane length, and
+//!   needs a float output. `argmax`/`argmin` write the i32 index along the
+//!   axis of the first maximum/minimum (ties: the lowest index); a NaN
+//!   counts as both the largest and the smallest value, so the first NaN
+//!   wins (numpy's rule, consistent with `reduce_max` giving NaN).
 //! - Values are computed in f64 and rounded once to the output dtype. When
 //!   the output and every input are integers (and scalars integral), add,
-//!   sub, mul, max, min, where, cast, copy, sum and reduce_max use wrapping
-//!   i64 arithmetic instead, wrapped to the output width like numpy.
-//!   Maximum and minimum propagate NaN, as numpy's do.
+//!   sub, mul, max, min, abs, neg, where, cast, copy, sum, reduce_max and
+//!   reduce_min use wrapping i64 arithmetic instead, wrapped to the output
+//!   width like numpy (abs of i8 -128 is -128). Maximum and minimum (and
+//!   their reductions) propagate NaN, as numpy's do.
+//! - `sigmoid`, `tanh`, `erf` and `exp2` need float inputs and a float
+//!   output. `erf` is computed here (Rust's std has none), to about 1e-14
+//!   relative in f64.
+//! - `arange` takes no inputs: each element is its index along `axis` (0:
+//!   its row, 1: its column), rounded to the output dtype.
 //! - `copy`/`cast` between equal dtypes and shapes copy bytes verbatim.
 
 use kb_format::{Dtype, MathInput, MathOp, MathParams};
@@ -45,13 +61,38 @@ fn op_name(op: MathOp) -> &'static str {
 fn arity(op: MathOp) -> usize {
     match op {
         MathOp::Add | MathOp::Sub | MathOp::Mul | MathOp::Div | MathOp::Max | MathOp::Min => 2,
+        op if is_comparison(op) => 2,
         MathOp::Where => 3,
+        MathOp::Arange => 0,
         _ => 1,
     }
 }
 
 fn is_reduction(op: MathOp) -> bool {
-    matches!(op, MathOp::Sum | MathOp::ReduceMax)
+    matches!(
+        op,
+        MathOp::Sum
+            | MathOp::ReduceMax
+            | MathOp::ReduceMin
+            | MathOp::Mean
+            | MathOp::ArgMax
+            | MathOp::ArgMin
+    )
+}
+
+fn is_comparison(op: MathOp) -> bool {
+    matches!(
+        op,
+        MathOp::Lt | MathOp::Le | MathOp::Gt | MathOp::Ge | MathOp::Eq | MathOp::Ne
+    )
+}
+
+/// Ops defined on floats only (no integer meaning worth guessing).
+fn needs_float(op: MathOp) -> bool {
+    matches!(
+        op,
+        MathOp::Sigmoid | MathOp::Tanh | MathOp::Erf | MathOp::Exp2
+    )
 }
 
 fn tile_len(rows: u32, cols: u32, d: Dtype) -> Option<u64> {
@@ -158,6 +199,71 @@ fn min_nan(a: f64, b: f64) -> f64 {
     }
 }
 
+fn truth(b: bool) -> f64 {
+    if b { 1.0 } else { 0.0 }
+}
+
+/// The error function in f64: the Maclaurin series below 2.5 (its
+/// alternating terms lose at most about 3 digits there), the continued
+/// fraction of erfc up to 6, and +-1 beyond (erfc(6) < 2.2e-17). About
+/// 1e-14 relative everywhere, far below f32's half ulp (3e-8). Not the
+/// reference's algorithm, so the two check each other.
+pub(crate) fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    let r = if a < 2.5 {
+        // erf(a) = 2/sqrt(pi) sum_n (-1)^n a^(2n+1) / (n! (2n+1)).
+        let z = a * a;
+        let (mut power, mut sum) = (a, a);
+        for n in 1..200 {
+            power *= -z / n as f64;
+            let term = power / (2 * n + 1) as f64;
+            sum += term;
+            if term.abs() <= 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        std::f64::consts::FRAC_2_SQRT_PI * sum
+    } else if a < 6.0 {
+        // erfc(a) = exp(-a^2) / sqrt(pi) / (a + (1/2) / (a + (2/2) / (a + ...))),
+        // evaluated from a fixed depth backwards (ample for a >= 2.5).
+        let mut t = a;
+        for n in (1..=60).rev() {
+            t = a + (n as f64 / 2.0) / t;
+        }
+        1.0 - (-a * a).exp() * std::f64::consts::FRAC_2_SQRT_PI / (2.0 * t)
+    } else {
+        1.0
+    };
+    r.copysign(x)
+}
+
+/// Index along `axis` of the first element `better` than every earlier one
+/// in each lane; a NaN beats everything and is never beaten.
+fn arg_reduce(x: &Mat<f64>, axis: u8, better: fn(f64, f64) -> bool) -> Vec<i64> {
+    let pick = |lane: &mut dyn Iterator<Item = f64>| {
+        let mut best = (0i64, f64::NAN);
+        for (i, v) in lane.enumerate() {
+            if i == 0 || (!best.1.is_nan() && (v.is_nan() || better(v, best.1))) {
+                best = (i as i64, v);
+            }
+        }
+        best.0
+    };
+    if axis == 0 {
+        (0..x.cols)
+            .map(|j| pick(&mut (0..x.rows).map(|i| x.data[i * x.cols + j])))
+            .collect()
+    } else {
+        x.data
+            .chunks_exact(x.cols)
+            .map(|row| pick(&mut row.iter().copied()))
+            .collect()
+    }
+}
+
 fn elementwise<T: Copy>(ins: &[Mat<T>], rows: usize, cols: usize, f: impl Fn(&[T]) -> T) -> Vec<T> {
     let count = rows * cols;
     // Every input a 1 x 1 (a fill): one value, repeated.
@@ -211,6 +317,46 @@ fn reduce<T: Copy>(x: &Mat<T>, axis: u8, f: impl Fn(T, T) -> T) -> Vec<T> {
     }
 }
 
+/// The dtype rules of ops that have them (see the module docs).
+fn check_dtypes(p: &MathParams, ops: &[Operand]) -> Result<(), String> {
+    let name = op_name(p.op);
+    let need_out = |want: Dtype, what: &str| {
+        if p.dtype == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "math {name} writes {what} ({want}), but the record's output dtype is {}",
+                p.dtype
+            ))
+        }
+    };
+    if is_comparison(p.op) {
+        need_out(Dtype::U8, "a 0/1 mask")?;
+    }
+    if matches!(p.op, MathOp::ArgMax | MathOp::ArgMin) {
+        need_out(Dtype::I32, "indices")?;
+    }
+    let float_only = needs_float(p.op);
+    if (float_only || p.op == MathOp::Mean) && dtype::is_int(p.dtype) {
+        return Err(format!(
+            "math {name} needs a float output dtype (f32, f16 or bf16), not {}",
+            p.dtype
+        ));
+    }
+    if float_only {
+        for (k, o) in ops.iter().enumerate() {
+            if let Operand::Tile { dtype, .. } = *o
+                && dtype::is_int(dtype)
+            {
+                return Err(format!(
+                    "math {name} is defined for float inputs, but input {k} is {dtype}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Run one math op on its concatenated tile bytes; returns the output bytes.
 pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
     let name = op_name(p.op);
@@ -251,6 +397,24 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
         });
     }
 
+    if p.op == MathOp::Arange {
+        let idx: Vec<i64> = match p.axis {
+            Some(0) => (0..rows)
+                .flat_map(|i| std::iter::repeat_n(i as i64, cols))
+                .collect(),
+            Some(1) => (0..rows).flat_map(|_| 0..cols as i64).collect(),
+            a => return Err(format!("math {name} needs axis 0 or 1, not {a:?}")),
+        };
+        let mut out = Vec::with_capacity(count * p.dtype.size());
+        if dtype::is_int(p.dtype) {
+            dtype::extend_i64(p.dtype, &idx, &mut out);
+        } else {
+            let v: Vec<f64> = idx.iter().map(|&i| i as f64).collect();
+            dtype::extend_f64(p.dtype, &v, &mut out);
+        }
+        return Ok(out);
+    }
+
     if is_reduction(p.op) {
         let axis = p.axis.ok_or_else(|| format!("math {name} has no axis"))?;
         let (ir, ic) = ops[0].shape();
@@ -280,6 +444,8 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
         }
     }
 
+    check_dtypes(p, &ops)?;
+
     // Only scalar inputs (a fill): one value, repeated.
     if !is_reduction(p.op) && count > 1 && ops.iter().all(|o| matches!(o, Operand::Scalar(_))) {
         let one = MathParams {
@@ -305,6 +471,7 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
     }
 
     let mut out = Vec::with_capacity(count * p.dtype.size());
+    let axis = p.axis.unwrap_or(0);
     let int_op = matches!(
         p.op,
         MathOp::Add
@@ -312,23 +479,38 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
             | MathOp::Mul
             | MathOp::Max
             | MathOp::Min
+            | MathOp::Abs
+            | MathOp::Neg
             | MathOp::Where
             | MathOp::Cast
             | MathOp::Copy
             | MathOp::Sum
             | MathOp::ReduceMax
+            | MathOp::ReduceMin
     );
-    if int_op && dtype::is_int(p.dtype) && ops.iter().all(Operand::is_integral) {
+    if matches!(p.op, MathOp::ArgMax | MathOp::ArgMin) {
+        // Every dtype decodes exactly to f64, so comparing there is exact.
+        let x = ops[0].f64s();
+        let idx = if p.op == MathOp::ArgMax {
+            arg_reduce(&x, axis, |v, best| v > best)
+        } else {
+            arg_reduce(&x, axis, |v, best| v < best)
+        };
+        dtype::extend_i64(p.dtype, &idx, &mut out);
+    } else if int_op && dtype::is_int(p.dtype) && ops.iter().all(Operand::is_integral) {
         let ins: Vec<Mat<i64>> = ops.iter().map(Operand::i64s).collect();
         let vals = match p.op {
-            MathOp::Sum => reduce(&ins[0], p.axis.unwrap_or(0), i64::wrapping_add),
-            MathOp::ReduceMax => reduce(&ins[0], p.axis.unwrap_or(0), i64::max),
+            MathOp::Sum => reduce(&ins[0], axis, i64::wrapping_add),
+            MathOp::ReduceMax => reduce(&ins[0], axis, i64::max),
+            MathOp::ReduceMin => reduce(&ins[0], axis, i64::min),
             op => elementwise(&ins, rows, cols, |a| match op {
                 MathOp::Add => a[0].wrapping_add(a[1]),
                 MathOp::Sub => a[0].wrapping_sub(a[1]),
                 MathOp::Mul => a[0].wrapping_mul(a[1]),
                 MathOp::Max => a[0].max(a[1]),
                 MathOp::Min => a[0].min(a[1]),
+                MathOp::Abs => a[0].wrapping_abs(),
+                MathOp::Neg => a[0].wrapping_neg(),
                 MathOp::Where => {
                     if a[0] != 0 {
                         a[1]
@@ -343,19 +525,38 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
     } else {
         let ins: Vec<Mat<f64>> = ops.iter().map(Operand::f64s).collect();
         let vals = match p.op {
-            MathOp::Sum => reduce(&ins[0], p.axis.unwrap_or(0), |a, b| a + b),
-            MathOp::ReduceMax => reduce(&ins[0], p.axis.unwrap_or(0), max_nan),
+            MathOp::Sum => reduce(&ins[0], axis, |a, b| a + b),
+            MathOp::ReduceMax => reduce(&ins[0], axis, max_nan),
+            MathOp::ReduceMin => reduce(&ins[0], axis, min_nan),
+            MathOp::Mean => {
+                let n = if axis == 0 { ins[0].rows } else { ins[0].cols } as f64;
+                let mut v = reduce(&ins[0], axis, |a, b| a + b);
+                v.iter_mut().for_each(|s| *s /= n);
+                v
+            }
             op => elementwise(&ins, rows, cols, |a| match op {
                 MathOp::Exp => a[0].exp(),
                 MathOp::Log => a[0].ln(),
                 MathOp::Sqrt => a[0].sqrt(),
                 MathOp::Rsqrt => 1.0 / a[0].sqrt(),
+                MathOp::Abs => a[0].abs(),
+                MathOp::Neg => -a[0],
+                MathOp::Sigmoid => 1.0 / (1.0 + (-a[0]).exp()),
+                MathOp::Tanh => a[0].tanh(),
+                MathOp::Erf => erf(a[0]),
+                MathOp::Exp2 => a[0].exp2(),
                 MathOp::Add => a[0] + a[1],
                 MathOp::Sub => a[0] - a[1],
                 MathOp::Mul => a[0] * a[1],
                 MathOp::Div => a[0] / a[1],
                 MathOp::Max => max_nan(a[0], a[1]),
                 MathOp::Min => min_nan(a[0], a[1]),
+                MathOp::Lt => truth(a[0] < a[1]),
+                MathOp::Le => truth(a[0] <= a[1]),
+                MathOp::Gt => truth(a[0] > a[1]),
+                MathOp::Ge => truth(a[0] >= a[1]),
+                MathOp::Eq => truth(a[0] == a[1]),
+                MathOp::Ne => truth(a[0] != a[1]),
                 MathOp::Where => {
                     if a[0] != 0.0 {
                         a[1]
@@ -410,6 +611,110 @@ mod tests {
     fn run_f32(p: &MathParams, parts: &[&[f32]]) -> Vec<f32> {
         let input: Vec<u8> = parts.iter().flat_map(|s| f32b(s)).collect();
         dtype::to_f32(p.dtype, &execute(p, &input).unwrap())
+    }
+
+    fn run_bytes(p: &MathParams, input: &[u8]) -> Vec<f64> {
+        crate::dtype::to_f64(p.dtype, &execute(p, input).unwrap())
+    }
+
+    #[test]
+    fn new_unary_ops_match_hand_values() {
+        let f = Dtype::F32;
+        let x = [-2.0f32, 0.0, 0.5];
+        let un = |op| run_f32(&params(op, vec![tile(1, 3, f)], 1, 3, f), &[&x]);
+        assert_eq!(un(MathOp::Abs), [2.0, 0.0, 0.5]);
+        assert_eq!(un(MathOp::Neg), [2.0, -0.0, -0.5]);
+        assert_eq!(un(MathOp::Exp2), [0.25, 1.0, 2f64.sqrt() as f32]);
+        assert_eq!(
+            un(MathOp::Sigmoid),
+            [
+                (1.0 / (1.0 + 2f64.exp())) as f32,
+                0.5,
+                (1.0 / (1.0 + (-0.5f64).exp())) as f32
+            ]
+        );
+        assert_eq!(
+            un(MathOp::Tanh),
+            [(-2f64).tanh() as f32, 0.0, 0.5f64.tanh() as f32]
+        );
+        // erf(0.5) = 0.5204998778130465 (tabulated).
+        assert_eq!(un(MathOp::Erf)[2], 0.520_499_877_813_046_5_f64 as f32);
+        // Float-only ops refuse integer outputs.
+        let p = params(MathOp::Tanh, vec![tile(1, 1, Dtype::I32)], 1, 1, Dtype::I32);
+        assert!(execute(&p, &[0; 4]).unwrap_err().contains("float"));
+    }
+
+    #[test]
+    fn comparisons_write_u8_masks() {
+        let f = Dtype::F32;
+        let a = [1.0f32, 2.0, f32::NAN];
+        let b = [2.0f32, 2.0, 1.0];
+        let input: Vec<u8> = f32b(&a).into_iter().chain(f32b(&b)).collect();
+        let cmp = |op| {
+            execute(
+                &params(op, vec![tile(1, 3, f), tile(1, 3, f)], 1, 3, Dtype::U8),
+                &input,
+            )
+            .unwrap()
+        };
+        assert_eq!(cmp(MathOp::Lt), [1, 0, 0]);
+        assert_eq!(cmp(MathOp::Le), [1, 1, 0]);
+        assert_eq!(cmp(MathOp::Gt), [0, 0, 0]);
+        assert_eq!(cmp(MathOp::Ge), [0, 1, 0]);
+        assert_eq!(cmp(MathOp::Eq), [0, 1, 0]);
+        assert_eq!(cmp(MathOp::Ne), [1, 0, 1]);
+        // A comparison into a float output is refused.
+        let p = params(MathOp::Lt, vec![tile(1, 3, f), tile(1, 3, f)], 1, 3, f);
+        assert!(execute(&p, &input).unwrap_err().contains("u8"));
+    }
+
+    #[test]
+    fn min_mean_and_arg_reductions() {
+        let f = Dtype::F32;
+        // 2 x 3: [[3, 1, 1], [0, 5, 5]]
+        let x = [3.0f32, 1.0, 1.0, 0.0, 5.0, 5.0];
+        let red = |op, axis, rows, cols, dtype| {
+            let mut p = params(op, vec![tile(2, 3, f)], rows, cols, dtype);
+            p.axis = Some(axis);
+            run_bytes(&p, &f32b(&x))
+        };
+        assert_eq!(red(MathOp::ReduceMin, 1, 2, 1, f), [1.0, 0.0]);
+        assert_eq!(red(MathOp::ReduceMin, 0, 1, 3, f), [0.0, 1.0, 1.0]);
+        let third = |v: f64| (v / 3.0) as f32 as f64;
+        assert_eq!(red(MathOp::Mean, 1, 2, 1, f), [third(5.0), third(10.0)]);
+        assert_eq!(red(MathOp::Mean, 0, 1, 3, f), [1.5, 3.0, 3.0]);
+        // Ties go to the lowest index.
+        assert_eq!(red(MathOp::ArgMax, 1, 2, 1, Dtype::I32), [0.0, 1.0]);
+        assert_eq!(red(MathOp::ArgMin, 1, 2, 1, Dtype::I32), [1.0, 0.0]);
+        assert_eq!(red(MathOp::ArgMax, 0, 1, 3, Dtype::I32), [0.0, 1.0, 1.0]);
+        // A NaN wins argmax and argmin (numpy's rule).
+        let mut p = params(MathOp::ArgMin, vec![tile(1, 3, f)], 1, 1, Dtype::I32);
+        p.axis = Some(1);
+        assert_eq!(run_bytes(&p, &f32b(&[2.0, f32::NAN, -1.0])), [1.0]);
+        // Indices need an i32 output.
+        let mut p = params(MathOp::ArgMax, vec![tile(2, 3, f)], 2, 1, f);
+        p.axis = Some(1);
+        assert!(execute(&p, &f32b(&x)).unwrap_err().contains("i32"));
+    }
+
+    #[test]
+    fn arange_counts_along_its_axis() {
+        let mut p = params(MathOp::Arange, vec![], 2, 3, Dtype::I32);
+        p.axis = Some(1);
+        assert_eq!(run_bytes(&p, &[]), [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]);
+        p.axis = Some(0);
+        p.dtype = Dtype::F16;
+        assert_eq!(run_bytes(&p, &[]), [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        p.axis = None;
+        assert!(execute(&p, &[]).unwrap_err().contains("axis"));
+        let p = params(
+            MathOp::Arange,
+            vec![tile(1, 1, Dtype::I32)],
+            1,
+            1,
+            Dtype::I32,
+        );
+        assert!(execute(&p, &[0; 4]).unwrap_err().contains("takes 0 inputs"));
     }
 
     #[test]

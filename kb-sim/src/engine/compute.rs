@@ -131,7 +131,7 @@ impl<W: Write> Engine<'_, W> {
                         elems = elems.max(rows as u64 * cols as u64);
                     }
                 }
-                let gflops = rate(&t.pe_math.gflops, m.dtype);
+                let gflops = rate(&t.pe_math.gflops, math_rate_dtype(m));
                 let ps =
                     (elems as f64 * 1000.0 / gflops).ceil() as Ps + ns_to_ps(t.pe_math.setup_ns.0);
                 (
@@ -187,7 +187,15 @@ impl<W: Write> Engine<'_, W> {
             // A fill's value is known now: Phase 1 materializes it (the op
             // is still recorded and replayed), so masked tiles stay readable.
             Some(bytes) => self.data.write(out.pa, &bytes),
-            None => self.data.mark_pending(out.pa, out.len, op_id),
+            None => {
+                self.data.register_writer(crate::program::Writer {
+                    op_id,
+                    op_name: op.decl().op_name(),
+                    pe: pc,
+                    time: now,
+                });
+                self.data.mark_pending(out.pa, out.len, op_id)
+            }
         }
         let unit = self.m.pe_node(pc, unit_kind);
         let c = self.computes.insert(Compute {
@@ -303,8 +311,23 @@ fn rate(t: &crate::topology::PerDtype, dtype: Dtype) -> f64 {
     }
 }
 
-/// The bytes of a constant fill (a copy of one scalar over the output), the
-/// one compute result Phase 1 can know without computing.
+/// The dtype whose pe_math rate times a math op: its output's, except for
+/// ops whose output is a mask or an index (comparisons, argmax, argmin),
+/// which run at their input's.
+fn math_rate_dtype(m: &kb_format::MathParams) -> Dtype {
+    use kb_format::MathOp::*;
+    let input = m.inputs.iter().find_map(|i| match i {
+        MathInput::Tile { dtype, .. } => Some(*dtype),
+        MathInput::Scalar(_) => None,
+    });
+    match (m.op, input) {
+        (Lt | Le | Gt | Ge | Eq | Ne | ArgMax | ArgMin, Some(d)) => d,
+        _ => m.dtype,
+    }
+}
+
+/// The bytes of a constant fill (a copy of one scalar over the output) or
+/// an arange, the compute results Phase 1 can know without computing.
 fn constant_fill(op: &ComputeOp) -> Option<Vec<u8>> {
     let ComputeOp::Math(Labeled { op: m, .. }) = op else {
         return None;
@@ -313,6 +336,17 @@ fn constant_fill(op: &ComputeOp) -> Option<Vec<u8>> {
         (kb_format::MathOp::Copy, [MathInput::Scalar(v)]) => {
             let one = crate::kernel::encode(m.dtype, *v);
             Some(one.repeat(m.rows as usize * m.cols as usize))
+        }
+        (kb_format::MathOp::Arange, []) => {
+            let (rows, cols) = (m.rows as usize, m.cols as usize);
+            let mut out = Vec::with_capacity(rows * cols * m.dtype.size());
+            for i in 0..rows {
+                for j in 0..cols {
+                    let v = if m.axis == Some(0) { i } else { j };
+                    out.extend_from_slice(&crate::kernel::encode(m.dtype, v as f64));
+                }
+            }
+            Some(out)
         }
         _ => None,
     }

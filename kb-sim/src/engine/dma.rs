@@ -16,8 +16,9 @@ use kb_format::{Addr, Effect, Extent, Space};
 
 use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, Wait, ns};
 use crate::component::Request;
+use crate::data::UnknownRange;
 use crate::machine::{NodeId, NodeKind, PeCoord};
-use crate::program::DmaCmd;
+use crate::program::{DmaCmd, Loaded, Unknown};
 use crate::topology::{AddressModel, MappingMode};
 
 /// DMA message arrivals.
@@ -96,6 +97,8 @@ pub(super) struct Dma {
     at_issue: bool,
     op: Option<OpenOp>,
     data: Vec<u8>,
+    /// Bytes of `data` that are compute results unknown in Phase 1.
+    unknown: Vec<UnknownRange>,
     fingerprint: Option<u64>,
     read: Option<Effect>,
     write: Option<Effect>,
@@ -334,6 +337,7 @@ impl<W: Write> Engine<'_, W> {
             at_issue: false,
             op: None,
             data: Vec::new(),
+            unknown: Vec::new(),
             fingerprint: None,
             read: None,
             write: None,
@@ -351,25 +355,17 @@ impl<W: Write> Engine<'_, W> {
     }
 
     /// A store's read and write, at issue. Pending source bytes (a compute
-    /// result) make the destination pending, written by this store.
+    /// result) make the matching destination bytes pending, naming the
+    /// same writer.
     fn apply_at_issue(&mut self, d: u32) {
-        let (src, dst, op_id) = {
+        let (src, dst) = {
             let x = self.dmas.get(d);
-            (x.src_order.clone(), x.dst_order.clone(), x.op_id)
+            (x.src_order.clone(), x.dst_order.clone())
         };
-        let mut data = Vec::new();
-        let pending = src
-            .iter()
-            .any(|x| self.data.read_extent(x, &mut data).is_err());
-        let fingerprint = if pending {
-            for x in &dst {
-                self.data.mark_pending_extent(x, op_id);
-            }
-            None
-        } else {
-            self.scatter(&dst, &data);
-            Some(kb_format::fingerprint(&data))
-        };
+        let (data, unknown) = self.read_moved(&src);
+        self.scatter(&dst, &data);
+        self.data.mark_unknown(&dst, &unknown);
+        let fingerprint = unknown.is_empty().then(|| kb_format::fingerprint(&data));
         let read = self.effect(src);
         let write = self.effect(dst);
         let x = self.dmas.get(d);
@@ -377,6 +373,14 @@ impl<W: Write> Engine<'_, W> {
         x.fingerprint = fingerprint;
         x.read = Some(read);
         x.write = Some(write);
+    }
+
+    /// The bytes a DMA moves and which of them are unknown in Phase 1.
+    fn read_moved(&self, src: &[Extent]) -> (Vec<u8>, Vec<UnknownRange>) {
+        let mut data = Vec::new();
+        let mut unknown = Vec::new();
+        self.data.read_partial(src, &mut data, &mut unknown);
+        (data, unknown)
     }
 
     fn scatter(&mut self, pieces: &[Extent], data: &[u8]) {
@@ -518,19 +522,17 @@ impl<W: Write> Engine<'_, W> {
             }
             DmaAct::SrcPartDone(d) => self.part_done(d, DmaAct::SrcRead(d)),
             DmaAct::SrcRead(d) => {
-                let (pe, dma) = self.dma_node(d);
+                let (_, dma) = self.dma_node(d);
                 if !self.dmas.get(d).at_issue {
+                    // Compute results move without their value (ADR-0020:
+                    // only reading them in Phase 1 is an error).
                     let src = self.dmas.get(d).src_order.clone();
-                    let mut data = Vec::new();
-                    for x in &src {
-                        if let Err(e) = self.data.read_extent(x, &mut data) {
-                            return Err(self.kernel_err(pe, format!("DMA read refused: {e}")));
-                        }
-                    }
+                    let (data, unknown) = self.read_moved(&src);
                     let read = self.effect(src);
                     let x = self.dmas.get(d);
-                    x.fingerprint = Some(kb_format::fingerprint(&data));
+                    x.fingerprint = unknown.is_empty().then(|| kb_format::fingerprint(&data));
                     x.data = data;
+                    x.unknown = unknown;
                     x.read = Some(read);
                 }
                 let remote: Vec<(NodeId, Option<NodeId>, u64)> = self
@@ -586,8 +588,12 @@ impl<W: Write> Engine<'_, W> {
                 }
                 if !self.dmas.get(d).at_issue {
                     let data = std::mem::take(&mut self.dmas.get(d).data);
+                    let unknown = std::mem::take(&mut self.dmas.get(d).unknown);
                     self.scatter(&dst, &data);
-                    self.dmas.get(d).data = data;
+                    self.data.mark_unknown(&dst, &unknown);
+                    let x = self.dmas.get(d);
+                    x.data = data;
+                    x.unknown = unknown;
                     let write = self.effect(dst);
                     self.dmas.get(d).write = Some(write);
                 }
@@ -620,10 +626,22 @@ impl<W: Write> Engine<'_, W> {
                 if x.cmd.mem.dst.space == Space::Tcm {
                     // A load: its bytes go to the kernel that waits on it,
                     // now or later (an asynchronous load).
+                    let loaded = Loaded {
+                        unknown: x
+                            .unknown
+                            .iter()
+                            .map(|u| Unknown {
+                                offset: u.offset as usize,
+                                len: u.len as usize,
+                                writer: self.data.writer_or_unnamed(u.writer),
+                            })
+                            .collect(),
+                        bytes: x.data,
+                    };
                     if self.pes[pe].waiting == Wait::Cmd(CmdRef(x.op_id)) {
-                        self.replies[pe] = Some(x.data);
+                        self.replies[pe] = Some(loaded);
                     } else {
-                        self.async_data.insert(x.op_id, x.data);
+                        self.async_data.insert(x.op_id, loaded);
                     }
                 }
                 let e = &mut self.engines[pe];

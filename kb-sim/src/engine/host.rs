@@ -1,16 +1,14 @@
-//! The host runtime's timed protocols: deploying tensors (host -> pcie_ep
-//! -> io_cpu, then one write per shard to the cubes' HBM) and launching
-//! kernels behind a global start barrier stamped by io_cpu.
+//! The host runtime's deploy protocol: host -> pcie_ep -> io_cpu, then one
+//! write per shard to the cubes' HBM. (Launches are `launch.rs`.)
 
 use std::io::Write;
 
 use kb_format::pa;
-use kb_format::{Addr, Extent, MemoryParams, OpKind, Params, Ps, Space};
+use kb_format::{Addr, Extent, MemoryParams, OpKind, Params, Space};
 
 use super::{Act, Arrive, CONTROL_BYTES, Engine, OpenOp, SimError};
 use crate::component::Request;
-use crate::event::ns_to_ps;
-use crate::machine::{NodeKind, PeCoord};
+use crate::machine::NodeKind;
 use crate::program::DataOp;
 use crate::runtime::Tensor;
 
@@ -20,9 +18,6 @@ pub(super) enum HostArrive {
     DeployAtIo { tensor: u32, sip: u32 },
     HostWriteAtHbm(u32),
     HostAck,
-    LaunchAtIo(u32),
-    LaunchAtMcpu { sip: u32, cube: u32, target: Ps },
-    LaunchAtPe { pe: u32, target: Ps },
 }
 
 /// Host-protocol steps.
@@ -30,8 +25,6 @@ pub(super) enum HostArrive {
 pub(super) enum HostAct {
     DeployFanout { tensor: u32, sip: u32 },
     HostWriteDone(u32),
-    IoFanout { sip: u32, target: Ps },
-    McpuFanout { sip: u32, cube: u32, target: Ps },
 }
 
 impl From<HostArrive> for Arrive {
@@ -96,7 +89,7 @@ impl<W: Write> Engine<'_, W> {
     /// cubes' HBM.
     pub(super) fn deploy(&mut self) {
         // VA model: install every tensor's mappings; the launch waits for them.
-        self.host_pending += self.send_mappings(false);
+        self.host_pending += self.send_mappings();
         let tensors = self.tensors;
         for t in tensors.iter().filter(|t| t.data.is_some()) {
             for sip in 0..self.m.topo.counts.sips {
@@ -121,40 +114,6 @@ impl<W: Write> Engine<'_, W> {
                 }
             }
         }
-    }
-
-    pub(super) fn launch(&mut self) {
-        for sip in 0..self.m.topo.counts.sips {
-            let io = self.m.sip_node(sip, NodeKind::IoCpu);
-            self.send(
-                self.m.host(),
-                io,
-                CONTROL_BYTES,
-                HostArrive::LaunchAtIo(sip),
-            );
-        }
-    }
-
-    /// The latest any PE of `sip` can receive a launch stamped at io_cpu:
-    /// uncontended fan-out latency plus the m_cpu and pe_cpu handling.
-    fn launch_lead(&self, sip: u32) -> Ps {
-        let io = self.m.sip_node(sip, NodeKind::IoCpu);
-        let handle = ns_to_ps(self.m.topo.cpu.handle_ns.0);
-        self.m
-            .pes()
-            .filter(|p| p.sip == sip)
-            .map(|p| {
-                let mcpu = self.m.cube_node(sip, p.cube, NodeKind::MCpu);
-                let cpu = self.m.pe_node(p, NodeKind::PeCpu);
-                self.m
-                    .uncontended_ps(&self.m.route(io, mcpu), CONTROL_BYTES)
-                    + self
-                        .m
-                        .uncontended_ps(&self.m.route(mcpu, cpu), CONTROL_BYTES)
-                    + 2 * handle
-            })
-            .max()
-            .unwrap_or(0)
     }
 
     pub(super) fn host_arrive(&mut self, then: HostArrive) -> Result<(), SimError> {
@@ -214,26 +173,9 @@ impl<W: Write> Engine<'_, W> {
             HostArrive::HostAck => {
                 self.host_pending -= 1;
                 if self.host_pending == 0 {
-                    self.launch();
+                    self.host_wait = super::launch::HostWait::Running;
+                    self.host_continue();
                 }
-            }
-            HostArrive::LaunchAtIo(sip) => {
-                let io = self.m.sip_node(sip, NodeKind::IoCpu);
-                let end = self.serve(io, Request::control());
-                let target = end + self.launch_lead(sip);
-                self.at(end, HostAct::IoFanout { sip, target });
-            }
-            HostArrive::LaunchAtMcpu { sip, cube, target } => {
-                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
-                let end = self.serve(mcpu, Request::control());
-                self.at(end, HostAct::McpuFanout { sip, cube, target });
-            }
-            HostArrive::LaunchAtPe { pe, target } => {
-                let cpu = self
-                    .m
-                    .pe_node(self.m.pe_coord(pe as usize), NodeKind::PeCpu);
-                let end = self.serve(cpu, Request::control());
-                self.at(end.max(target), Act::KernelStart(pe));
             }
         }
         Ok(())
@@ -286,32 +228,6 @@ impl<W: Write> Engine<'_, W> {
                     // The SIP's last shard of this tensor is in place: ack the host.
                     let io = self.m.sip_node(pe.sip, NodeKind::IoCpu);
                     self.send(io, self.m.host(), CONTROL_BYTES, HostArrive::HostAck);
-                }
-            }
-            HostAct::IoFanout { sip, target } => {
-                let io = self.m.sip_node(sip, NodeKind::IoCpu);
-                for cube in 0..self.m.topo.counts.cubes_per_sip {
-                    let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
-                    self.send(
-                        io,
-                        mcpu,
-                        CONTROL_BYTES,
-                        HostArrive::LaunchAtMcpu { sip, cube, target },
-                    );
-                }
-            }
-            HostAct::McpuFanout { sip, cube, target } => {
-                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
-                for p in 0..self.m.topo.counts.pes_per_cube {
-                    let pc = PeCoord { sip, cube, pe: p };
-                    let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
-                    let pe = self.m.pe_index(pc) as u32;
-                    self.send(
-                        mcpu,
-                        cpu,
-                        CONTROL_BYTES,
-                        HostArrive::LaunchAtPe { pe, target },
-                    );
                 }
             }
         }

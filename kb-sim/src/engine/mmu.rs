@@ -95,29 +95,35 @@ impl<W: Write> Engine<'_, W> {
         &self.tensors[msg.tensor as usize].mappings[msg.group as usize].targets
     }
 
-    /// Send every tensor's mappings (or unmappings), one message per target
-    /// SIP; returns how many PE_MMU installs to wait for.
-    pub(super) fn send_mappings(&mut self, unmap: bool) -> usize {
+    /// Send every tensor's mappings, one message per target SIP; returns
+    /// how many PE_MMU installs to wait for.
+    pub(super) fn send_mappings(&mut self) -> usize {
+        (0..self.tensors.len() as u32)
+            .map(|t| self.send_tensor_mappings(t, false))
+            .sum()
+    }
+
+    /// Send one tensor's mappings (or unmappings), one message per target
+    /// SIP; returns how many installs (removals) it makes.
+    pub(super) fn send_tensor_mappings(&mut self, tensor: u32, unmap: bool) -> usize {
         let now = self.q.now();
         let mut installs = 0;
-        let tensors = self.tensors;
-        for t in tensors {
-            for (g, mapping) in t.mappings.iter().enumerate() {
-                let msg = MapMsg {
-                    tensor: t.id,
-                    group: g as u32,
-                    unmap,
-                    sent: now,
-                };
-                let mut sips: Vec<u32> = mapping.targets.iter().map(|p| p.sip).collect();
-                sips.dedup();
-                for sip in sips {
-                    let io = self.m.sip_node(sip, NodeKind::IoCpu);
-                    let bytes = self.group_bytes(&msg);
-                    self.send(self.m.host(), io, bytes, MmuArrive::Io { msg, sip });
-                }
-                installs += mapping.targets.len();
+        let t = &self.tensors[tensor as usize];
+        for (g, mapping) in t.mappings.iter().enumerate() {
+            let msg = MapMsg {
+                tensor,
+                group: g as u32,
+                unmap,
+                sent: now,
+            };
+            let mut sips: Vec<u32> = mapping.targets.iter().map(|p| p.sip).collect();
+            sips.dedup();
+            for sip in sips {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let bytes = self.group_bytes(&msg);
+                self.send(self.m.host(), io, bytes, MmuArrive::Io { msg, sip });
             }
+            installs += mapping.targets.len();
         }
         installs
     }

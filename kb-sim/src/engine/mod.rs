@@ -26,7 +26,7 @@ use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad
 use crate::data::DataPlane;
 use crate::event::{EventQueue, ns_to_ps};
 use crate::machine::{LinkId, Machine, NodeId, NodeKind, PeCoord};
-use crate::program::{Command, DataOp, PeProgram, Reply};
+use crate::program::{Command, DataOp, Loaded, PeProgram, Reply, Script};
 use crate::runtime::Tensor;
 
 /// Size of a control message (requests, acks, launch, command issue).
@@ -35,7 +35,11 @@ pub const CONTROL_BYTES: u64 = 64;
 mod compute;
 mod dma;
 mod host;
+mod launch;
 mod mmu;
+
+use launch::{HostWait, LaunchAct, LaunchArrive, LaunchState, PeLaunches};
+pub use launch::{LaunchBody, LaunchSpec, Step};
 
 pub use mmu::MmuStats;
 use mmu::{MmuAct, MmuArrive};
@@ -65,6 +69,7 @@ enum Arrive {
     Host(HostArrive),
     Dma(DmaArrive),
     Mmu(MmuArrive),
+    Launch(LaunchArrive),
     ComputeAtUnit(u32),
     CmdDoneAtCpu { pe: u32, cmd: CmdRef },
 }
@@ -75,8 +80,8 @@ enum Act {
     Host(HostAct),
     Dma(DmaAct),
     Mmu(MmuAct),
+    Launch(LaunchAct),
     ComputeEnd(u32),
-    KernelStart(u32),
 }
 
 /// A command in flight, for completion notices: its op id, which (unlike
@@ -186,8 +191,14 @@ pub struct Engine<'m, W: Write> {
     baaw: Vec<Vec<crate::runtime::Segment>>,
     /// Added to a DMA per translated side (VA model).
     tlb_ps: Ps,
-    /// Mappings were removed after the kernels finished.
-    unmapped: bool,
+    /// Host program steps not yet run.
+    steps: VecDeque<Step>,
+    host_wait: HostWait,
+    launches: Vec<LaunchState>,
+    /// Per PE: the launch running there and those queued behind it.
+    pe_launches: Vec<PeLaunches>,
+    /// Per tensor: unmapped by a free step or at the end.
+    freed: Vec<bool>,
     /// Write snapshots of compute inputs (`--capture-inputs`).
     capture_inputs: bool,
     msgs: Slab<Msg>,
@@ -202,20 +213,21 @@ pub struct Engine<'m, W: Write> {
     data: DataPlane,
     log: OpLog<W>,
     tensors: &'m [Tensor],
+    /// Per PE: the program of the launch running there (an empty script
+    /// when none has started).
     programs: Vec<Box<dyn PeProgram>>,
     pes: Vec<PeState>,
     replies: Vec<PendingReply>,
     /// Ops issued and not yet completed (for `WaitOp`).
     in_flight: FxHashSet<u64>,
     /// Data of completed asynchronous loads, until the kernel waits on them.
-    async_data: HashMap<u64, Vec<u8>>,
+    async_data: HashMap<u64, Loaded>,
     stats: RunStats,
 }
 
-/// Per-PE kernel state.
+/// Per-PE kernel state (reset when a kernel starts).
 #[derive(Debug, Clone, Copy, Default)]
 struct PeState {
-    finished: bool,
     /// DMAs issued and not yet completed.
     outstanding: u32,
     /// What the program waits on: a specific DMA, or all of them.
@@ -223,7 +235,7 @@ struct PeState {
 }
 
 /// Per-PE reply data: the bytes of the blocking DMA it waits on.
-type PendingReply = Option<Vec<u8>>;
+type PendingReply = Option<Loaded>;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum Wait {
@@ -246,11 +258,31 @@ fn ns(t: Ps) -> f64 {
 }
 
 impl<'m, W: Write> Engine<'m, W> {
+    /// An engine that runs one launch of hand-written programs, one per PE
+    /// in `Machine::pes()` order.
     pub fn new(
         m: &'m Machine,
         writer: TraceWriter<W>,
         tensors: &'m [Tensor],
         programs: Vec<Box<dyn PeProgram>>,
+    ) -> Self {
+        let pes: Vec<PeCoord> = m.pes().take(programs.len()).collect();
+        let launch = LaunchSpec {
+            name: "script".into(),
+            grid: [pes.len() as u32, 1],
+            pes,
+            body: LaunchBody::Scripts(programs),
+        };
+        Self::with_program(m, writer, tensors, vec![Step::Launch(launch)])
+    }
+
+    /// An engine that runs a host program: deploy every tensor with host
+    /// data, then `steps` in order, then free every tensor.
+    pub fn with_program(
+        m: &'m Machine,
+        writer: TraceWriter<W>,
+        tensors: &'m [Tensor],
+        steps: Vec<Step>,
     ) -> Self {
         let t = &m.topo;
         let comps = m
@@ -290,7 +322,11 @@ impl<'m, W: Write> Engine<'m, W> {
             mmus: vec![Default::default(); n_pes],
             baaw: vec![Vec::new(); n_pes],
             tlb_ps: ns_to_ps(t.pe_mmu.tlb_overhead_ns.0),
-            unmapped: false,
+            steps: steps.into(),
+            host_wait: HostWait::Deploy,
+            launches: Vec::new(),
+            pe_launches: (0..n_pes).map(|_| PeLaunches::default()).collect(),
+            freed: vec![false; tensors.len()],
             capture_inputs: false,
             msgs: Slab::new(),
             dmas: Slab::new(),
@@ -319,11 +355,13 @@ impl<'m, W: Write> Engine<'m, W> {
                 names: vec![None; m.nodes.len()],
             },
             tensors,
-            pes: vec![PeState::default(); programs.len()],
-            replies: vec![None; programs.len()],
+            pes: (0..n_pes).map(|_| PeState::default()).collect(),
+            replies: vec![None; n_pes],
             in_flight: Default::default(),
             async_data: HashMap::default(),
-            programs,
+            programs: (0..n_pes)
+                .map(|_| -> Box<dyn PeProgram> { Box::new(Script::new(Vec::new())) })
+                .collect(),
             stats: RunStats::default(),
         }
     }
@@ -335,12 +373,21 @@ impl<'m, W: Write> Engine<'m, W> {
         self
     }
 
-    /// Deploy every tensor with host data, launch the kernels behind a
-    /// global start barrier, and run to completion.
-    pub fn run(mut self) -> Result<(TraceWriter<W>, RunStats), SimError> {
+    /// Deploy every tensor with host data, run the host program, and run
+    /// to completion.
+    pub fn run(self) -> Result<(TraceWriter<W>, RunStats), SimError> {
+        self.run_with_launches().map(|(w, s, _)| (w, s))
+    }
+
+    /// [`run`](Self::run), also returning the launches for the trace.
+    #[allow(clippy::type_complexity)]
+    pub fn run_with_launches(
+        mut self,
+    ) -> Result<(TraceWriter<W>, RunStats, Vec<kb_format::Launch>), SimError> {
         self.deploy();
         if self.host_pending == 0 {
-            self.launch();
+            self.host_wait = HostWait::Running;
+            self.host_continue();
         }
         while let Some((_, ev)) = self.q.pop() {
             match ev {
@@ -352,11 +399,11 @@ impl<'m, W: Write> Engine<'m, W> {
                 Ev::Act(a) => self.act(a)?,
             }
         }
-        let stuck: Vec<String> = self
+        let mut stuck: Vec<String> = self
             .pes
             .iter()
             .enumerate()
-            .filter(|(_, s)| !s.finished)
+            .filter(|(i, _)| self.pe_launches[*i].current.is_some())
             .map(|(i, s)| {
                 let what = match s.waiting {
                     Wait::Cmd(CmdRef(op)) => format!("op {op}, which will never wake it"),
@@ -370,6 +417,14 @@ impl<'m, W: Write> Engine<'m, W> {
                 )
             })
             .collect();
+        match self.host_wait {
+            HostWait::Done => {}
+            HostWait::Launch(n) => stuck.push(format!(
+                "the host waits for launch {n} ({})",
+                self.launches[n as usize].spec.name
+            )),
+            w => stuck.push(format!("the host waits ({w:?})")),
+        }
         if !stuck.is_empty() {
             return Err(SimError::Stalled {
                 time_ns: ns(self.q.now()),
@@ -379,7 +434,8 @@ impl<'m, W: Write> Engine<'m, W> {
         self.stats.end_time = self.q.now();
         self.stats.events = self.q.scheduled();
         self.stats.records = self.log.next_op;
-        Ok((self.log.writer, self.stats))
+        let launches = self.launch_records();
+        Ok((self.log.writer, self.stats, launches))
     }
 
     // ---- fabric ----
@@ -551,6 +607,7 @@ impl<'m, W: Write> Engine<'m, W> {
             Arrive::Host(a) => self.host_arrive(a)?,
             Arrive::Dma(a) => self.dma_arrive(a),
             Arrive::Mmu(a) => self.mmu_arrive(a),
+            Arrive::Launch(a) => self.launch_arrive(a)?,
             Arrive::ComputeAtUnit(c) => self.compute_arrive(c),
             Arrive::CmdDoneAtCpu { pe, cmd } => {
                 self.in_flight.remove(&cmd.0);
@@ -581,17 +638,11 @@ impl<'m, W: Write> Engine<'m, W> {
     }
 
     fn act(&mut self, a: Act) -> Result<(), SimError> {
-        let now = self.q.now();
         match a {
             Act::Host(a) => self.host_act(a)?,
             Act::Dma(a) => self.dma_act(a)?,
             Act::Mmu(a) => self.mmu_act(a),
-            Act::KernelStart(pe) => {
-                if self.stats.kernel_start == 0 {
-                    self.stats.kernel_start = now;
-                }
-                self.step_program(pe, Reply::Go)?;
-            }
+            Act::Launch(a) => self.launch_act(a)?,
             Act::ComputeEnd(c) => self.finish_compute(c)?,
         }
         Ok(())
@@ -605,15 +656,7 @@ impl<'m, W: Write> Engine<'m, W> {
             let next = program.resume(std::mem::replace(&mut reply, Reply::Go));
             let cmd = match next {
                 Ok(Some(cmd)) => cmd,
-                Ok(None) => {
-                    self.pes[pe as usize].finished = true;
-                    if !self.unmapped && self.pes.iter().all(|p| p.finished) {
-                        // Free: unmap every tensor through the fabric.
-                        self.unmapped = true;
-                        self.send_mappings(true);
-                    }
-                    return Ok(());
-                }
+                Ok(None) => return self.kernel_finished(pe),
                 Err(message) => {
                     return Err(SimError::Kernel {
                         pe: pc,

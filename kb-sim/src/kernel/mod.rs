@@ -24,7 +24,7 @@ pub use exec::{Executor, KernelBody, Port};
 
 use crate::alloc::FreeList;
 use crate::machine::PeCoord;
-use crate::program::{Command, DmaCmd, Labeled, Reply};
+use crate::program::{Command, DmaCmd, Labeled, Loaded, Reply, Unknown};
 
 pub use crate::runtime::ShardArg;
 
@@ -48,15 +48,30 @@ impl TensorArg {
     }
 }
 
-/// Arguments shared by every kernel instance of a launch.
-#[derive(Debug, Default)]
+/// Arguments shared by every program of a launch: tensors, integer and
+/// float parameters, by name.
+#[derive(Debug, Default, Clone)]
 pub struct KernelArgs {
     pub tensors: Vec<TensorArg>,
     /// Named integer parameters (tile sizes and the like).
     pub scalars: Vec<(String, u64)>,
+    /// Named float parameters (epsilons, scales).
+    pub floats: Vec<(String, f64)>,
 }
 
 impl KernelArgs {
+    /// Add an integer parameter.
+    pub fn scalar(mut self, name: &str, v: u64) -> Self {
+        self.scalars.push((name.into(), v));
+        self
+    }
+
+    /// Add a float parameter.
+    pub fn float(mut self, name: &str, v: f64) -> Self {
+        self.floats.push((name.into(), v));
+        self
+    }
+
     /// The tensor named `name`; panics (a kernel failure) if absent.
     pub fn tensor(&self, name: &str) -> &TensorArg {
         self.tensors
@@ -65,13 +80,22 @@ impl KernelArgs {
             .unwrap_or_else(|| panic!("no tensor named {name:?} was passed to the kernel"))
     }
 
-    /// The scalar named `name`; panics (a kernel failure) if absent.
-    pub fn scalar(&self, name: &str) -> u64 {
+    /// The integer parameter `name`; panics (a kernel failure) if absent.
+    pub fn get(&self, name: &str) -> u64 {
         self.scalars
             .iter()
             .find(|(n, _)| n == name)
             .map(|&(_, v)| v)
             .unwrap_or_else(|| panic!("no scalar named {name:?} was passed to the kernel"))
+    }
+
+    /// The float parameter `name`; panics (a kernel failure) if absent.
+    pub fn get_f64(&self, name: &str) -> f64 {
+        self.floats
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, v)| v)
+            .unwrap_or_else(|| panic!("no float named {name:?} was passed to the kernel"))
     }
 }
 
@@ -90,7 +114,35 @@ pub struct Block {
 }
 
 impl Block {
-    /// The block of rows [r0, r0+rows) x cols [c0, c0+cols) of a shard.
+    /// The block of tensor rows `[r0, r0+rows)` x columns `[c0, c0+cols)`,
+    /// in tensor coordinates (Triton style: a program picks its block by
+    /// `program_id`). The block is read from the shard that holds all of
+    /// it, `pe`'s own copy first (a replicated tensor is read locally);
+    /// panics if no single shard holds it (choose blocks that respect the
+    /// tensor's sharding, or replicate it).
+    pub fn of(t: &TensorArg, pe: PeCoord, r0: u64, c0: u64, rows: u32, cols: u32) -> Block {
+        let holds = |s: &ShardArg| {
+            let scols = s.row_bytes / t.elem_bytes();
+            r0 >= s.row0
+                && c0 >= s.col0
+                && r0 + rows as u64 <= s.row0 + s.rows
+                && c0 + cols as u64 <= s.col0 + scols
+        };
+        let s = t
+            .shard(pe)
+            .filter(|s| holds(s))
+            .or_else(|| t.shards.iter().find(|s| holds(s)))
+            .unwrap_or_else(|| {
+                panic!(
+                    "block rows {r0}..+{rows} cols {c0}..+{cols} of {} ({}x{}) is not within one shard (blocks must respect the tensor's sharding; a replicated tensor holds every block)",
+                    t.name, t.shape[0], t.shape[1]
+                )
+            });
+        Block::in_shard(t, s, r0 - s.row0, c0 - s.col0, rows, cols)
+    }
+
+    /// The block of rows [r0, r0+rows) x cols [c0, c0+cols) of a shard
+    /// (shard coordinates).
     pub fn in_shard(t: &TensorArg, s: &ShardArg, r0: u64, c0: u64, rows: u32, cols: u32) -> Block {
         let es = t.elem_bytes();
         assert!(
@@ -117,8 +169,11 @@ impl Block {
     }
 }
 
-/// A tile in TCM holding the real bytes Phase 1 loaded. Frees its TCM when
-/// dropped.
+/// A tile in TCM holding the bytes Phase 1 loaded. Bytes whose last
+/// writer was a compute op (loaded from where a result was stored) are
+/// unknown in Phase 1: the tile can still be an operand or be stored, but
+/// reading those values panics, naming the writer (ADR-0020: no branching
+/// on compute results). Frees its TCM when dropped.
 #[derive(Debug)]
 pub struct Tile {
     pa: u64,
@@ -126,6 +181,8 @@ pub struct Tile {
     cols: u32,
     dtype: Dtype,
     data: Vec<u8>,
+    /// Byte ranges of `data` whose value only Phase 2 knows.
+    unknown: Vec<Unknown>,
     tcm: Rc<RefCell<FreeList>>,
 }
 
@@ -138,12 +195,33 @@ impl Tile {
         self.dtype
     }
 
-    /// The raw little-endian bytes, row-major.
+    /// Whether Phase 1 knows every value of the tile (false when some of
+    /// its bytes are a compute result that exists only in Phase 2).
+    pub fn is_known(&self) -> bool {
+        self.unknown.is_empty()
+    }
+
+    /// Panics (a kernel failure) if bytes `[at, at+len)` are unknown.
+    fn check_known(&self, at: usize, len: usize, what: &str) {
+        if let Some(u) = self
+            .unknown
+            .iter()
+            .find(|u| u.offset < at + len && at < u.offset + u.len)
+        {
+            panic!(
+                "{what} of a {}x{} {} tile is not known in Phase 1: its bytes were last written by {}, a compute op whose result exists only in Phase 2 (kernels may move such data but not read it)",
+                self.rows, self.cols, self.dtype, u.writer
+            );
+        }
+    }
+
+    /// The raw little-endian bytes, row-major. Panics if any is unknown.
     pub fn bytes(&self) -> &[u8] {
+        self.check_known(0, self.data.len(), "the bytes");
         &self.data
     }
 
-    /// Element (r, c) as f64.
+    /// Element (r, c) as f64. Panics if it is unknown in Phase 1.
     pub fn get(&self, r: usize, c: usize) -> f64 {
         assert!(
             r < self.rows as usize && c < self.cols as usize,
@@ -153,11 +231,14 @@ impl Tile {
         );
         let es = self.dtype.size();
         let at = (r * self.cols as usize + c) * es;
+        self.check_known(at, es, &format!("element ({r}, {c})"));
         decode(self.dtype, &self.data[at..at + es])
     }
 
-    /// The values as f64, row-major, as an ndarray.
+    /// The values as f64, row-major, as an ndarray. Panics if any is
+    /// unknown in Phase 1.
     pub fn to_f64(&self) -> Array2<f64> {
+        self.check_known(0, self.data.len(), "the values");
         let es = self.dtype.size();
         let v: Vec<f64> = self
             .data
@@ -165,6 +246,13 @@ impl Tile {
             .map(|b| decode(self.dtype, b))
             .collect();
         Array2::from_shape_vec(self.shape(), v).expect("tile data matches its shape")
+    }
+}
+
+impl Tile {
+    fn fill(&mut self, loaded: Loaded) {
+        self.data = loaded.bytes;
+        self.unknown = loaded.unknown;
     }
 }
 
@@ -243,6 +331,74 @@ fn tile_input(x: &dyn Operand) -> MathInput {
     }
 }
 
+/// The second operand of an elementwise op: a tile or a scalar
+/// (`tl.add(&x, &y)`, `tl.add(&x, 1.0)`).
+#[derive(Clone, Copy)]
+pub enum Rhs<'a> {
+    Tile(&'a dyn Operand),
+    Scalar(f64),
+}
+
+impl std::fmt::Debug for Rhs<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rhs::Tile(x) => {
+                let (_, r, c, d) = x.operand();
+                write!(f, "Tile({r}x{c} {d})")
+            }
+            Rhs::Scalar(v) => write!(f, "Scalar({v})"),
+        }
+    }
+}
+
+impl<'a> From<&'a Tile> for Rhs<'a> {
+    fn from(t: &'a Tile) -> Self {
+        Rhs::Tile(t)
+    }
+}
+
+impl<'a> From<&'a Pending> for Rhs<'a> {
+    fn from(t: &'a Pending) -> Self {
+        Rhs::Tile(t)
+    }
+}
+
+impl<'a> From<&'a dyn Operand> for Rhs<'a> {
+    fn from(t: &'a dyn Operand) -> Self {
+        Rhs::Tile(t)
+    }
+}
+
+impl From<f64> for Rhs<'_> {
+    fn from(v: f64) -> Self {
+        Rhs::Scalar(v)
+    }
+}
+
+/// Options of [`Tl::dot_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Dot {
+    /// Use `a` transposed (it is stored k x m).
+    pub transpose_a: bool,
+    /// Use `b` transposed (it is stored n x k).
+    pub transpose_b: bool,
+    /// The result's dtype (default: the accumulation dtype).
+    pub out: Option<Dtype>,
+}
+
+fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16)
+}
+
+/// The value range of an integer dtype, as f64.
+fn int_range(d: Dtype) -> (f64, f64) {
+    match d {
+        Dtype::I8 => (-128.0, 127.0),
+        Dtype::U8 => (0.0, 255.0),
+        _ => (i32::MIN as f64, i32::MAX as f64),
+    }
+}
+
 /// Accumulation dtype of a dot over `dtype` inputs (ADR-0020 D5).
 pub fn accumulation_dtype(dtype: Dtype) -> Dtype {
     match dtype {
@@ -279,8 +435,8 @@ pub fn decode(dtype: Dtype, b: &[u8]) -> f64 {
 pub struct Tl<'p> {
     port: &'p mut dyn Port,
     pe: PeCoord,
-    program_id: u32,
-    num_programs: u32,
+    program_id: [u32; 2],
+    grid: [u32; 2],
     tcm: Rc<RefCell<FreeList>>,
     /// Op-name override for commands issued now (pipeline stages).
     stage: Option<&'static str>,
@@ -296,18 +452,20 @@ impl std::fmt::Debug for Tl<'_> {
 }
 
 impl<'p> Tl<'p> {
+    /// A context for program `program_id` of a `grid` on `pe`, allocating
+    /// tiles from `tcm`.
     pub fn new(
         port: &'p mut dyn Port,
         pe: PeCoord,
-        program_id: u32,
-        num_programs: u32,
+        program_id: [u32; 2],
+        grid: [u32; 2],
         tcm: FreeList,
     ) -> Self {
         Tl {
             port,
             pe,
             program_id,
-            num_programs,
+            grid,
             tcm: Rc::new(RefCell::new(tcm)),
             stage: None,
         }
@@ -319,16 +477,29 @@ impl<'p> Tl<'p> {
         self.stage = stage;
     }
 
+    /// The PE this program runs on.
     pub fn pe(&self) -> PeCoord {
         self.pe
     }
 
-    pub fn program_id(&self) -> u32 {
-        self.program_id
+    /// This program's index along `axis` (0 or 1) of the launch's grid,
+    /// as Triton's `tl.program_id(axis)`.
+    pub fn program_id(&self, axis: usize) -> u32 {
+        assert!(
+            axis < 2,
+            "program_id: axis {axis} (a grid has axes 0 and 1)"
+        );
+        self.program_id[axis]
     }
 
-    pub fn num_programs(&self) -> u32 {
-        self.num_programs
+    /// Programs along `axis` (0 or 1) of the launch's grid, as Triton's
+    /// `tl.num_programs(axis)`.
+    pub fn num_programs(&self, axis: usize) -> u32 {
+        assert!(
+            axis < 2,
+            "num_programs: axis {axis} (a grid has axes 0 and 1)"
+        );
+        self.grid[axis]
     }
 
     fn tcm_alloc(&mut self, bytes: u64) -> u64 {
@@ -366,13 +537,32 @@ impl<'p> Tl<'p> {
 
     /// `a @ b` (+ `acc`, which the result replaces in place), accumulated
     /// in f32 for float inputs and i32 for integer ones; the result has the
-    /// accumulation dtype (cast it to store it narrower).
+    /// accumulation dtype (cast it to store it narrower). See
+    /// [`Tl::dot_with`] for transposed operands and an output dtype.
     pub fn dot(&mut self, a: &dyn Operand, b: &dyn Operand, acc: Option<Pending>) -> Pending {
-        let (pa_a, m, k, da) = a.operand();
-        let (pa_b, kb, n, db) = b.operand();
+        self.dot_with(a, b, acc, Dot::default())
+    }
+
+    /// [`Tl::dot`] with options: `transpose_a` reads `a` as its transpose
+    /// (a k x m tile used as m x k), `transpose_b` likewise for `b` (an
+    /// n x k tile used as k x n, e.g. `q @ k^T` with `k` loaded row-major);
+    /// `out` rounds the result to another dtype once, from the
+    /// accumulator (not with `acc`, which is updated in place).
+    pub fn dot_with(
+        &mut self,
+        a: &dyn Operand,
+        b: &dyn Operand,
+        acc: Option<Pending>,
+        opts: Dot,
+    ) -> Pending {
+        let (pa_a, ar, ac, da) = a.operand();
+        let (pa_b, br, bc, db) = b.operand();
+        let (m, k) = if opts.transpose_a { (ac, ar) } else { (ar, ac) };
+        let (kb, n) = if opts.transpose_b { (bc, br) } else { (br, bc) };
         assert_eq!(k, kb, "dot: inner dimensions differ ({m}x{k} @ {kb}x{n})");
         assert_eq!(da, db, "dot: operand dtypes differ ({da} and {db})");
         let dtype_acc = accumulation_dtype(da);
+        let dtype_out = opts.out.unwrap_or(dtype_acc);
         let tcm = |pa| Addr {
             space: Space::Tcm,
             addr: pa,
@@ -386,10 +576,14 @@ impl<'p> Tl<'p> {
                     (m, n, dtype_acc),
                     "dot: accumulator shape or dtype differs"
                 );
+                assert_eq!(
+                    dtype_out, dtype_acc,
+                    "dot: an accumulator is updated in place, in {dtype_acc}; cast the result instead"
+                );
                 let at = tcm(acc.pa);
                 (acc, Some(at))
             }
-            None => (self.pending(m, n, dtype_acc), None),
+            None => (self.pending(m, n, dtype_out), None),
         };
         let params = GemmParams {
             a: tcm(pa_a),
@@ -401,9 +595,9 @@ impl<'p> Tl<'p> {
             n,
             dtype_in: da,
             dtype_acc,
-            dtype_out: dtype_acc,
-            transpose_a: false,
-            transpose_b: false,
+            dtype_out,
+            transpose_a: opts.transpose_a,
+            transpose_b: opts.transpose_b,
             layout_a: Layout::RowMajor,
             layout_b: Layout::RowMajor,
             layout_out: Layout::RowMajor,
@@ -449,72 +643,177 @@ impl<'p> Tl<'p> {
         self.math(op, vec![tile_input(x)], r, c, d, None)
     }
 
-    /// Elementwise `a op b`; `b` may be a full tile, one row (1 x cols,
-    /// broadcast down the rows) or one column (rows x 1).
-    fn binary(&mut self, op: MathOp, a: &dyn Operand, b: &dyn Operand) -> Pending {
-        let (_, r, c, d) = a.operand();
-        let (_, br, bc, bd) = b.operand();
-        assert!(
-            (br == r || br == 1) && (bc == c || bc == 1),
-            "{op:?}: shapes {r}x{c} and {br}x{bc} do not broadcast"
-        );
-        assert_eq!(d, bd, "{op:?}: operand dtypes differ ({d} and {bd})");
-        self.math(op, vec![tile_input(a), tile_input(b)], r, c, d, None)
+    /// A float-only unary op (sigmoid, tanh, erf, exp2).
+    fn unary_float(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
+        let (_, _, _, d) = x.operand();
+        assert!(is_float(d), "{}: needs a float tile, not {d}", op.name());
+        self.unary(op, x)
     }
 
-    fn scalar(&mut self, op: MathOp, a: &dyn Operand, v: f64) -> Pending {
-        let (_, r, c, d) = a.operand();
-        self.math(op, vec![tile_input(a), MathInput::Scalar(v)], r, c, d, None)
+    /// The shape inputs of shapes `shapes` broadcast to (numpy's rule:
+    /// each dim equal, or 1).
+    fn broadcast(op: MathOp, shapes: &[(u32, u32)]) -> (u32, u32) {
+        let dim = |a: u32, b: u32| match (a, b) {
+            (a, b) if a == b => Some(a),
+            (1, b) => Some(b),
+            (a, 1) => Some(a),
+            _ => None,
+        };
+        shapes
+            .iter()
+            .try_fold((1, 1), |(r, c), &(sr, sc)| Some((dim(r, sr)?, dim(c, sc)?)))
+            .unwrap_or_else(|| {
+                let s: Vec<String> = shapes.iter().map(|(r, c)| format!("{r}x{c}")).collect();
+                panic!("{}: shapes {} do not broadcast", op.name(), s.join(" and "))
+            })
+    }
+
+    /// The inputs, broadcast shape and dtype of an elementwise op over
+    /// `args` (at least one a tile; tiles share one dtype).
+    fn elementwise_inputs(op: MathOp, args: &[Rhs<'_>]) -> (Vec<MathInput>, u32, u32, Dtype) {
+        let mut shapes = Vec::new();
+        let mut dtype = None;
+        let inputs = args
+            .iter()
+            .map(|a| match a {
+                Rhs::Tile(x) => {
+                    let (_, r, c, d) = x.operand();
+                    shapes.push((r, c));
+                    match dtype {
+                        None => dtype = Some(d),
+                        Some(d0) => {
+                            assert_eq!(d0, d, "{}: operand dtypes differ ({d0} and {d})", op.name())
+                        }
+                    }
+                    tile_input(*x)
+                }
+                Rhs::Scalar(v) => MathInput::Scalar(*v),
+            })
+            .collect();
+        let dtype = dtype.unwrap_or_else(|| panic!("{}: needs at least one tile", op.name()));
+        let (r, c) = Self::broadcast(op, &shapes);
+        (inputs, r, c, dtype)
+    }
+
+    /// Elementwise `a op b`, broadcasting numpy-style; `b` may be a tile
+    /// or a scalar.
+    fn binary(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
+        let (inputs, r, c, d) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
+        self.math(op, inputs, r, c, d, None)
+    }
+
+    /// A comparison: a u8 mask, 1 where true (NaN compares false, except
+    /// in `ne`).
+    fn compare(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
+        let (inputs, r, c, _) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
+        self.math(op, inputs, r, c, Dtype::U8, None)
     }
 
     pub fn exp(&mut self, x: &dyn Operand) -> Pending {
         self.unary(MathOp::Exp, x)
     }
+    /// 2^x (float tiles).
+    pub fn exp2(&mut self, x: &dyn Operand) -> Pending {
+        self.unary_float(MathOp::Exp2, x)
+    }
+    /// Natural logarithm.
     pub fn log(&mut self, x: &dyn Operand) -> Pending {
         self.unary(MathOp::Log, x)
     }
     pub fn sqrt(&mut self, x: &dyn Operand) -> Pending {
         self.unary(MathOp::Sqrt, x)
     }
+    /// 1 / sqrt(x).
     pub fn rsqrt(&mut self, x: &dyn Operand) -> Pending {
         self.unary(MathOp::Rsqrt, x)
     }
-    pub fn add(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
-        self.binary(MathOp::Add, a, b)
+    /// |x| (integers wrap: abs of i8 -128 is -128, as numpy's).
+    pub fn abs(&mut self, x: &dyn Operand) -> Pending {
+        self.unary(MathOp::Abs, x)
     }
-    pub fn sub(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
-        self.binary(MathOp::Sub, a, b)
+    /// -x.
+    pub fn neg(&mut self, x: &dyn Operand) -> Pending {
+        self.unary(MathOp::Neg, x)
     }
-    pub fn mul(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
-        self.binary(MathOp::Mul, a, b)
+    /// 1 / (1 + e^-x) (float tiles).
+    pub fn sigmoid(&mut self, x: &dyn Operand) -> Pending {
+        self.unary_float(MathOp::Sigmoid, x)
     }
-    pub fn div(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
-        self.binary(MathOp::Div, a, b)
+    /// tanh(x) (float tiles).
+    pub fn tanh(&mut self, x: &dyn Operand) -> Pending {
+        self.unary_float(MathOp::Tanh, x)
     }
-    pub fn max(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
-        self.binary(MathOp::Max, a, b)
-    }
-    pub fn min(&mut self, a: &dyn Operand, b: &dyn Operand) -> Pending {
-        self.binary(MathOp::Min, a, b)
-    }
-    pub fn add_scalar(&mut self, a: &dyn Operand, v: f64) -> Pending {
-        self.scalar(MathOp::Add, a, v)
-    }
-    pub fn mul_scalar(&mut self, a: &dyn Operand, v: f64) -> Pending {
-        self.scalar(MathOp::Mul, a, v)
+    /// The error function (float tiles).
+    pub fn erf(&mut self, x: &dyn Operand) -> Pending {
+        self.unary_float(MathOp::Erf, x)
     }
 
-    /// `cond ? a : b` elementwise (cond nonzero means a).
-    pub fn where_(&mut self, cond: &dyn Operand, a: &dyn Operand, b: &dyn Operand) -> Pending {
-        let (_, r, c, d) = a.operand();
-        self.math(
-            MathOp::Where,
-            vec![tile_input(cond), tile_input(a), tile_input(b)],
-            r,
-            c,
-            d,
-            None,
-        )
+    /// `a + b`: `b` is a tile (broadcast numpy-style: a row, a column, a
+    /// 1 x 1) or a scalar (`tl.add(&x, 1.0)`).
+    pub fn add<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.binary(MathOp::Add, a, b.into())
+    }
+    /// `a - b` (see [`Tl::add`] for `b`).
+    pub fn sub<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.binary(MathOp::Sub, a, b.into())
+    }
+    /// `a * b` (see [`Tl::add`] for `b`).
+    pub fn mul<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.binary(MathOp::Mul, a, b.into())
+    }
+    /// `a / b` (see [`Tl::add`] for `b`).
+    pub fn div<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.binary(MathOp::Div, a, b.into())
+    }
+    /// Elementwise maximum (NaN if either is NaN); `b` a tile or a scalar.
+    pub fn max<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.binary(MathOp::Max, a, b.into())
+    }
+    /// Elementwise minimum (NaN if either is NaN); `b` a tile or a scalar.
+    pub fn min<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.binary(MathOp::Min, a, b.into())
+    }
+
+    /// `a < b` as a u8 mask of 0/1; `b` a tile or a scalar.
+    pub fn lt<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.compare(MathOp::Lt, a, b.into())
+    }
+    /// `a <= b` as a u8 mask.
+    pub fn le<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.compare(MathOp::Le, a, b.into())
+    }
+    /// `a > b` as a u8 mask.
+    pub fn gt<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.compare(MathOp::Gt, a, b.into())
+    }
+    /// `a >= b` as a u8 mask.
+    pub fn ge<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.compare(MathOp::Ge, a, b.into())
+    }
+    /// `a == b` as a u8 mask.
+    pub fn eq<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.compare(MathOp::Eq, a, b.into())
+    }
+    /// `a != b` as a u8 mask (true where either is NaN).
+    pub fn ne<'a>(&mut self, a: &dyn Operand, b: impl Into<Rhs<'a>>) -> Pending {
+        self.compare(MathOp::Ne, a, b.into())
+    }
+
+    /// `cond ? a : b` elementwise (cond non-zero, NaN included, means a);
+    /// `a` and `b` are tiles or scalars, at least one a tile; all three
+    /// broadcast numpy-style.
+    pub fn where_<'a, 'b>(
+        &mut self,
+        cond: &dyn Operand,
+        a: impl Into<Rhs<'a>>,
+        b: impl Into<Rhs<'b>>,
+    ) -> Pending {
+        let (a, b) = (a.into(), b.into());
+        let (mut inputs, r, c, d) = Self::elementwise_inputs(MathOp::Where, &[a, b]);
+        let (_, cr, cc, _) = cond.operand();
+        let (r, c) = Self::broadcast(MathOp::Where, &[(r, c), (cr, cc)]);
+        inputs.insert(0, tile_input(cond));
+        self.math(MathOp::Where, inputs, r, c, d, None)
     }
 
     /// Convert to `dtype`.
@@ -523,24 +822,109 @@ impl<'p> Tl<'p> {
         self.math(MathOp::Cast, vec![tile_input(x)], r, c, dtype, None)
     }
 
-    fn reduce(&mut self, op: MathOp, x: &dyn Operand, axis: u8) -> Pending {
+    /// A `rows` x `cols` tile of `value` (rounded to `dtype`; an integer
+    /// dtype needs a whole value in its range). Phase 1 knows its values.
+    pub fn full(&mut self, rows: u32, cols: u32, dtype: Dtype, value: f64) -> Pending {
+        if !is_float(dtype) {
+            let (lo, hi) = int_range(dtype);
+            assert!(
+                value.fract() == 0.0 && (lo..=hi).contains(&value),
+                "full: {value} is not a {dtype} value"
+            );
+        }
+        self.math(
+            MathOp::Copy,
+            vec![MathInput::Scalar(value)],
+            rows,
+            cols,
+            dtype,
+            None,
+        )
+    }
+
+    /// A `rows` x `cols` tile of zeros.
+    pub fn zeros(&mut self, rows: u32, cols: u32, dtype: Dtype) -> Pending {
+        self.full(rows, cols, dtype, 0.0)
+    }
+
+    /// A `rows` x `cols` tile whose elements are their index along `axis`
+    /// (0: the row, 1: the column): Triton's `arange`, broadcast. Every
+    /// index must be exact in `dtype`. Phase 1 knows its values.
+    pub fn arange(&mut self, rows: u32, cols: u32, axis: u8, dtype: Dtype) -> Pending {
+        let n = match axis {
+            0 => rows,
+            1 => cols,
+            _ => panic!("arange: axis {axis} of a 2-D tile (0 or 1)"),
+        };
+        let top = n.saturating_sub(1) as f64;
+        let exact = match dtype {
+            Dtype::F16 => 2048.0,
+            Dtype::Bf16 => 256.0,
+            Dtype::F32 => 16_777_216.0,
+            d => int_range(d).1,
+        };
+        assert!(
+            top <= exact,
+            "arange: index {top} is not exact in {dtype} (at most {exact})"
+        );
+        self.math(MathOp::Arange, Vec::new(), rows, cols, dtype, Some(axis))
+    }
+
+    fn reduce_to(
+        &mut self,
+        op: MathOp,
+        x: &dyn Operand,
+        axis: u8,
+        dtype: Option<Dtype>,
+    ) -> Pending {
         let (_, r, c, d) = x.operand();
         let (rows, cols) = match axis {
             0 => (1, c),
             1 => (r, 1),
-            _ => panic!("{op:?}: axis {axis} of a 2-D tile (0 or 1)"),
+            _ => panic!("{}: axis {axis} of a 2-D tile (0 or 1)", op.name()),
         };
-        self.math(op, vec![tile_input(x)], rows, cols, d, Some(axis))
+        self.math(
+            op,
+            vec![tile_input(x)],
+            rows,
+            cols,
+            dtype.unwrap_or(d),
+            Some(axis),
+        )
     }
 
     /// Sum along `axis`: 1 x cols for axis 0, rows x 1 for axis 1.
     pub fn sum(&mut self, x: &dyn Operand, axis: u8) -> Pending {
-        self.reduce(MathOp::Sum, x, axis)
+        self.reduce_to(MathOp::Sum, x, axis, None)
     }
 
     /// Maximum along `axis`: 1 x cols for axis 0, rows x 1 for axis 1.
     pub fn reduce_max(&mut self, x: &dyn Operand, axis: u8) -> Pending {
-        self.reduce(MathOp::ReduceMax, x, axis)
+        self.reduce_to(MathOp::ReduceMax, x, axis, None)
+    }
+
+    /// Minimum along `axis`.
+    pub fn reduce_min(&mut self, x: &dyn Operand, axis: u8) -> Pending {
+        self.reduce_to(MathOp::ReduceMin, x, axis, None)
+    }
+
+    /// Mean along `axis` (float tiles).
+    pub fn mean(&mut self, x: &dyn Operand, axis: u8) -> Pending {
+        let (_, _, _, d) = x.operand();
+        assert!(is_float(d), "mean: needs a float tile, not {d}");
+        self.reduce_to(MathOp::Mean, x, axis, None)
+    }
+
+    /// Index (i32) along `axis` of the first maximum (a NaN counts as the
+    /// largest).
+    pub fn argmax(&mut self, x: &dyn Operand, axis: u8) -> Pending {
+        self.reduce_to(MathOp::ArgMax, x, axis, Some(Dtype::I32))
+    }
+
+    /// Index (i32) along `axis` of the first minimum (a NaN counts as the
+    /// smallest).
+    pub fn argmin(&mut self, x: &dyn Operand, axis: u8) -> Pending {
+        self.reduce_to(MathOp::ArgMin, x, axis, Some(Dtype::I32))
     }
 
     /// Load a block into a new TCM tile and wait for it; the tile holds
@@ -550,8 +934,8 @@ impl<'p> Tl<'p> {
         // frees its TCM.
         let (mut tile, cmd) = self.load_into_new_tile(src);
         match self.port.call(Command::Dma(cmd)) {
-            Reply::Data(data) => {
-                tile.data = data;
+            Reply::Data(loaded) => {
+                tile.fill(loaded);
                 tile
             }
             other => panic!("load: the simulation answered {other:?} instead of data"),
@@ -568,6 +952,7 @@ impl<'p> Tl<'p> {
             cols: src.cols,
             dtype: src.dtype,
             data: Vec::new(),
+            unknown: Vec::new(),
             tcm: self.tcm.clone(),
         };
         let cmd = DmaCmd {
@@ -601,8 +986,8 @@ impl<'p> Tl<'p> {
     pub fn wait(&mut self, h: LoadHandle) -> Tile {
         let LoadHandle { op, mut tile } = h;
         match self.port.call(Command::WaitOp(op)) {
-            Reply::Data(data) => {
-                tile.data = data;
+            Reply::Data(loaded) => {
+                tile.fill(loaded);
                 tile
             }
             other => panic!("wait: the simulation answered {other:?} instead of data"),
@@ -658,6 +1043,7 @@ impl<'p> Tl<'p> {
             cols,
             dtype: src.dtype,
             data: Vec::new(),
+            unknown: Vec::new(),
             tcm: self.tcm.clone(),
         };
         if (src.rows, src.cols) != (rows, cols) {
@@ -694,19 +1080,33 @@ impl<'p> Tl<'p> {
             label: self.stage,
         };
         let valid = match self.port.call(Command::Dma(cmd)) {
-            Reply::Data(data) => data,
+            Reply::Data(loaded) => loaded,
             other => panic!("load_masked: the simulation answered {other:?} instead of data"),
         };
         let fill = encode(src.dtype, other);
         let mut data = Vec::with_capacity((rows as u64 * cols as u64 * es) as usize);
-        let vr = src.row_bytes() as usize;
+        let (vr, tr) = (src.row_bytes() as usize, (cols as u64 * es) as usize);
         for r in 0..rows as usize {
             let row_start = data.len();
             if r < src.rows as usize {
-                data.extend_from_slice(&valid[r * vr..(r + 1) * vr]);
+                data.extend_from_slice(&valid.bytes[r * vr..(r + 1) * vr]);
             }
-            while data.len() < row_start + (cols as u64 * es) as usize {
+            while data.len() < row_start + tr {
                 data.extend_from_slice(&fill);
+            }
+        }
+        // Unknown bytes move with their rows into the wider tile.
+        for u in valid.unknown {
+            let (mut at, end) = (u.offset, u.offset + u.len);
+            while at < end {
+                let (r, c) = (at / vr, at % vr);
+                let n = (vr - c).min(end - at);
+                tile.unknown.push(Unknown {
+                    offset: r * tr + c,
+                    len: n,
+                    writer: u.writer.clone(),
+                });
+                at += n;
             }
         }
         tile.data = data;
@@ -742,6 +1142,28 @@ impl<'p> Tl<'p> {
         self.port.call(Command::Store(cmd));
     }
 
+    /// An element-masked load (Triton's `load(ptr, mask=m, other=v)` with
+    /// an elementwise mask): loads `src`, then keeps each element where
+    /// `mask` (a u8 tile, or any tile: non-zero means keep; broadcast
+    /// numpy-style) is set and puts `other` elsewhere, as a `where` on
+    /// pe_math. The whole block is transferred (the DMA moves rows, not
+    /// lanes); use [`Tl::load_masked`] for blocks that run past a tensor's
+    /// edge. The result is a compute result.
+    pub fn load_where(&mut self, src: Block, mask: &dyn Operand, other: f64) -> Pending {
+        let t = self.load(src);
+        self.where_(mask, &t, other)
+    }
+
+    /// An element-masked store (Triton's `store(ptr, x, mask=m)`): only the
+    /// elements of `tile` where `mask` is non-zero reach `dst`. Modelled as
+    /// read-modify-write: load `dst`, `where(mask, tile, old)`, store the
+    /// whole block.
+    pub fn store_where(&mut self, dst: Block, tile: &dyn Operand, mask: &dyn Operand) {
+        let old = self.load(dst);
+        let merged = self.where_(mask, tile, &old);
+        self.store(dst, &merged);
+    }
+
     /// Wait until every transfer this kernel issued has completed (timing
     /// only).
     pub fn wait_all(&mut self) {
@@ -749,7 +1171,8 @@ impl<'p> Tl<'p> {
     }
 }
 
-/// Build the body that runs `kernel` on `pe` with a TCM allocator.
+/// Build the body that runs program `program_id` of a 1-D grid of
+/// `num_programs` on `pe` with a TCM allocator.
 pub fn body(
     kernel: KernelFn,
     args: Arc<KernelArgs>,
@@ -759,8 +1182,34 @@ pub fn body(
     tcm: FreeList,
 ) -> KernelBody {
     Box::new(move |port: &mut dyn Port| {
-        let mut tl = Tl::new(port, pe, program_id, num_programs, tcm);
+        let mut tl = Tl::new(port, pe, [program_id, 0], [num_programs, 1], tcm);
         kernel(&mut tl, &args);
+        tl.wait_all();
+    })
+}
+
+/// Build the body that runs, on `pe` (slot `slot` of a launch on `pes`
+/// PEs), the programs of `grid` dealt to it: linear program k = i0 + i1 *
+/// `grid[0]` runs on slot k mod pes, in increasing k. Each program sees its
+/// own (i0, i1); tiles it leaves are dropped before the next starts.
+pub fn grid_body(
+    kernel: KernelFn,
+    args: Arc<KernelArgs>,
+    pe: PeCoord,
+    slot: u32,
+    pes: u32,
+    grid: [u32; 2],
+    tcm: FreeList,
+) -> KernelBody {
+    Box::new(move |port: &mut dyn Port| {
+        let mut tl = Tl::new(port, pe, [0, 0], grid, tcm);
+        let total = grid[0] as u64 * grid[1] as u64;
+        let mut k = slot as u64;
+        while k < total {
+            tl.program_id = [(k % grid[0] as u64) as u32, (k / grid[0] as u64) as u32];
+            kernel(&mut tl, &args);
+            k += pes.max(1) as u64;
+        }
         tl.wait_all();
     })
 }

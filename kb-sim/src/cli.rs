@@ -1,5 +1,9 @@
-//! The `kb-sim` command line.
+//! The `kb-sim` command line, as a library: [`main`] gives any set of
+//! workloads every command and flag of `kb-sim` (`run`, `list`,
+//! `topology`, `probe`). The `kb-sim` binary is `main` over the built-in
+//! workloads; a user crate calls it with its own added.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,11 +11,12 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 use kb_format::AtomicFile;
-use kb_sim::bench;
-use kb_sim::kernel::Executor;
-use kb_sim::machine::Machine;
-use kb_sim::run::{RunConfig, run};
-use kb_sim::topology::{AddressModel, EMBEDDED, Topology};
+
+use crate::kernel::Executor;
+use crate::machine::Machine;
+use crate::run::{RunConfig, run};
+use crate::topology::{AddressModel, EMBEDDED, Topology};
+use crate::workload::{Reference, Workload};
 
 const EXIT_CODES: &str = "Exit codes: 0 success; 2 error (bad flags, topology, benchmark parameters, or a failed simulation).";
 
@@ -30,9 +35,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Simulate a benchmark and write its trace (the default command).
+    /// Simulate a workload and write its trace (the default command).
     Run(RunArgs),
-    /// List the built-in benchmarks with their parameters and defaults.
+    /// List the workloads with their parameters, defaults and references.
     List,
     /// Print and validate a topology: counts, nodes, links, a sample route.
     Topology {
@@ -60,13 +65,18 @@ struct RunArgs {
     /// Topology: an embedded name (small, default, large) or a YAML file.
     #[arg(short, long, default_value = "default")]
     topology: String,
-    /// Benchmark to run (see `kb-sim list`).
-    #[arg(short, long, default_value = "gemm")]
-    bench: String,
-    /// Benchmark parameter, KEY=VALUE; repeatable.
+    /// Workload to run (see `kb-sim list`; default: the first listed).
+    #[arg(short, long)]
+    bench: Option<String>,
+    /// Workload parameter, KEY=VALUE (integers, floats like 1e-5, dtypes);
+    /// repeatable.
     #[arg(short, long = "param", value_parser = parse_kv)]
     params: Vec<(String, String)>,
-    /// Seed for the benchmark's random inputs.
+    /// Input tensor data from numpy: NAME=FILE.npy (dtype and shape must
+    /// match the workload's tensor); repeatable.
+    #[arg(long = "input", value_parser = parse_kv)]
+    inputs: Vec<(String, String)>,
+    /// Seed for the workload's random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// How kernels run: `coroutine` (stackful coroutines on the simulation
@@ -97,20 +107,23 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
-fn main() -> ExitCode {
+/// Run the `kb-sim` command line over `workloads` (`-b` picks one by
+/// name; the first is the default) and return the process exit code:
+/// 0 on success, 2 on any error, with the message on stderr.
+pub fn main(workloads: Vec<Box<dyn Workload>>) -> ExitCode {
     // Kernel panics are reported as errors naming the kernel, PE and time;
     // any other panic is a bug in kb-sim and keeps the default report.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if !kb_sim::kernel::exec::in_kernel() {
+        if !crate::kernel::exec::in_kernel() {
             default_hook(info);
         }
     }));
     let cli = Cli::parse();
     let result = match cli.command {
-        None => cmd_run(cli.run),
-        Some(Cmd::Run(a)) => cmd_run(a),
-        Some(Cmd::List) => cmd_list(),
+        None => cmd_run(cli.run, &workloads),
+        Some(Cmd::Run(a)) => cmd_run(a, &workloads),
+        Some(Cmd::List) => cmd_list(&workloads),
         Some(Cmd::Topology { topology }) => cmd_topology(&topology),
         Some(Cmd::Probe {
             topology,
@@ -128,12 +141,31 @@ fn main() -> ExitCode {
     }
 }
 
-fn cmd_run(a: RunArgs) -> Result<(), String> {
+fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
+    let workload = match &a.bench {
+        None => workloads.first(),
+        Some(name) => workloads.iter().find(|w| w.name() == name),
+    }
+    .ok_or_else(|| {
+        let names: Vec<&str> = workloads.iter().map(|w| w.name()).collect();
+        format!(
+            "unknown workload {:?} (known: {})",
+            a.bench.as_deref().unwrap_or(""),
+            names.join(", ")
+        )
+    })?
+    .as_ref();
     let topology = Topology::load(&a.topology).map_err(|e| e.to_string())?;
+    let mut inputs = BTreeMap::new();
+    for (name, file) in &a.inputs {
+        if inputs.insert(name.clone(), PathBuf::from(file)).is_some() {
+            return Err(format!("--input {name} is given twice"));
+        }
+    }
     let cfg = RunConfig {
         topology,
-        bench: a.bench.clone(),
         params: a.params.clone(),
+        inputs,
         seed: a.seed,
         executor: a.executor,
         capture_inputs: a.capture_inputs,
@@ -144,31 +176,34 @@ fn cmd_run(a: RunArgs) -> Result<(), String> {
         None => true,
         Some(p) => p.as_os_str() == "-",
     };
-    let stats = if to_stdout {
+    let report = if to_stdout {
         let stdout = std::io::stdout();
         if stdout.is_terminal() {
             return Err("refusing to write a binary trace to a terminal: pipe it (kb-sim | kb-replay --verify) or use -o FILE".into());
         }
         let out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        let (mut out, stats) = run(&cfg, out).map_err(|e| e.to_string())?;
+        let (mut out, report) = run(&cfg, workload, out).map_err(|e| e.to_string())?;
         out.flush()
             .map_err(|e| format!("writing the trace to stdout: {e}"))?;
-        stats
+        report
     } else {
         let path = a.output.as_ref().expect("checked");
         let file = AtomicFile::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let (file, stats) = run(&cfg, file).map_err(|e| e.to_string())?;
+        let (file, report) = run(&cfg, workload, file).map_err(|e| e.to_string())?;
         file.commit()
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        stats
+        report
     };
+    let stats = report.stats;
     if !a.quiet {
         eprintln!(
-            "kb-sim: {} on {}: {} records, {} events, simulated {:.3} us (kernels from {:.3} us), wall {:.3} s",
-            cfg.bench,
+            "kb-sim: {} on {}: {} records, {} events, {} launch{}, simulated {:.3} us (kernels from {:.3} us), wall {:.3} s",
+            workload.name(),
             cfg.topology.name,
             stats.records,
             stats.events,
+            report.launches.len(),
+            if report.launches.len() == 1 { "" } else { "es" },
             stats.end_time as f64 / 1e6,
             stats.kernel_start as f64 / 1e6,
             wall.elapsed().as_secs_f64()
@@ -193,11 +228,15 @@ fn cmd_run(a: RunArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_list() -> Result<(), String> {
+fn cmd_list(workloads: &[Box<dyn Workload>]) -> Result<(), String> {
     let mut out = String::new();
-    for b in bench::all() {
-        out += &format!("{:<12} {}\n", b.name(), b.about());
-        for p in b.params() {
+    for w in workloads {
+        let reference = match w.reference() {
+            Reference::BuiltIn => "reference built in",
+            Reference::Expect => "no built-in reference: verify with kb-replay --expect",
+        };
+        out += &format!("{:<14} {} [{reference}]\n", w.name(), w.about());
+        for p in w.params() {
             out += &format!("    {:<12} default {:<8} {}\n", p.name, p.default, p.help);
         }
     }

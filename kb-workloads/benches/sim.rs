@@ -1,4 +1,4 @@
-//! kb-sim benchmarks (not timed tests): `cargo bench -p kb-sim`.
+//! kb-sim benchmarks (not timed tests): `cargo bench -p kb-workloads --bench sim`.
 //! - event core: schedule and pop events with a realistic queue depth;
 //! - building the `large` machine (256 PEs);
 //! - a whole copy run on `large` to /dev/null (events/s, records/s).
@@ -71,19 +71,22 @@ fn build_large() {
 fn copy_run() {
     let cfg = RunConfig {
         topology: Topology::load("large").unwrap(),
-        bench: "copy".into(),
         params: vec![
             ("rows".into(), "16384".into()),
             ("cols".into(), "256".into()),
             ("tile_rows".into(), "4".into()),
         ],
         seed: 0,
+        inputs: Default::default(),
         executor: Default::default(),
         capture_inputs: false,
         command_line: vec![],
     };
     let t = Instant::now();
-    let (_, stats) = run(&cfg, std::io::sink()).unwrap();
+    let stats = run(&cfg, &kb_workloads::Copy, std::io::sink())
+        .unwrap()
+        .1
+        .stats;
     let s = t.elapsed().as_secs_f64();
     println!(
         "copy on large (rows=16384 cols=256 tile_rows=4): {} records, {} events in {:.3} s: {:.2} M events/s, {:.2} M records/s",

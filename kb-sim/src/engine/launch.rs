@@ -1,0 +1,540 @@
+//! The host program: its steps (launch, wait, free) run in order once the
+//! tensors are deployed. A launch fans out host -> io_cpu -> m_cpu ->
+//! pe_cpu to the SIPs, cubes and PEs it runs on, behind a start barrier
+//! stamped by io_cpu; each PE runs its share of the grid's programs; its
+//! completion travels back pe_cpu -> m_cpu -> io_cpu -> host, aggregated
+//! per cube and per SIP. A wait resumes the host when that message arrives.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::sync::Arc;
+
+use kb_format::Ps;
+
+use super::{Act, Arrive, CONTROL_BYTES, Engine, SimError};
+use crate::alloc::FreeList;
+use crate::component::Request;
+use crate::event::ns_to_ps;
+use crate::kernel::{self, Executor, KernelArgs, KernelFn};
+use crate::machine::{NodeKind, PeCoord};
+use crate::program::{PeProgram, Reply};
+
+/// What a launch runs on its PEs.
+pub enum LaunchBody {
+    /// A kernel: the grid's programs are dealt to the launch's PEs in turn
+    /// (program k to PE k mod P), and each PE runs its share in order.
+    Kernel {
+        kernel: KernelFn,
+        args: Arc<KernelArgs>,
+        executor: Executor,
+    },
+    /// One hand-written program per PE of the launch, in its PE order.
+    Scripts(Vec<Box<dyn PeProgram>>),
+}
+
+impl std::fmt::Debug for LaunchBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LaunchBody::Kernel { executor, .. } => write!(f, "Kernel({executor:?})"),
+            LaunchBody::Scripts(p) => write!(f, "Scripts({})", p.len()),
+        }
+    }
+}
+
+/// One launch of a host program.
+#[derive(Debug)]
+pub struct LaunchSpec {
+    /// The kernel's name (records, errors, the trace's launch list).
+    pub name: String,
+    /// The PEs it runs on, in program-assignment order; no duplicates.
+    pub pes: Vec<PeCoord>,
+    /// Programs along axis 0 and 1.
+    pub grid: [u32; 2],
+    pub body: LaunchBody,
+}
+
+/// A step of a host program.
+#[derive(Debug)]
+pub enum Step {
+    /// Start a launch; the host goes on at once.
+    Launch(LaunchSpec),
+    /// Block the host until launch `n` (counting launches from 0) has
+    /// completed and the host has heard so.
+    Wait(usize),
+    /// Free a tensor: wait for every launch so far, then unmap it through
+    /// the fabric (VA pages, LA segments; nothing to send under PA).
+    Free(u32),
+}
+
+/// What the host is blocked on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HostWait {
+    /// The deploy (host writes and map acknowledgements).
+    Deploy,
+    Running,
+    Launch(u32),
+    AllLaunches,
+    Done,
+}
+
+/// A launch in flight or done.
+#[derive(Debug)]
+pub(super) struct LaunchState {
+    pub(super) spec: LaunchSpec,
+    pub(super) t_start: Option<Ps>,
+    pub(super) t_end: Ps,
+    /// Per dense cube index: its PEs in this launch not yet reported.
+    cube_left: Vec<u32>,
+    /// Per SIP: its cubes in this launch not yet reported.
+    sip_left: Vec<u32>,
+    /// SIPs not yet reported to the host.
+    sips_left: u32,
+    pub(super) done: bool,
+}
+
+/// Launch-protocol message arrivals.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum LaunchArrive {
+    AtIo {
+        launch: u32,
+        sip: u32,
+    },
+    AtMcpu {
+        launch: u32,
+        sip: u32,
+        cube: u32,
+        target: Ps,
+    },
+    AtPe {
+        launch: u32,
+        pe: u32,
+        target: Ps,
+    },
+    DoneAtMcpu {
+        launch: u32,
+        sip: u32,
+        cube: u32,
+    },
+    DoneAtIo {
+        launch: u32,
+        sip: u32,
+    },
+    DoneAtHost {
+        launch: u32,
+    },
+}
+
+/// Launch-protocol steps.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum LaunchAct {
+    IoFanout {
+        launch: u32,
+        sip: u32,
+        target: Ps,
+    },
+    McpuFanout {
+        launch: u32,
+        sip: u32,
+        cube: u32,
+        target: Ps,
+    },
+    KernelStart {
+        launch: u32,
+        pe: u32,
+    },
+    McpuReport {
+        launch: u32,
+        sip: u32,
+        cube: u32,
+    },
+    IoReport {
+        launch: u32,
+        sip: u32,
+    },
+}
+
+impl From<LaunchArrive> for Arrive {
+    fn from(a: LaunchArrive) -> Arrive {
+        Arrive::Launch(a)
+    }
+}
+
+impl From<LaunchAct> for Act {
+    fn from(a: LaunchAct) -> Act {
+        Act::Launch(a)
+    }
+}
+
+/// Per-PE launch state.
+#[derive(Debug, Default)]
+pub(super) struct PeLaunches {
+    /// The launch whose kernel runs here now.
+    pub(super) current: Option<u32>,
+    /// Launches whose start arrived while another ran, in arrival order.
+    queued: VecDeque<u32>,
+}
+
+impl<W: Write> Engine<'_, W> {
+    /// Run host steps until one blocks or the program ends. After the last
+    /// step the host waits for every launch, then frees what is left.
+    pub(super) fn host_continue(&mut self) {
+        loop {
+            if let Some(step) = self.steps.pop_front() {
+                match step {
+                    Step::Launch(spec) => self.start_launch(spec),
+                    Step::Wait(n) => {
+                        if self.launches.get(n).is_some_and(|l| !l.done) {
+                            self.host_wait = HostWait::Launch(n as u32);
+                            return;
+                        }
+                    }
+                    Step::Free(t) => {
+                        if self.launches.iter().any(|l| !l.done) {
+                            self.steps.push_front(Step::Free(t));
+                            self.host_wait = HostWait::AllLaunches;
+                            return;
+                        }
+                        self.free_tensor(t);
+                    }
+                }
+                continue;
+            }
+            if self.launches.iter().any(|l| !l.done) {
+                self.host_wait = HostWait::AllLaunches;
+                return;
+            }
+            // The end of the program frees every tensor still mapped.
+            for t in 0..self.tensors.len() as u32 {
+                self.free_tensor(t);
+            }
+            self.host_wait = HostWait::Done;
+            return;
+        }
+    }
+
+    fn free_tensor(&mut self, t: u32) {
+        if !std::mem::replace(&mut self.freed[t as usize], true) {
+            self.send_tensor_mappings(t, true);
+        }
+    }
+
+    fn start_launch(&mut self, spec: LaunchSpec) {
+        let id = self.launches.len() as u32;
+        let c = self.m.topo.counts;
+        let mut cube_left = vec![0u32; (c.sips * c.cubes_per_sip) as usize];
+        let mut sip_left = vec![0u32; c.sips as usize];
+        for p in &spec.pes {
+            let cube = (p.sip * c.cubes_per_sip + p.cube) as usize;
+            if cube_left[cube] == 0 {
+                sip_left[p.sip as usize] += 1;
+            }
+            cube_left[cube] += 1;
+        }
+        let sips_left = sip_left.iter().filter(|&&n| n > 0).count() as u32;
+        self.launches.push(LaunchState {
+            spec,
+            t_start: None,
+            t_end: 0,
+            cube_left,
+            sip_left,
+            sips_left,
+            done: false,
+        });
+        if sips_left == 0 {
+            // No PE: done at once.
+            self.launches[id as usize].done = true;
+            return;
+        }
+        for sip in 0..c.sips {
+            if self.launches[id as usize].sip_left[sip as usize] > 0 {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                self.send(
+                    self.m.host(),
+                    io,
+                    CONTROL_BYTES,
+                    LaunchArrive::AtIo { launch: id, sip },
+                );
+            }
+        }
+    }
+
+    /// The latest any PE of the launch on `sip` can receive a launch
+    /// stamped at io_cpu: uncontended fan-out latency plus the m_cpu and
+    /// pe_cpu handling.
+    fn launch_lead(&self, launch: u32, sip: u32) -> Ps {
+        let io = self.m.sip_node(sip, NodeKind::IoCpu);
+        let handle = ns_to_ps(self.m.topo.cpu.handle_ns.0);
+        self.launches[launch as usize]
+            .spec
+            .pes
+            .iter()
+            .filter(|p| p.sip == sip)
+            .map(|p| {
+                let mcpu = self.m.cube_node(sip, p.cube, NodeKind::MCpu);
+                let cpu = self.m.pe_node(*p, NodeKind::PeCpu);
+                self.m
+                    .uncontended_ps(&self.m.route(io, mcpu), CONTROL_BYTES)
+                    + self
+                        .m
+                        .uncontended_ps(&self.m.route(mcpu, cpu), CONTROL_BYTES)
+                    + 2 * handle
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub(super) fn launch_arrive(&mut self, a: LaunchArrive) -> Result<(), SimError> {
+        match a {
+            LaunchArrive::AtIo { launch, sip } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let end = self.serve(io, Request::control());
+                let target = end + self.launch_lead(launch, sip);
+                self.at(
+                    end,
+                    LaunchAct::IoFanout {
+                        launch,
+                        sip,
+                        target,
+                    },
+                );
+            }
+            LaunchArrive::AtMcpu {
+                launch,
+                sip,
+                cube,
+                target,
+            } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                let end = self.serve(mcpu, Request::control());
+                self.at(
+                    end,
+                    LaunchAct::McpuFanout {
+                        launch,
+                        sip,
+                        cube,
+                        target,
+                    },
+                );
+            }
+            LaunchArrive::AtPe { launch, pe, target } => {
+                let cpu = self
+                    .m
+                    .pe_node(self.m.pe_coord(pe as usize), NodeKind::PeCpu);
+                let end = self.serve(cpu, Request::control());
+                self.at(end.max(target), LaunchAct::KernelStart { launch, pe });
+            }
+            LaunchArrive::DoneAtMcpu { launch, sip, cube } => {
+                let c = self.m.topo.counts;
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                let end = self.serve(mcpu, Request::control());
+                let left = &mut self.launches[launch as usize].cube_left
+                    [(sip * c.cubes_per_sip + cube) as usize];
+                *left -= 1;
+                if *left == 0 {
+                    self.at(end, LaunchAct::McpuReport { launch, sip, cube });
+                }
+            }
+            LaunchArrive::DoneAtIo { launch, sip } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let end = self.serve(io, Request::control());
+                let left = &mut self.launches[launch as usize].sip_left[sip as usize];
+                *left -= 1;
+                if *left == 0 {
+                    self.at(end, LaunchAct::IoReport { launch, sip });
+                }
+            }
+            LaunchArrive::DoneAtHost { launch } => {
+                let l = &mut self.launches[launch as usize];
+                l.sips_left -= 1;
+                if l.sips_left == 0 {
+                    l.done = true;
+                    let resume = match self.host_wait {
+                        HostWait::Launch(n) => n == launch,
+                        HostWait::AllLaunches => self.launches.iter().all(|l| l.done),
+                        _ => false,
+                    };
+                    if resume {
+                        self.host_wait = HostWait::Running;
+                        self.host_continue();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn launch_act(&mut self, a: LaunchAct) -> Result<(), SimError> {
+        match a {
+            LaunchAct::IoFanout {
+                launch,
+                sip,
+                target,
+            } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                let mut cubes: Vec<u32> = self.launches[launch as usize]
+                    .spec
+                    .pes
+                    .iter()
+                    .filter(|p| p.sip == sip)
+                    .map(|p| p.cube)
+                    .collect();
+                cubes.sort_unstable();
+                cubes.dedup();
+                for cube in cubes {
+                    let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                    self.send(
+                        io,
+                        mcpu,
+                        CONTROL_BYTES,
+                        LaunchArrive::AtMcpu {
+                            launch,
+                            sip,
+                            cube,
+                            target,
+                        },
+                    );
+                }
+            }
+            LaunchAct::McpuFanout {
+                launch,
+                sip,
+                cube,
+                target,
+            } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                let mut pes: Vec<PeCoord> = self.launches[launch as usize]
+                    .spec
+                    .pes
+                    .iter()
+                    .filter(|p| p.sip == sip && p.cube == cube)
+                    .copied()
+                    .collect();
+                pes.sort_unstable();
+                for pc in pes {
+                    let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+                    let pe = self.m.pe_index(pc) as u32;
+                    self.send(
+                        mcpu,
+                        cpu,
+                        CONTROL_BYTES,
+                        LaunchArrive::AtPe { launch, pe, target },
+                    );
+                }
+            }
+            LaunchAct::KernelStart { launch, pe } => {
+                if self.pe_launches[pe as usize].current.is_some() {
+                    self.pe_launches[pe as usize].queued.push_back(launch);
+                } else {
+                    self.start_kernel(launch, pe)?;
+                }
+            }
+            LaunchAct::McpuReport { launch, sip, cube } => {
+                let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                self.send(
+                    mcpu,
+                    io,
+                    CONTROL_BYTES,
+                    LaunchArrive::DoneAtIo { launch, sip },
+                );
+            }
+            LaunchAct::IoReport { launch, sip } => {
+                let io = self.m.sip_node(sip, NodeKind::IoCpu);
+                self.send(
+                    io,
+                    self.m.host(),
+                    CONTROL_BYTES,
+                    LaunchArrive::DoneAtHost { launch },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Start launch `launch`'s kernel on PE `pe` (dense index).
+    fn start_kernel(&mut self, launch: u32, pe: u32) -> Result<(), SimError> {
+        let now = self.q.now();
+        if self.stats.kernel_start == 0 {
+            self.stats.kernel_start = now;
+        }
+        let pc = self.m.pe_coord(pe as usize);
+        let l = &mut self.launches[launch as usize];
+        l.t_start = Some(l.t_start.map_or(now, |t| t.min(now)));
+        let slot = l
+            .spec
+            .pes
+            .iter()
+            .position(|&p| p == pc)
+            .expect("a launch starts only on its PEs");
+        let n = l.spec.pes.len() as u32;
+        let program: Box<dyn PeProgram> = match &mut l.spec.body {
+            LaunchBody::Kernel {
+                kernel,
+                args,
+                executor,
+            } => {
+                let tcm = FreeList::new(self.m.topo.tcm_bytes());
+                let body =
+                    kernel::grid_body(*kernel, args.clone(), pc, slot as u32, n, l.spec.grid, tcm);
+                executor
+                    .spawn(format!("{}[{slot}]", l.spec.name), body)
+                    .map_err(|message| SimError::Kernel {
+                        pe: pc,
+                        time_ns: super::ns(now),
+                        message: format!("starting kernel {}: {message}", l.spec.name),
+                    })?
+            }
+            LaunchBody::Scripts(programs) => std::mem::replace(
+                &mut programs[slot],
+                Box::new(crate::program::Script::new(Vec::new())),
+            ),
+        };
+        self.programs[pe as usize] = program;
+        self.pe_launches[pe as usize].current = Some(launch);
+        self.pes[pe as usize] = super::PeState::default();
+        self.step_program(pe, Reply::Go)
+    }
+
+    /// PE `pe`'s kernel ended: report to its m_cpu, start the next launch
+    /// queued on it.
+    pub(super) fn kernel_finished(&mut self, pe: u32) -> Result<(), SimError> {
+        let now = self.q.now();
+        let launch = self.pe_launches[pe as usize]
+            .current
+            .take()
+            .expect("a finished kernel belongs to a launch");
+        let l = &mut self.launches[launch as usize];
+        l.t_end = l.t_end.max(now);
+        let pc = self.m.pe_coord(pe as usize);
+        let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        let mcpu = self.m.cube_node(pc.sip, pc.cube, NodeKind::MCpu);
+        self.send(
+            cpu,
+            mcpu,
+            CONTROL_BYTES,
+            LaunchArrive::DoneAtMcpu {
+                launch,
+                sip: pc.sip,
+                cube: pc.cube,
+            },
+        );
+        if let Some(next) = self.pe_launches[pe as usize].queued.pop_front() {
+            self.start_kernel(next, pe)?;
+        }
+        Ok(())
+    }
+
+    /// The trace's list of launches.
+    pub(super) fn launch_records(&self) -> Vec<kb_format::Launch> {
+        self.launches
+            .iter()
+            .map(|l| kb_format::Launch {
+                kernel: l.spec.name.clone(),
+                grid: l.spec.grid,
+                pes: l.spec.pes.iter().map(|p| [p.sip, p.cube, p.pe]).collect(),
+                t_start: l.t_start.unwrap_or(0),
+                t_end: l.t_end,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,106 @@
+//! Input tensors from numpy `.npy` files (`kb-sim --input NAME=FILE.npy`).
+//!
+//! The file's dtype and shape must match the tensor the workload declares:
+//! f32 `<f4`, f16 `<f2`, i8 `|i1`, i32 `<i4`, u8 `|u1` (either byte order),
+//! and bf16 from `<f4` holding only bf16 values (as `kb-inspect tensor`
+//! writes bf16). A 1-D file fits an `[n, 1]` or `[1, n]` tensor. The bytes
+//! become the tensor's host data exactly, so `kb-inspect tensor` exports
+//! the same array. The read is bounded by the declared tensor's size, so a
+//! huge or endless file cannot exhaust memory.
+
+use std::io::Read;
+use std::path::Path;
+
+use kb_format::Dtype;
+use npyz::{DType, NpyFile, Order, TypeChar};
+
+/// Room for the .npy header beyond the data (a v1 header is < 64 KiB).
+const HEADER_SLACK: u64 = 1 << 17;
+
+/// The host bytes of a `dtype` tensor of `shape` read from `path`, or a
+/// message naming what the file holds and what was declared.
+pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, String> {
+    let shown = path.display();
+    let want = shape[0] * shape[1] * dtype.size() as u64;
+    let file = std::fs::File::open(path).map_err(|e| format!("{shown}: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(want + HEADER_SLACK + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{shown}: {e}"))?;
+    if bytes.len() as u64 > want + HEADER_SLACK {
+        return Err(format!(
+            "{shown} is larger than a {dtype} {shape:?} array ({want} data bytes) can be"
+        ));
+    }
+    let f =
+        NpyFile::new(&bytes[..]).map_err(|e| format!("{shown}: not a readable .npy file: {e}"))?;
+    let file_shape = f.shape().to_vec();
+    let DType::Plain(ts) = f.dtype() else {
+        return Err(format!("{shown}: structured arrays are not supported"));
+    };
+    let kind = (ts.type_char(), ts.size_field());
+    let ok_dtype = matches!(
+        (dtype, kind),
+        (Dtype::F32 | Dtype::Bf16, (TypeChar::Float, 4))
+            | (Dtype::F16, (TypeChar::Float, 2))
+            | (Dtype::I8, (TypeChar::Int, 1))
+            | (Dtype::I32, (TypeChar::Int, 4))
+            | (Dtype::U8, (TypeChar::Uint, 1))
+    );
+    let ok_shape = file_shape == shape
+        || (file_shape.len() == 1 && shape.contains(&1) && file_shape[0] == shape[0] * shape[1]);
+    if !ok_dtype || !ok_shape {
+        return Err(format!(
+            "{shown} holds a {ts} array of shape {file_shape:?}; the workload declares {dtype} {shape:?}"
+        ));
+    }
+    let fortran = f.order() == Order::Fortran && file_shape.len() == 2;
+    let io = |e: std::io::Error| format!("{shown}: {e}");
+    let mut out = match dtype {
+        Dtype::F32 => le(f.into_vec::<f32>().map_err(io)?, f32::to_le_bytes),
+        Dtype::F16 => le(
+            f.into_vec::<half::f16>().map_err(io)?,
+            half::f16::to_le_bytes,
+        ),
+        Dtype::I8 => le(f.into_vec::<i8>().map_err(io)?, i8::to_le_bytes),
+        Dtype::I32 => le(f.into_vec::<i32>().map_err(io)?, i32::to_le_bytes),
+        Dtype::U8 => f.into_vec::<u8>().map_err(io)?,
+        Dtype::Bf16 => {
+            let mut out = Vec::new();
+            for (i, v) in f.into_vec::<f32>().map_err(io)?.into_iter().enumerate() {
+                let b = half::bf16::from_f32(v);
+                if b.to_f32().to_bits() != v.to_bits() && !(v.is_nan() && b.is_nan()) {
+                    return Err(format!(
+                        "{shown}: element {i} ({v}) is not a bf16 value; the workload declares bf16 {shape:?}"
+                    ));
+                }
+                out.extend_from_slice(&b.to_le_bytes());
+            }
+            out
+        }
+    };
+    if out.len() as u64 != want {
+        return Err(format!("{shown}: {} data bytes for {want}", out.len()));
+    }
+    if fortran {
+        out = fortran_to_c(&out, shape, dtype.size());
+    }
+    Ok(out)
+}
+
+fn le<T, const N: usize>(v: Vec<T>, f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    v.into_iter().flat_map(f).collect()
+}
+
+/// Row-major copy of a column-major 2-D array of `es`-byte elements.
+fn fortran_to_c(b: &[u8], [rows, cols]: [u64; 2], es: usize) -> Vec<u8> {
+    let (rows, cols) = (rows as usize, cols as usize);
+    let mut out = Vec::with_capacity(b.len());
+    for r in 0..rows {
+        for c in 0..cols {
+            let at = (c * rows + r) * es;
+            out.extend_from_slice(&b[at..at + es]);
+        }
+    }
+    out
+}

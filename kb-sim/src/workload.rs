@@ -1,0 +1,497 @@
+//! Workloads: host programs over the public kernel API.
+//!
+//! A [`Workload`] declares its parameters and, given their values, builds a
+//! [`Program`]: tensors (seeded random, zeros, constants, or data from a
+//! `.npy` file through `kb-sim --input`), then steps (launch a kernel on all
+//! PEs or a subset with a 1-D or 2-D grid, wait for a launch, free a
+//! tensor) and the verification spec (a reference [`Expr`] per output).
+//! Tensors persist across launches: a later launch reads what an earlier
+//! one wrote. The built-in workloads (the `kb-workloads` crate) use nothing
+//! but this module and [`crate::kernel`]; [`crate::cli::main`] gives any
+//! set of workloads the full `kb-sim` command line.
+
+use std::collections::BTreeMap;
+
+use kb_format::{Dtype, Expr, Tolerance, VerifyOutput, VerifySpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::engine::{LaunchBody, LaunchSpec, Step};
+use crate::kernel::{Executor, KernelArgs, KernelFn, TensorArg};
+use crate::machine::{Machine, PeCoord};
+use crate::runtime::{Runtime, SetupError};
+
+pub use crate::runtime::{Policy, Sharding};
+
+/// A workload parameter with its default, as `kb-sim list` shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+/// Whether a workload states the reference its outputs are verified
+/// against (`kb-sim list` says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reference {
+    /// The trace carries a reference expression for every output.
+    BuiltIn,
+    /// The reference cannot be written in the trace's expression language:
+    /// verify with `kb-replay --expect NAME=FILE.npy`.
+    Expect,
+}
+
+/// A workload: a named host program with parameters.
+pub trait Workload: std::fmt::Debug {
+    /// The name `-b/--bench` selects it by.
+    fn name(&self) -> &str;
+    /// One line for `kb-sim list`.
+    fn about(&self) -> &str;
+    /// Its parameters and their defaults.
+    fn params(&self) -> &[ParamSpec];
+    /// Whether `build` states a reference for its outputs.
+    fn reference(&self) -> Reference {
+        Reference::BuiltIn
+    }
+    /// Declare tensors, steps and the verification spec.
+    fn build(&self, p: &Params, prog: &mut Program<'_>) -> Result<(), WorkloadError>;
+}
+
+/// Errors while building a workload.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("unknown workload {0:?} (see `kb-sim list`)")]
+    Unknown(String),
+    #[error("workload {workload}: parameter {param}: {message}")]
+    Param {
+        workload: String,
+        param: String,
+        message: String,
+    },
+    #[error("--input {name}: {message}")]
+    Input { name: String, message: String },
+    #[error("workload {workload}: {message}")]
+    Program { workload: String, message: String },
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+}
+
+/// Resolved parameters: every declared one, user values over defaults.
+#[derive(Debug, Clone)]
+pub struct Params {
+    workload: String,
+    values: BTreeMap<String, String>,
+}
+
+impl Params {
+    /// Resolve `given` KEY=VALUE pairs against `w`'s declared parameters.
+    pub fn resolve(w: &dyn Workload, given: &[(String, String)]) -> Result<Params, WorkloadError> {
+        let mut values: BTreeMap<String, String> = w
+            .params()
+            .iter()
+            .map(|p| (p.name.to_string(), p.default.to_string()))
+            .collect();
+        for (k, v) in given {
+            if !values.contains_key(k) {
+                let known: Vec<_> = w.params().iter().map(|p| p.name).collect();
+                return Err(WorkloadError::Param {
+                    workload: w.name().into(),
+                    param: k.clone(),
+                    message: format!("unknown parameter (known: {})", known.join(", ")),
+                });
+            }
+            values.insert(k.clone(), v.clone());
+        }
+        Ok(Params {
+            workload: w.name().into(),
+            values,
+        })
+    }
+
+    /// Every parameter and its value, by name.
+    pub fn pairs(&self) -> Vec<(String, String)> {
+        self.values
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// An error about parameter `param`.
+    pub fn err(&self, param: &str, message: impl Into<String>) -> WorkloadError {
+        WorkloadError::Param {
+            workload: self.workload.clone(),
+            param: param.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The raw text of parameter `name` (declared, so always present).
+    pub fn str(&self, name: &str) -> &str {
+        self.values
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("parameter {name:?} is not declared by this workload"))
+    }
+
+    /// A whole number of at least `min`, at most 2^32 (shapes and tile
+    /// sizes are u32 in the kernel API; larger values would truncate).
+    pub fn u64(&self, name: &str, min: u64) -> Result<u64, WorkloadError> {
+        let v = self.str(name);
+        let n: u64 = v
+            .parse()
+            .map_err(|_| self.err(name, format!("{v:?} is not a whole number")))?;
+        if n < min {
+            return Err(self.err(name, format!("must be at least {min}, got {n}")));
+        }
+        if n > u32::MAX as u64 {
+            return Err(self.err(name, format!("must be at most {}, got {n}", u32::MAX)));
+        }
+        Ok(n)
+    }
+
+    /// A signed whole number.
+    pub fn i64(&self, name: &str) -> Result<i64, WorkloadError> {
+        let v = self.str(name);
+        v.parse()
+            .map_err(|_| self.err(name, format!("{v:?} is not a whole number")))
+    }
+
+    /// A finite number (`1e-5`, `0.5`, `-3`).
+    pub fn f64(&self, name: &str) -> Result<f64, WorkloadError> {
+        let v = self.str(name);
+        match v.parse::<f64>() {
+            Ok(x) if x.is_finite() => Ok(x),
+            _ => Err(self.err(name, format!("{v:?} is not a finite number"))),
+        }
+    }
+
+    /// A dtype name (f32, f16, bf16, i8, i32, u8).
+    pub fn dtype(&self, name: &str) -> Result<Dtype, WorkloadError> {
+        let v = self.str(name);
+        Dtype::from_name(v).ok_or_else(|| {
+            self.err(
+                name,
+                format!("{v:?} is not a dtype (f32, f16, bf16, i8, i32, u8)"),
+            )
+        })
+    }
+}
+
+/// A tensor declared by a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+/// A launch of a program, for [`Program::wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchId(usize);
+
+/// A host program being built: tensors, steps and the verification spec.
+#[derive(Debug)]
+pub struct Program<'m> {
+    workload: String,
+    rt: Runtime<'m>,
+    rng: ChaCha8Rng,
+    executor: Executor,
+    inputs: BTreeMap<String, std::path::PathBuf>,
+    used_inputs: Vec<String>,
+    steps: Vec<Step>,
+    launches: usize,
+    verify: VerifySpec,
+}
+
+/// What a built program hands the engine.
+#[derive(Debug)]
+pub struct Built<'m> {
+    pub rt: Runtime<'m>,
+    pub steps: Vec<Step>,
+    pub verify: VerifySpec,
+}
+
+impl<'m> Program<'m> {
+    /// An empty program on `machine`: random data from `seed`, kernels run
+    /// by `executor`, `inputs` replacing declared tensors' data by name.
+    pub fn new(
+        workload: &str,
+        machine: &'m Machine,
+        seed: u64,
+        executor: Executor,
+        inputs: BTreeMap<String, std::path::PathBuf>,
+    ) -> Self {
+        Program {
+            workload: workload.into(),
+            rt: Runtime::new(machine),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            executor,
+            inputs,
+            used_inputs: Vec::new(),
+            steps: Vec::new(),
+            launches: 0,
+            verify: VerifySpec::default(),
+        }
+    }
+
+    /// The machine the program runs on.
+    pub fn machine(&self) -> &'m Machine {
+        self.rt.machine
+    }
+
+    /// Every PE of the machine, in launch order (SIP, cube, PE).
+    pub fn pes(&self) -> Vec<PeCoord> {
+        self.rt.machine.pes().collect()
+    }
+
+    /// The run's seeded random generator (for workload-specific data).
+    pub fn rng(&mut self) -> &mut ChaCha8Rng {
+        &mut self.rng
+    }
+
+    fn error(&self, message: impl Into<String>) -> WorkloadError {
+        WorkloadError::Program {
+            workload: self.workload.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// Bytes of a `shape` tensor of `dtype`, bounded so host buffers stay
+    /// sane (2^31 elements).
+    fn elements(&self, name: &str, shape: [u64; 2]) -> Result<usize, WorkloadError> {
+        shape[0]
+            .checked_mul(shape[1])
+            .filter(|&n| n <= 1 << 31)
+            .map(|n| n as usize)
+            .ok_or_else(|| {
+                self.error(format!(
+                    "tensor {name}: {} x {} elements is more than a workload supports (2^31)",
+                    shape[0], shape[1]
+                ))
+            })
+    }
+
+    /// Declare a tensor with host data `data` (or none: device memory that
+    /// reads as zero), unless `--input` gives its data.
+    fn declare(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        shape: [u64; 2],
+        data: Option<Vec<u8>>,
+        sharding: Sharding,
+    ) -> Result<TensorId, WorkloadError> {
+        let data = match self.inputs.get(name) {
+            Some(path) => {
+                let bytes = crate::input::read(path, dtype, shape).map_err(|message| {
+                    WorkloadError::Input {
+                        name: name.into(),
+                        message: format!("{message} (workload {})", self.workload),
+                    }
+                })?;
+                self.used_inputs.push(name.into());
+                Some(bytes)
+            }
+            None => data,
+        };
+        let id = self.rt.tensor(name, dtype, shape, data, sharding)?;
+        Ok(TensorId(id))
+    }
+
+    /// A tensor of seeded random values: floats uniform in [-1, 1), i8 in
+    /// [-64, 64), u8 in [0, 128), i32 in [-1000, 1000) (so sums of two
+    /// inputs still fit their type).
+    pub fn random(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        shape: [u64; 2],
+        sharding: Sharding,
+    ) -> Result<TensorId, WorkloadError> {
+        let n = self.elements(name, shape)?;
+        let data = random_data(&mut self.rng, dtype, n);
+        self.declare(name, dtype, shape, Some(data), sharding)
+    }
+
+    /// A tensor with no host data: device memory that reads as zero until
+    /// a kernel writes it (outputs and intermediates).
+    pub fn zeros(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        shape: [u64; 2],
+        sharding: Sharding,
+    ) -> Result<TensorId, WorkloadError> {
+        self.elements(name, shape)?;
+        self.declare(name, dtype, shape, None, sharding)
+    }
+
+    /// A tensor whose every element is `value` (rounded to the dtype).
+    pub fn full(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        shape: [u64; 2],
+        value: f64,
+        sharding: Sharding,
+    ) -> Result<TensorId, WorkloadError> {
+        let n = self.elements(name, shape)?;
+        let data = crate::kernel::encode(dtype, value).repeat(n);
+        self.declare(name, dtype, shape, Some(data), sharding)
+    }
+
+    /// A tensor with the given host bytes (row-major, little-endian).
+    pub fn data(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        shape: [u64; 2],
+        bytes: Vec<u8>,
+        sharding: Sharding,
+    ) -> Result<TensorId, WorkloadError> {
+        let n = self.elements(name, shape)?;
+        if bytes.len() != n * dtype.size() {
+            return Err(self.error(format!(
+                "tensor {name}: {} bytes of data for {n} {dtype} elements",
+                bytes.len()
+            )));
+        }
+        self.declare(name, dtype, shape, Some(bytes), sharding)
+    }
+
+    /// A tensor as kernels see it (shape, dtype, each PE's shard).
+    pub fn arg(&self, t: TensorId) -> TensorArg {
+        self.rt.kernel_arg(t.0)
+    }
+
+    /// Launch arguments holding tensors `ts` (add scalars with
+    /// [`KernelArgs::scalar`] and [`KernelArgs::float`]).
+    pub fn args(&self, ts: &[TensorId]) -> KernelArgs {
+        let ids: Vec<u32> = ts.iter().map(|t| t.0).collect();
+        self.rt.kernel_args(&ids)
+    }
+
+    /// Launch `kernel` on every PE, one program per PE (program id =
+    /// the PE's index). The host goes on at once; see [`Program::wait`].
+    pub fn launch(&mut self, name: &str, kernel: KernelFn, args: KernelArgs) -> LaunchId {
+        let pes = self.pes();
+        let grid = [pes.len() as u32, 1];
+        self.push_launch(name, kernel, args, grid, pes)
+    }
+
+    /// Launch `kernel` over a grid of `grid[0] x grid[1]` programs on
+    /// `pes` (in order; program k = `i0 + i1 * grid[0]` runs on
+    /// `pes[k % pes.len()]`, each PE running its programs in turn).
+    pub fn launch_grid(
+        &mut self,
+        name: &str,
+        kernel: KernelFn,
+        args: KernelArgs,
+        grid: [u32; 2],
+        pes: &[PeCoord],
+    ) -> Result<LaunchId, WorkloadError> {
+        if grid[0] == 0 || grid[1] == 0 {
+            return Err(self.error(format!("launch {name}: empty grid {grid:?}")));
+        }
+        if pes.is_empty() {
+            return Err(self.error(format!("launch {name}: no PEs")));
+        }
+        let c = self.rt.machine.topo.counts;
+        let mut seen = std::collections::BTreeSet::new();
+        for p in pes {
+            if p.sip >= c.sips || p.cube >= c.cubes_per_sip || p.pe >= c.pes_per_cube {
+                return Err(self.error(format!("launch {name}: {p} is not a PE of this machine")));
+            }
+            if !seen.insert(*p) {
+                return Err(self.error(format!("launch {name}: {p} is listed twice")));
+            }
+        }
+        Ok(self.push_launch(name, kernel, args, grid, pes.to_vec()))
+    }
+
+    fn push_launch(
+        &mut self,
+        name: &str,
+        kernel: KernelFn,
+        args: KernelArgs,
+        grid: [u32; 2],
+        pes: Vec<PeCoord>,
+    ) -> LaunchId {
+        self.steps.push(Step::Launch(LaunchSpec {
+            name: name.into(),
+            pes,
+            grid,
+            body: LaunchBody::Kernel {
+                kernel,
+                args: std::sync::Arc::new(args),
+                executor: self.executor,
+            },
+        }));
+        self.launches += 1;
+        LaunchId(self.launches - 1)
+    }
+
+    /// Block the host until `launch` has completed (its kernels finished
+    /// and the host heard so through the fabric).
+    pub fn wait(&mut self, launch: LaunchId) {
+        self.steps.push(Step::Wait(launch.0));
+    }
+
+    /// Free a tensor: the host waits for every launch so far, then unmaps
+    /// it through the fabric (ADR-0011 D-VA4). Its data stays readable by
+    /// replay and verification. Every tensor is freed at the end anyway.
+    pub fn free(&mut self, t: TensorId) {
+        self.steps.push(Step::Free(t.0));
+    }
+
+    /// Verify `output` against `reference` (an expression over tensors
+    /// with host data), with the dtype's default tolerance or `tolerance`.
+    pub fn verify(&mut self, output: TensorId, reference: Expr, tolerance: Option<Tolerance>) {
+        let tensor = self.rt.tensors[output.0 as usize].meta.name.clone();
+        self.verify.outputs.push(VerifyOutput {
+            tensor,
+            reference,
+            tolerance,
+        });
+    }
+
+    /// The finished program; errs if an `--input` named no tensor.
+    pub fn finish(self) -> Result<Built<'m>, WorkloadError> {
+        if let Some(name) = self.inputs.keys().find(|n| !self.used_inputs.contains(n)) {
+            let names: Vec<_> = self
+                .rt
+                .tensors
+                .iter()
+                .map(|t| t.meta.name.as_str())
+                .collect();
+            return Err(WorkloadError::Input {
+                name: name.clone(),
+                message: format!(
+                    "workload {} has no tensor {name:?} (its tensors: {})",
+                    self.workload,
+                    names.join(", ")
+                ),
+            });
+        }
+        Ok(Built {
+            rt: self.rt,
+            steps: self.steps,
+            verify: self.verify,
+        })
+    }
+}
+
+/// Seeded random tensor data of `n` elements (see [`Program::random`]).
+pub fn random_data(rng: &mut ChaCha8Rng, dtype: Dtype, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * dtype.size());
+    for _ in 0..n {
+        let x: f32 = rng.random_range(-1.0f32..1.0);
+        match dtype {
+            Dtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
+            Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+            Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+            // Half the type's range, so sums of two inputs still fit.
+            Dtype::I8 => out.push(rng.random_range(-64i32..64) as i8 as u8),
+            Dtype::U8 => out.push(rng.random_range(0..128u8)),
+            Dtype::I32 => out.extend_from_slice(&rng.random_range(-1000i32..1000).to_le_bytes()),
+        }
+    }
+    out
+}
