@@ -368,6 +368,19 @@ impl<'m> Program<'m> {
         self.rt.kernel_args(&ids)
     }
 
+    /// Launch arguments holding tensors under the names the kernel uses
+    /// (`prog.bind(&[("a", x), ("b", w)])`), so one kernel serves several
+    /// launches over different tensors.
+    pub fn bind(&self, ts: &[(&str, TensorId)]) -> KernelArgs {
+        let mut args = KernelArgs::default();
+        for &(name, t) in ts {
+            let mut arg = self.arg(t);
+            arg.name = name.into();
+            args.tensors.push(arg);
+        }
+        args
+    }
+
     /// Launch `kernel` on every PE, one program per PE (program id =
     /// the PE's index). The host goes on at once; see [`Program::wait`].
     pub fn launch(&mut self, name: &str, kernel: KernelFn, args: KernelArgs) -> LaunchId {

@@ -4,7 +4,7 @@ use kb_format::Expr;
 use kb_sim::kernel::{Block, KernelArgs, Tl};
 use kb_sim::workload::{ParamSpec, Params, Program, Sharding, Workload, WorkloadError};
 
-use crate::{gemm_output_dtype, gemm_tolerance, t};
+use crate::{gemm_output_dtype, gemm_tolerance, matmul_tile, t};
 
 /// `gemm_tiled`: C = A @ B with A and C row-sharded over the PEs and B
 /// replicated; each PE loops over its output tiles and, inside, over K,
@@ -61,26 +61,19 @@ fn gemm_tiled_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     else {
         return;
     };
-    let (m, k, n) = (
-        sa.rows,
-        sa.row_bytes / a.elem_bytes(),
-        sb.row_bytes / b.elem_bytes(),
-    );
+    let (m, n) = (sa.rows, sb.row_bytes / b.elem_bytes());
     for i in (0..m).step_by(bm as usize) {
         let tm = bm.min(m - i) as u32;
         for j in (0..n).step_by(bn as usize) {
             let tn = bn.min(n - j) as u32;
-            let mut acc = None;
-            for kk in (0..k).step_by(bk as usize) {
-                let tk = bk.min(k - kk) as u32;
-                // Fixed-size tiles; edge tiles are masked and padded with
-                // zeros, which add nothing to the products.
-                let (fm, fn_, fk) = (bm as u32, bn as u32, bk as u32);
-                let ta = tl.load_masked(Block::in_shard(a, sa, i, kk, tm, tk), fm, fk, 0.0);
-                let tb = tl.load_masked(Block::in_shard(b, sb, kk, j, tk, tn), fk, fn_, 0.0);
-                acc = Some(tl.dot(&ta, &tb, acc));
-            }
-            let acc = acc.expect("k >= 1");
+            let acc = matmul_tile(
+                tl,
+                (a, sa),
+                (b, sb),
+                (i, tm),
+                (j, tn),
+                (bm as u32, bn as u32, bk as u32),
+            );
             let out = Block::in_shard(c, sc, i, j, tm, tn);
             if acc.dtype() == c.dtype {
                 tl.store_masked(out, &acc);

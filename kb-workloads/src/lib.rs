@@ -6,22 +6,31 @@
 //! expressions. Does not own: the simulator, the CLI (kb-sim) or the
 //! replay (kb-replay).
 
+mod attention;
 mod copy;
 mod gather;
 mod gemm;
+mod gemm_bias_gelu;
 mod gemm_tiled;
+mod layernorm;
+mod mlp;
 mod softmax;
 mod vector_add;
 
+pub use attention::Attention;
 pub use copy::Copy;
 pub use gather::Gather;
 pub use gemm::Gemm;
+pub use gemm_bias_gelu::GemmBiasGelu;
 pub use gemm_tiled::GemmTiled;
+pub use layernorm::Layernorm;
+pub use mlp::Mlp;
 pub use softmax::Softmax;
 pub use vector_add::VectorAdd;
 
 use kb_format::{Dtype, Expr, Tolerance};
-use kb_sim::workload::Workload;
+use kb_sim::kernel::{Block, Pending, ShardArg, TensorArg, Tl};
+use kb_sim::workload::{Params, Workload, WorkloadError};
 
 /// Every built-in workload; the first is `kb-sim`'s default.
 pub fn all() -> Vec<Box<dyn Workload>> {
@@ -32,7 +41,71 @@ pub fn all() -> Vec<Box<dyn Workload>> {
         Box::new(VectorAdd),
         Box::new(Softmax),
         Box::new(Gather),
+        Box::new(Layernorm),
+        Box::new(GemmBiasGelu),
+        Box::new(Attention),
+        Box::new(Mlp),
     ]
+}
+
+/// A float dtype parameter, or an error naming it.
+fn float_dtype(p: &Params, name: &str) -> Result<Dtype, WorkloadError> {
+    let d = p.dtype(name)?;
+    if matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16) {
+        Ok(d)
+    } else {
+        Err(p.err(
+            name,
+            format!("needs a float dtype (f32, f16, bf16), got {d}"),
+        ))
+    }
+}
+
+/// `gelu(x) = x / 2 * (1 + erf(x / sqrt 2))` as a reference expression.
+fn gelu_expr(x: Expr) -> Expr {
+    let x = Box::new(x);
+    let inner = Expr::Erf(Box::new(Expr::Mul(
+        x.clone(),
+        Box::new(Expr::Scalar(std::f64::consts::FRAC_1_SQRT_2)),
+    )));
+    Expr::Mul(
+        Box::new(Expr::Mul(x, Box::new(Expr::Scalar(0.5)))),
+        Box::new(Expr::Add(Box::new(Expr::Scalar(1.0)), Box::new(inner))),
+    )
+}
+
+/// `gelu(x)` on pe_math: four elementwise ops and an erf.
+fn gelu(tl: &mut Tl<'_>, x: &dyn kb_sim::kernel::Operand) -> Pending {
+    let scaled = tl.mul(x, std::f64::consts::FRAC_1_SQRT_2);
+    let e = tl.erf(&scaled);
+    let one_plus = tl.add(&e, 1.0);
+    let half_x = tl.mul(x, 0.5);
+    tl.mul(&half_x, &one_plus)
+}
+
+/// One output tile of `a @ b` over a PE's shards: rows `[i, i+tm)` of
+/// `a`'s shard against columns `[j, j+tn)` of `b`'s, K in steps of `bk`.
+/// Tiles are fixed `bm` x `bk` and `bk` x `bn`; edge tiles are masked and
+/// padded with zeros, which add nothing. Returns the `bm` x `bn`
+/// accumulator (f32 for float inputs, i32 for integer ones).
+#[allow(clippy::too_many_arguments)]
+fn matmul_tile(
+    tl: &mut Tl<'_>,
+    (a, sa): (&TensorArg, &ShardArg),
+    (b, sb): (&TensorArg, &ShardArg),
+    (i, tm): (u64, u32),
+    (j, tn): (u64, u32),
+    (bm, bn, bk): (u32, u32, u32),
+) -> Pending {
+    let k = sa.row_bytes / a.elem_bytes();
+    let mut acc = None;
+    for kk in (0..k).step_by(bk as usize) {
+        let tk = (bk as u64).min(k - kk) as u32;
+        let ta = tl.load_masked(Block::in_shard(a, sa, i, kk, tm, tk), bm, bk, 0.0);
+        let tb = tl.load_masked(Block::in_shard(b, sb, kk, j, tk, tn), bk, bn, 0.0);
+        acc = Some(tl.dot(&ta, &tb, acc));
+    }
+    acc.expect("k >= 1")
 }
 
 /// A reference to tensor `name`.

@@ -199,6 +199,22 @@ fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
             vec!["rows=70", "cols=33"],
         ],
         "gather" => vec![vec!["rows=37", "vocab=13", "dim=7", "dtype=f16"]],
+        "layernorm" => vec![
+            vec!["rows=37", "cols=99", "block_rows=5"],
+            vec!["rows=20", "cols=64", "dtype=f16", "eps=1e-3"],
+        ],
+        "gemm_bias_gelu" => vec![
+            vec!["m=45", "n=77", "k=33", "block_n=32", "block_k=16"],
+            vec!["m=20", "n=24", "k=50", "dtype=f32"],
+        ],
+        "attention" => vec![
+            vec!["seq=50", "seq_kv=77", "d=40", "block_n=32"],
+            vec!["seq=9", "seq_kv=5", "d=8", "dtype=f32"],
+        ],
+        "mlp" => vec![
+            vec!["m=37", "d=24", "h=70", "block_n=32", "block_k=16"],
+            vec!["m=16", "d=16", "h=40", "dtype=f16"],
+        ],
         other => panic!("add odd shapes for the new benchmark {other:?} here"),
     }
 }
@@ -286,6 +302,10 @@ fn captured_inputs_match_phase_2_for_every_benchmark() {
         "vector_add",
         "gather",
         "copy",
+        "layernorm",
+        "gemm_bias_gelu",
+        "attention",
+        "mlp",
     ] {
         let (sim, replay) = pipe(
             (
