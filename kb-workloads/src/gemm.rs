@@ -8,7 +8,9 @@ use crate::{gemm_output_dtype, gemm_tolerance, t};
 
 /// `gemm`: C = A @ B as a composite op. A and C are row-sharded over the
 /// PEs, B replicated; each PE runs one tiled, double-buffered DMA_READ ->
-/// GEMM -> DMA_WRITE pipeline over its rows.
+/// GEMM -> DMA_WRITE pipeline over its rows, reading K `block_k` deep at a
+/// time and accumulating in TCM (by default all of K when the tiles fit
+/// half the TCM, so any shape whose output tiles fit runs).
 #[derive(Debug)]
 pub struct Gemm;
 
@@ -39,6 +41,11 @@ const PARAMS: &[ParamSpec] = &[
         help: "output tile columns per token",
     },
     ParamSpec {
+        name: "block_k",
+        default: "auto",
+        help: "K depth per read (auto: all of K when the tiles fit half the TCM)",
+    },
+    ParamSpec {
         name: "dtype",
         default: "f16",
         help: "input element type (the output is i32 for integer inputs)",
@@ -63,7 +70,8 @@ fn gemm_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     };
     let (ba, bb, bc) = (whole(a, sa), whole(b, sb), whole(c, sc));
     let (bm, bn) = (args.get("block_m") as u32, args.get("block_n") as u32);
-    composite::gemm(tl, ba, bb, bc, bm, bn);
+    let bk = args.get("block_k") as u32;
+    composite::gemm(tl, ba, bb, bc, bm, bn, bk);
 }
 
 impl Workload for Gemm {
@@ -86,10 +94,25 @@ impl Workload for Gemm {
         let b = prog.random("b", dtype, [k, n], Sharding::REPLICATE)?;
         // Integer products are exact only in the i32 accumulator.
         let c = prog.zeros("c", gemm_output_dtype(dtype), [m, n], Sharding::ROWS)?;
-        let mut args = prog.args(&[a, b, c]);
-        for name in ["block_m", "block_n"] {
-            args = args.scalar(name, p.u64(name, 1)?);
-        }
+        let (bm, bn) = (p.u64("block_m", 1)?, p.u64("block_n", 1)?);
+        let block_k = match p.str("block_k") {
+            "auto" => {
+                let (tbm, tbn) = (
+                    bm.min(u32::MAX as u64) as u32,
+                    bn.min(u32::MAX as u64) as u32,
+                );
+                let out = gemm_output_dtype(dtype).size() as u64;
+                let tcm = prog.machine().topo.tcm_bytes();
+                let kk = k.min(u32::MAX as u64) as u32;
+                composite::gemm_block_k(kk, tbm, tbn, dtype.size() as u64, out, tcm) as u64
+            }
+            _ => p.u64("block_k", 1)?,
+        };
+        let args = prog
+            .args(&[a, b, c])
+            .scalar("block_m", bm)
+            .scalar("block_n", bn)
+            .scalar("block_k", block_k);
         prog.launch("gemm", gemm_kernel, args);
         prog.verify(c, Expr::Matmul(t("a"), t("b")), gemm_tolerance(dtype, k));
         Ok(())

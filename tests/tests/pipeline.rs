@@ -176,6 +176,7 @@ fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
             vec!["m=40", "n=24", "k=50", "dtype=i8"],
             vec!["m=33", "n=20", "k=9", "dtype=f32"],
             vec!["m=16", "n=16", "k=300", "dtype=f32"],
+            vec!["m=40", "n=50", "k=130", "block_k=48", "dtype=f32"],
         ],
         "vector_add" => vec![
             vec!["rows=37", "cols=19", "tile_rows=5", "dtype=f16"],

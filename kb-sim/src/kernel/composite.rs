@@ -4,7 +4,7 @@
 //! recorded as `TileToken/<STAGE>`. Double-buffered: the reads of token
 //! t+1 are in flight while token t computes and writes, so stages overlap.
 
-use super::{Block, LoadHandle, Operand, Pending, Tl};
+use super::{Block, Operand, Pending, Tl};
 
 pub const DMA_READ: &str = "TileToken/DMA_READ";
 pub const GEMM: &str = "TileToken/GEMM";
@@ -31,39 +31,83 @@ fn sub(b: Block, r0: u32, c0: u32, rows: u32, cols: u32) -> Block {
 }
 
 /// c = a @ b, all three blocks in HBM, tiled into `block_m` x `block_n`
-/// output tiles; each token reads its full-depth A rows and B columns.
-/// The result is cast to c's dtype when it differs from the accumulator's.
-pub fn gemm(tl: &mut Tl<'_>, a: Block, b: Block, c: Block, block_m: u32, block_n: u32) {
+/// output tiles; each token reads its A rows and B columns `block_k` deep
+/// at a time and accumulates in TCM (`block_k` >= a's columns: one read
+/// of the full depth per token). The result is cast to c's dtype when it
+/// differs from the accumulator's.
+pub fn gemm(
+    tl: &mut Tl<'_>,
+    a: Block,
+    b: Block,
+    c: Block,
+    block_m: u32,
+    block_n: u32,
+    block_k: u32,
+) {
     assert_eq!(a.cols, b.rows, "composite gemm: inner dimensions differ");
     assert_eq!(
         (c.rows, c.cols),
         (a.rows, b.cols),
         "composite gemm: output shape differs"
     );
-    let mut tokens = Vec::new();
+    assert!(block_k > 0, "composite gemm: block_k is 0");
+    // One step per (output tile, K chunk), in order; the last chunk of a
+    // tile writes it.
+    let mut steps = Vec::new();
     for i in (0..c.rows).step_by(block_m as usize) {
         for j in (0..c.cols).step_by(block_n as usize) {
-            tokens.push((i, j, block_m.min(c.rows - i), block_n.min(c.cols - j)));
+            let (m, n) = (block_m.min(c.rows - i), block_n.min(c.cols - j));
+            for kk in (0..a.cols).step_by(block_k as usize) {
+                steps.push((i, j, m, n, kk, block_k.min(a.cols - kk)));
+            }
         }
     }
-    let read = |tl: &mut Tl<'_>, (i, j, m, n): (u32, u32, u32, u32)| -> (LoadHandle, LoadHandle) {
+    let read = |tl: &mut Tl<'_>, (i, j, m, n, kk, tk): (u32, u32, u32, u32, u32, u32)| {
         tl.set_stage(Some(DMA_READ));
-        let ha = tl.load_async(sub(a, i, 0, m, a.cols));
-        let hb = tl.load_async(sub(b, 0, j, b.rows, n));
+        let ha = tl.load_async(sub(a, i, kk, m, tk));
+        let hb = tl.load_async(sub(b, kk, j, tk, n));
         (ha, hb)
     };
-    let mut next = tokens.first().map(|&t| read(tl, t));
-    for (t, &(i, j, m, n)) in tokens.iter().enumerate() {
-        let (ha, hb) = next.take().expect("reads issued one token ahead");
-        if let Some(&following) = tokens.get(t + 1) {
+    let mut next = steps.first().map(|&s| read(tl, s));
+    let mut acc = None;
+    for (t, &(i, j, m, n, kk, tk)) in steps.iter().enumerate() {
+        let (ha, hb) = next.take().expect("reads issued one step ahead");
+        if let Some(&following) = steps.get(t + 1) {
             next = Some(read(tl, following));
         }
         let (ta, tb) = (tl.wait(ha), tl.wait(hb));
         tl.set_stage(Some(GEMM));
-        let acc = tl.dot(&ta, &tb, None);
-        write(tl, acc, sub(c, i, j, m, n));
+        let sum = tl.dot(&ta, &tb, acc.take());
+        if kk + tk == a.cols {
+            write(tl, sum, sub(c, i, j, m, n));
+        } else {
+            acc = Some(sum);
+        }
     }
     tl.set_stage(None);
+}
+
+/// The K depth per step of [`gemm`] that fits: the full `k` when a
+/// step's double-buffered A and B tiles with the accumulator and its
+/// cast take at most half of `tcm_bytes`, else the largest multiple of
+/// 64 (at least 16) that does.
+pub fn gemm_block_k(
+    k: u32,
+    block_m: u32,
+    block_n: u32,
+    in_bytes: u64,
+    out_bytes: u64,
+    tcm_bytes: u64,
+) -> u32 {
+    let (bm, bn) = (block_m as u64, block_n as u64);
+    let fixed = bm * bn * (4 + out_bytes);
+    let per_k = 2 * (bm + bn) * in_bytes;
+    let room = (tcm_bytes / 2).saturating_sub(fixed) / per_k.max(1);
+    if room >= k as u64 {
+        k
+    } else {
+        ((room / 64 * 64).max(16)).min(k as u64) as u32
+    }
 }
 
 /// Cast to the destination dtype if needed, then store (DMA_WRITE).
@@ -106,4 +150,25 @@ pub fn map(tl: &mut Tl<'_>, src: Block, dst: Block, block_rows: u32, op: TileOp)
         write(tl, out, sub(dst, r, 0, tile.shape().0 as u32, src.cols));
     }
     tl.set_stage(None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gemm_block_k;
+
+    #[test]
+    fn block_k_is_all_of_k_when_it_fits_else_a_multiple_of_64() {
+        // f16 in, f16 out, 32 x 64 tiles, 1 MiB TCM: half is 524288; the
+        // accumulator and its cast take 32 * 64 * 6 = 12288; each unit of
+        // K costs 2 * (32 + 64) * 2 = 384 bytes: room for 1333.
+        assert_eq!(gemm_block_k(256, 32, 64, 2, 2, 1 << 20), 256);
+        assert_eq!(gemm_block_k(1333, 32, 64, 2, 2, 1 << 20), 1333);
+        assert_eq!(gemm_block_k(1334, 32, 64, 2, 2, 1 << 20), 1280);
+        // f32: 32 * 64 * 8 = 16384 fixed, 768 per unit: room for 661.
+        assert_eq!(gemm_block_k(2048, 32, 64, 4, 4, 1 << 20), 640);
+        // Tiles too large for any depth: the floor of 16.
+        assert_eq!(gemm_block_k(2048, 4096, 4096, 4, 4, 1 << 20), 16);
+        // Never deeper than K.
+        assert_eq!(gemm_block_k(8, 4096, 4096, 4, 4, 1 << 20), 8);
+    }
 }
