@@ -4,150 +4,8 @@
 
 use kb_e2e::*;
 
-fn json(o: &std::process::Output) -> serde_json_lite::Value {
-    serde_json_lite::parse(&String::from_utf8_lossy(&o.stdout))
-}
-
-/// Just enough JSON to read `kb-inspect summary --format json` (the e2e
-/// crate has no dependencies).
-mod serde_json_lite {
-    #[derive(Debug, Clone, PartialEq)]
-    pub enum Value {
-        Null,
-        Bool(bool),
-        Num(f64),
-        Str(String),
-        Arr(Vec<Value>),
-        Obj(Vec<(String, Value)>),
-    }
-
-    impl Value {
-        pub fn get(&self, k: &str) -> &Value {
-            match self {
-                Value::Obj(kv) => kv
-                    .iter()
-                    .find(|(n, _)| n == k)
-                    .map(|(_, v)| v)
-                    .unwrap_or(&Value::Null),
-                _ => &Value::Null,
-            }
-        }
-        pub fn arr(&self) -> &[Value] {
-            match self {
-                Value::Arr(a) => a,
-                _ => &[],
-            }
-        }
-        pub fn num(&self) -> f64 {
-            match self {
-                Value::Num(n) => *n,
-                v => panic!("not a number: {v:?}"),
-            }
-        }
-        pub fn str(&self) -> &str {
-            match self {
-                Value::Str(s) => s,
-                v => panic!("not a string: {v:?}"),
-            }
-        }
-    }
-
-    pub fn parse(s: &str) -> Value {
-        let b = s.as_bytes();
-        let mut i = 0;
-        let v = value(b, &mut i);
-        skip(b, &mut i);
-        assert_eq!(i, b.len(), "trailing bytes in JSON");
-        v
-    }
-
-    fn skip(b: &[u8], i: &mut usize) {
-        while *i < b.len() && b[*i].is_ascii_whitespace() {
-            *i += 1;
-        }
-    }
-
-    fn value(b: &[u8], i: &mut usize) -> Value {
-        skip(b, i);
-        match b[*i] {
-            b'{' => {
-                *i += 1;
-                let mut kv = Vec::new();
-                loop {
-                    skip(b, i);
-                    if b[*i] == b'}' {
-                        *i += 1;
-                        return Value::Obj(kv);
-                    }
-                    let Value::Str(k) = value(b, i) else {
-                        panic!("object key")
-                    };
-                    skip(b, i);
-                    assert_eq!(b[*i], b':');
-                    *i += 1;
-                    kv.push((k, value(b, i)));
-                    skip(b, i);
-                    if b[*i] == b',' {
-                        *i += 1;
-                    }
-                }
-            }
-            b'[' => {
-                *i += 1;
-                let mut a = Vec::new();
-                loop {
-                    skip(b, i);
-                    if b[*i] == b']' {
-                        *i += 1;
-                        return Value::Arr(a);
-                    }
-                    a.push(value(b, i));
-                    skip(b, i);
-                    if b[*i] == b',' {
-                        *i += 1;
-                    }
-                }
-            }
-            b'"' => {
-                *i += 1;
-                let mut s = String::new();
-                while b[*i] != b'"' {
-                    if b[*i] == b'\\' {
-                        *i += 1;
-                        s.push(match b[*i] {
-                            b'n' => '\n',
-                            b't' => '\t',
-                            c => c as char,
-                        });
-                    } else {
-                        s.push(b[*i] as char);
-                    }
-                    *i += 1;
-                }
-                *i += 1;
-                Value::Str(s)
-            }
-            b't' => {
-                *i += 4;
-                Value::Bool(true)
-            }
-            b'f' => {
-                *i += 5;
-                Value::Bool(false)
-            }
-            b'n' => {
-                *i += 4;
-                Value::Null
-            }
-            _ => {
-                let start = *i;
-                while *i < b.len() && (b[*i].is_ascii_digit() || b"+-.eE".contains(&b[*i])) {
-                    *i += 1;
-                }
-                Value::Num(std::str::from_utf8(&b[start..*i]).unwrap().parse().unwrap())
-            }
-        }
-    }
+fn json(o: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).expect("summary JSON")
 }
 
 #[test]
@@ -162,20 +20,21 @@ fn a_later_launch_loads_what_an_earlier_one_computed_and_verifies() {
     let summary = run("kb-inspect", &["summary", t, "--format", "json"], b"");
     assert!(summary.status.success(), "{}", stderr(&summary));
     let j = json(&summary);
-    let launches = j.get("launches").arr();
-    let kernels: Vec<&str> = launches.iter().map(|l| l.get("kernel").str()).collect();
+    let launches = j["launches"].as_array().expect("launches");
+    let kernels: Vec<&str> = launches
+        .iter()
+        .map(|l| l["kernel"].as_str().unwrap())
+        .collect();
     assert_eq!(kernels, ["gemm_x_w1", "gelu", "gemm_g_w2"]);
+    let ps = |l: &serde_json::Value, k: &str| l[k].as_u64().unwrap();
     for l in launches {
-        assert_eq!(l.get("pes").arr().len(), 4, "{l:?}");
-        assert_eq!(l.get("grid").arr()[0].num(), 4.0);
-        assert!(l.get("t_end_ps").num() > l.get("t_start_ps").num());
+        assert_eq!(l["pes"].as_array().unwrap().len(), 4, "{l}");
+        assert_eq!(l["grid"], serde_json::json!([4, 1]));
+        assert!(ps(l, "t_end_ps") > ps(l, "t_start_ps"), "{l}");
     }
     // The host waits for each launch before the next: no overlap.
     for w in launches.windows(2) {
-        assert!(
-            w[1].get("t_start_ps").num() > w[0].get("t_end_ps").num(),
-            "{w:?}"
-        );
+        assert!(ps(&w[1], "t_start_ps") > ps(&w[0], "t_end_ps"), "{w:?}");
     }
 }
 
