@@ -11,16 +11,7 @@ use rustc_hash::FxHashMap;
 
 use kb_format::Extent;
 
-use crate::program::Writer;
-
-/// Bytes of a partial read whose value is unknown in Phase 1: `len` bytes
-/// at `offset` into the bytes read, last written by compute op `writer`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UnknownRange {
-    pub offset: u64,
-    pub len: u64,
-    pub writer: u64,
-}
+use crate::program::{Unknown, Writer};
 
 const PAGE_BITS: u32 = 16;
 const PAGE: usize = 1 << PAGE_BITS;
@@ -142,26 +133,6 @@ impl DataPlane {
         self.writers.entry(w.op_id).or_insert((w, 0));
     }
 
-    /// The compute op named by a pending interval.
-    pub fn writer(&self, op_id: u64) -> Option<&Writer> {
-        self.writers.get(&op_id).map(|(w, _)| w)
-    }
-
-    /// The writer's description, or one naming only its op id (a writer
-    /// that was never registered).
-    pub fn writer_or_unnamed(&self, op_id: u64) -> Writer {
-        self.writer(op_id).cloned().unwrap_or(Writer {
-            op_id,
-            op_name: "a compute op",
-            pe: crate::machine::PeCoord {
-                sip: 0,
-                cube: 0,
-                pe: 0,
-            },
-            time: 0,
-        })
-    }
-
     fn insert_pending(&mut self, start: u64, end: u64, writer: u64) {
         if let Some((_, n)) = self.writers.get_mut(&writer) {
             *n += 1;
@@ -216,7 +187,8 @@ impl DataPlane {
     }
 
     /// Mark every row of `x` pending (one range when the rows touch).
-    pub fn mark_pending_extent(&mut self, x: &Extent, writer: u64) {
+    #[cfg(test)]
+    fn mark_pending_extent(&mut self, x: &Extent, writer: u64) {
         if x.rows <= 1 || x.stride == x.len {
             self.mark_pending(x.pa, x.bytes(), writer);
         } else {
@@ -228,13 +200,9 @@ impl DataPlane {
 
     /// Append the bytes of `pieces` (in order) to `out`, reading pending
     /// bytes as whatever the page holds and listing them in `unknown`
-    /// (offsets into what this call appended).
-    pub fn read_partial(
-        &self,
-        pieces: &[Extent],
-        out: &mut Vec<u8>,
-        unknown: &mut Vec<UnknownRange>,
-    ) {
+    /// (offsets into what this call appended), each with its writer as
+    /// registered now: the source may be overwritten before the bytes land.
+    pub fn read_partial(&self, pieces: &[Extent], out: &mut Vec<u8>, unknown: &mut Vec<Unknown>) {
         let base = out.len() as u64;
         for x in pieces {
             let (rows, len, stride) = if x.rows > 1 && x.stride == x.len {
@@ -247,15 +215,15 @@ impl DataPlane {
                 let at = out.len() as u64 - base;
                 if !self.pending.is_empty() {
                     self.pending_in(pa, len, |s, e, w| {
-                        let offset = at + (s - pa);
+                        let (offset, n) = ((at + (s - pa)) as usize, (e - s) as usize);
                         match unknown.last_mut() {
-                            Some(u) if u.writer == w && u.offset + u.len == offset => {
-                                u.len += e - s
+                            Some(u) if u.writer.op_id == w && u.offset + u.len == offset => {
+                                u.len += n
                             }
-                            _ => unknown.push(UnknownRange {
+                            _ => unknown.push(Unknown {
                                 offset,
-                                len: e - s,
-                                writer: w,
+                                len: n,
+                                writer: self.writers[&w].0,
                             }),
                         }
                     });
@@ -281,9 +249,12 @@ impl DataPlane {
 
     /// Mark the bytes of `pieces` that the unknown ranges cover (offsets
     /// into the pieces' bytes in order) pending, each with its writer.
-    pub fn mark_unknown(&mut self, pieces: &[Extent], unknown: &[UnknownRange]) {
+    pub fn mark_unknown(&mut self, pieces: &[Extent], unknown: &[Unknown]) {
         if unknown.is_empty() {
             return;
+        }
+        for u in unknown {
+            self.register_writer(u.writer);
         }
         // Both the rows and the ranges are in offset order: one pass.
         let (mut at, mut next) = (0u64, 0usize);
@@ -292,13 +263,14 @@ impl DataPlane {
                 let (lo, hi) = (at, at + x.len);
                 let mut k = next;
                 while let Some(u) = unknown.get(k)
-                    && u.offset < hi
+                    && (u.offset as u64) < hi
                 {
-                    let (s, e) = (u.offset.max(lo), (u.offset + u.len).min(hi));
+                    let end = (u.offset + u.len) as u64;
+                    let (s, e) = ((u.offset as u64).max(lo), end.min(hi));
                     if s < e {
-                        self.mark_pending(x.pa + r * x.stride + (s - lo), e - s, u.writer);
+                        self.mark_pending(x.pa + r * x.stride + (s - lo), e - s, u.writer.op_id);
                     }
-                    if u.offset + u.len <= hi {
+                    if end <= hi {
                         next = k + 1;
                     }
                     k += 1;
@@ -401,6 +373,53 @@ mod tests {
         let mut gap = [7u8; 1];
         d.read(1003, &mut gap).unwrap();
         assert_eq!(gap, [0]);
+    }
+
+    fn writer(op_id: u64) -> Writer {
+        Writer {
+            op_id,
+            op_name: "add",
+            pe: crate::machine::PeCoord {
+                sip: 0,
+                cube: 1,
+                pe: 2,
+            },
+            time: 5000,
+        }
+    }
+
+    #[test]
+    fn moved_pending_bytes_keep_their_writer_after_the_source_is_overwritten() {
+        let mut d = DataPlane::new();
+        d.write(0, &[9; 32]);
+        d.register_writer(writer(3));
+        d.mark_pending(8, 8, 3);
+        // Two rows of 12 bytes, 16 apart: row 0 holds pending 8..12 (its
+        // last 4 bytes); row 1 (16..28) none.
+        let src = [Extent {
+            pa: 0,
+            len: 12,
+            rows: 2,
+            stride: 16,
+        }];
+        let (mut out, mut unknown) = (Vec::new(), Vec::new());
+        d.read_partial(&src, &mut out, &mut unknown);
+        assert_eq!(out.len(), 24);
+        assert_eq!(unknown.len(), 1);
+        assert_eq!((unknown[0].offset, unknown[0].len), (8, 4));
+        assert_eq!(unknown[0].writer, writer(3));
+        // The source is overwritten (its writer's last interval goes)
+        // before the bytes land: the destination still names op 3.
+        d.write(0, &[1; 32]);
+        assert!(d.read(8, &mut [0u8; 8]).is_ok());
+        let dst = [Extent::contiguous(1000, 24)];
+        d.mark_unknown(&dst, &unknown);
+        let e = d.read(1000, &mut [0u8; 24]).unwrap_err();
+        assert_eq!((e.pa, e.writer), (1008, 3));
+        let mut again = Vec::new();
+        let mut u2 = Vec::new();
+        d.read_partial(&dst, &mut again, &mut u2);
+        assert_eq!(u2, unknown, "same range, same writer");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::machine::PeCoord;
 
 /// A compute op as named when its result is read too early: Phase 1 does
 /// not know the value of bytes it wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Writer {
     pub op_id: u64,
     pub op_name: &'static str,
@@ -32,7 +32,7 @@ impl std::fmt::Display for Writer {
 
 /// Bytes of a load whose value only Phase 2 knows: `len` bytes at
 /// `offset` into [`Loaded::bytes`], last written by `writer`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unknown {
     pub offset: usize,
     pub len: usize,

@@ -1,10 +1,10 @@
 //! `gemm_tiled`: C = A @ B with fixed-size, masked tiles and a K loop.
 
 use kb_format::Expr;
-use kb_sim::kernel::{Block, KernelArgs, Tl};
+use kb_sim::kernel::{KernelArgs, Tl};
 use kb_sim::workload::{ParamSpec, Params, Program, Sharding, Workload, WorkloadError};
 
-use crate::{gemm_output_dtype, gemm_tolerance, matmul_tile, t};
+use crate::{gemm_output_dtype, gemm_tolerance, matmul_shard, t};
 
 /// `gemm_tiled`: C = A @ B with A and C row-sharded over the PEs and B
 /// replicated; each PE loops over its output tiles and, inside, over K,
@@ -61,28 +61,7 @@ fn gemm_tiled_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     else {
         return;
     };
-    let (m, n) = (sa.rows, sb.row_bytes / b.elem_bytes());
-    for i in (0..m).step_by(bm as usize) {
-        let tm = bm.min(m - i) as u32;
-        for j in (0..n).step_by(bn as usize) {
-            let tn = bn.min(n - j) as u32;
-            let acc = matmul_tile(
-                tl,
-                (a, sa),
-                (b, sb),
-                (i, tm),
-                (j, tn),
-                (bm as u32, bn as u32, bk as u32),
-            );
-            let out = Block::in_shard(c, sc, i, j, tm, tn);
-            if acc.dtype() == c.dtype {
-                tl.store_masked(out, &acc);
-            } else {
-                let narrow = tl.cast(&acc, c.dtype);
-                tl.store_masked(out, &narrow);
-            }
-        }
-    }
+    matmul_shard(tl, (a, b, c), (sa, sb, sc), (bm, bn, bk));
 }
 
 impl Workload for GemmTiled {

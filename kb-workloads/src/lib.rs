@@ -83,6 +83,39 @@ fn gelu(tl: &mut Tl<'_>, x: &dyn kb_sim::kernel::Operand) -> Pending {
     tl.mul(&half_x, &one_plus)
 }
 
+/// `c = a @ b` over this PE's shards of `a` and `c` (and its copy of
+/// `b`), output tile by output tile, `bm` x `bn` with a K loop `bk` deep;
+/// each accumulator is cast to `c`'s dtype if needed and stored masked.
+fn matmul_shard(
+    tl: &mut Tl<'_>,
+    (a, b, c): (&TensorArg, &TensorArg, &TensorArg),
+    (sa, sb, sc): (&ShardArg, &ShardArg, &ShardArg),
+    (bm, bn, bk): (u64, u64, u64),
+) {
+    let (m, n) = (sa.rows, sb.row_bytes / b.elem_bytes());
+    for i in (0..m).step_by(bm as usize) {
+        let tm = bm.min(m - i) as u32;
+        for j in (0..n).step_by(bn as usize) {
+            let tn = bn.min(n - j) as u32;
+            let acc = matmul_tile(
+                tl,
+                (a, sa),
+                (b, sb),
+                (i, tm),
+                (j, tn),
+                (bm as u32, bn as u32, bk as u32),
+            );
+            let out = Block::in_shard(c, sc, i, j, tm, tn);
+            if acc.dtype() == c.dtype {
+                tl.store_masked(out, &acc);
+            } else {
+                let narrow = tl.cast(&acc, c.dtype);
+                tl.store_masked(out, &narrow);
+            }
+        }
+    }
+}
+
 /// One output tile of `a @ b` over a PE's shards: rows `[i, i+tm)` of
 /// `a`'s shard against columns `[j, j+tn)` of `b`'s, K in steps of `bk`.
 /// Tiles are fixed `bm` x `bk` and `bk` x `bn`; edge tiles are masked and

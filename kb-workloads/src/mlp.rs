@@ -4,7 +4,7 @@ use kb_format::Expr;
 use kb_sim::kernel::{Block, KernelArgs, Tl};
 use kb_sim::workload::{ParamSpec, Params, Program, Sharding, Workload, WorkloadError};
 
-use crate::{float_dtype, gelu, gelu_expr, matmul_tile, t};
+use crate::{float_dtype, gelu, gelu_expr, matmul_shard, t};
 
 /// `mlp`: a transformer MLP block, `Y = gelu(X @ W1) @ W2`, as three
 /// launches with a wait between each: the first GEMM writes H to HBM, the
@@ -60,30 +60,9 @@ fn matmul_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     else {
         return;
     };
-    let (m, n) = (sa.rows, sb.row_bytes / b.elem_bytes());
-    let bm = args.get("block_m").min(m);
+    let bm = args.get("block_m").min(sa.rows);
     let (bn, bk) = (args.get("block_n"), args.get("block_k"));
-    for i in (0..m).step_by(bm as usize) {
-        let tm = bm.min(m - i) as u32;
-        for j in (0..n).step_by(bn as usize) {
-            let tn = bn.min(n - j) as u32;
-            let acc = matmul_tile(
-                tl,
-                (a, sa),
-                (b, sb),
-                (i, tm),
-                (j, tn),
-                (bm as u32, bn as u32, bk as u32),
-            );
-            let out = Block::in_shard(c, sc, i, j, tm, tn);
-            if acc.dtype() == c.dtype {
-                tl.store_masked(out, &acc);
-            } else {
-                let narrow = tl.cast(&acc, c.dtype);
-                tl.store_masked(out, &narrow);
-            }
-        }
-    }
+    matmul_shard(tl, (a, b, c), (sa, sb, sc), (bm, bn, bk));
 }
 
 /// `y = gelu(x)` over this PE's row shard, `block_m` rows at a time.

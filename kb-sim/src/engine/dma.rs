@@ -16,7 +16,6 @@ use kb_format::{Addr, Effect, Extent, Space};
 
 use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, Wait, ns};
 use crate::component::Request;
-use crate::data::UnknownRange;
 use crate::machine::{NodeId, NodeKind, PeCoord};
 use crate::program::{DmaCmd, Loaded, Unknown};
 use crate::topology::{AddressModel, MappingMode};
@@ -98,7 +97,7 @@ pub(super) struct Dma {
     op: Option<OpenOp>,
     data: Vec<u8>,
     /// Bytes of `data` that are compute results unknown in Phase 1.
-    unknown: Vec<UnknownRange>,
+    unknown: Vec<Unknown>,
     fingerprint: Option<u64>,
     read: Option<Effect>,
     write: Option<Effect>,
@@ -376,7 +375,7 @@ impl<W: Write> Engine<'_, W> {
     }
 
     /// The bytes a DMA moves and which of them are unknown in Phase 1.
-    fn read_moved(&self, src: &[Extent]) -> (Vec<u8>, Vec<UnknownRange>) {
+    fn read_moved(&self, src: &[Extent]) -> (Vec<u8>, Vec<Unknown>) {
         let mut data = Vec::new();
         let mut unknown = Vec::new();
         self.data.read_partial(src, &mut data, &mut unknown);
@@ -627,15 +626,7 @@ impl<W: Write> Engine<'_, W> {
                     // A load: its bytes go to the kernel that waits on it,
                     // now or later (an asynchronous load).
                     let loaded = Loaded {
-                        unknown: x
-                            .unknown
-                            .iter()
-                            .map(|u| Unknown {
-                                offset: u.offset as usize,
-                                len: u.len as usize,
-                                writer: self.data.writer_or_unnamed(u.writer),
-                            })
-                            .collect(),
+                        unknown: x.unknown,
                         bytes: x.data,
                     };
                     if self.pes[pe].waiting == Wait::Cmd(CmdRef(x.op_id)) {

@@ -1104,7 +1104,7 @@ impl<'p> Tl<'p> {
                 tile.unknown.push(Unknown {
                     offset: r * tr + c,
                     len: n,
-                    writer: u.writer.clone(),
+                    writer: u.writer,
                 });
                 at += n;
             }
