@@ -8,7 +8,7 @@ use crate::xxh3_64;
 pub const FILE_MAGIC: [u8; 8] = *b"\x89KBT\r\n\x1a\n";
 pub const TRAILER_MAGIC: [u8; 8] = *b"KBTEND\r\n";
 pub const CHUNK_MAGIC: [u8; 4] = *b"KBCH";
-pub const VERSION_MAJOR: u16 = 2;
+pub const VERSION_MAJOR: u16 = 3;
 pub const VERSION_MINOR: u16 = 0;
 
 /// Size of the file header, every chunk header and the trailer.

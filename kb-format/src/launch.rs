@@ -18,4 +18,10 @@ pub struct Launch {
     pub t_start: Ps,
     /// When its last kernel finished (every transfer it issued included).
     pub t_end: Ps,
+    /// FLOPs its compute ops executed ([`crate::Params::flops`] summed).
+    pub flops: u64,
+    /// The part of `flops` spent on data rather than padding: the lanes a
+    /// masked edge tile fills, the fill itself and what is computed from
+    /// them do not count. At most `flops`.
+    pub useful_flops: u64,
 }

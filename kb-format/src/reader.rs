@@ -384,6 +384,11 @@ impl State {
                 Some("no PEs".to_string())
             } else if l.t_end < l.t_start {
                 Some(format!("t_end {} before t_start {}", l.t_end, l.t_start))
+            } else if l.useful_flops > l.flops {
+                Some(format!(
+                    "useful_flops {} above flops {}",
+                    l.useful_flops, l.flops
+                ))
             } else {
                 None
             };

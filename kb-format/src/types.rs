@@ -232,6 +232,15 @@ pub struct GemmParams {
     pub layout_out: Layout,
 }
 
+impl GemmParams {
+    /// `2*m*n*k` (see [`Params::flops`]).
+    pub fn flops(&self) -> u64 {
+        2u64.saturating_mul(self.m as u64)
+            .saturating_mul(self.n as u64)
+            .saturating_mul(self.k as u64)
+    }
+}
+
 /// Vector/elementwise/reduction operator of a math op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -380,6 +389,13 @@ pub struct MathParams {
     pub axis: Option<u8>,
 }
 
+impl MathParams {
+    /// One per element of the `rows x cols` tile (see [`Params::flops`]).
+    pub fn flops(&self) -> u64 {
+        (self.rows as u64).saturating_mul(self.cols as u64)
+    }
+}
+
 /// Typed params of a record, one variant per op kind.
 ///
 /// The variant must match the record's [`OpKind`] (`Raw` goes with
@@ -394,6 +410,19 @@ pub enum Params {
     Math(MathParams),
     /// Params of an unknown op kind, kept verbatim.
     Raw(Vec<u8>),
+}
+
+impl Params {
+    /// FLOPs the op executes: a gemm `2*m*n*k`; a math op one per element
+    /// of its `rows x cols` tile, whatever the operator; anything else 0.
+    /// Saturates rather than overflow on hostile shapes.
+    pub fn flops(&self) -> u64 {
+        match self {
+            Params::Gemm(g) => g.flops(),
+            Params::Math(m) => m.flops(),
+            _ => 0,
+        }
+    }
 }
 
 /// One op record: what ran where and when, what it touched, and a

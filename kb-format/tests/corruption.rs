@@ -161,7 +161,7 @@ fn bad_magic() {
 #[test]
 fn unknown_major_version_is_reported_before_the_checksum() {
     let mut b = sample_trace();
-    b[8..10].copy_from_slice(&3u16.to_le_bytes());
+    b[8..10].copy_from_slice(&4u16.to_le_bytes());
     // The header checksum no longer matches either; the version wins.
     let (s, m) = both_errors(&b);
     for e in [s, m] {
@@ -169,8 +169,8 @@ fn unknown_major_version_is_reported_before_the_checksum() {
             matches!(
                 e,
                 FormatError::UnsupportedVersion {
-                    major: 3,
-                    supported: 2,
+                    major: 4,
+                    supported: 3,
                     ..
                 }
             ),

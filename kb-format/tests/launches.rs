@@ -15,6 +15,8 @@ fn launches() -> Vec<Launch> {
             pes: vec![[0, 0, 0], [0, 0, 1], [0, 1, 0]],
             t_start: 1_000,
             t_end: 9_000,
+            flops: 4_096,
+            useful_flops: 3_000,
         },
         Launch {
             kernel: "softmax".into(),
@@ -22,6 +24,8 @@ fn launches() -> Vec<Launch> {
             pes: vec![[0, 1, 1]],
             t_start: 9_500,
             t_end: 9_500,
+            flops: 0,
+            useful_flops: 0,
         },
     ]
 }
@@ -103,12 +107,18 @@ fn impossible_launches_are_malformed() {
     no_pes[0].pes.clear();
     let mut backwards = launches();
     backwards[0].t_end = 999;
+    let mut overused = launches();
+    overused[0].useful_flops = 4_097;
     for (l, want) in [
         (zero_grid, "launch 1 (softmax) has a grid of 3 x 0"),
         (no_pes, "launch 0 (gemm) has no PEs"),
         (
             backwards,
             "launch 0 (gemm) has t_end 999 before t_start 1000",
+        ),
+        (
+            overused,
+            "launch 0 (gemm) has useful_flops 4097 above flops 4096",
         ),
     ] {
         for e in errors(&raw_with(&[l])) {

@@ -103,14 +103,7 @@ pub fn bytes_moved(r: &Record) -> u64 {
 
 /// FLOPs of a record (see the module doc).
 pub fn flops(r: &Record) -> u64 {
-    match &r.params {
-        Params::Gemm(g) => 2u64
-            .saturating_mul(g.m as u64)
-            .saturating_mul(g.n as u64)
-            .saturating_mul(g.k as u64),
-        Params::Math(m) => (m.rows as u64).saturating_mul(m.cols as u64),
-        _ => 0,
-    }
+    r.params.flops()
 }
 
 /// A physical address for display: decoded device PA, host tensor byte,

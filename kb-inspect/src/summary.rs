@@ -36,6 +36,27 @@ pub struct Summary {
     pub tensor_bytes: Vec<u64>,
 }
 
+impl Summary {
+    /// The useful part of the FLOPs (on data, not padding), as the
+    /// launches record it; `None` for a trace without launches.
+    pub fn useful_flops(&self) -> Option<u64> {
+        (!self.launches.is_empty()).then(|| {
+            self.launches
+                .iter()
+                .fold(0u64, |a, l| a.saturating_add(l.useful_flops))
+        })
+    }
+}
+
+/// `useful` as a percentage of `of` ("-" when `of` is 0).
+fn percent(useful: u64, of: u64) -> String {
+    if of == 0 {
+        "-".into()
+    } else {
+        format!("{:.1} %", useful as f64 * 100.0 / of as f64)
+    }
+}
+
 #[derive(Debug)]
 struct Acc {
     kinds: [u64; 256],
@@ -175,6 +196,7 @@ impl Summary {
             "op_names": self.op_names,
             "bytes_moved": self.bytes_moved,
             "flops": self.flops,
+            "useful_flops": self.useful_flops(),
             "chunks": self.chunks,
             "strings": self.strings,
             "launches": self.launches.iter().map(|l| json!({
@@ -183,6 +205,8 @@ impl Summary {
                 "pes": l.pes.iter().map(|p| format!("sip{}.cube{}.pe{}", p[0], p[1], p[2])).collect::<Vec<_>>(),
                 "t_start_ps": l.t_start,
                 "t_end_ps": l.t_end,
+                "flops": l.flops,
+                "useful_flops": l.useful_flops,
             })).collect::<Vec<_>>(),
             "tensors": m.tensors.iter().zip(self.tensor_bytes.iter().chain(std::iter::repeat(&0))).map(|(t, &have)| json!({
                 "name": t.name,
@@ -243,9 +267,13 @@ impl Summary {
             "components:     {} ({} op names, {} strings, {} chunks)",
             self.components, self.op_names, self.strings, self.chunks
         )?;
+        let useful = match self.useful_flops() {
+            Some(u) => format!(" ({u} useful, {})", percent(u, self.flops)),
+            None => String::new(),
+        };
         writeln!(
             w,
-            "moved / FLOPs:  {} ({} bytes), {} FLOPs",
+            "moved / FLOPs:  {} ({} bytes), {} FLOPs{useful}",
             human_bytes(self.bytes_moved),
             self.bytes_moved,
             self.flops
@@ -254,14 +282,16 @@ impl Summary {
         for (i, l) in self.launches.iter().enumerate() {
             writeln!(
                 w,
-                "  #{i} {}  grid {} x {} on {} PE{}  {} .. {} ns",
+                "  #{i} {}  grid {} x {} on {} PE{}  {} .. {} ns  {} FLOPs ({} useful)",
                 l.kernel,
                 l.grid[0],
                 l.grid[1],
                 l.pes.len(),
                 if l.pes.len() == 1 { "" } else { "s" },
                 ns(l.t_start),
-                ns(l.t_end)
+                ns(l.t_end),
+                l.flops,
+                l.useful_flops
             )?;
         }
         writeln!(w, "tensors:        {}", m.tensors.len())?;
@@ -346,8 +376,9 @@ mod tests {
             "simulated time: 10.000 ns",
             "records:        7 (memory 5, gemm 1, math 1)",
             "launches:       2",
-            "  #0 gemm  grid 2 x 1 on 2 PEs  0.000 .. 5.000 ns",
-            "  #1 softmax  grid 4 x 2 on 1 PE  6.000 .. 7.000 ns",
+            "  #0 gemm  grid 2 x 1 on 2 PEs  0.000 .. 5.000 ns  48 FLOPs (30 useful)",
+            "  #1 softmax  grid 4 x 2 on 1 PE  6.000 .. 7.000 ns  16 FLOPs (16 useful)",
+            "64 FLOPs (46 useful, 71.9 %)",
             "host data 12 of 12 bytes",
             "no host data (1 shards)",
             "c = softmax(matmul(a, transpose(b)), axis=1)  (rtol=0.001 atol=0.00001)",
@@ -369,6 +400,11 @@ mod tests {
         assert_eq!(j["launches"][1]["grid"], json!([4, 2]));
         assert_eq!(j["launches"][1]["t_start_ps"], 6_000);
         assert_eq!(j["launches"][1]["t_end_ps"], 7_000);
+        assert_eq!(j["launches"][0]["useful_flops"], 30);
+        assert_eq!(
+            (j["flops"].clone(), j["useful_flops"].clone()),
+            (json!(64), json!(46))
+        );
     }
 
     #[test]

@@ -277,6 +277,8 @@ pub fn sample_launches() -> Vec<kb_format::Launch> {
             pes: vec![[0, 0, 0], [0, 0, 1]],
             t_start: 0,
             t_end: 5_000,
+            flops: 48,
+            useful_flops: 30,
         },
         kb_format::Launch {
             kernel: "softmax".into(),
@@ -284,6 +286,8 @@ pub fn sample_launches() -> Vec<kb_format::Launch> {
             pes: vec![[0, 1, 0]],
             t_start: 6_000,
             t_end: 7_000,
+            flops: 16,
+            useful_flops: 16,
         },
     ]
 }

@@ -208,6 +208,20 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             stats.kernel_start as f64 / 1e6,
             wall.elapsed().as_secs_f64()
         );
+        let (flops, useful) = report.launches.iter().fold((0u64, 0u64), |(f, u), l| {
+            (f.saturating_add(l.flops), u.saturating_add(l.useful_flops))
+        });
+        if flops > 0 {
+            eprintln!(
+                "kb-sim: compute: {flops} FLOPs executed, {useful} useful ({:.1} %{})",
+                useful as f64 * 100.0 / flops as f64,
+                if useful < flops {
+                    "; the rest computes the padding of edge tiles"
+                } else {
+                    ""
+                }
+            );
+        }
         let m = stats.mmu;
         if m.maps > 0 {
             let what = match cfg.topology.address_model {

@@ -122,11 +122,14 @@ impl DataOp for MathParams {
     }
 }
 
-/// A GEMM or math op with an optional op-name override.
+/// A GEMM or math op with an optional op-name override and the part of
+/// its FLOPs spent on data rather than padding (see
+/// [`crate::kernel::Operand::valid`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Labeled<T> {
     pub op: T,
     pub label: Option<&'static str>,
+    pub useful_flops: u64,
 }
 
 impl<T: DataOp> DataOp for Labeled<T> {

@@ -65,6 +65,19 @@ impl Sharding {
         cube: Policy::Replicate,
         pe: Policy::Replicate,
     };
+
+    /// The rectangle `[r0, r1, c0, c1]` of a `rows` x `cols` tensor that
+    /// PE `pe` of `pes_per_cube` in cube `cube` of `cubes` holds (empty
+    /// when the split leaves it nothing).
+    pub fn part(
+        self,
+        [rows, cols]: [u64; 2],
+        (cube, cubes): (u64, u64),
+        (pe, pes_per_cube): (u64, u64),
+    ) -> [u64; 4] {
+        let cube_rect = self.cube.split([0, rows, 0, cols], cube, cubes);
+        self.pe.split(cube_rect, pe, pes_per_cube)
+    }
 }
 
 /// Errors while setting up a run.
@@ -344,8 +357,8 @@ impl<'m> Runtime<'m> {
         let mut parts: Vec<(PeCoord, Shard)> = Vec::new();
         for pe in self.machine.pes().collect::<Vec<_>>() {
             let cube_index = (pe.sip * c.cubes_per_sip + pe.cube) as u64;
-            let cube_rect = sharding.cube.split([0, rows, 0, cols], cube_index, cubes);
-            let [r0, r1, c0, c1] = sharding.pe.split(cube_rect, pe.pe as u64, per_cube);
+            let [r0, r1, c0, c1] =
+                sharding.part(shape, (cube_index, cubes), (pe.pe as u64, per_cube));
             let (srows, row_bytes) = (r1 - r0, (c1 - c0) * es);
             if srows == 0 || row_bytes == 0 {
                 continue;
@@ -441,6 +454,26 @@ impl<'m> Runtime<'m> {
         Ok(id)
     }
 
+    /// Whether a PE's part of `rows` x `row_bytes`, rows `row_stride`
+    /// apart in the tensor, is one contiguous run of it (what the LA 1:1
+    /// model needs to stripe it over channels).
+    fn contiguous(rows: u64, row_bytes: u64, row_stride: u64) -> bool {
+        rows <= 1 || row_bytes == row_stride
+    }
+
+    /// Whether the address model can lay out the `[r0, r1, c0, c1]` part
+    /// of a tensor `cols` wide: anywhere but under LA 1:1, which stripes
+    /// parts over channels and so needs them contiguous in the tensor.
+    pub fn can_hold(&self, [r0, r1, c0, c1]: [u64; 4], cols: u64) -> bool {
+        let one_to_one = self.machine.topo.address_model == AddressModel::La
+            && self
+                .machine
+                .topo
+                .memory_map
+                .is_some_and(|mm| mm.hbm_mapping_mode == MappingMode::OneToOne);
+        !one_to_one || Self::contiguous(r1 - r0, c1 - c0, cols)
+    }
+
     /// Bytes of one channel's region of a PE's HBM partition (LA 1:1).
     fn channel_region(machine: &Machine) -> u64 {
         let t = &machine.topo;
@@ -496,7 +529,7 @@ impl<'m> Runtime<'m> {
                     seg.agg_pa = pa;
                 }
                 MappingMode::OneToOne => {
-                    if part.rows > 1 && part.row_bytes != part.tensor_row_stride {
+                    if !Self::contiguous(part.rows, part.row_bytes, part.tensor_row_stride) {
                         return Err(SetupError::Tensor(
                             name.into(),
                             "the LA 1:1 model stripes each PE's part over its channels and needs it contiguous in the tensor (use row-wise or replicated sharding)".into(),

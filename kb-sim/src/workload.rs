@@ -241,6 +241,33 @@ impl<'m> Program<'m> {
         self.rt.machine.pes().collect()
     }
 
+    /// Each PE's part `[r0, r1, c0, c1]` of a `shape` tensor under
+    /// `sharding`, in [`Program::pes`] order, PEs left empty included (to
+    /// choose a layout before declaring the tensor).
+    pub fn parts(&self, shape: [u64; 2], sharding: Sharding) -> Vec<(PeCoord, [u64; 4])> {
+        let c = self.rt.machine.topo.counts;
+        let cubes = (c.sips * c.cubes_per_sip) as u64;
+        self.rt
+            .machine
+            .pes()
+            .map(|pe| {
+                let cube = (pe.sip * c.cubes_per_sip + pe.cube) as u64;
+                let part =
+                    sharding.part(shape, (cube, cubes), (pe.pe as u64, c.pes_per_cube as u64));
+                (pe, part)
+            })
+            .collect()
+    }
+
+    /// Whether the machine's address model can hold a `shape` tensor
+    /// under `sharding` (LA 1:1 needs each PE's part contiguous in the
+    /// tensor, so no column splits of tensors with several rows).
+    pub fn can_shard(&self, shape: [u64; 2], sharding: Sharding) -> bool {
+        self.parts(shape, sharding)
+            .iter()
+            .all(|&(_, part)| self.rt.can_hold(part, shape[1]))
+    }
+
     /// The run's seeded random generator (for workload-specific data).
     pub fn rng(&mut self) -> &mut ChaCha8Rng {
         &mut self.rng

@@ -189,3 +189,73 @@ fn masked_edge_tile(tl: &mut Tl<'_>, args: &KernelArgs) {
 fn masked_loads_fill_edges_with_other_and_store_the_valid_corner() {
     run_kernel(masked_edge_tile, Executor::Coroutine).unwrap();
 }
+
+/// One program on `small` with masked 8 x 8 tiles whose data corners are
+/// 3 x 5 (a) and 5 x 6 (b): useful FLOPs follow the data, executed FLOPs
+/// the tiles.
+fn padded_math(tl: &mut Tl<'_>, args: &KernelArgs) {
+    if tl.program_id(0) != 0 {
+        return;
+    }
+    let x = args.tensor("x");
+    let s = *x.shard(tl.pe()).unwrap();
+    let a = tl.load_masked(Block::in_shard(x, &s, 0, 0, 3, 5), 8, 8, 0.0); // fill: 64, 0 useful
+    let b = tl.load_masked(Block::in_shard(x, &s, 0, 0, 5, 6), 8, 8, 0.0); // fill: 64, 0
+    let d = tl.dot(&a, &b, None); // 2*8*8*8 = 1024, useful 2*3*6*5 = 180
+    let e = tl.add(&d, &d); // 64, useful 3*6 = 18
+    let f = tl.sum(&e, 1); // 8 x 1: 8, useful 3
+    let _g = tl.mul(&e, &f); // broadcast: 64, useful 3*6 = 18
+    let h = tl.zeros(8, 8, Dtype::F32); // 64, all useful
+    let _h = tl.dot(&a, &b, Some(h)); // 1024, useful 180
+}
+
+#[derive(Debug)]
+struct PaddedMath;
+
+impl kb_sim::workload::Workload for PaddedMath {
+    fn name(&self) -> &str {
+        "padded_math"
+    }
+    fn about(&self) -> &str {
+        "useful FLOPs test"
+    }
+    fn params(&self) -> &[kb_sim::workload::ParamSpec] {
+        &[]
+    }
+    fn build(
+        &self,
+        _: &kb_sim::workload::Params,
+        prog: &mut kb_sim::workload::Program<'_>,
+    ) -> Result<(), kb_sim::workload::WorkloadError> {
+        let x = prog.random("x", Dtype::F32, [64, 16], Sharding::ROWS)?;
+        let args = prog.args(&[x]);
+        prog.launch("padded_math", padded_math, args);
+        Ok(())
+    }
+}
+
+#[test]
+fn useful_flops_count_the_data_and_not_the_padding() {
+    let cfg = kb_sim::run::RunConfig {
+        topology: Topology::load("small").unwrap(),
+        params: vec![],
+        seed: 1,
+        inputs: Default::default(),
+        executor: Executor::Coroutine,
+        capture_inputs: false,
+        command_line: vec![],
+    };
+    let (bytes, report) = kb_sim::run::run(&cfg, &PaddedMath, Vec::new()).unwrap();
+    let l = &report.launches[0];
+    assert_eq!(
+        (l.flops, l.useful_flops),
+        (
+            64 + 64 + 1024 + 64 + 8 + 64 + 64 + 1024,
+            180 + 18 + 3 + 18 + 64 + 180
+        )
+    );
+    // The trace carries the same launch.
+    let mut r = kb_format::StreamReader::open(&bytes[..]).unwrap();
+    r.skip_to_end().unwrap();
+    assert_eq!(r.launches(), &report.launches[..]);
+}

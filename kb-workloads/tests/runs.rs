@@ -137,3 +137,46 @@ fn capture_inputs_snapshots_the_inputs_phase_1_knows() {
         "snapshots only with --capture-inputs"
     );
 }
+
+/// gemm_tiled 256^3 on `default` (4 cubes x 8 PEs) with 64^3 tiles: split
+/// by rows each PE gets 8 rows, padded to a 64-row tile (8 x the useful
+/// GEMM work); on the 2-D grid a PE gets 64 rows x 32 columns, padded to
+/// 64 columns (2 x). Every grid does the same useful work.
+#[test]
+fn gemm_tiled_on_a_2d_grid_pads_less_and_auto_picks_it() {
+    let launch = |grid: &str| {
+        let mut cfg = config("default", Executor::Coroutine);
+        cfg.params = vec![("grid".into(), grid.into())];
+        let (_, report) = run(&cfg, &GemmTiled, Vec::new()).unwrap();
+        assert_eq!(report.launches.len(), 1);
+        report.launches[0].clone()
+    };
+    let (rows, two_d, auto) = (launch("rows"), launch("2d"), launch("auto"));
+    // Useful: 2 * 256^3 for the dots, plus casting each of the 256 x 256
+    // outputs to f16 once.
+    let useful = 2 * 256u64.pow(3) + 256 * 256;
+    for l in [&rows, &two_d, &auto] {
+        assert_eq!(l.useful_flops, useful);
+    }
+    // Executed dots: per PE, (padded rows / 64) x (padded cols / 64) x 4
+    // K steps of 2 * 64^3; 32 PEs.
+    let dot = 2 * 64u64.pow(3);
+    let dots = |tiles: u64| 32 * tiles * 4 * dot;
+    assert!(rows.flops > dots(4) && rows.flops < dots(4) + dots(4) / 8);
+    assert!(two_d.flops > dots(1) && two_d.flops < dots(1) + dots(1) / 8);
+    assert_eq!(auto.flops, two_d.flops);
+}
+
+#[test]
+fn gemm_tiled_refuses_a_column_grid_the_address_model_cannot_hold() {
+    let mut cfg = config("la-1to1", Executor::Coroutine);
+    cfg.params = vec![("grid".into(), "2d".into())];
+    let e = run(&cfg, &GemmTiled, Vec::new()).unwrap_err().to_string();
+    assert!(e.contains("grid") && e.contains("LA 1:1"), "{e}");
+    // auto falls back to rows there.
+    cfg.params = vec![("grid".into(), "auto".into())];
+    assert!(run(&cfg, &GemmTiled, Vec::new()).is_ok());
+    cfg.params = vec![("grid".into(), "diagonal".into())];
+    let e = run(&cfg, &GemmTiled, Vec::new()).unwrap_err().to_string();
+    assert!(e.contains("unknown grid \"diagonal\""), "{e}");
+}

@@ -83,6 +83,9 @@ pub(super) struct LaunchState {
     pub(super) spec: LaunchSpec,
     pub(super) t_start: Option<Ps>,
     pub(super) t_end: Ps,
+    /// FLOPs its compute ops executed, and the useful part of them.
+    flops: u64,
+    useful_flops: u64,
     /// Per dense cube index: its PEs in this launch not yet reported.
     cube_left: Vec<u32>,
     /// Per SIP: its cubes in this launch not yet reported.
@@ -235,6 +238,8 @@ impl<W: Write> Engine<'_, W> {
             spec,
             t_start: None,
             t_end: 0,
+            flops: 0,
+            useful_flops: 0,
             cube_left,
             sip_left,
             sips_left,
@@ -524,6 +529,18 @@ impl<W: Write> Engine<'_, W> {
         Ok(())
     }
 
+    /// Count a compute op PE `pe` issued against its current launch.
+    pub(super) fn count_flops(&mut self, pe: u32, flops: u64, useful: u64) {
+        // Programs run without a host program (engine tests) count nowhere.
+        let Some(launch) = self.pe_launches[pe as usize].current else {
+            return;
+        };
+        let l = &mut self.launches[launch as usize];
+        l.flops = l.flops.saturating_add(flops);
+        // Padding never adds useful work, so useful <= executed holds.
+        l.useful_flops = l.useful_flops.saturating_add(useful.min(flops));
+    }
+
     /// The trace's list of launches.
     pub(super) fn launch_records(&self) -> Vec<kb_format::Launch> {
         self.launches
@@ -534,6 +551,8 @@ impl<W: Write> Engine<'_, W> {
                 pes: l.spec.pes.iter().map(|p| [p.sip, p.cube, p.pe]).collect(),
                 t_start: l.t_start.unwrap_or(0),
                 t_end: l.t_end,
+                flops: l.flops,
+                useful_flops: l.useful_flops,
             })
             .collect()
     }

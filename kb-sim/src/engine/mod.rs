@@ -684,9 +684,11 @@ impl<'m, W: Write> Engine<'m, W> {
                     };
                 }
                 Command::Gemm(g) => {
+                    self.count_flops(pe, g.op.flops(), g.useful_flops);
                     reply = Reply::Issued(self.issue_compute(pc, pe, ComputeOp::Gemm(g))?)
                 }
                 Command::Math(m) => {
+                    self.count_flops(pe, m.op.flops(), m.useful_flops);
                     reply = Reply::Issued(self.issue_compute(pc, pe, ComputeOp::Math(m))?)
                 }
                 Command::WaitAll => {

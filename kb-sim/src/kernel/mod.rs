@@ -180,6 +180,8 @@ pub struct Tile {
     rows: u32,
     cols: u32,
     dtype: Dtype,
+    /// The top-left rows x cols that hold data, not padding.
+    valid: (u32, u32),
     data: Vec<u8>,
     /// Byte ranges of `data` whose value only Phase 2 knows.
     unknown: Vec<Unknown>,
@@ -280,6 +282,8 @@ pub struct Pending {
     rows: u32,
     cols: u32,
     dtype: Dtype,
+    /// The top-left rows x cols computed from data, not padding.
+    valid: (u32, u32),
     tcm: Rc<RefCell<FreeList>>,
 }
 
@@ -304,11 +308,24 @@ impl Drop for Pending {
 pub trait Operand {
     /// (TCM address, rows, cols, dtype).
     fn operand(&self) -> (u64, u32, u32, Dtype);
+
+    /// The top-left rows x cols that hold data rather than padding (a
+    /// masked edge tile's loaded part, and what is computed from such
+    /// parts): the extent useful FLOPs are counted over. The whole tile
+    /// unless it came from a masked load.
+    fn valid(&self) -> (u32, u32) {
+        let (_, rows, cols, _) = self.operand();
+        (rows, cols)
+    }
 }
 
 impl Operand for Tile {
     fn operand(&self) -> (u64, u32, u32, Dtype) {
         (self.pa, self.rows, self.cols, self.dtype)
+    }
+
+    fn valid(&self) -> (u32, u32) {
+        self.valid
     }
 }
 
@@ -316,6 +333,26 @@ impl Operand for Pending {
     fn operand(&self) -> (u64, u32, u32, Dtype) {
         (self.pa, self.rows, self.cols, self.dtype)
     }
+
+    fn valid(&self) -> (u32, u32) {
+        self.valid
+    }
+}
+
+/// A tile's (rows, cols) shape and its valid (rows, cols) corner.
+type ShapeValid = ((u32, u32), (u32, u32));
+
+/// The valid extent of an elementwise result of shape `out` from operands
+/// of (shape, valid): along each dim, the least valid extent of the
+/// operands that span it (a broadcast operand, 1 along a longer dim, is
+/// valid along all of it).
+fn broadcast_valid(out: (u32, u32), operands: &[ShapeValid]) -> (u32, u32) {
+    operands.iter().fold(out, |(vr, vc), &((r, c), (ur, uc))| {
+        (
+            if r == out.0 { vr.min(ur) } else { vr },
+            if c == out.1 { vc.min(uc) } else { vc },
+        )
+    })
 }
 
 fn tile_input(x: &dyn Operand) -> MathInput {
@@ -524,13 +561,14 @@ impl<'p> Tl<'p> {
         .expect("TCM PA in range")
     }
 
-    fn pending(&mut self, rows: u32, cols: u32, dtype: Dtype) -> Pending {
+    fn pending(&mut self, rows: u32, cols: u32, dtype: Dtype, valid: (u32, u32)) -> Pending {
         let pa = self.tcm_alloc(rows as u64 * cols as u64 * dtype.size() as u64);
         Pending {
             pa,
             rows,
             cols,
             dtype,
+            valid,
             tcm: self.tcm.clone(),
         }
     }
@@ -559,6 +597,10 @@ impl<'p> Tl<'p> {
         let (pa_b, br, bc, db) = b.operand();
         let (m, k) = if opts.transpose_a { (ac, ar) } else { (ar, ac) };
         let (kb, n) = if opts.transpose_b { (bc, br) } else { (br, bc) };
+        let swap = |(r, c): (u32, u32), t: bool| if t { (c, r) } else { (r, c) };
+        let (vm, vka) = swap(a.valid(), opts.transpose_a);
+        let (vkb, vn) = swap(b.valid(), opts.transpose_b);
+        let useful_flops = 2 * vm as u64 * vn as u64 * vka.min(vkb) as u64;
         assert_eq!(k, kb, "dot: inner dimensions differ ({m}x{k} @ {kb}x{n})");
         assert_eq!(da, db, "dot: operand dtypes differ ({da} and {db})");
         let dtype_acc = accumulation_dtype(da);
@@ -569,7 +611,7 @@ impl<'p> Tl<'p> {
         };
         // With an accumulator the result replaces it in place: the output
         // range is also the third input.
-        let (out, acc_addr) = match acc {
+        let (mut out, acc_addr) = match acc {
             Some(acc) => {
                 assert_eq!(
                     (acc.rows, acc.cols, acc.dtype),
@@ -583,8 +625,10 @@ impl<'p> Tl<'p> {
                 let at = tcm(acc.pa);
                 (acc, Some(at))
             }
-            None => (self.pending(m, n, dtype_out), None),
+            None => (self.pending(m, n, dtype_out, (0, 0)), None),
         };
+        // What the accumulator held stays valid; the product adds its part.
+        out.valid = (out.valid.0.max(vm), out.valid.1.max(vn));
         let params = GemmParams {
             a: tcm(pa_a),
             b: tcm(pa_b),
@@ -605,10 +649,14 @@ impl<'p> Tl<'p> {
         self.port.call(Command::Gemm(Labeled {
             op: params,
             label: self.stage,
+            useful_flops,
         }));
         out
     }
 
+    /// A math op with a `rows` x `cols` result whose top-left `valid`
+    /// part is computed from data (one useful FLOP per element of it).
+    #[allow(clippy::too_many_arguments)]
     fn math(
         &mut self,
         op: MathOp,
@@ -617,8 +665,9 @@ impl<'p> Tl<'p> {
         cols: u32,
         dtype: Dtype,
         axis: Option<u8>,
+        valid: (u32, u32),
     ) -> Pending {
-        let out = self.pending(rows, cols, dtype);
+        let out = self.pending(rows, cols, dtype, valid);
         let params = MathParams {
             op,
             inputs,
@@ -634,13 +683,14 @@ impl<'p> Tl<'p> {
         self.port.call(Command::Math(Labeled {
             op: params,
             label: self.stage,
+            useful_flops: valid.0 as u64 * valid.1 as u64,
         }));
         out
     }
 
     fn unary(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
         let (_, r, c, d) = x.operand();
-        self.math(op, vec![tile_input(x)], r, c, d, None)
+        self.math(op, vec![tile_input(x)], r, c, d, None, x.valid())
     }
 
     /// A float-only unary op (sigmoid, tanh, erf, exp2).
@@ -668,10 +718,21 @@ impl<'p> Tl<'p> {
             })
     }
 
-    /// The inputs, broadcast shape and dtype of an elementwise op over
-    /// `args` (at least one a tile; tiles share one dtype).
-    fn elementwise_inputs(op: MathOp, args: &[Rhs<'_>]) -> (Vec<MathInput>, u32, u32, Dtype) {
+    /// The inputs, broadcast shape, dtype and each tile's (shape, valid
+    /// extent) of an elementwise op over `args` (at least one a tile;
+    /// tiles share one dtype).
+    #[allow(clippy::type_complexity)]
+    fn elementwise_inputs(
+        op: MathOp,
+        args: &[Rhs<'_>],
+    ) -> (
+        Vec<MathInput>,
+        (u32, u32),
+        Dtype,
+        Vec<((u32, u32), (u32, u32))>,
+    ) {
         let mut shapes = Vec::new();
+        let mut tiles = Vec::new();
         let mut dtype = None;
         let inputs = args
             .iter()
@@ -679,6 +740,7 @@ impl<'p> Tl<'p> {
                 Rhs::Tile(x) => {
                     let (_, r, c, d) = x.operand();
                     shapes.push((r, c));
+                    tiles.push(((r, c), x.valid()));
                     match dtype {
                         None => dtype = Some(d),
                         Some(d0) => {
@@ -691,22 +753,24 @@ impl<'p> Tl<'p> {
             })
             .collect();
         let dtype = dtype.unwrap_or_else(|| panic!("{}: needs at least one tile", op.name()));
-        let (r, c) = Self::broadcast(op, &shapes);
-        (inputs, r, c, dtype)
+        let out = Self::broadcast(op, &shapes);
+        (inputs, out, dtype, tiles)
     }
 
     /// Elementwise `a op b`, broadcasting numpy-style; `b` may be a tile
     /// or a scalar.
     fn binary(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
-        let (inputs, r, c, d) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
-        self.math(op, inputs, r, c, d, None)
+        let (inputs, (r, c), d, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
+        let valid = broadcast_valid((r, c), &tiles);
+        self.math(op, inputs, r, c, d, None, valid)
     }
 
     /// A comparison: a u8 mask, 1 where true (NaN compares false, except
     /// in `ne`).
     fn compare(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
-        let (inputs, r, c, _) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
-        self.math(op, inputs, r, c, Dtype::U8, None)
+        let (inputs, (r, c), _, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
+        let valid = broadcast_valid((r, c), &tiles);
+        self.math(op, inputs, r, c, Dtype::U8, None, valid)
     }
 
     pub fn exp(&mut self, x: &dyn Operand) -> Pending {
@@ -809,17 +873,27 @@ impl<'p> Tl<'p> {
         b: impl Into<Rhs<'b>>,
     ) -> Pending {
         let (a, b) = (a.into(), b.into());
-        let (mut inputs, r, c, d) = Self::elementwise_inputs(MathOp::Where, &[a, b]);
+        let (mut inputs, (r, c), d, mut tiles) = Self::elementwise_inputs(MathOp::Where, &[a, b]);
         let (_, cr, cc, _) = cond.operand();
         let (r, c) = Self::broadcast(MathOp::Where, &[(r, c), (cr, cc)]);
         inputs.insert(0, tile_input(cond));
-        self.math(MathOp::Where, inputs, r, c, d, None)
+        tiles.push(((cr, cc), cond.valid()));
+        let valid = broadcast_valid((r, c), &tiles);
+        self.math(MathOp::Where, inputs, r, c, d, None, valid)
     }
 
     /// Convert to `dtype`.
     pub fn cast(&mut self, x: &dyn Operand, dtype: Dtype) -> Pending {
         let (_, r, c, _) = x.operand();
-        self.math(MathOp::Cast, vec![tile_input(x)], r, c, dtype, None)
+        self.math(
+            MathOp::Cast,
+            vec![tile_input(x)],
+            r,
+            c,
+            dtype,
+            None,
+            x.valid(),
+        )
     }
 
     /// A `rows` x `cols` tile of `value` (rounded to `dtype`; an integer
@@ -839,6 +913,7 @@ impl<'p> Tl<'p> {
             cols,
             dtype,
             None,
+            (rows, cols),
         )
     }
 
@@ -867,7 +942,15 @@ impl<'p> Tl<'p> {
             top <= exact,
             "arange: index {top} is not exact in {dtype} (at most {exact})"
         );
-        self.math(MathOp::Arange, Vec::new(), rows, cols, dtype, Some(axis))
+        self.math(
+            MathOp::Arange,
+            Vec::new(),
+            rows,
+            cols,
+            dtype,
+            Some(axis),
+            (rows, cols),
+        )
     }
 
     fn reduce_to(
@@ -878,9 +961,10 @@ impl<'p> Tl<'p> {
         dtype: Option<Dtype>,
     ) -> Pending {
         let (_, r, c, d) = x.operand();
-        let (rows, cols) = match axis {
-            0 => (1, c),
-            1 => (r, 1),
+        let (vr, vc) = x.valid();
+        let ((rows, cols), valid) = match axis {
+            0 => ((1, c), (1, vc)),
+            1 => ((r, 1), (vr, 1)),
             _ => panic!("{}: axis {axis} of a 2-D tile (0 or 1)", op.name()),
         };
         self.math(
@@ -890,6 +974,7 @@ impl<'p> Tl<'p> {
             cols,
             dtype.unwrap_or(d),
             Some(axis),
+            valid,
         )
     }
 
@@ -951,6 +1036,7 @@ impl<'p> Tl<'p> {
             rows: src.rows,
             cols: src.cols,
             dtype: src.dtype,
+            valid: (src.rows, src.cols),
             data: Vec::new(),
             unknown: Vec::new(),
             tcm: self.tcm.clone(),
@@ -1042,6 +1128,7 @@ impl<'p> Tl<'p> {
             rows,
             cols,
             dtype: src.dtype,
+            valid: (src.rows, src.cols),
             data: Vec::new(),
             unknown: Vec::new(),
             tcm: self.tcm.clone(),
@@ -1059,9 +1146,11 @@ impl<'p> Tl<'p> {
                 dtype: src.dtype,
                 axis: None,
             };
+            // Padding: no useful FLOPs.
             self.port.call(Command::Math(Labeled {
                 op: fill,
                 label: Some("fill"),
+                useful_flops: 0,
             }));
         }
         let cmd = DmaCmd {
