@@ -114,6 +114,11 @@ pub trait Visitor {
 pub fn visit<V: Visitor>(input: &Input, v: &mut V) -> Result<()> {
     let name = input.to_string();
     match input {
+        // A pipe or device has no length to map: read it as a stream.
+        Input::Path(p) if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) => {
+            let f = std::fs::File::open(p).map_err(|e| trace_err(&name)(FormatError::from(e)))?;
+            visit_reader(&name, f, v)
+        }
         Input::Path(p) => visit_file(&name, p, v),
         Input::Stdin => visit_reader(&name, io::stdin().lock(), v),
     }

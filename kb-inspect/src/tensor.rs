@@ -308,6 +308,12 @@ pub fn write_npy<W: Write>(w: W, t: &TensorMeta, data: &[u8], bf16: Bf16As) -> i
 /// `tensor NAME -o FILE`: export a host tensor as `.npy` (`-` is stdout).
 /// Returns the tensor's metadata.
 pub fn export(input: &Input, name: &str, out: &Path, bf16: Bf16As) -> Result<TensorMeta> {
+    if crate::is_terminal_path(out) {
+        return Err(Error::usage(format!(
+            "refusing to write .npy bytes to a terminal ({}): give a file, or pipe standard output",
+            out.display()
+        )));
+    }
     let (t, data) = read_host_data(input, name)?;
     let what = format!("writing {}", out.display());
     crate::write_output(out, |w| {

@@ -170,11 +170,22 @@ fn load_with(input: &Input, opts: &ReplayOptions, exec: &Exec, bar: &Progress) -
     }
 }
 
-/// A rayon pool of `threads` workers (every available core for `None`).
+/// Threads per available core that `--threads` may ask for: more only
+/// adds switching (results are the same for every count).
+pub const THREADS_PER_CORE: usize = 4;
+
+/// The most worker threads a run starts: [`THREADS_PER_CORE`] per
+/// available core.
+pub fn max_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) * THREADS_PER_CORE
+}
+
+/// A rayon pool of `threads` workers (every available core for `None`),
+/// at most [`max_threads`].
 pub fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool> {
     let n = match threads {
         Some(0) => return Err(Error::Usage("--threads must be at least 1".into())),
-        Some(n) => n,
+        Some(n) => n.min(max_threads()),
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     rayon::ThreadPoolBuilder::new()
@@ -250,11 +261,26 @@ fn write_report(target: &Path, report: &Report) -> Result<()> {
 pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
     let start = Instant::now();
     // Reference files first: a typo should not cost a replay.
-    let mut expect = Vec::with_capacity(cfg.expect.len());
+    let mut expect: Vec<(String, PathBuf, npy::NpyArray)> = Vec::with_capacity(cfg.expect.len());
     for (name, path) in &cfg.expect {
+        if let Some((_, first, _)) = expect.iter().find(|(n, _, _)| n == name) {
+            return Err(Error::Usage(format!(
+                "--expect names tensor {name:?} twice ({} and {}); give one reference per tensor",
+                first.display(),
+                path.display()
+            )));
+        }
         expect.push((name.clone(), path.clone(), npy::read(path)?));
     }
     let pool = thread_pool(cfg.threads)?;
+    if let Some(n) = cfg.threads.filter(|&n| n > max_threads())
+        && !cfg.quiet
+    {
+        eprintln!(
+            "kb-replay: --threads {n} capped at {} ({THREADS_PER_CORE} per available core)",
+            max_threads()
+        );
+    }
     let exec = Exec {
         backend,
         pool: Some(&pool),
@@ -296,11 +322,15 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
     if let Some(target) = &cfg.report {
         write_report(target, &report)?;
     }
-    if !cfg.quiet {
-        let mut err = std::io::stderr().lock();
-        for line in report.summary() {
-            let _ = writeln!(err, "{line}");
-        }
+    // --quiet keeps the FAIL lines: a failure is never silent.
+    let lines = if cfg.quiet {
+        report.failures()
+    } else {
+        report.summary()
+    };
+    let mut err = std::io::stderr().lock();
+    for line in lines {
+        let _ = writeln!(err, "{line}");
     }
     Ok(report)
 }

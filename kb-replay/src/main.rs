@@ -52,11 +52,13 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     dump_outputs: Option<PathBuf>,
 
-    /// No summary or progress bar on stderr (errors are still printed)
+    /// No summary or progress bar on stderr (errors and FAIL lines are
+    /// still printed)
     #[arg(long, short)]
     quiet: bool,
 
-    /// Worker threads [default: the number of available cores]
+    /// Worker threads [default: the number of available cores; at most 4
+    /// per core]
     #[arg(long, short = 'j', value_name = "N")]
     threads: Option<usize>,
 

@@ -28,7 +28,8 @@ pub struct NpyArray {
 
 /// Parse the shape tuple out of an .npy header and check it against the
 /// bytes that follow, so npyz never sees a shape the file cannot hold.
-fn precheck(b: &[u8]) -> std::result::Result<(), String> {
+/// Returns the element count and the data bytes after the header.
+fn precheck(b: &[u8]) -> std::result::Result<(u64, u64), String> {
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
         return Err("not a .npy file (bad magic)".into());
     }
@@ -70,7 +71,7 @@ fn precheck(b: &[u8]) -> std::result::Result<(), String> {
             "the .npy shape holds {count} elements, but the file has {data_len} data bytes"
         ));
     }
-    Ok(())
+    Ok((count, data_len))
 }
 
 fn convert<T: npyz::Deserialize>(
@@ -110,7 +111,7 @@ fn fortran_to_c(shape: &[u64], data: &[f64]) -> Vec<f64> {
 /// Read an .npy file as f64.
 pub fn read(path: &Path) -> Result<NpyArray> {
     let bytes = std::fs::read(path).map_err(|e| Error::file(path, e))?;
-    precheck(&bytes).map_err(|e| Error::file(path, e))?;
+    let (count, data_len) = precheck(&bytes).map_err(|e| Error::file(path, e))?;
     let f = NpyFile::new(&bytes[..]).map_err(|e| Error::file(path, e))?;
     let shape = f.shape().to_vec();
     let order = f.order();
@@ -120,6 +121,17 @@ pub fn read(path: &Path) -> Result<NpyArray> {
             "structured .npy arrays are not supported",
         ));
     };
+    // Bytes past the array are not something numpy writes: a damaged or
+    // concatenated file, refused rather than ignored.
+    let want = count.saturating_mul(ts.size_field());
+    if data_len != want {
+        return Err(Error::file(
+            path,
+            format!(
+                "the .npy shape {shape:?} of {ts} needs {want} data bytes, but the file has {data_len}"
+            ),
+        ));
+    }
     let data = match (ts.type_char(), ts.size_field()) {
         (TypeChar::Float, 2) => convert(f, |v: f16| v.to_f64()),
         (TypeChar::Float, 4) => convert(f, |v: f32| v as f64),
@@ -275,6 +287,15 @@ mod tests {
         }
         std::fs::write(&p, &good[..good.len() - 3]).unwrap();
         assert!(read(&p).is_err());
+        // Trailing bytes (a file concatenated with another) are refused.
+        let mut junk = good.clone();
+        junk.extend_from_slice(b"junk");
+        std::fs::write(&p, &junk).unwrap();
+        let e = read(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("needs 16 data bytes, but the file has 20"),
+            "{e}"
+        );
         std::fs::write(&p, b"not numpy").unwrap();
         assert!(read(&p).unwrap_err().to_string().contains("magic"));
         assert!(read(&dir.path().join("missing.npy")).is_err());

@@ -30,6 +30,45 @@ fn err(v: f64) -> String {
     }
 }
 
+/// An output's PASS or FAIL line. Both state the allclose rule an element
+/// passes by and the worst element's margin against it, so a PASS with a
+/// large relative error reads as what it is.
+fn output_line(o: &OutputReport) -> String {
+    let tol = format!("rtol {:e}, atol {:e}", o.tolerance.rtol, o.tolerance.atol);
+    let worst = o.worst.as_ref().map_or(String::new(), |(index, margin)| {
+        format!("; worst |got - ref| / (atol + rtol |ref|) = {margin:.3} at {index:?}")
+    });
+    if o.pass {
+        format!(
+            "PASS {} {} {:?}: every element within atol + rtol |ref|{worst}; max abs err {}, max rel err {} ({tol}; {})",
+            o.name,
+            o.dtype,
+            o.shape,
+            err(o.max_abs_err),
+            err(o.max_rel_err),
+            o.reference
+        )
+    } else {
+        let first = o.first_mismatch.as_ref().map_or(String::new(), |m| {
+            format!(
+                "; first at {:?}: got {}, expected {}",
+                m.index, m.got, m.expected
+            )
+        });
+        format!(
+            "FAIL {} {} {:?}: {} of {} elements outside atol + rtol |ref|{worst}; max abs err {}, max rel err {} ({tol}; {}){first}",
+            o.name,
+            o.dtype,
+            o.shape,
+            o.mismatches,
+            o.elements,
+            err(o.max_abs_err),
+            err(o.max_rel_err),
+            o.reference
+        )
+    }
+}
+
 /// Everything one run found.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -83,6 +122,10 @@ impl Report {
                         "got": num(m.got),
                         "expected": num(m.expected),
                     })),
+                    "worst": o.worst.as_ref().map(|(index, margin)| json!({
+                        "index": index,
+                        "margin": num(*margin),
+                    })),
                     "pass": o.pass,
                 })
             })
@@ -119,42 +162,21 @@ impl Report {
         })
     }
 
+    /// The FAIL line of each output that failed (what `--quiet` keeps).
+    pub fn failures(&self) -> Vec<String> {
+        self.outputs
+            .iter()
+            .flatten()
+            .filter(|o| !o.pass)
+            .map(output_line)
+            .collect()
+    }
+
     /// Human-readable lines: one per output, then a summary.
     pub fn summary(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        for o in self.outputs.iter().flatten() {
-            let tol = format!("rtol {:e}, atol {:e}", o.tolerance.rtol, o.tolerance.atol);
-            if o.pass {
-                lines.push(format!(
-                    "PASS {} {} {:?}: max abs err {}, max rel err {} ({tol}; {})",
-                    o.name,
-                    o.dtype,
-                    o.shape,
-                    err(o.max_abs_err),
-                    err(o.max_rel_err),
-                    o.reference
-                ));
-            } else {
-                let first = o.first_mismatch.as_ref().map_or(String::new(), |m| {
-                    format!(
-                        "; first at {:?}: got {}, expected {}",
-                        m.index, m.got, m.expected
-                    )
-                });
-                lines.push(format!(
-                    "FAIL {} {} {:?}: {} of {} elements differ, max abs err {}, max rel err {} ({tol}; {}){first}",
-                    o.name,
-                    o.dtype,
-                    o.shape,
-                    o.mismatches,
-                    o.elements,
-                    err(o.max_abs_err),
-                    err(o.max_rel_err),
-                    o.reference
-                ));
-            }
-        }
+        let mut lines: Vec<String> = self.outputs.iter().flatten().map(output_line).collect();
         let s = &self.stats;
+
         let verdict = match &self.outputs {
             None => "replay OK (not verified)".to_string(),
             Some(o) => {
@@ -206,6 +228,7 @@ mod tests {
                 got: 3.0,
                 expected: 2.0,
             }),
+            worst: Some((vec![1, 0], if pass { 0.41 } else { 1e5 })),
             pass,
         }
     }
@@ -228,7 +251,15 @@ mod tests {
         assert_eq!(j["outputs"][0]["max_rel_err"], "inf");
         let lines = r.summary();
         assert!(lines[0].starts_with("PASS y"));
+        assert!(
+            lines[0].contains("worst |got - ref| / (atol + rtol |ref|) = 0.410 at [1, 0]"),
+            "{}",
+            lines[0]
+        );
         assert!(lines[1].starts_with("FAIL y"));
+        assert!(lines[1].contains("= 100000.000 at [1, 0]"), "{}", lines[1]);
+        assert_eq!(r.failures(), [lines[1].clone()]);
+        assert_eq!(j["outputs"][0]["worst"]["margin"], 0.41);
         assert!(
             lines[1].contains("first at [1, 0]: got 3, expected 2"),
             "{}",

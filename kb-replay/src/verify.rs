@@ -112,6 +112,10 @@ pub struct OutputReport {
     pub max_rel_err: f64,
     pub mismatches: u64,
     pub first_mismatch: Option<Mismatch>,
+    /// The element closest to failing (or furthest past it): its index
+    /// and its margin `|got - ref| / (atol + rtol |ref|)`, which the
+    /// allclose rule keeps at most 1. `None` when no element is finite.
+    pub worst: Option<(Vec<u64>, f64)>,
     pub pass: bool,
 }
 
@@ -123,6 +127,9 @@ pub struct Comparison {
     pub mismatches: u64,
     /// Flat index and values of the first mismatch.
     pub first: Option<(usize, f64, f64)>,
+    /// Flat index and margin of the finite element with the largest
+    /// `|got - ref| / (atol + rtol |ref|)` (the first of equals).
+    pub worst: Option<(usize, f64)>,
 }
 
 /// Compare `got` with `expected` (same length) under `tol`.
@@ -132,6 +139,7 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
         max_rel_err: 0.0,
         mismatches: 0,
         first: None,
+        worst: None,
     };
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
         let ok = if g.is_nan() || e.is_nan() {
@@ -144,7 +152,20 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
             if e != 0.0 {
                 c.max_rel_err = c.max_rel_err.max(abs / e.abs());
             }
-            abs <= tol.atol + tol.rtol * e.abs()
+            let allowed = tol.atol + tol.rtol * e.abs();
+            // With no tolerance (exact dtypes) any difference is infinitely
+            // far past it.
+            let margin = if abs == 0.0 {
+                0.0
+            } else if allowed == 0.0 {
+                f64::INFINITY
+            } else {
+                abs / allowed
+            };
+            if c.worst.is_none_or(|(_, m)| margin > m) {
+                c.worst = Some((i, margin));
+            }
+            abs <= allowed
         };
         if !ok {
             c.mismatches += 1;
@@ -326,6 +347,7 @@ pub fn verify(plane: &DataPlane, meta: &Meta, checks: &[Check]) -> Result<Vec<Ou
                 got: g,
                 expected: e,
             }),
+            worst: cmp.worst.map(|(i, m)| (unravel(i as u64, &t.shape), m)),
             pass: cmp.mismatches == 0,
         });
     }
@@ -354,6 +376,25 @@ mod tests {
         // Near zero only atol counts.
         assert_eq!(compare(&[0.0009], &[0.0], TOL).mismatches, 0);
         assert_eq!(compare(&[0.0011], &[0.0], TOL).mismatches, 1);
+    }
+
+    #[test]
+    fn the_worst_margin_is_the_allclose_ratio_of_the_closest_call() {
+        // Margins: 0; 1 / 1.001 (the largest relative error is not the
+        // worst margin); 0.0005 / 0.001 = 0.5 near zero.
+        let c = compare(&[1.0, 1001.0, 0.0005], &[1.0, 1000.0, 0.0], TOL);
+        let (i, m) = c.worst.unwrap();
+        assert_eq!(i, 1);
+        assert!((m - 1.0 / 1.001).abs() < 1e-12, "{m}");
+        let c = compare(&[0.0008, 2.0], &[0.0, 2.0], TOL);
+        assert_eq!(c.worst.map(|w| w.0), Some(0));
+        // Exact dtypes: any difference is infinitely past the tolerance.
+        let exact = default_tolerance(Dtype::I32);
+        assert_eq!(
+            compare(&[3.0, 4.0], &[3.0, 5.0], exact).worst,
+            Some((1, f64::INFINITY))
+        );
+        assert_eq!(compare(&[f64::NAN], &[f64::NAN], TOL).worst, None);
     }
 
     #[test]

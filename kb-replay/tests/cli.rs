@@ -158,13 +158,19 @@ fn a_wrong_expected_array_exits_1_naming_the_first_mismatch() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
-        e.contains("FAIL y f32 [4, 8]: 1 of 32 elements differ"),
+        e.contains("FAIL y f32 [4, 8]: 1 of 32 elements outside atol + rtol |ref|"),
         "{e}"
     );
     assert!(
         e.contains(&format!("first at [1, 2]: got {}, expected 99", x[10])),
         "{e}"
     );
+    assert!(e.contains("at [1, 2]"), "the worst element is named: {e}");
+    // --quiet keeps the FAIL line and nothing else.
+    let o = run(&[p.to_str().unwrap(), "--expect", &arg, "-q"], None);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(e.starts_with("FAIL y f32") && e.lines().count() == 1, "{e}");
     // The right array passes.
     let good = dir.path().join("good.npy");
     npy_f32(&good, &[4, 8], &x);
@@ -201,6 +207,17 @@ fn bad_expect_files_and_flags_exit_2() {
     let o = run(&[p, "--expect", &format!("y={p}")], None);
     assert_eq!(o.status.code(), Some(2));
     assert_no_panic(&o);
+    // The same tensor twice.
+    let good = dir.path().join("good.npy");
+    npy_f32(&good, &[4, 8], &x);
+    let g = format!("y={}", good.display());
+    let o = run(&[p, "--expect", &g, "--expect", &g], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("names tensor \"y\" twice"),
+        "{}",
+        stderr(&o)
+    );
     // Malformed flags.
     for args in [&[p, "--expect", "y"][..], &[p, "--bogus"][..]] {
         let o = run(args, None);
@@ -372,5 +389,19 @@ fn help_documents_exit_codes() {
     assert!(
         s.contains("Exit codes:") && s.contains("1  verification mismatch"),
         "{s}"
+    );
+}
+
+#[test]
+fn absurd_thread_counts_are_capped_with_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, _) = chain_trace();
+    let p = write_trace(dir.path(), &bytes);
+    let o = run(&[p.to_str().unwrap(), "--verify", "-j", "4294967296"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--threads 4294967296 capped at"),
+        "{}",
+        stderr(&o)
     );
 }
