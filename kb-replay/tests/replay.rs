@@ -807,7 +807,7 @@ fn compute_op_size_disagreements_name_the_op() {
     let bytes = build(tensors, &[(0, vec![0; 16])], &ops, vec![]);
     let msg = replay(&bytes).unwrap_err().to_string();
     assert!(
-        msg.contains("op 9") && msg.contains("operands take 32 bytes"),
+        msg.contains("op 9") && msg.contains("read ranges cover 16 bytes, but its params say 32"),
         "{msg}"
     );
 }
