@@ -3,6 +3,9 @@
 //! `topology`, `probe`). The `kb-sim` binary is `main` over the built-in
 //! workloads; a user crate calls it with its own added.
 
+// Public surface of the library: every public item is documented.
+#![warn(missing_docs)]
+
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;

@@ -8,6 +8,9 @@
 //! the same array. The read is bounded by the declared tensor's size, so a
 //! huge or endless file cannot exhaust memory.
 
+// Public surface of the library: every public item is documented.
+#![warn(missing_docs)]
+
 use std::io::Read;
 use std::path::Path;
 

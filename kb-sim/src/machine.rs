@@ -106,8 +106,11 @@ impl Link {
 /// Coordinates of a PE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeCoord {
+    /// The SIP (chip), from 0.
     pub sip: u32,
+    /// The cube within its SIP, from 0.
     pub cube: u32,
+    /// The PE within its cube, from 0.
     pub pe: u32,
 }
 

@@ -1,6 +1,9 @@
 //! One simulation run: topology -> machine -> workload (tensors, host
 //! program) -> engine -> trace.
 
+// Public surface of the library: every public item is documented.
+#![warn(missing_docs)]
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,8 +19,12 @@ use crate::workload::{Params, Program, Workload, WorkloadError};
 /// Everything that determines a run's trace (with the workload itself).
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    /// The machine to simulate.
     pub topology: Topology,
+    /// Workload parameters as given (`-p KEY=VALUE`), resolved against
+    /// the workload's declared ones.
     pub params: Vec<(String, String)>,
+    /// Seed of the workload's random inputs.
     pub seed: u64,
     /// `.npy` files replacing declared tensors' data, by tensor name.
     pub inputs: BTreeMap<String, PathBuf>,
@@ -29,12 +36,16 @@ pub struct RunConfig {
     pub command_line: Vec<String>,
 }
 
+/// Why a run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The workload could not be built (parameters, inputs, tensors).
     #[error(transparent)]
     Workload(#[from] WorkloadError),
+    /// The simulation failed (a kernel error, a deadlock, an address).
     #[error(transparent)]
     Sim(#[from] SimError),
+    /// The trace could not be written.
     #[error("writing the trace: {0}")]
     Trace(#[from] kb_format::FormatError),
 }
@@ -42,7 +53,9 @@ pub enum RunError {
 /// What a run did, beyond the trace.
 #[derive(Debug, Clone)]
 pub struct RunReport {
+    /// Records, events and simulated times.
     pub stats: RunStats,
+    /// The launches, as the trace records them (FLOPs included).
     pub launches: Vec<kb_format::Launch>,
 }
 

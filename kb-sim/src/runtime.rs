@@ -21,6 +21,7 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The policy named `replicate`, `row_wise` or `column_wise`.
     pub fn parse(s: &str) -> Option<Policy> {
         match s {
             "replicate" => Some(Policy::Replicate),
@@ -45,7 +46,9 @@ impl Policy {
 /// the PEs of each cube (the seeds' DPPolicy with `cube` and `pe` levels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharding {
+    /// How the tensor is split over all cubes of the machine.
     pub cube: Policy,
+    /// How each cube's part is split over its PEs.
     pub pe: Policy,
 }
 
@@ -133,9 +136,14 @@ pub struct Segment {
 /// tensor's rows from `row0` and columns from `col0`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardArg {
+    /// The PE that holds it.
     pub pe: PeCoord,
+    /// Address of its first byte, in the model's address space.
     pub addr: u64,
+    /// Its rows.
     pub rows: u64,
+    /// Bytes per row (its columns times the element size); rows are
+    /// contiguous, `row_bytes` apart.
     pub row_bytes: u64,
     /// The tensor row of the shard's first row.
     pub row0: u64,

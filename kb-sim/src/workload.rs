@@ -10,6 +10,9 @@
 //! but this module and [`crate::kernel`]; [`crate::cli::main`] gives any
 //! set of workloads the full `kb-sim` command line.
 
+// Public surface of the library: every public item is documented.
+#![warn(missing_docs)]
+
 use std::collections::BTreeMap;
 
 use kb_format::{Dtype, Expr, Tolerance, VerifyOutput, VerifySpec};
@@ -26,8 +29,11 @@ pub use crate::runtime::{Policy, Sharding};
 /// A workload parameter with its default, as `kb-sim list` shows it.
 #[derive(Debug, Clone, Copy)]
 pub struct ParamSpec {
+    /// The name `-p NAME=VALUE` sets.
     pub name: &'static str,
+    /// The value used when `-p` does not set it.
     pub default: &'static str,
+    /// One line for `kb-sim list`.
     pub help: &'static str,
 }
 
@@ -61,18 +67,37 @@ pub trait Workload: std::fmt::Debug {
 /// Errors while building a workload.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
+    /// No workload of that name.
     #[error("unknown workload {0:?} (see `kb-sim list`)")]
     Unknown(String),
+    /// A parameter is unknown, malformed or out of range.
     #[error("workload {workload}: parameter {param}: {message}")]
     Param {
+        /// The workload's name.
         workload: String,
+        /// The parameter's name.
         param: String,
+        /// What is wrong with it.
         message: String,
     },
+    /// An `--input` file does not fit the tensor it names.
     #[error("--input {name}: {message}")]
-    Input { name: String, message: String },
+    Input {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong (file, dtype, shape).
+        message: String,
+    },
+    /// The host program is inconsistent (an unknown tensor, a bad step).
     #[error("workload {workload}: {message}")]
-    Program { workload: String, message: String },
+    Program {
+        /// The workload's name.
+        workload: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A tensor could not be placed (out of memory, a layout the
+    /// address model cannot hold).
     #[error(transparent)]
     Setup(#[from] SetupError),
 }
@@ -203,8 +228,11 @@ pub struct Program<'m> {
 /// What a built program hands the engine.
 #[derive(Debug)]
 pub struct Built<'m> {
+    /// The declared tensors and their layouts.
     pub rt: Runtime<'m>,
+    /// The host program: launches, waits and frees in order.
     pub steps: Vec<Step>,
+    /// References the outputs are verified against.
     pub verify: VerifySpec,
 }
 

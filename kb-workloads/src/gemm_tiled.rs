@@ -10,7 +10,7 @@ use crate::{gemm_output_dtype, gemm_tolerance, matmul_shard, t};
 /// `gemm_tiled`: each PE computes one block of C from the rows of A and
 /// the columns of B that block needs, output tile by output tile with a K
 /// loop inside, accumulating with `dot` in place. How C is split over the
-/// PEs is the `grid` parameter (see [`Grid`]).
+/// PEs is the `grid` parameter.
 #[derive(Debug)]
 pub struct GemmTiled;
 

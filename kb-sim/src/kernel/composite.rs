@@ -6,9 +6,13 @@
 
 use super::{Block, Operand, Pending, Tl};
 
+/// Op name of a pipeline's load stage (ADR-0052 D5 tile tokens).
 pub const DMA_READ: &str = "TileToken/DMA_READ";
+/// Op name of a pipeline's GEMM stage.
 pub const GEMM: &str = "TileToken/GEMM";
+/// Op name of a pipeline's math stage (casts, elementwise ops).
 pub const MATH: &str = "TileToken/MATH";
+/// Op name of a pipeline's store stage.
 pub const DMA_WRITE: &str = "TileToken/DMA_WRITE";
 
 /// A sub-block of `b`: rows [r0, r0+rows) x cols [c0, c0+cols).

@@ -7,6 +7,9 @@
 //! it when dropped; running out of TCM is a kernel failure naming the PE
 //! and the sizes.
 
+// Public surface of the library: every public item is documented.
+#![warn(missing_docs)]
+
 pub mod composite;
 pub mod exec;
 
@@ -31,9 +34,13 @@ pub use crate::runtime::ShardArg;
 /// A tensor as a kernel sees it: shape, dtype and where each PE's shard is.
 #[derive(Debug, Clone)]
 pub struct TensorArg {
+    /// The name it was declared with.
     pub name: String,
+    /// Element type.
     pub dtype: Dtype,
+    /// Rows and columns of the whole tensor.
     pub shape: [u64; 2],
+    /// Each PE's part, as kernels address it.
     pub shards: Vec<ShardArg>,
 }
 
@@ -43,6 +50,7 @@ impl TensorArg {
         self.shards.iter().find(|s| s.pe == pe)
     }
 
+    /// Bytes per element.
     pub fn elem_bytes(&self) -> u64 {
         self.dtype.size() as u64
     }
@@ -52,6 +60,7 @@ impl TensorArg {
 /// float parameters, by name.
 #[derive(Debug, Default, Clone)]
 pub struct KernelArgs {
+    /// The launch's tensors, looked up by name with [`KernelArgs::tensor`].
     pub tensors: Vec<TensorArg>,
     /// Named integer parameters (tile sizes and the like).
     pub scalars: Vec<(String, u64)>,
@@ -106,10 +115,15 @@ pub type KernelFn = fn(&mut Tl<'_>, &KernelArgs);
 /// `addr`, rows `row_stride` bytes apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
+    /// Address of the first element (space and address as kernels use it).
     pub addr: Addr,
+    /// Rows of the block.
     pub rows: u32,
+    /// Elements per row.
     pub cols: u32,
+    /// Bytes from one row's start to the next.
     pub row_stride: u64,
+    /// Element type.
     pub dtype: Dtype,
 }
 
@@ -189,10 +203,12 @@ pub struct Tile {
 }
 
 impl Tile {
+    /// (rows, cols).
     pub fn shape(&self) -> (usize, usize) {
         (self.rows as usize, self.cols as usize)
     }
 
+    /// Element type.
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
@@ -288,10 +304,12 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// (rows, cols).
     pub fn shape(&self) -> (usize, usize) {
         (self.rows as usize, self.cols as usize)
     }
 
+    /// Element type.
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
@@ -372,7 +390,9 @@ fn tile_input(x: &dyn Operand) -> MathInput {
 /// (`tl.add(&x, &y)`, `tl.add(&x, 1.0)`).
 #[derive(Clone, Copy)]
 pub enum Rhs<'a> {
+    /// A TCM tile, broadcast numpy-style against the first operand.
     Tile(&'a dyn Operand),
+    /// A scalar, rounded to the operands' dtype.
     Scalar(f64),
 }
 
@@ -773,6 +793,7 @@ impl<'p> Tl<'p> {
         self.math(op, inputs, r, c, Dtype::U8, None, valid)
     }
 
+    /// e^x.
     pub fn exp(&mut self, x: &dyn Operand) -> Pending {
         self.unary(MathOp::Exp, x)
     }
@@ -784,6 +805,7 @@ impl<'p> Tl<'p> {
     pub fn log(&mut self, x: &dyn Operand) -> Pending {
         self.unary(MathOp::Log, x)
     }
+    /// Square root.
     pub fn sqrt(&mut self, x: &dyn Operand) -> Pending {
         self.unary(MathOp::Sqrt, x)
     }
