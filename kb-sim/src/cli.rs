@@ -144,6 +144,42 @@ pub fn main(workloads: Vec<Box<dyn Workload>>) -> ExitCode {
     }
 }
 
+/// The command line a trace records: what determines the run, in one
+/// canonical order (the program's file name, topology, workload, seed,
+/// parameters and inputs as given, `--capture-inputs`), and nothing of
+/// where the trace went or how kernels ran (`-o`, `-q`, `--executor`,
+/// which do not change its bytes). So `kb-sim > a.kbt` and
+/// `kb-sim -o b.kbt` write the same file, and the line re-runs the trace.
+fn recorded_command_line(a: &RunArgs, workload: &str) -> Vec<String> {
+    let program = std::env::args_os()
+        .next()
+        .and_then(|p| {
+            PathBuf::from(p)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "kb-sim".into());
+    let mut line = vec![
+        program,
+        "-t".into(),
+        a.topology.clone(),
+        "-b".into(),
+        workload.into(),
+        "--seed".into(),
+        a.seed.to_string(),
+    ];
+    for (k, v) in &a.params {
+        line.extend(["-p".into(), format!("{k}={v}")]);
+    }
+    for (k, v) in &a.inputs {
+        line.extend(["--input".into(), format!("{k}={v}")]);
+    }
+    if a.capture_inputs {
+        line.push("--capture-inputs".into());
+    }
+    line
+}
+
 fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
     let workload = match &a.bench {
         None => workloads.first(),
@@ -172,7 +208,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         seed: a.seed,
         executor: a.executor,
         capture_inputs: a.capture_inputs,
-        command_line: std::env::args().collect(),
+        command_line: recorded_command_line(&a, workload.name()),
     };
     let wall = Instant::now();
     let to_stdout = match &a.output {

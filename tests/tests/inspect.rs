@@ -163,11 +163,37 @@ fn both_executors_give_identical_trace_bytes_from_the_cli() {
         b"",
     );
     assert!(a.status.success() && b.status.success());
-    // The recorded command lines differ, so compare the op logs.
+    // The executor is not part of the recorded command line: same bytes.
+    assert!(a.stdout == b.stdout, "the executors wrote different traces");
     let (ra, rb) = (
         run("kb-inspect", &["ops", "-", "--format", "jsonl"], &a.stdout),
         run("kb-inspect", &["ops", "-", "--format", "jsonl"], &b.stdout),
     );
     assert!(ra.status.success() && !ra.stdout.is_empty());
     assert!(ra.stdout == rb.stdout, "the executors logged different ops");
+}
+
+#[test]
+fn a_trace_through_a_pipe_and_one_written_to_a_file_are_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("b.kbt");
+    let piped = run("kb-sim", &["-q", "-t", "small", "-b", "softmax"], b"");
+    let written = run(
+        "kb-sim",
+        &["-t", "small", "-b", "softmax", "-o", file.to_str().unwrap()],
+        b"",
+    );
+    assert!(piped.status.success() && written.status.success());
+    let written = std::fs::read(&file).unwrap();
+    assert!(!piped.stdout.is_empty());
+    assert!(
+        piped.stdout == written,
+        "kb-sim > a.kbt and kb-sim -o b.kbt differ"
+    );
+    let s = run("kb-inspect", &["summary", "-"], &written);
+    let text = String::from_utf8_lossy(&s.stdout);
+    assert!(
+        text.contains("command line:   kb-sim -t small -b softmax --seed 0"),
+        "{text}"
+    );
 }
