@@ -258,9 +258,23 @@ pub struct TopologyError {
     pub message: String,
 }
 
+/// Largest latency or overhead (`*_ns`): one second. Beyond it simulated
+/// picoseconds could overflow within a run.
+const MAX_NS: f64 = 1e9;
+/// Smallest bandwidth (`*_gbs`): 1 MB/s. Slower links make transfer
+/// times that overflow simulated picoseconds.
+const MIN_GBS: f64 = 1e-3;
+/// Largest bandwidth or compute rate: 10^9 GB/s or T/GFLOP/s.
+const MAX_RATE: f64 = 1e9;
+/// Largest memory size: 2^20 GiB (a PA offset holds far less; this bounds
+/// the arithmetic before that check).
+const MAX_GIB: f64 = (1u64 << 20) as f64;
+
 /// Units are in field names: `*_gbs`, `*_gib`, `*_kib` and the per-dtype
 /// throughputs under `tflops`/`gflops` must be positive; `*_ns` must be
-/// non-negative. Returns the offending field's path.
+/// non-negative. Each is also bounded (`MAX_NS`, `MIN_GBS`, `MAX_RATE`,
+/// `MAX_GIB`), so simulated time stays far from overflowing. Returns the
+/// offending field's path.
 fn check_units(
     v: &serde_yaml_ng::Value,
     path: &mut Vec<String>,
@@ -295,6 +309,24 @@ fn check_units(
                     path.clone(),
                     format!("must be a non-negative number, got {x}"),
                 ));
+            }
+            let bound = if key.ends_with("_ns") {
+                (x > MAX_NS).then(|| format!("at most {MAX_NS:e} ns (one second)"))
+            } else if key.ends_with("_gbs") {
+                (!(MIN_GBS..=MAX_RATE).contains(&x))
+                    .then(|| format!("between {MIN_GBS:e} and {MAX_RATE:e} GB/s"))
+            } else if parent == "tflops" || parent == "gflops" {
+                (x > MAX_RATE).then(|| format!("at most {MAX_RATE:e}"))
+            } else if key.ends_with("_gib") {
+                (x > MAX_GIB).then(|| format!("at most {MAX_GIB} GiB"))
+            } else if key.ends_with("_kib") {
+                (x > MAX_GIB * 1024.0 * 1024.0)
+                    .then(|| format!("at most {} KiB", MAX_GIB * 1024.0 * 1024.0))
+            } else {
+                None
+            };
+            if let Some(range) = bound {
+                return Err((path.clone(), format!("must be {range}, got {x}")));
             }
         }
         _ => {}
@@ -563,6 +595,41 @@ mod tests {
             e.contains("counts.pes_per_cube") && e.contains(&format!("line {line}:")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn numbers_that_would_overflow_simulated_time_are_refused() {
+        let base = EMBEDDED[0].1;
+        for (from, to, want) in [
+            (
+                "latency_ns: 500, bw_gbs: 64}",
+                "latency_ns: 2e16, bw_gbs: 64}",
+                "at most 1e9 ns",
+            ),
+            (
+                "latency_ns: 500, bw_gbs: 64}",
+                "latency_ns: 1e300, bw_gbs: 64}",
+                "at most 1e9 ns",
+            ),
+            (
+                "latency_ns: 500, bw_gbs: 64}",
+                "latency_ns: 500, bw_gbs: 1e-12}",
+                "between 1e-3 and 1e9 GB/s",
+            ),
+        ] {
+            let text = base.replacen(from, to, 1);
+            assert_ne!(text, base, "{to}");
+            let e = Topology::parse(&text, "x.yaml").unwrap_err().to_string();
+            let line = text.lines().position(|l| l.contains(to)).unwrap() + 1;
+            assert!(
+                e.contains(&format!("line {line}: links.host_pcie")) && e.contains(want),
+                "{to}: {e}"
+            );
+        }
+        // The bounds leave every shipped topology alone.
+        for (name, text) in EMBEDDED {
+            assert!(Topology::parse(text, name).is_ok(), "{name}");
+        }
     }
 
     #[test]
