@@ -564,6 +564,15 @@ impl AtomicFile {
         })
     }
 
+    /// The temporary file being written, renamed to the target at
+    /// `commit` (`None` for a special target written in place).
+    pub fn temporary_path(&self) -> Option<&Path> {
+        match self.file.get_ref() {
+            Destination::Temporary(t) => Some(t.path()),
+            Destination::InPlace(_) => None,
+        }
+    }
+
     /// Flush, sync and rename into place (a special target: flush).
     pub fn commit(self) -> io::Result<()> {
         let tmp = match self.file.into_inner().map_err(|e| e.into_error())? {

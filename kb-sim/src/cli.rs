@@ -228,10 +228,20 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
     } else {
         let path = a.output.as_ref().expect("checked");
         let file = AtomicFile::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let (file, report) = run(&cfg, workload, file).map_err(|e| e.to_string())?;
-        file.commit()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        report
+        #[cfg(unix)]
+        if let Some(tmp) = file.temporary_path() {
+            crate::signals::remove_on_signal(tmp);
+        }
+        let outcome = run(&cfg, workload, file)
+            .map_err(|e| e.to_string())
+            .and_then(|(file, report)| {
+                file.commit()
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                Ok(report)
+            });
+        #[cfg(unix)]
+        crate::signals::forget();
+        outcome?
     };
     let stats = report.stats;
     if !a.quiet {

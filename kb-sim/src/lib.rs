@@ -28,5 +28,7 @@ pub mod machine;
 pub mod program;
 pub mod run;
 pub mod runtime;
+#[cfg(unix)]
+pub mod signals;
 pub mod topology;
 pub mod workload;
