@@ -28,7 +28,7 @@ pub use footer::{Footer, IndexEntry};
 pub use launch::Launch;
 pub use reader::{Event, MmapTrace, RecordChunk, StreamReader, Strings};
 pub use types::*;
-pub use writer::{AtomicFile, TraceWriter};
+pub use writer::{AtomicFile, TraceWriter, is_terminal_path};
 
 /// xxh3-64 (seed 0): chunk checksums, the stream digest and fingerprints.
 /// twox-hash picks its AVX2 or SSE2 kernel at run time (1.6-1.9x the

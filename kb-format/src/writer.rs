@@ -537,6 +537,26 @@ impl Write for Destination {
     }
 }
 
+/// Whether `path` is a terminal, whatever its name (`/dev/tty`, a pts
+/// device, `/dev/stdout` on a terminal): the tools refuse to write binary
+/// output (traces, .npy) there. Only character devices are opened for the
+/// check, so it never creates or truncates a file.
+pub fn is_terminal_path(path: &Path) -> bool {
+    use std::io::IsTerminal;
+    #[cfg(unix)]
+    let device = std::fs::metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_char_device()
+    });
+    #[cfg(not(unix))]
+    let device = false;
+    device
+        && std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .is_ok_and(|f| f.is_terminal())
+}
+
 impl AtomicFile {
     pub fn create(target: &Path) -> io::Result<AtomicFile> {
         // Follows symlinks: `/dev/stdout` is a link to a pipe or a tty.

@@ -87,26 +87,13 @@ pub(crate) fn out_err(e: io::Error) -> Error {
 }
 
 /// Whether `path` (`-`: standard output) is a terminal, whatever its
-/// name (`/dev/tty`, `/dev/stdout` on a terminal, a pts device).
+/// name (see [`kb_format::is_terminal_path`]).
 pub(crate) fn is_terminal_path(path: &Path) -> bool {
     use std::io::IsTerminal;
     if path == Path::new("-") {
         return io::stdout().is_terminal();
     }
-    // Only character devices can be terminals; opening anything else for
-    // the check could create or truncate it.
-    #[cfg(unix)]
-    let device = std::fs::metadata(path).is_ok_and(|m| {
-        use std::os::unix::fs::FileTypeExt;
-        m.file_type().is_char_device()
-    });
-    #[cfg(not(unix))]
-    let device = false;
-    device
-        && std::fs::OpenOptions::new()
-            .write(true)
-            .open(path)
-            .is_ok_and(|f| f.is_terminal())
+    kb_format::is_terminal_path(path)
 }
 
 /// Write an output file atomically through kb-format's `AtomicFile`: into

@@ -227,6 +227,12 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         report
     } else {
         let path = a.output.as_ref().expect("checked");
+        if kb_format::is_terminal_path(path) {
+            return Err(format!(
+                "refusing to write a binary trace to a terminal ({}): give a file, or pipe it (kb-sim | kb-replay --verify)",
+                path.display()
+            ));
+        }
         let file = AtomicFile::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         #[cfg(unix)]
         if let Some(tmp) = file.temporary_path() {

@@ -1,5 +1,6 @@
-//! An interrupted kb-sim leaves nothing behind: SIGINT, SIGTERM and SIGHUP
-//! remove the partial trace and exit 128 + the signal.
+//! kb-sim's output hygiene: an interrupted run leaves nothing behind
+//! (SIGINT, SIGTERM and SIGHUP remove the partial trace and exit 128 + the
+//! signal), and a trace never goes to a terminal.
 
 #![cfg(unix)]
 
@@ -53,5 +54,33 @@ fn a_signal_removes_the_partial_trace_and_exits_128_plus_its_number() {
             .map(|e| e.file_name())
             .collect();
         assert!(left.is_empty(), "SIG{sig} left {left:?}");
+    }
+}
+
+/// `script` (util-linux) runs a command on a pseudo-terminal.
+#[test]
+fn a_binary_trace_is_not_written_to_a_terminal_whatever_its_name() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` to provide a terminal");
+        return;
+    }
+    let sim = bin("kb-sim");
+    for out in ["/dev/tty", "/dev/stdout", "-"] {
+        let cmd = format!("{} -q -t small -o {out}; echo rc=$?", sim.display());
+        let o = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.contains("refusing to write a binary trace to a terminal")
+                && text.contains("rc=2"),
+            "{out}: {text}"
+        );
+        assert!(
+            !text.contains("KBT"),
+            "{out}: trace bytes reached the terminal"
+        );
     }
 }
