@@ -415,36 +415,3 @@ fn a_named_pipe_is_read_as_a_stream() {
     ok(&o);
     assert!(stdout(&o).contains("records:        7"), "{}", stdout(&o));
 }
-
-/// `script` (util-linux) runs a command on a pseudo-terminal.
-#[cfg(unix)]
-#[test]
-fn npy_bytes_are_not_written_to_a_terminal() {
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: no `script` to provide a terminal");
-        return;
-    }
-    let f = fixture();
-    let bin = env!("CARGO_BIN_EXE_kb-inspect");
-    for out in ["-", "/dev/stdout", "/dev/tty"] {
-        let cmd = format!("{bin} tensor {} a -o {out}; echo rc=$?", s(&f.trace));
-        let o = Command::new("script")
-            .args(["-qec", &cmd, "/dev/null"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            text.contains("refusing to write .npy bytes to a terminal") && text.contains("rc=2"),
-            "{out}: {text}"
-        );
-        assert!(
-            !text.contains("NUMPY"),
-            "{out}: .npy bytes reached the terminal"
-        );
-    }
-    // A pipe still gets them.
-    let o = run(&["tensor", s(&f.trace), "a", "-o", "-"], None);
-    ok(&o);
-    assert!(o.stdout.starts_with(b"\x93NUMPY"));
-}

@@ -62,6 +62,18 @@ pub fn pipe(a: (&str, &[&str]), b: (&str, &[&str])) -> (Output, Output) {
     (out_a, out_b)
 }
 
+/// Run shell command `cmd` on a pseudo-terminal (util-linux `script`) and
+/// return what the terminal showed; `None` where `script` is missing.
+pub fn on_a_terminal(cmd: &str) -> Option<String> {
+    Command::new("script").arg("--version").output().ok()?;
+    let o = Command::new("script")
+        .args(["-qec", cmd, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running script");
+    Some(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }

@@ -741,25 +741,17 @@ impl<'p> Tl<'p> {
     /// The inputs, broadcast shape, dtype and each tile's (shape, valid
     /// extent) of an elementwise op over `args` (at least one a tile;
     /// tiles share one dtype).
-    #[allow(clippy::type_complexity)]
     fn elementwise_inputs(
         op: MathOp,
         args: &[Rhs<'_>],
-    ) -> (
-        Vec<MathInput>,
-        (u32, u32),
-        Dtype,
-        Vec<((u32, u32), (u32, u32))>,
-    ) {
-        let mut shapes = Vec::new();
-        let mut tiles = Vec::new();
+    ) -> (Vec<MathInput>, (u32, u32), Dtype, Vec<ShapeValid>) {
+        let mut tiles: Vec<ShapeValid> = Vec::new();
         let mut dtype = None;
         let inputs = args
             .iter()
             .map(|a| match a {
                 Rhs::Tile(x) => {
                     let (_, r, c, d) = x.operand();
-                    shapes.push((r, c));
                     tiles.push(((r, c), x.valid()));
                     match dtype {
                         None => dtype = Some(d),
@@ -773,6 +765,7 @@ impl<'p> Tl<'p> {
             })
             .collect();
         let dtype = dtype.unwrap_or_else(|| panic!("{}: needs at least one tile", op.name()));
+        let shapes: Vec<(u32, u32)> = tiles.iter().map(|&(shape, _)| shape).collect();
         let out = Self::broadcast(op, &shapes);
         (inputs, out, dtype, tiles)
     }

@@ -1,0 +1,120 @@
+//! Output hygiene: an interrupted kb-sim leaves nothing behind (SIGINT,
+//! SIGTERM and SIGHUP remove the partial trace and exit 128 + the signal),
+//! and binary output (traces, .npy) never goes to a terminal.
+
+#![cfg(unix)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kb_e2e::{bin, on_a_terminal, run, stderr};
+
+#[test]
+fn a_signal_removes_the_partial_trace_and_exits_128_plus_its_number() {
+    for (sig, code) in [("INT", 130), ("TERM", 143), ("HUP", 129)] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("run.kbt");
+        // Long enough (seconds in a debug build) to be caught mid-run.
+        let mut child = Command::new(bin("kb-sim"))
+            .args(["-q", "-t", "large", "-b", "gemm_tiled"])
+            .args(["-p", "m=1024", "-p", "n=1024", "-p", "k=1024"])
+            .arg("-o")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let partial = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().contains(".partial"))
+        };
+        let start = Instant::now();
+        while !partial() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no partial file appeared"
+            );
+            assert!(child.try_wait().unwrap().is_none(), "kb-sim ended early");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The handler is registered just after the file is created.
+        std::thread::sleep(Duration::from_millis(200));
+        let killed = Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "SIG{sig}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "SIG{sig} left {left:?}");
+    }
+}
+
+/// Binary output never goes to a terminal, whatever the path names it:
+/// kb-sim's trace and kb-inspect's .npy export.
+#[test]
+fn binary_output_is_not_written_to_a_terminal_whatever_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.kbt");
+    let sim = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "small",
+            "-b",
+            "softmax",
+            "-o",
+            trace.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    let (sim, inspect) = (bin("kb-sim"), bin("kb-inspect"));
+    for out in ["/dev/tty", "/dev/stdout", "-"] {
+        for (cmd, refusal, magic) in [
+            (
+                format!("{} -q -t small -o {out}", sim.display()),
+                "refusing to write a binary trace to a terminal",
+                "KBT",
+            ),
+            (
+                format!(
+                    "{} tensor {} x -o {out}",
+                    inspect.display(),
+                    trace.display()
+                ),
+                "refusing to write .npy bytes to a terminal",
+                "NUMPY",
+            ),
+        ] {
+            let Some(text) = on_a_terminal(&format!("{cmd}; echo rc=$?")) else {
+                eprintln!("skipped: no `script` to provide a terminal");
+                return;
+            };
+            assert!(
+                text.contains(refusal) && text.contains("rc=2"),
+                "{cmd}: {text}"
+            );
+            assert!(
+                !text.contains(magic),
+                "{cmd}: binary bytes reached the terminal"
+            );
+        }
+    }
+    // A pipe still gets the .npy bytes.
+    let o = run(
+        "kb-inspect",
+        &["tensor", trace.to_str().unwrap(), "x", "-o", "-"],
+        b"",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(o.stdout.starts_with(b"\x93NUMPY"));
+}
