@@ -9,7 +9,8 @@ pub const FILE_MAGIC: [u8; 8] = *b"\x89KBT\r\n\x1a\n";
 pub const TRAILER_MAGIC: [u8; 8] = *b"KBTEND\r\n";
 pub const CHUNK_MAGIC: [u8; 4] = *b"KBCH";
 pub const VERSION_MAJOR: u16 = 3;
-pub const VERSION_MINOR: u16 = 0;
+/// 3.1 added the `SumBlocks` and `Tile` reference expressions.
+pub const VERSION_MINOR: u16 = 1;
 
 /// Size of the file header, every chunk header and the trailer.
 pub const BLOCK: usize = 64;

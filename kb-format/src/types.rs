@@ -652,6 +652,20 @@ pub enum Expr {
         input: Box<Expr>,
         axis: u8,
     },
+    /// The sum of `input`'s `blocks` equal row blocks: an R x C input gives
+    /// R/blocks x C, `out[i, j] = sum_k input[k*R/blocks + i, j]`. New in 3.1.
+    SumBlocks {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        blocks: u64,
+    },
+    /// `input` stacked `reps` times along the rows: R x C gives
+    /// (reps*R) x C (numpy `tile(x, (reps, 1))`). New in 3.1.
+    Tile {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        reps: u64,
+    },
 }
 
 /// Deepest nesting of [`Expr`] that deserializing accepts.

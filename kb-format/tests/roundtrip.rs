@@ -131,6 +131,8 @@ fn expr() -> impl Strategy<Value = Expr> {
             (b(), b(), b()).prop_map(|(cond, a, b)| Expr::Where { cond, a, b }),
             (b(), any::<u8>()).prop_map(|(input, axis)| Expr::Mean { input, axis }),
             (b(), any::<u8>()).prop_map(|(input, axis)| Expr::Min { input, axis }),
+            (b(), any::<u64>()).prop_map(|(input, blocks)| Expr::SumBlocks { input, blocks }),
+            (b(), any::<u64>()).prop_map(|(input, reps)| Expr::Tile { input, reps }),
         ]
     })
 }
@@ -716,4 +718,88 @@ fn every_params_variant_round_trips() {
             .records,
         expected
     );
+}
+
+/// The 3.1 expressions (`SumBlocks`, `Tile`) in a verify spec: the bytes
+/// the format page documents (variant indices 33 and 34, appended after
+/// 3.0's), read back by both readers, and under the nesting limit.
+#[test]
+fn sum_blocks_and_tile_verify_specs_round_trip() {
+    let x = || Box::new(Expr::Tensor("x".into()));
+    // An all-reduce over 8 PEs: every PE's block is the sum of all blocks.
+    let all_reduce = Expr::Tile {
+        input: Box::new(Expr::SumBlocks {
+            input: x(),
+            blocks: 8,
+        }),
+        reps: 8,
+    };
+    let spec = VerifySpec {
+        outputs: vec![
+            VerifyOutput {
+                tensor: "y".into(),
+                reference: all_reduce.clone(),
+                tolerance: Some(Tolerance {
+                    rtol: 1e-6,
+                    atol: 0.0,
+                }),
+            },
+            // The format carries any u64; evaluation is what refuses 0.
+            VerifyOutput {
+                tensor: "z".into(),
+                reference: Expr::SumBlocks {
+                    input: Box::new(Expr::Tile {
+                        input: x(),
+                        reps: u64::MAX,
+                    }),
+                    blocks: 0,
+                },
+                tolerance: None,
+            },
+        ],
+    };
+    // Tile = 34, SumBlocks = 33, Tensor = 0, "x", blocks 8, reps 8.
+    assert_eq!(
+        postcard::to_allocvec(&all_reduce).unwrap(),
+        [34, 33, 0, 1, b'x', 8, 8]
+    );
+    let mut w = TraceWriter::new(Vec::new(), &sample_meta()).unwrap();
+    let c = w.intern("c");
+    w.push(Record {
+        component: c,
+        op_name: c,
+        ..Default::default()
+    })
+    .unwrap();
+    let bytes = w.finish(&spec).unwrap();
+    // Written as version 3.1.
+    assert_eq!(&bytes[8..12], &[3, 0, 1, 0]);
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(read_stream(&bytes).unwrap().verify, spec);
+    assert_eq!(
+        read_mmap_bytes(&dir.path().join("t.kbt"), &bytes)
+            .unwrap()
+            .verify,
+        spec
+    );
+    // The nesting limit counts the new variants' operands too.
+    let nest = |levels: u32| {
+        let mut e = Expr::Tensor("x".into());
+        for i in 0..levels {
+            e = if i % 2 == 0 {
+                Expr::Tile {
+                    input: Box::new(e),
+                    reps: 2,
+                }
+            } else {
+                Expr::SumBlocks {
+                    input: Box::new(e),
+                    blocks: 2,
+                }
+            };
+        }
+        postcard::to_allocvec(&e).unwrap()
+    };
+    assert!(postcard::from_bytes::<Expr>(&nest(MAX_EXPR_DEPTH)).is_ok());
+    assert!(postcard::from_bytes::<Expr>(&nest(MAX_EXPR_DEPTH + 1)).is_err());
 }

@@ -90,11 +90,16 @@ enum TableJson {
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum By {
+    /// The serving component (sip0.cube0.pe0.pe_dma)
     Component,
+    /// The op name (dma_read, ipcq_copy, gemm)
     #[value(name = "op_name", alias = "op-name")]
     OpName,
+    /// The op kind (memory, gemm, math, unknown(N))
     #[value(name = "op_kind", alias = "op-kind")]
     OpKind,
+    /// Memory ops by route, SRC -> DST (other kinds are left out)
+    Route,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -136,22 +141,33 @@ enum Cmd {
     #[command(
         after_help = "busy time: length of the union of the group's op intervals \
         (overlapping ops count once); op time: sum of durations; utilisation: busy time / \
-        simulated time (end of the last op); bytes: memory ops' write extent bytes; FLOPs: \
-        gemm 2*m*n*k, math rows*cols (one per element); GB/s = bytes / busy ns; GFLOP/s = \
-        FLOPs / busy ns."
+        simulated time (end of the last op of the trace, counted or not); bytes: memory ops' \
+        write extent bytes; FLOPs: gemm 2*m*n*k, math rows*cols (one per element); GB/s = \
+        bytes / busy ns; GFLOP/s = FLOPs / busy ns.\n\n\
+        route: a memory op's SRC -> DST, the memory of the first range of its read effect and \
+        of its write effect: sipS.cubeC.peP.tcm, sipS.cubeC.sram, sipS.cubeC.hbm (per cube, \
+        whatever the PE partition), host (host space), or ? when the op has no such effect or \
+        range or its PA is invalid. Only memory ops have routes: with --by route, gemm, math \
+        and unknown-kind ops are not counted. Example: the cost of PE-to-PE copies per route: \
+        kb-inspect stats run.kbt --by route --name ipcq_copy"
     )]
     Stats {
         /// Trace file, or - for standard input
         trace: String,
         #[arg(long, value_enum, default_value = "component")]
         by: By,
+        /// Count only ops whose name matches (glob, as for `ops`; a plain name matches
+        /// exactly); repeatable
+        #[arg(long = "name", value_name = "GLOB")]
+        names: Vec<String>,
         #[arg(long, value_enum, default_value = "table")]
         format: StatsFormat,
     },
     /// Write a Chrome trace-event JSON timeline (opens in Perfetto UI)
     #[command(
         after_help = "ts and dur are in microseconds, rounded to the nanosecond (args carry the \
-        exact start_ps/end_ps). One process per sipN.cubeM, one per \
+        exact start_ps/end_ps; memory ops' args also carry their bytes and their route, \
+        SRC -> DST, named as by stats --by route). One process per sipN.cubeM, one per \
         SIP for SIP-level components and one for the host; one track per component; ops that \
         overlap on one component go to extra tracks named COMPONENT#1, #2, ... so complete events \
         on a track never overlap."
@@ -230,18 +246,24 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
             };
             ops::run(&Input::parse(&trace), &filter.filter(), limit, f, out)?;
         }
-        Cmd::Stats { trace, by, format } => {
+        Cmd::Stats {
+            trace,
+            by,
+            names,
+            format,
+        } => {
             let by = match by {
                 By::Component => stats::GroupBy::Component,
                 By::OpName => stats::GroupBy::OpName,
                 By::OpKind => stats::GroupBy::OpKind,
+                By::Route => stats::GroupBy::Route,
             };
             let f = match format {
                 StatsFormat::Table => stats::Format::Table,
                 StatsFormat::Json => stats::Format::Json,
                 StatsFormat::Csv => stats::Format::Csv,
             };
-            stats::run(&Input::parse(&trace), by, f, out)?;
+            stats::run(&Input::parse(&trace), by, &names, f, out)?;
         }
         Cmd::Timeline {
             trace,

@@ -8,13 +8,18 @@
 //!   params' `rows * row_bytes`. Compute ops move 0 bytes.
 //! - **FLOPs**: gemm `2*m*n*k`; math one FLOP per element of its
 //!   `rows x cols` tile (`rows*cols`, whatever the operator); memory 0.
+//! - **route** of a memory op ([`route`]): `SRC -> DST`, the memories
+//!   ([`Endpoint`]) holding the first range of its read effect and of its
+//!   write effect. Compute ops have no route.
 
 use std::cmp::Ordering;
 use std::fmt::Write as _;
 use std::io::Write as _;
 
 use kb_format::pa::{self, Pa};
-use kb_format::{Addr, Effect, Expr, Extent, MathInput, OpKind, Params, Ps, Record, Strings};
+use kb_format::{
+    Addr, Effect, Expr, Extent, MathInput, OpKind, Params, Ps, Record, Space, Strings,
+};
 use serde_json::{Value, json};
 
 /// Picoseconds as exact decimal nanoseconds (`1234567` -> `1234.567`).
@@ -116,6 +121,80 @@ pub fn pa_string(a: u64) -> String {
         return format!("host.t{t}+{off:#x}");
     }
     format!("{a:#x}")
+}
+
+/// The memory a physical address lies in, as a route endpoint: a PE's
+/// TCM (`sipS.cubeC.peP.tcm`), a cube's SRAM (`sipS.cubeC.sram`), a cube's
+/// HBM (`sipS.cubeC.hbm`: HBM is per cube, its PE partitions are not told
+/// apart) or host space (`host`); `?` when there is no address (no effect,
+/// or one without ranges) or it is not a valid PA. Small and `Copy`:
+/// `stats --by route` groups by it without building strings per record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Endpoint {
+    Unknown,
+    Host,
+    Hbm { sip: u8, cube: u8 },
+    Sram { sip: u8, cube: u8 },
+    Tcm { sip: u8, cube: u8, pe: u8 },
+}
+
+impl Endpoint {
+    /// The endpoint of a 51-bit address (device or host).
+    pub fn of_pa(a: u64) -> Endpoint {
+        if pa::space_of(a) == Some(Space::Host) {
+            return Endpoint::Host;
+        }
+        let Some(p) = Pa::decode(a) else {
+            return Endpoint::Unknown;
+        };
+        // Pa::decode masks sip to 5 bits and cube and pe to 4.
+        let (sip, cube, pe) = (p.sip as u8, p.cube as u8, p.pe as u8);
+        match p.space {
+            Space::Hbm => Endpoint::Hbm { sip, cube },
+            Space::Sram => Endpoint::Sram { sip, cube },
+            Space::Tcm => Endpoint::Tcm { sip, cube, pe },
+            Space::Host => Endpoint::Host,
+        }
+    }
+
+    /// The endpoint of an effect: that of its first range.
+    pub fn of_effect(e: Option<&Effect>) -> Endpoint {
+        e.and_then(|e| e.ranges.first())
+            .map_or(Endpoint::Unknown, |x| Endpoint::of_pa(x.pa))
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Endpoint::Unknown => f.write_str("?"),
+            Endpoint::Host => f.write_str("host"),
+            Endpoint::Hbm { sip, cube } => write!(f, "sip{sip}.cube{cube}.hbm"),
+            Endpoint::Sram { sip, cube } => write!(f, "sip{sip}.cube{cube}.sram"),
+            Endpoint::Tcm { sip, cube, pe } => write!(f, "sip{sip}.cube{cube}.pe{pe}.tcm"),
+        }
+    }
+}
+
+/// Where a memory op moved bytes: displayed as `SRC -> DST`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Route {
+    pub src: Endpoint,
+    pub dst: Endpoint,
+}
+
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} -> {}", self.src, self.dst)
+    }
+}
+
+/// The route of a memory op (see the module doc); `None` for other kinds.
+pub fn route(r: &Record) -> Option<Route> {
+    (r.kind == OpKind::Memory).then(|| Route {
+        src: Endpoint::of_effect(r.read.as_ref()),
+        dst: Endpoint::of_effect(r.write.as_ref()),
+    })
 }
 
 fn addr_json(a: &Addr) -> Value {
@@ -423,6 +502,10 @@ pub fn expr_string(e: &Expr) -> String {
         ),
         Expr::Mean { input, axis } => format!("mean({}, axis={axis})", expr_string(input)),
         Expr::Min { input, axis } => format!("min({}, axis={axis})", expr_string(input)),
+        Expr::SumBlocks { input, blocks } => {
+            format!("sum_blocks({}, blocks={blocks})", expr_string(input))
+        }
+        Expr::Tile { input, reps } => format!("tile({}, reps={reps})", expr_string(input)),
     }
 }
 
@@ -580,6 +663,19 @@ mod tests {
     }
 
     #[test]
+    fn sum_blocks_and_tile_render() {
+        // An all-reduce's reference: the blocks summed, then one copy per PE.
+        let e = Expr::Tile {
+            input: Box::new(Expr::SumBlocks {
+                input: Box::new(Expr::Tensor("x".into())),
+                blocks: 8,
+            }),
+            reps: 8,
+        };
+        assert_eq!(expr_string(&e), "tile(sum_blocks(x, blocks=8), reps=8)");
+    }
+
+    #[test]
     fn addresses_display() {
         let p = Pa {
             space: Space::Hbm,
@@ -593,5 +689,57 @@ mod tests {
         assert_eq!(pa_string(p), "sip1.cube2.pe3.hbm+0x40");
         assert_eq!(pa_string(pa::host(2, 16)), "host.t2+0x10");
         assert_eq!(pa_string(1 << 60), "0x1000000000000000");
+    }
+
+    #[test]
+    fn memory_endpoints_and_routes_are_named_from_the_first_ranges() {
+        let dev = testutil::dev;
+        let name = |a: u64| Endpoint::of_pa(a).to_string();
+        assert_eq!(name(dev(Space::Tcm, 1, 2, 3, 0x40)), "sip1.cube2.pe3.tcm");
+        assert_eq!(
+            name(dev(Space::Tcm, 31, 15, 15, 0)),
+            "sip31.cube15.pe15.tcm"
+        );
+        assert_eq!(name(dev(Space::Sram, 0, 4, 0, 0x10)), "sip0.cube4.sram");
+        // HBM is per cube: its PE partitions are one endpoint.
+        assert_eq!(name(dev(Space::Hbm, 2, 1, 5, 0)), "sip2.cube1.hbm");
+        assert_eq!(
+            Endpoint::of_pa(dev(Space::Hbm, 2, 1, 5, 0)),
+            Endpoint::of_pa(dev(Space::Hbm, 2, 1, 0, 0x1234))
+        );
+        assert_eq!(name(pa::host(7, 0x100)), "host");
+        // Not a valid PA: bits above 50, or a space code past sram.
+        assert_eq!(name(1 << 60), "?");
+        assert_eq!(name(5 << 48), "?");
+        assert_eq!(Endpoint::of_effect(None), Endpoint::Unknown);
+        let ops = testutil::route_ops();
+        let routes: Vec<Option<String>> = ops
+            .iter()
+            .map(|o| route(&o.rec).map(|r| r.to_string()))
+            .collect();
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            routes,
+            [
+                some("host -> sip0.cube0.hbm"),
+                some("sip0.cube0.hbm -> sip0.cube0.pe0.tcm"),
+                some("sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm"),
+                some("sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm"),
+                None,
+                some("sip0.cube0.pe0.tcm -> sip0.cube1.sram"),
+                some("sip0.cube0.hbm -> sip0.cube0.pe0.tcm"),
+                None,
+                some("sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm"),
+                some("? -> sip0.cube0.hbm"),
+            ]
+        );
+        // An effect without ranges, and a missing write, are `?` too; an
+        // unknown kind has no route.
+        let mut r = ops[2].rec.clone();
+        r.read.as_mut().unwrap().ranges.clear();
+        r.write = None;
+        assert_eq!(route(&r).unwrap().to_string(), "? -> ?");
+        r.kind = OpKind::Unknown(9);
+        assert_eq!(route(&r), None);
     }
 }

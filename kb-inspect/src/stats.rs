@@ -1,27 +1,44 @@
-//! `stats --by component|op_name|op_kind`: per group, the op count, busy
-//! time, utilisation over the run, bytes moved, FLOPs, achieved bandwidth
-//! and FLOP rate.
+//! `stats --by component|op_name|op_kind|route [--name GLOB]`: per group,
+//! the op count, busy time, utilisation over the run, bytes moved, FLOPs,
+//! achieved bandwidth and FLOP rate.
 //!
 //! Definitions:
 //! - **busy time**: the length of the union of the group's op intervals
 //!   `[t_start, t_end)`, so overlapping ops (pipelined DMA) count once;
 //!   **op time** is the plain sum of durations.
-//! - **run time**: the simulated time, the end of the last op (time starts
-//!   at 0); **utilisation** = busy time / run time.
+//! - **run time**: the simulated time, the end of the last op of the trace
+//!   (time starts at 0; every record counts, filtered out or not);
+//!   **utilisation** = busy time / run time.
 //! - **bytes** and **FLOPs**: see [`crate::render`] (memory ops: write
 //!   extent bytes; gemm `2*m*n*k`; math `rows*cols`).
 //! - **bandwidth** = bytes / busy time (GB/s = bytes per ns), **FLOP rate**
 //!   = FLOPs / busy time (GFLOP/s).
+//! - **route** ([`crate::render::route`]): a memory op's `SRC -> DST`, the
+//!   memories of the first range of its read and of its write effect
+//!   (`sipS.cubeC.peP.tcm`, `sipS.cubeC.sram`, `sipS.cubeC.hbm`, `host`;
+//!   `?` without one). Only memory ops have a route: `--by route` leaves
+//!   gemm, math and unknown-kind records out of its rows.
+//! - **`--name GLOB`** (repeatable): only ops whose name matches one of the
+//!   globs are counted, in every `--by` mode; the same matching as `ops
+//!   --name` (a name without glob characters matches exactly).
 //!
-//! One pass, memory bounded by the number of groups (string ids), so it
-//! runs over traces of any length.
+//! Rows are sorted by key in natural order (`pe2` before `pe10`). The
+//! result also says how many records the trace holds and how many were
+//! counted in the rows.
+//!
+//! One pass, memory bounded by the number of groups (string ids, op kinds
+//! or distinct routes: a route is keyed by a small `Copy` value and named
+//! only once per group, at the end), so it runs over traces of any length.
 
 use std::io::Write;
+
+use std::collections::HashMap;
 
 use kb_format::{OpKind, Ps, Record, Strings};
 use serde_json::{Value, json};
 
-use crate::render::{self, csv, kind_name, natural_cmp, ns};
+use crate::ops::{Filter, Matcher};
+use crate::render::{self, Route, csv, kind_name, natural_cmp, ns};
 use crate::source::{self, End, Flow, Input, Visitor};
 use crate::{Result, out_err};
 
@@ -32,6 +49,8 @@ pub enum GroupBy {
     Component,
     OpName,
     OpKind,
+    /// Memory ops by route (`SRC -> DST`); other kinds are left out.
+    Route,
 }
 
 /// Running totals of one group.
@@ -91,7 +110,13 @@ pub struct Row {
 pub struct Stats {
     pub by: GroupBy,
     pub run_time: Ps,
+    /// Records in the trace.
     pub records: u64,
+    /// Records counted in the rows: those the name filter kept and, by
+    /// route, only memory ops.
+    pub counted: u64,
+    /// The `--name` globs (empty: no filter).
+    pub names: Vec<String>,
     pub rows: Vec<Row>,
 }
 
@@ -99,9 +124,18 @@ pub struct Stats {
 #[derive(Debug, Default)]
 pub struct Collector {
     pub by: GroupBy,
+    /// Totals by group index: a string id, a kind code, or (by route) the
+    /// index of the route in `routes`.
     groups: Vec<Acc>,
+    /// By route: the route of each group, and the group of each route.
+    routes: Vec<Route>,
+    route_ids: HashMap<Route, usize>,
+    /// The `--name` globs, compiled (glob results cached per string id).
+    names: Vec<String>,
+    matcher: Option<Matcher>,
     run_time: Ps,
     records: u64,
+    counted: u64,
     pub result: Option<Stats>,
 }
 
@@ -113,18 +147,59 @@ impl Collector {
         }
     }
 
+    /// A collector that counts only ops whose name matches one of `names`
+    /// (globs, as `ops --name`); no names: every op. Errors on a bad glob.
+    pub fn with_names(by: GroupBy, names: &[String]) -> Result<Collector> {
+        let matcher = if names.is_empty() {
+            None
+        } else {
+            Some(Matcher::new(&Filter {
+                names: names.to_vec(),
+                ..Default::default()
+            })?)
+        };
+        Ok(Collector {
+            by,
+            names: names.to_vec(),
+            matcher,
+            ..Default::default()
+        })
+    }
+
+    /// Add a record, unfiltered (the name filter needs the strings: the
+    /// [`Visitor`] applies it). Records must come in t_start order.
     pub fn add(&mut self, r: &Record) {
+        self.see(r);
+        self.count(r);
+    }
+
+    /// Note a record of the run, counted or not.
+    fn see(&mut self, r: &Record) {
+        self.run_time = self.run_time.max(r.t_end);
+        self.records += 1;
+    }
+
+    /// Count a record in its group (by route: memory ops only).
+    fn count(&mut self, r: &Record) {
         let key = match self.by {
             GroupBy::Component => r.component as usize,
             GroupBy::OpName => r.op_name as usize,
             GroupBy::OpKind => r.kind.code() as usize,
+            GroupBy::Route => {
+                let Some(route) = render::route(r) else {
+                    return;
+                };
+                *self.route_ids.entry(route).or_insert_with(|| {
+                    self.routes.push(route);
+                    self.routes.len() - 1
+                })
+            }
         };
         if key >= self.groups.len() {
             self.groups.resize(key + 1, Acc::default());
         }
         self.groups[key].add(r.t_start, r.t_end, render::bytes_moved(r), render::flops(r));
-        self.run_time = self.run_time.max(r.t_end);
-        self.records += 1;
+        self.counted += 1;
     }
 
     /// The rows, naming groups with `strings`, sorted by key.
@@ -141,6 +216,7 @@ impl Collector {
                 Row {
                     key: match self.by {
                         GroupBy::OpKind => kind_name(OpKind::from_code(k as u8)),
+                        GroupBy::Route => self.routes[k].to_string(),
                         _ => strings.name(k as u32).into_owned(),
                     },
                     count: a.count,
@@ -159,14 +235,19 @@ impl Collector {
             by: self.by,
             run_time: run,
             records: self.records,
+            counted: self.counted,
+            names: self.names.clone(),
             rows,
         }
     }
 }
 
 impl Visitor for Collector {
-    fn record(&mut self, r: &Record, _: &Strings) -> Result<Flow> {
-        self.add(r);
+    fn record(&mut self, r: &Record, s: &Strings) -> Result<Flow> {
+        self.see(r);
+        if self.matcher.as_mut().is_none_or(|m| m.matches(r, s)) {
+            self.count(r);
+        }
         Ok(Flow::Continue)
     }
 
@@ -178,7 +259,13 @@ impl Visitor for Collector {
 
 /// Compute statistics over `input`.
 pub fn compute(input: &Input, by: GroupBy) -> Result<Stats> {
-    let mut c = Collector::new(by);
+    compute_named(input, by, &[])
+}
+
+/// Compute statistics over the ops of `input` whose name matches one of
+/// `names` (globs; none: every op).
+pub fn compute_named(input: &Input, by: GroupBy, names: &[String]) -> Result<Stats> {
+    let mut c = Collector::with_names(by, names)?;
     source::visit(input, &mut c)?;
     Ok(c.result.expect("end sets the result"))
 }
@@ -202,14 +289,17 @@ impl Stats {
             GroupBy::Component => "component",
             GroupBy::OpName => "op_name",
             GroupBy::OpKind => "op_kind",
+            GroupBy::Route => "route",
         }
     }
 
     pub fn to_json(&self) -> Value {
         json!({
             "by": self.by_name(),
+            "names": self.names,
             "run_time_ps": self.run_time,
             "records": self.records,
+            "counted": self.counted,
             "groups": self.rows.iter().map(|r| json!({
                 "key": r.key,
                 "count": r.count,
@@ -255,13 +345,25 @@ impl Stats {
                 Ok(())
             }
             Format::Table => {
-                writeln!(
+                write!(
                     w,
                     "run time {} ns, {} records, by {}",
                     ns(self.run_time),
                     self.records,
                     self.by_name()
                 )?;
+                if !self.names.is_empty() {
+                    write!(w, ", name {}", self.names.join("|"))?;
+                }
+                if self.counted != self.records {
+                    let what = if self.by == GroupBy::Route {
+                        " (memory ops)"
+                    } else {
+                        ""
+                    };
+                    write!(w, ": {} counted{what}", self.counted)?;
+                }
+                writeln!(w)?;
                 let width = self
                     .rows
                     .iter()
@@ -303,9 +405,16 @@ impl Stats {
     }
 }
 
-/// Run `stats` and print it.
-pub fn run(input: &Input, by: GroupBy, format: Format, w: &mut dyn Write) -> Result<Stats> {
-    let s = compute(input, by)?;
+/// Run `stats` over the ops named by `names` (globs; none: every op) and
+/// print it.
+pub fn run(
+    input: &Input,
+    by: GroupBy,
+    names: &[String],
+    format: Format,
+    w: &mut dyn Write,
+) -> Result<Stats> {
+    let s = compute_named(input, by, names)?;
     s.write(format, w).map_err(out_err)?;
     Ok(s)
 }
@@ -423,6 +532,181 @@ mod tests {
         assert!(
             c.contains("\nsip0.cube0.pe0.pe_dma,3,4000,5000,0.4,224,0,56,0\n"),
             "{c}"
+        );
+    }
+
+    fn route_stats(by: GroupBy, names: &[&str]) -> Stats {
+        let bytes = testutil::route_trace();
+        let (_d, p) = testutil::write_temp(&bytes);
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let s = compute_named(&Input::Path(p), by, &names).unwrap();
+        // One pass over standard input gives the same result.
+        let mut c = Collector::with_names(by, &names).unwrap();
+        source::visit_reader("-", &bytes[..], &mut c).unwrap();
+        assert_eq!(c.result.as_ref(), Some(&s));
+        s
+    }
+
+    /// (key, count, busy, op time, bytes) of each row.
+    fn rows(s: &Stats) -> Vec<(&str, u64, Ps, Ps, u64)> {
+        s.rows
+            .iter()
+            .map(|r| (r.key.as_str(), r.count, r.busy, r.op_time, r.bytes))
+            .collect()
+    }
+
+    #[test]
+    fn by_route_rows_match_a_hand_computation() {
+        // testutil::route_ops documents the ops; the run ends at 10 000 ps.
+        let s = route_stats(GroupBy::Route, &[]);
+        assert_eq!((s.run_time, s.records), (10_000, 10));
+        // The gemm (op 4) and the math op (op 7) are not routes.
+        assert_eq!(s.counted, 8);
+        assert_eq!(
+            rows(&s),
+            [
+                // op 9: no read effect; HBM named per cube.
+                ("? -> sip0.cube0.hbm", 1, 1000, 1000, 32),
+                // op 0: host space to HBM (PE partition 1).
+                ("host -> sip0.cube0.hbm", 1, 1000, 1000, 256),
+                // ops 1 and 6: [1000,2000) + [6000,7000); op 6's HBM is PE
+                // partition 3 and its second range is in cube 1: the first
+                // range names the endpoint.
+                (
+                    "sip0.cube0.hbm -> sip0.cube0.pe0.tcm",
+                    2,
+                    2000,
+                    2000,
+                    64 + 64
+                ),
+                // ops 2 and 3 overlap: [2000,4000) u [3000,5000) = 3000 ps
+                // busy, 4000 ps op time; 2 rows x 64 B + 64 B.
+                (
+                    "sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm",
+                    2,
+                    3000,
+                    4000,
+                    2 * 64 + 64
+                ),
+                ("sip0.cube0.pe0.tcm -> sip0.cube1.sram", 1, 1000, 1000, 32),
+                // Natural order: pe10 is a number.
+                (
+                    "sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm",
+                    1,
+                    1000,
+                    1000,
+                    16
+                ),
+            ]
+        );
+        let copies = &s.rows[3];
+        assert_eq!(copies.gbps, Some(64.0)); // 192 B / 3 ns
+        assert_eq!(copies.utilisation, Some(0.3));
+        assert_eq!((copies.flops, copies.gflops), (0, Some(0.0)));
+    }
+
+    #[test]
+    fn name_filter_counts_only_matching_ops_in_every_mode() {
+        let s = route_stats(GroupBy::Route, &["ipcq_copy"]);
+        assert_eq!((s.run_time, s.records, s.counted), (10_000, 10, 4));
+        assert_eq!(
+            rows(&s),
+            [
+                (
+                    "sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm",
+                    2,
+                    3000,
+                    4000,
+                    192
+                ),
+                ("sip0.cube0.pe0.tcm -> sip0.cube1.sram", 1, 1000, 1000, 32),
+                (
+                    "sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm",
+                    1,
+                    1000,
+                    1000,
+                    16
+                ),
+            ]
+        );
+        // Utilisation stays over the whole run.
+        assert_eq!(s.rows[1].utilisation, Some(0.1));
+        // By component: pe_dma's copies [2000,5000) and [5000,6000) touch.
+        let s = route_stats(GroupBy::Component, &["ipcq_copy"]);
+        assert_eq!(
+            rows(&s),
+            [
+                (testutil::PE_DMA, 3, 4000, 5000, 224),
+                ("sip1.cube0.pe2.pe_dma", 1, 1000, 1000, 16),
+            ]
+        );
+        let s = route_stats(GroupBy::OpKind, &["ipcq_copy"]);
+        assert_eq!(rows(&s), [("memory", 4, 5000, 6000, 240)]);
+        // Globs and repeated names, as for `ops --name`.
+        let s = route_stats(GroupBy::OpName, &["dma_*", "gemm"]);
+        let keys: Vec<&str> = s.rows.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["dma_read", "dma_write", "gemm"]);
+        assert_eq!(s.counted, 4);
+        assert_eq!(s.rows[2].flops, 48);
+        // A name matching only compute ops has no routes.
+        let s = route_stats(GroupBy::Route, &["gemm"]);
+        assert_eq!((s.records, s.counted, s.rows.len()), (10, 0, 0));
+        // A bad glob is a usage error.
+        let e = Collector::with_names(GroupBy::Route, &["[".into()]).unwrap_err();
+        assert!(e.to_string().contains("glob"), "{e}");
+    }
+
+    #[test]
+    fn route_rows_in_every_format() {
+        let s = route_stats(GroupBy::Route, &["ipcq_copy"]);
+        let mut t = Vec::new();
+        s.write(Format::Table, &mut t).unwrap();
+        let t = String::from_utf8(t).unwrap();
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0],
+            "run time 10.000 ns, 10 records, by route, name ipcq_copy: 4 counted (memory ops)"
+        );
+        assert!(lines[1].starts_with("route "), "{t}");
+        assert_eq!(lines.len(), 5, "{t}");
+        let line = lines[2];
+        assert!(line.starts_with("sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm  "));
+        for want in [" 2 ", "3.000", "4.000", "30.00", "192", "64.000"] {
+            assert!(line.contains(want), "{want} in {line}");
+        }
+        let mut j = Vec::new();
+        s.write(Format::Json, &mut j).unwrap();
+        let j: Value = serde_json::from_slice(&j).unwrap();
+        assert_eq!(j["by"], "route");
+        assert_eq!(j["names"], json!(["ipcq_copy"]));
+        assert_eq!(
+            (j["records"].as_u64(), j["counted"].as_u64()),
+            (Some(10), Some(4))
+        );
+        assert_eq!(
+            j["groups"][0]["key"],
+            "sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm"
+        );
+        assert_eq!(j["groups"][0]["busy_ps"], 3000);
+        assert_eq!(j["groups"][0]["bytes"], 192);
+        assert_eq!(j["groups"][0]["bandwidth_gbps"], 64.0);
+        let mut c = Vec::new();
+        s.write(Format::Csv, &mut c).unwrap();
+        let c = String::from_utf8(c).unwrap();
+        assert!(c.starts_with("route,count,busy_ps,"), "{c}");
+        assert!(
+            c.contains("\nsip0.cube0.pe0.tcm -> sip0.cube1.sram,1,1000,1000,0.1,32,0,32,0\n"),
+            "{c}"
+        );
+        // Without a filter and by component every record counts: the
+        // header is as before.
+        let s = route_stats(GroupBy::Component, &[]);
+        let mut t = Vec::new();
+        s.write(Format::Table, &mut t).unwrap();
+        let t = String::from_utf8(t).unwrap();
+        assert!(
+            t.starts_with("run time 10.000 ns, 10 records, by component\n"),
+            "{t}"
         );
     }
 }

@@ -338,3 +338,169 @@ pub fn damaged(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
     }
     out
 }
+
+/// A device PA.
+pub fn dev(space: Space, sip: u32, cube: u32, pe: u32, offset: u64) -> u64 {
+    pa::Pa {
+        space,
+        sip,
+        cube,
+        pe,
+        offset,
+    }
+    .encode()
+    .unwrap()
+}
+
+/// A memory op copying `rows` rows of `len` bytes from the ranges
+/// `src` to `dst` (row stride 256 on both sides; several `src` or `dst`
+/// PAs make several ranges, the bytes split evenly). An empty `src` means
+/// no read effect.
+#[allow(clippy::too_many_arguments)]
+pub fn copy(
+    id: u64,
+    t0: Ps,
+    t1: Ps,
+    comp: &'static str,
+    name: &'static str,
+    src: &[u64],
+    dst: &[u64],
+    len: u64,
+    rows: u32,
+) -> Op {
+    let ranges = |pas: &[u64]| -> Vec<Extent> {
+        pas.iter()
+            .map(|&pa| Extent {
+                pa,
+                len: len / pas.len() as u64,
+                rows,
+                stride: 256,
+            })
+            .collect()
+    };
+    let effect = |pas: &[u64], time, seq| {
+        (!pas.is_empty()).then(|| Effect {
+            time,
+            seq,
+            ranges: ranges(pas),
+        })
+    };
+    Op {
+        comp,
+        name,
+        rec: Record {
+            op_id: id,
+            t_start: t0,
+            t_end: t1,
+            kind: OpKind::Memory,
+            fingerprint: Some(0x2000 + id),
+            read: effect(src, t0, 2 * id),
+            write: effect(dst, t1, 2 * id + 1),
+            params: Params::Memory(MemoryParams {
+                src: Addr {
+                    space: Space::Tcm,
+                    addr: 0,
+                },
+                dst: Addr {
+                    space: Space::Tcm,
+                    addr: 0,
+                },
+                rows,
+                row_bytes: len,
+                src_stride: 256,
+                dst_stride: 256,
+                dtype: None,
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+/// The copies trace (times in ps; the run ends at 10 000 ps). Routes name
+/// the first read and write range; HBM is per cube whatever its PE field.
+///
+/// | id | component | name | start | end | route | bytes |
+/// |---|---|---|---|---|---|---|
+/// | 0 | sip0.cube0.hbm_ctrl | host_write | 0 | 1000 | host -> sip0.cube0.hbm (pe field 1) | 256 |
+/// | 1 | pe_dma | dma_read | 1000 | 2000 | sip0.cube0.hbm -> sip0.cube0.pe0.tcm | 64 |
+/// | 2 | pe_dma | ipcq_copy | 2000 | 4000 | sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm | 2 x 64 = 128 |
+/// | 3 | pe_dma | ipcq_copy | 3000 | 5000 | sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm | 64 |
+/// | 4 | sip0.cube0.pe0.gemm | gemm | 4000 | 6000 | (none: not a memory op) | 0 |
+/// | 5 | pe_dma | ipcq_copy | 5000 | 6000 | sip0.cube0.pe0.tcm -> sip0.cube1.sram | 32 |
+/// | 6 | pe_dma | dma_read | 6000 | 7000 | sip0.cube0.hbm (pe field 3; 2nd range cube 1) -> sip0.cube0.pe0.tcm | 64 |
+/// | 7 | sip0.cube1.pe0.vec | exp | 6500 | 7500 | (none: math) | 0 |
+/// | 8 | sip1.cube0.pe2.pe_dma | ipcq_copy | 8000 | 9000 | sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm | 16 |
+/// | 9 | pe_dma | dma_write | 9000 | 10000 | ? (no read effect) -> sip0.cube0.hbm | 32 |
+pub fn route_ops() -> Vec<Op> {
+    let tcm = |sip, cube, pe, off| dev(Space::Tcm, sip, cube, pe, off);
+    let hbm = |cube, pe, off| dev(Space::Hbm, 0, cube, pe, off);
+    let sram1 = dev(Space::Sram, 0, 1, 0, 0x100);
+    let pe0 = tcm(0, 0, 0, 0x40);
+    let pe1 = tcm(0, 0, 1, 0x80);
+    vec![
+        copy(
+            0,
+            0,
+            1000,
+            "sip0.cube0.hbm_ctrl",
+            "host_write",
+            &[pa::host(0, 0)],
+            &[hbm(0, 1, 0x1000)],
+            256,
+            1,
+        ),
+        copy(
+            1,
+            1000,
+            2000,
+            PE_DMA,
+            "dma_read",
+            &[hbm(0, 0, 0)],
+            &[pe0],
+            64,
+            1,
+        ),
+        copy(2, 2000, 4000, PE_DMA, "ipcq_copy", &[pe0], &[pe1], 64, 2),
+        copy(3, 3000, 5000, PE_DMA, "ipcq_copy", &[pe0], &[pe1], 64, 1),
+        gemm(4, 4000, 6000, "sip0.cube0.pe0.gemm", 2, 3, 4),
+        copy(5, 5000, 6000, PE_DMA, "ipcq_copy", &[pe0], &[sram1], 32, 1),
+        copy(
+            6,
+            6000,
+            7000,
+            PE_DMA,
+            "dma_read",
+            &[hbm(0, 3, 0), hbm(1, 0, 0)],
+            &[pe0],
+            64,
+            1,
+        ),
+        math(7, 6500, 7500, "sip0.cube1.pe0.vec", 2, 8),
+        copy(
+            8,
+            8000,
+            9000,
+            "sip1.cube0.pe2.pe_dma",
+            "ipcq_copy",
+            &[tcm(1, 0, 2, 0)],
+            &[tcm(1, 0, 10, 0)],
+            16,
+            1,
+        ),
+        copy(
+            9,
+            9000,
+            10000,
+            PE_DMA,
+            "dma_write",
+            &[],
+            &[hbm(0, 0, 0x2000)],
+            32,
+            1,
+        ),
+    ]
+}
+
+pub fn route_trace() -> Vec<u8> {
+    build(&sample_meta(), &[], &route_ops(), &VerifySpec::default())
+}

@@ -4,7 +4,10 @@
 //! - Every op is a complete event (`"ph": "X"`) with `ts` and `dur` in
 //!   **microseconds**, `name` = op name, `cat` = op kind, and `args` = op
 //!   id, exact start and end in picoseconds, component, bytes, FLOPs and
-//!   fingerprint. `ts` and the event end are rounded to the nearest
+//!   fingerprint. Memory ops always carry `bytes` (write extent bytes,
+//!   even 0) and `route` (`SRC -> DST`, as `stats --by route` names it:
+//!   where the copy went); other ops carry bytes and FLOPs when non-zero.
+//!   `ts` and the event end are rounded to the nearest
 //!   nanosecond (half up) and written as exact decimals: Perfetto keeps
 //!   integer nanoseconds, rounding each of `ts` and `dur`, so sub-ns
 //!   values would make back-to-back ops overlap after its rounding.
@@ -166,7 +169,10 @@ impl<W: Write> Writer<W> {
             r.t_end,
         )?;
         let b = render::bytes_moved(r);
-        if b > 0 {
+        if let Some(route) = render::route(r) {
+            // Endpoint names need no JSON escaping.
+            write!(self.w, ",\"route\":\"{route}\",\"bytes\":{b}")?;
+        } else if b > 0 {
             write!(self.w, ",\"bytes\":{b}")?;
         }
         let f = render::flops(r);
@@ -534,5 +540,46 @@ mod tests {
         assert_eq!(s("sip0"), ("host".into(), "sip0".into()));
         assert_eq!(s("sipx.cube0.a"), ("host".into(), "sipx.cube0.a".into()));
         assert_eq!(s("sip1.cube2"), ("sip1".into(), "cube2".into()));
+    }
+
+    #[test]
+    fn memory_events_carry_route_and_bytes() {
+        let mut ops = testutil::route_ops();
+        // A memory op that moved no bytes still says so.
+        let pe0 = testutil::dev(kb_format::Space::Tcm, 0, 0, 0, 0);
+        ops.push(testutil::copy(
+            10,
+            10_000,
+            10_000,
+            testutil::PE_DMA,
+            "ipcq_copy",
+            &[pe0],
+            &[pe0],
+            0,
+            1,
+        ));
+        let bytes = testutil::build(&testutil::sample_meta(), &[], &ops, &Default::default());
+        let (info, v) = timeline(&bytes, &Filter::default());
+        let xs = check_structure(&v);
+        assert_eq!(info.events, 11);
+        let get = |id: u64| xs.iter().find(|e| e["args"]["op_id"] == id).unwrap();
+        let copy = &get(2)["args"];
+        assert_eq!(get(2)["name"], "ipcq_copy");
+        assert_eq!(copy["route"], "sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm");
+        assert_eq!(copy["bytes"], 128);
+        assert_eq!(copy["component"], testutil::PE_DMA);
+        assert_eq!(
+            get(5)["args"]["route"],
+            "sip0.cube0.pe0.tcm -> sip0.cube1.sram"
+        );
+        assert_eq!(get(0)["args"]["route"], "host -> sip0.cube0.hbm");
+        assert_eq!(get(9)["args"]["route"], "? -> sip0.cube0.hbm");
+        assert_eq!(get(10)["args"]["bytes"], 0);
+        // Compute ops have no route and no bytes.
+        for id in [4, 7] {
+            let args = get(id)["args"].as_object().unwrap();
+            assert!(!args.contains_key("route") && !args.contains_key("bytes"));
+        }
+        assert_eq!(get(4)["args"]["flops"], 48);
     }
 }

@@ -174,6 +174,76 @@ fn stats_on_both_sources() {
 }
 
 #[test]
+fn stats_by_route_and_name_on_both_sources() {
+    let f = fixture();
+    let bytes = testutil::route_trace();
+    let trace = f.dir.join("routes.kbt");
+    std::fs::write(&trace, &bytes).unwrap();
+    let args = |src| {
+        vec![
+            "stats",
+            src,
+            "--by",
+            "route",
+            "--name",
+            "ipcq_copy",
+            "--format",
+            "csv",
+        ]
+    };
+    let a = run(&args(s(&trace)), None);
+    ok(&a);
+    let b = run(&args("-"), Some(&bytes));
+    ok(&b);
+    assert_eq!(stdout(&a), stdout(&b));
+    // Hand-computed in testutil::route_ops: ops 2 and 3 overlap, so the
+    // first route is busy [2000, 5000) ps for 4000 ps of op time.
+    assert_eq!(
+        stdout(&a),
+        "route,count,busy_ps,op_time_ps,utilisation,bytes,flops,bandwidth_gbps,gflops\n\
+         sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm,2,3000,4000,0.3,192,0,64,0\n\
+         sip0.cube0.pe0.tcm -> sip0.cube1.sram,1,1000,1000,0.1,32,0,32,0\n\
+         sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm,1,1000,1000,0.1,16,0,16,0\n"
+    );
+    // Every route, as a table.
+    let o = run(&["stats", s(&trace), "--by", "route"], None);
+    ok(&o);
+    let t = stdout(&o);
+    assert!(
+        t.starts_with("run time 10.000 ns, 10 records, by route: 8 counted (memory ops)\n"),
+        "{t}"
+    );
+    for key in ["host -> sip0.cube0.hbm", "? -> sip0.cube0.hbm"] {
+        assert!(t.lines().any(|l| l.starts_with(key)), "{key} in {t}");
+    }
+    // --name applies to the other modes too, and is repeatable.
+    let o = run(
+        &[
+            "stats", "-", "--name", "dma_read", "--name", "h2d", "--format", "json",
+        ],
+        Some(&f.bytes),
+    );
+    ok(&o);
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["counted"], 3);
+    assert_eq!(v["records"], 7);
+    let keys: Vec<&str> = v["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["host", testutil::PE_DMA]);
+    // A bad glob is an error.
+    let o = run(&["stats", s(&trace), "--name", "["], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("glob"), "{}", stderr(&o));
+    let o = run(&["stats", "--help"], None);
+    ok(&o);
+    assert!(stdout(&o).contains("route"), "{}", stdout(&o));
+}
+
+#[test]
 fn timeline_on_both_sources() {
     let f = fixture();
     let out_a = f.dir.join("a.json");

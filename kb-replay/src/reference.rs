@@ -16,6 +16,8 @@
 //! 0 give 1 x cols, along axis 1 rows x 1. Comparisons give 1.0 or 0.0
 //! (false against NaN, except `Ne`); maximum/minimum and the reductions
 //! propagate NaN; `where` picks `a` where `cond` is non-zero (or NaN).
+//! `sum_blocks` adds up equal row blocks (R x C into `blocks` gives
+//! R/blocks x C); `tile` stacks its operand `reps` times down the rows.
 
 use kb_format::{Dtype, Expr};
 
@@ -208,6 +210,61 @@ impl Evaluator<'_> {
                 map(reduce(&m, *axis, 0.0, |a, b| a + b)?, |s| s / n)
             }
             Expr::Gather { .. } => self.gather(&arg()?, &arg()?)?,
+            Expr::SumBlocks { blocks, .. } => self.sum_blocks(&arg()?, *blocks)?,
+            Expr::Tile { reps, .. } => self.tile(&arg()?, *reps)?,
+        })
+    }
+
+    /// The elementwise sum of `m`'s `blocks` equal row blocks:
+    /// `out[i, j] = sum_k m[k * rows/blocks + i, j]`.
+    fn sum_blocks(&self, m: &Matrix, blocks: u64) -> Result<Matrix, String> {
+        let what = format!("sum_blocks of {} x {} into {blocks} blocks", m.rows, m.cols);
+        if blocks == 0 {
+            return Err(format!("{what}: blocks must be at least 1"));
+        }
+        let b = usize::try_from(blocks)
+            .ok()
+            .filter(|&b| m.rows.is_multiple_of(b))
+            .ok_or_else(|| format!("{what}: {} rows do not split evenly", m.rows))?;
+        let rows = m.rows / b;
+        let n = self
+            .alloc_check(rows, m.cols)
+            .map_err(|e| format!("{what}: {e}"))?;
+        let mut data = vec![0.0; n];
+        // An empty block sums to nothing (and `blocks` may be huge then).
+        if n > 0 {
+            for block in m.data.chunks_exact(n) {
+                for (o, &v) in data.iter_mut().zip(block) {
+                    *o += v;
+                }
+            }
+        }
+        Ok(Matrix {
+            rows,
+            cols: m.cols,
+            data,
+        })
+    }
+
+    /// `m` stacked `reps` times along the rows.
+    fn tile(&self, m: &Matrix, reps: u64) -> Result<Matrix, String> {
+        let what = format!("tile of {} x {} {reps} times", m.rows, m.cols);
+        if reps == 0 {
+            return Err(format!("{what}: reps must be at least 1"));
+        }
+        let (r, rows) = usize::try_from(reps)
+            .ok()
+            .and_then(|r| Some((r, r.checked_mul(m.rows)?)))
+            .ok_or_else(|| format!("{what}: {reps}*{} rows is too large", m.rows))?;
+        self.alloc_check(rows, m.cols)
+            .map_err(|e| format!("{what}: {e}"))?;
+        // Within `max_elems`, so `r` is small unless `m` is empty, and
+        // `repeat` doubles its copy (log2(r) steps).
+        let data = m.data.repeat(r);
+        Ok(Matrix {
+            rows,
+            cols: m.cols,
+            data,
         })
     }
 
@@ -328,7 +385,9 @@ fn operands(e: &Expr) -> Vec<&Expr> {
         | Expr::Sum { input: a, .. }
         | Expr::Max { input: a, .. }
         | Expr::Min { input: a, .. }
-        | Expr::Mean { input: a, .. } => vec![a],
+        | Expr::Mean { input: a, .. }
+        | Expr::SumBlocks { input: a, .. }
+        | Expr::Tile { input: a, .. } => vec![a],
         Expr::Matmul(a, b)
         | Expr::Add(a, b)
         | Expr::Sub(a, b)
@@ -470,6 +529,10 @@ mod tests {
             "b" => Matrix::new(3, 2, vec![7., 8., 9., 10., 11., 12.]),
             "row" => Matrix::new(1, 3, vec![10., 20., 30.]),
             "col" => Matrix::new(2, 1, vec![1., 2.]),
+            // [[1,2],[3,4],[5,6],[7,8]]
+            "q" => Matrix::new(4, 2, vec![1., 2., 3., 4., 5., 6., 7., 8.]),
+            // A shape with no elements.
+            "empty" => Matrix::new(0, 3, vec![]),
             _ => Err(format!("no tensor {name:?}")),
         }
     }
@@ -747,6 +810,135 @@ mod tests {
                 axis: 2
             })
             .is_err()
+        );
+    }
+
+    #[test]
+    fn sum_blocks_adds_equal_row_blocks() {
+        let sb = |input, blocks| eval(Expr::SumBlocks { input, blocks });
+        // Blocks [[1,2],[3,4]] and [[5,6],[7,8]]: [[6,8],[10,12]].
+        let m = sb(t("q"), 2).unwrap();
+        assert_eq!(m, Matrix::new(2, 2, vec![6., 8., 10., 12.]).unwrap());
+        // Four 1-row blocks: the column sums [1+3+5+7, 2+4+6+8].
+        assert_eq!(sb(t("q"), 4).unwrap().data, [16., 20.]);
+        // One block is the input itself.
+        assert_eq!(sb(t("q"), 1).unwrap(), inputs("q").unwrap());
+        // Composes: blocks of a - a summed are zero.
+        let m = sb(Box::new(Expr::Sub(t("q"), t("q"))), 2).unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (2, 2, vec![0.; 4]));
+        // No rows split into any number of blocks, even a huge one.
+        let m = sb(t("empty"), u64::MAX).unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (0, 3, vec![]));
+    }
+
+    #[test]
+    fn tile_stacks_rows() {
+        let tile = |input, reps| eval(Expr::Tile { input, reps });
+        let m = tile(t("q"), 3).unwrap();
+        assert_eq!((m.rows, m.cols), (12, 2));
+        #[rustfmt::skip]
+        let want = [
+            1., 2., 3., 4., 5., 6., 7., 8.,
+            1., 2., 3., 4., 5., 6., 7., 8.,
+            1., 2., 3., 4., 5., 6., 7., 8.,
+        ];
+        assert_eq!(m.data, want);
+        // A row tiled: [[10,20,30],[10,20,30]].
+        let m = tile(t("row"), 2).unwrap();
+        assert_eq!((m.rows, m.cols), (2, 3));
+        assert_eq!(m.data, [10., 20., 30., 10., 20., 30.]);
+        assert_eq!(tile(t("q"), 1).unwrap(), inputs("q").unwrap());
+        // sum_blocks(tile(x, 3), 3) = 3x.
+        let m = eval(Expr::SumBlocks {
+            input: Box::new(Expr::Tile {
+                input: t("a"),
+                reps: 3,
+            }),
+            blocks: 3,
+        })
+        .unwrap();
+        assert_eq!(
+            m,
+            Matrix::new(2, 3, vec![3., 6., 9., 12., 15., 18.]).unwrap()
+        );
+        // Nothing tiled is nothing, however many times.
+        let m = tile(t("empty"), u64::MAX).unwrap();
+        assert_eq!((m.rows, m.cols, m.data), (0, 3, vec![]));
+    }
+
+    #[test]
+    fn sum_blocks_and_tile_errors() {
+        let err = eval(Expr::SumBlocks {
+            input: t("q"),
+            blocks: 0,
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "sum_blocks of 4 x 2 into 0 blocks: blocks must be at least 1"
+        );
+        let err = eval(Expr::SumBlocks {
+            input: t("q"),
+            blocks: 3,
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "sum_blocks of 4 x 2 into 3 blocks: 4 rows do not split evenly"
+        );
+        let err = eval(Expr::SumBlocks {
+            input: t("q"),
+            blocks: 8,
+        })
+        .unwrap_err();
+        assert!(err.contains("4 rows do not split evenly"), "{err}");
+        let err = eval(Expr::Tile {
+            input: t("q"),
+            reps: 0,
+        })
+        .unwrap_err();
+        assert_eq!(err, "tile of 4 x 2 0 times: reps must be at least 1");
+        // reps * rows overflows: an error, not a panic or an allocation.
+        let err = eval(Expr::Tile {
+            input: t("q"),
+            reps: u64::MAX,
+        })
+        .unwrap_err();
+        assert!(
+            err.starts_with("tile of 4 x 2 18446744073709551615 times"),
+            "{err}"
+        );
+        assert!(err.contains("too large"), "{err}");
+        // Fits in usize but not in max_elems (1 << 20).
+        let err = eval(Expr::Tile {
+            input: t("q"),
+            reps: 1 << 20,
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "tile of 4 x 2 1048576 times: a 4194304 x 2 intermediate is too large"
+        );
+        let small = Evaluator {
+            tensor: &inputs,
+            max_elems: 3,
+        };
+        let err = small
+            .eval(&Expr::SumBlocks {
+                input: t("q"),
+                blocks: 1,
+            })
+            .unwrap_err();
+        assert!(err.contains("too large"), "{err}");
+        assert_eq!(
+            small
+                .eval(&Expr::SumBlocks {
+                    input: t("q"),
+                    blocks: 4,
+                })
+                .unwrap()
+                .data,
+            [16., 20.]
         );
     }
 

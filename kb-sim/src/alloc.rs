@@ -45,6 +45,31 @@ impl FreeList {
         Some(at)
     }
 
+    /// Allocate exactly `[at, at+bytes)` (at least 1 byte); false if any
+    /// of it is not free. (A kernel's TCM allocator starts with the
+    /// program's TCM buffers reserved this way.)
+    pub fn reserve(&mut self, at: u64, bytes: u64) -> bool {
+        let bytes = bytes.max(1);
+        let Some(end) = at.checked_add(bytes) else {
+            return false;
+        };
+        let Some((&start, &len)) = self.free.range(..=at).next_back() else {
+            return false;
+        };
+        if end > start + len {
+            return false;
+        }
+        self.free.remove(&start);
+        if at > start {
+            self.free.insert(start, at - start);
+        }
+        if end < start + len {
+            self.free.insert(end, start + len - end);
+        }
+        self.live.insert(at, bytes);
+        true
+    }
+
     /// Free the allocation starting at `at`; false if there is none.
     pub fn free(&mut self, at: u64) -> bool {
         let Some(len) = self.live.remove(&at) else {
@@ -113,6 +138,20 @@ mod tests {
         assert_eq!(f.alloc(200, 1), None);
         assert_eq!(f.alloc(118, 1), Some(128));
         assert_eq!(f.largest_free(), 54);
+    }
+
+    #[test]
+    fn reserve_takes_exactly_the_range_asked_for() {
+        let mut f = FreeList::new(1000);
+        assert!(f.reserve(100, 50));
+        assert_eq!(f.free_blocks(), vec![(0, 100), (150, 850)]);
+        assert!(!f.reserve(120, 10), "inside a live allocation");
+        assert!(!f.reserve(140, 20), "overlapping a live allocation");
+        assert!(!f.reserve(990, 20), "past the end");
+        assert!(f.reserve(0, 100));
+        assert_eq!(f.alloc(10, 1), Some(150));
+        assert!(f.free(100));
+        assert_eq!(f.free_blocks(), vec![(100, 50), (160, 840)]);
     }
 
     proptest! {

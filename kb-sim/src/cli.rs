@@ -15,6 +15,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use kb_format::AtomicFile;
 
+use crate::engine::RacePolicy;
 use crate::kernel::Executor;
 use crate::machine::Machine;
 use crate::run::{RunConfig, run};
@@ -91,6 +92,13 @@ struct RunArgs {
     /// Phase 1 knows, for `kb-replay --check-intermediates`.
     #[arg(long)]
     capture_inputs: bool,
+    /// Data races (two PEs' accesses to the same bytes, one a write, with
+    /// no barrier, signal, copy notification or launch wait ordering
+    /// them): `warn` reports each on stderr and counts them in the
+    /// summary, `error` fails the run at the first (exit 2, naming both
+    /// ops, no trace written), `off` does not look (a little faster).
+    #[arg(long, default_value = "warn", value_parser = parse_races)]
+    races: RacePolicy,
     /// Write the trace here ("-" for stdout). Default: stdout, unless it is a terminal.
     #[arg(short, long)]
     output: Option<PathBuf>,
@@ -101,6 +109,10 @@ struct RunArgs {
 
 fn parse_executor(s: &str) -> Result<Executor, String> {
     Executor::parse(s).ok_or_else(|| format!("unknown executor {s:?} (coroutine, thread)"))
+}
+
+fn parse_races(s: &str) -> Result<RacePolicy, String> {
+    RacePolicy::parse(s).ok_or_else(|| format!("unknown race policy {s:?} (warn, error, off)"))
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -208,6 +220,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         seed: a.seed,
         executor: a.executor,
         capture_inputs: a.capture_inputs,
+        races: a.races,
         command_line: recorded_command_line(&a, workload.name()),
     };
     let wall = Instant::now();
@@ -249,7 +262,17 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         crate::signals::forget();
         outcome?
     };
-    let stats = report.stats;
+    let stats = &report.stats;
+    for r in &stats.race_reports {
+        eprintln!("kb-sim: warning: {r}");
+    }
+    if stats.races > stats.race_reports.len() as u64 {
+        eprintln!(
+            "kb-sim: warning: {} data races in all (the first {} are shown)",
+            stats.races,
+            stats.race_reports.len()
+        );
+    }
     if !a.quiet {
         eprintln!(
             "kb-sim: {} on {}: {} records, {} events, {} launch{}, simulated {:.3} us (kernels from {:.3} us), wall {:.3} s",
@@ -263,6 +286,14 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             stats.kernel_start as f64 / 1e6,
             wall.elapsed().as_secs_f64()
         );
+        match (a.races, stats.races) {
+            (RacePolicy::Off, _) => {}
+            (_, 0) => eprintln!("kb-sim: races: none (every shared access is ordered)"),
+            (_, n) => eprintln!(
+                "kb-sim: races: {n} data race{} (see the warnings above; --races error makes them fail the run)",
+                if n == 1 { "" } else { "s" }
+            ),
+        }
         let (flops, useful) = report.launches.iter().fold((0u64, 0u64), |(f, u), l| {
             (f.saturating_add(l.flops), u.saturating_add(l.useful_flops))
         });

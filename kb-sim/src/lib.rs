@@ -6,9 +6,11 @@
 //! ([`machine`]), the event core ([`event`]), component timing models
 //! ([`component`]), the framework with the op-log hook, protocols and the
 //! host program's launches ([`engine`]), the data plane ([`data`]), the
-//! host runtime's setup ([`runtime`]), PE programs ([`program`]), and the
+//! host runtime's setup ([`runtime`]), PE programs ([`program`]), the
+//! happens-before clocks and race checks ([`race`]), and the
 //! public surface users build on: the kernel API ([`kernel`]: `Tl`, tiles),
-//! the program API ([`workload`]: `Workload`, `Program`), `.npy` inputs
+//! the program API ([`workload`]: `Workload`, `Program`), collectives
+//! written with the kernel API ([`collective`]), `.npy` inputs
 //! ([`input`]) and the command line ([`cli::main`]). Does not own: any
 //! particular workload (the built-ins are the `kb-workloads` crate), the
 //! trace bytes (kb-format) or computing GEMM/math results (kb-replay).
@@ -18,6 +20,7 @@
 
 pub mod alloc;
 pub mod cli;
+pub mod collective;
 pub mod component;
 pub mod data;
 pub mod engine;
@@ -26,6 +29,7 @@ pub mod input;
 pub mod kernel;
 pub mod machine;
 pub mod program;
+pub mod race;
 pub mod run;
 pub mod runtime;
 #[cfg(unix)]

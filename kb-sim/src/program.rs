@@ -72,6 +72,7 @@ impl DataOp for DmaCmd {
             return l;
         }
         match (self.mem.src.space, self.mem.dst.space) {
+            (Space::Tcm, Space::Tcm) => "dma_copy",
             (_, Space::Tcm) => "dma_read",
             (Space::Tcm, _) => "dma_write",
             _ => "dma_copy",
@@ -146,6 +147,36 @@ impl<T: DataOp> DataOp for Labeled<T> {
     }
 }
 
+/// A signal update (`Tl::signal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalOp {
+    /// Set the signal to this value.
+    Set(u64),
+    /// Add this to the signal (saturating).
+    Add(u64),
+}
+
+/// A copy's notification: once the copied bytes have landed, add `add`
+/// to signal `signal` of PE `pe` (a message from the destination memory
+/// to that PE through the fabric), so a receiver can wait for the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notify {
+    /// The PE whose signal is raised (usually the one that owns the
+    /// destination).
+    pub pe: PeCoord,
+    /// Which of its signals.
+    pub signal: u32,
+    /// How much to add to it.
+    pub add: u64,
+}
+
+impl Notify {
+    /// Add 1 to `pe`'s signal `signal` when the copy lands.
+    pub fn one(pe: PeCoord, signal: u32) -> Notify {
+        Notify { pe, signal, add: 1 }
+    }
+}
+
 /// A command a PE program issues.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -157,6 +188,30 @@ pub enum Command {
     /// right after it sees the new bytes (ADR-0020 Store Visibility
     /// Rule); the transfer's timing runs on asynchronously.
     Store(DmaCmd),
+    /// A copy (`Tl::put`, `Tl::copy`): like a store, its data effects
+    /// happen at issue and its transfer is timed after; resumes at once.
+    /// With a notification it is a release: it is issued once this PE's
+    /// loads in flight have completed, and the notification, sent from the
+    /// destination once the bytes have arrived, carries what this PE did
+    /// before it.
+    Send { cmd: DmaCmd, notify: Option<Notify> },
+    /// Raise a PE's signal (a release: sent once this PE's loads and
+    /// compute ops in flight have completed); resumes once it is sent.
+    Signal {
+        pe: PeCoord,
+        signal: u32,
+        op: SignalOp,
+    },
+    /// Resume when any of this PE's signals reaches its value: `(signal,
+    /// at_least)` pairs. What the updates' senders did is then ordered
+    /// before what the kernel does next.
+    WaitSignal(Vec<(u32, u64)>),
+    /// Read this PE's signal now (no time passes; an acquire, as a wait
+    /// that is satisfied at once); answered with `Reply::Value`.
+    ReadSignal(u32),
+    /// Wait at a barrier over these PEs (this one among them; the first is
+    /// the coordinator): resumes when every member has arrived.
+    Barrier(Vec<PeCoord>),
     /// Resume when every command this PE issued has completed.
     WaitAll,
     /// A GEMM on pe_gemm, operands in TCM; resumes at once (the result
@@ -180,6 +235,8 @@ pub enum Reply {
     Done,
     /// A blocking DMA into TCM completed; these are the bytes it wrote.
     Data(Loaded),
+    /// A signal's value.
+    Value(u64),
 }
 
 /// A PE's program: resumed at kernel start, after a blocking command

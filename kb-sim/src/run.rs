@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use kb_format::{Meta, TopologyMeta, TraceWriter};
 
-use crate::engine::{Engine, RunStats, SimError};
+use crate::engine::{Engine, RacePolicy, RunStats, SimError};
 use crate::kernel::Executor;
 use crate::machine::Machine;
 use crate::topology::Topology;
@@ -32,6 +32,8 @@ pub struct RunConfig {
     pub executor: Executor,
     /// Snapshot compute inputs into the trace (debug mode).
     pub capture_inputs: bool,
+    /// What to do about data races between PEs.
+    pub races: RacePolicy,
     /// Recorded in the trace metadata.
     pub command_line: Vec<String>,
 }
@@ -98,7 +100,8 @@ pub fn run<W: Write>(
         }
     }
     let engine = Engine::with_program(&machine, writer, &built.rt.tensors, built.steps)
-        .capture_inputs(cfg.capture_inputs);
+        .capture_inputs(cfg.capture_inputs)
+        .races(cfg.races);
     let (writer, stats, launches) = engine.run_with_launches()?;
     let out = writer.finish_with_launches(&launches, &built.verify)?;
     Ok((out, RunReport { stats, launches }))

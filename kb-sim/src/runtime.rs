@@ -1,6 +1,7 @@
 //! The host runtime's setup side: per-PE memory allocators, tensors and
-//! their sharding over cubes and PEs, and freeing. (Deploy, launch and the
-//! timed free are protocols of `engine`.)
+//! their placement (which memory: HBM, TCM or SRAM; split over the cubes
+//! and PEs of the machine, or over a list of PEs), and freeing. (Deploy,
+//! launch and the timed free are protocols of `engine`.)
 
 use kb_format::pa::Pa;
 use kb_format::{Dtype, Shard, Space, TensorMeta};
@@ -80,6 +81,98 @@ impl Sharding {
     ) -> [u64; 4] {
         let cube_rect = self.cube.split([0, rows, 0, cols], cube, cubes);
         self.pe.split(cube_rect, pe, pes_per_cube)
+    }
+}
+
+/// Which memory a tensor lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Memory {
+    /// Each holder PE's HBM partition, addressed the address model's way
+    /// (PA, VA or LA).
+    #[default]
+    Hbm,
+    /// Each holder PE's TCM, addressed by PA under every model (a fixed
+    /// on-chip resource, ADR-0011): receive slots for PE-to-PE copies and
+    /// data kept on chip across launches. Kernels allocate their tiles
+    /// around it.
+    Tcm,
+    /// Each holder cube's SRAM, shared by the cube's PEs, addressed by PA
+    /// under every model.
+    Sram,
+}
+
+impl Memory {
+    /// The PA space it lives in.
+    pub fn space(self) -> Space {
+        match self {
+            Memory::Hbm => Space::Hbm,
+            Memory::Tcm => Space::Tcm,
+            Memory::Sram => Space::Sram,
+        }
+    }
+}
+
+/// How a placement splits a tensor among its holders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Split {
+    /// Over every cube, then every PE of each cube.
+    Machine(Sharding),
+    /// Over the listed PEs, in order.
+    Pes(Vec<PeCoord>, Policy),
+}
+
+/// Where a tensor lives: which [`Memory`], and how it is split among the
+/// PEs (in SRAM: the cubes) that hold it. A [`Sharding`] is a placement in
+/// HBM over the whole machine; [`Placement::over`] splits over a list of
+/// PEs (a tensor-parallel group, a collective's members);
+/// [`Placement::in_tcm`] and [`Placement::in_sram`] move either on chip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    memory: Memory,
+    split: Split,
+}
+
+impl Placement {
+    /// In HBM, split by `policy` over `pes` in order: member k of N holds
+    /// part k (`Replicate`: each holds a whole copy).
+    pub fn over(pes: &[PeCoord], policy: Policy) -> Placement {
+        Placement {
+            memory: Memory::Hbm,
+            split: Split::Pes(pes.to_vec(), policy),
+        }
+    }
+
+    /// The same split in each holder PE's TCM.
+    pub fn in_tcm(self) -> Placement {
+        Placement {
+            memory: Memory::Tcm,
+            ..self
+        }
+    }
+
+    /// The same split in SRAM: the holders are cubes (the cubes of the
+    /// listed PEs, each once, in order of first appearance; with a
+    /// [`Sharding`], its `cube` policy over every cube, and its `pe`
+    /// policy must be `Replicate`).
+    pub fn in_sram(self) -> Placement {
+        Placement {
+            memory: Memory::Sram,
+            ..self
+        }
+    }
+
+    /// The memory it places in.
+    pub fn memory(&self) -> Memory {
+        self.memory
+    }
+}
+
+impl From<Sharding> for Placement {
+    fn from(s: Sharding) -> Placement {
+        Placement {
+            memory: Memory::Hbm,
+            split: Split::Machine(s),
+        }
     }
 }
 
@@ -176,6 +269,8 @@ pub struct Tensor {
     pub va: Option<(u64, u64)>,
     /// MMU mappings to install at deploy, in the VA model.
     pub mappings: Vec<Mapping>,
+    /// The memory its shards are in.
+    pub memory: Memory,
     pub freed: bool,
 }
 
@@ -204,6 +299,8 @@ pub struct Runtime<'m> {
     pub machine: &'m Machine,
     hbm: Vec<FreeList>,
     tcm: Vec<FreeList>,
+    /// Per cube (dense index): its SRAM.
+    sram: Vec<FreeList>,
     /// Device-wide VA space (VA model), offsets from `VA_BASE`.
     va: FreeList,
     /// Per PE: its LA space (LA model), offsets from `LA_BASE`.
@@ -221,6 +318,10 @@ impl<'m> Runtime<'m> {
             machine,
             hbm: vec![FreeList::new(machine.topo.hbm_bytes_per_pe()); n],
             tcm: vec![FreeList::new(machine.topo.tcm_bytes()); n],
+            sram: vec![
+                FreeList::new(machine.topo.sram_bytes());
+                (machine.topo.counts.sips * machine.topo.counts.cubes_per_sip) as usize
+            ],
             va: FreeList::new(VA_BYTES),
             la: vec![FreeList::new(LA_BYTES); n],
             channels: match machine.topo.memory_map {
@@ -242,6 +343,9 @@ impl<'m> Runtime<'m> {
         let i = self.machine.pe_index(pe);
         match space {
             Space::Tcm => &mut self.tcm[i],
+            Space::Sram => {
+                &mut self.sram[(pe.sip * self.machine.topo.counts.cubes_per_sip + pe.cube) as usize]
+            }
             _ => &mut self.hbm[i],
         }
     }
@@ -322,6 +426,7 @@ impl<'m> Runtime<'m> {
             name: t.meta.name.clone(),
             dtype: t.meta.dtype,
             shape: [t.meta.shape[0], t.meta.shape[1]],
+            space: t.memory.space(),
             shards: t.kernel_shards.clone(),
         }
     }
@@ -334,15 +439,95 @@ impl<'m> Runtime<'m> {
         }
     }
 
-    /// Declare a 2-D tensor sharded over the machine, with optional host data.
+    /// Each holder's rectangle `[r0, r1, c0, c1]` of a `shape` tensor under
+    /// `placement`, in holder order (empty parts included). In SRAM a
+    /// holder is a cube, named by its PE 0.
+    pub fn parts(
+        &self,
+        shape: [u64; 2],
+        placement: &Placement,
+    ) -> Result<Vec<(PeCoord, [u64; 4])>, String> {
+        let c = self.machine.topo.counts;
+        let whole = [0, shape[0], 0, shape[1]];
+        let sram = placement.memory == Memory::Sram;
+        let holders: Vec<(PeCoord, [u64; 4])> = match &placement.split {
+            Split::Machine(sharding) if sram => {
+                if sharding.pe != Policy::Replicate {
+                    return Err("SRAM is per cube: a tensor in SRAM splits over cubes only (its sharding's pe policy must be replicate)".into());
+                }
+                let cubes = (c.sips * c.cubes_per_sip) as u64;
+                (0..cubes)
+                    .map(|k| {
+                        let pe = PeCoord {
+                            sip: (k / c.cubes_per_sip as u64) as u32,
+                            cube: (k % c.cubes_per_sip as u64) as u32,
+                            pe: 0,
+                        };
+                        (pe, sharding.cube.split(whole, k, cubes))
+                    })
+                    .collect()
+            }
+            Split::Machine(sharding) => {
+                let cubes = (c.sips * c.cubes_per_sip) as u64;
+                let per_cube = c.pes_per_cube as u64;
+                self.machine
+                    .pes()
+                    .map(|pe| {
+                        let cube = (pe.sip * c.cubes_per_sip + pe.cube) as u64;
+                        (
+                            pe,
+                            sharding.part(shape, (cube, cubes), (pe.pe as u64, per_cube)),
+                        )
+                    })
+                    .collect()
+            }
+            Split::Pes(pes, policy) => {
+                if pes.is_empty() {
+                    return Err("placed over an empty list of PEs".into());
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for p in pes {
+                    if p.sip >= c.sips || p.cube >= c.cubes_per_sip || p.pe >= c.pes_per_cube {
+                        return Err(format!("{p} is not a PE of this machine"));
+                    }
+                    if !sram && !seen.insert(*p) {
+                        return Err(format!("{p} is listed twice"));
+                    }
+                }
+                let holders: Vec<PeCoord> = if sram {
+                    let mut cubes: Vec<PeCoord> = Vec::new();
+                    for p in pes {
+                        let cube = PeCoord { pe: 0, ..*p };
+                        if !cubes.contains(&cube) {
+                            cubes.push(cube);
+                        }
+                    }
+                    cubes
+                } else {
+                    pes.clone()
+                };
+                let n = holders.len() as u64;
+                holders
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, pe)| (pe, policy.split(whole, k as u64, n)))
+                    .collect()
+            }
+        };
+        Ok(holders)
+    }
+
+    /// Declare a 2-D tensor with optional host data, placed by `placement`
+    /// (a [`Sharding`] over the machine's HBM, or a [`Placement`]).
     pub fn tensor(
         &mut self,
         name: &str,
         dtype: Dtype,
         shape: [u64; 2],
         data: Option<Vec<u8>>,
-        sharding: Sharding,
+        placement: impl Into<Placement>,
     ) -> Result<u32, SetupError> {
+        let placement = placement.into();
         let [rows, cols] = shape;
         let es = dtype.size() as u64;
         let nbytes = rows * cols * es;
@@ -358,15 +543,12 @@ impl<'m> Runtime<'m> {
         if id >= kb_format::pa::MAX_HOST_TENSORS {
             return Err(SetupError::Tensor(name.into(), "too many tensors".into()));
         }
-        let c = self.machine.topo.counts;
-        let cubes = (c.sips * c.cubes_per_sip) as u64;
-        let per_cube = c.pes_per_cube as u64;
-        // Each PE's part of the tensor, before any memory is chosen.
+        // Each holder's part of the tensor, before any memory is chosen.
         let mut parts: Vec<(PeCoord, Shard)> = Vec::new();
-        for pe in self.machine.pes().collect::<Vec<_>>() {
-            let cube_index = (pe.sip * c.cubes_per_sip + pe.cube) as u64;
-            let [r0, r1, c0, c1] =
-                sharding.part(shape, (cube_index, cubes), (pe.pe as u64, per_cube));
+        let rects = self
+            .parts(shape, &placement)
+            .map_err(|e| SetupError::Tensor(name.into(), e))?;
+        for (pe, [r0, r1, c0, c1]) in rects {
             let (srows, row_bytes) = (r1 - r0, (c1 - c0) * es);
             if srows == 0 || row_bytes == 0 {
                 continue;
@@ -383,9 +565,12 @@ impl<'m> Runtime<'m> {
                 },
             ));
         }
-        let layout = match self.machine.topo.address_model {
-            AddressModel::La => self.layout_la(name, &parts)?,
-            model => {
+        let layout = match (placement.memory, self.machine.topo.address_model) {
+            (Memory::Tcm | Memory::Sram, _) => {
+                self.layout_on_chip(name, placement.memory, &parts)?
+            }
+            (Memory::Hbm, AddressModel::La) => self.layout_la(name, &parts)?,
+            (Memory::Hbm, model) => {
                 let mut shards = Vec::with_capacity(parts.len());
                 for (pe, part) in &parts {
                     // Page-aligned, so a VA page maps to one PA page.
@@ -401,7 +586,7 @@ impl<'m> Runtime<'m> {
                 }
                 let pes: Vec<PeCoord> = parts.iter().map(|(pe, _)| *pe).collect();
                 let (addrs, va, mappings) = match model {
-                    AddressModel::Va => self.map_va(name, sharding, &shards, &pes)?,
+                    AddressModel::Va => self.map_va(name, &placement.split, &shards, &pes)?,
                     _ => (shards.iter().map(|s| s.pa).collect(), None, Vec::new()),
                 };
                 let kernel_shards = shards
@@ -457,9 +642,41 @@ impl<'m> Runtime<'m> {
             kernel_shards,
             va,
             mappings,
+            memory: placement.memory,
             freed: false,
         });
         Ok(id)
+    }
+
+    /// A TCM or SRAM layout: each part in its holder's memory, addressed
+    /// by PA under every model (no mappings to install).
+    fn layout_on_chip(
+        &mut self,
+        name: &str,
+        memory: Memory,
+        parts: &[(PeCoord, Shard)],
+    ) -> Result<Layout, SetupError> {
+        let mut out = Layout {
+            shards: Vec::new(),
+            shard_pes: Vec::new(),
+            kernel_shards: Vec::new(),
+            va: None,
+            mappings: Vec::new(),
+        };
+        for (pe, part) in parts {
+            let pa = self.alloc(*pe, memory.space(), part.rows * part.row_bytes, name)?;
+            out.shards.push(Shard { pa, ..part.clone() });
+            out.shard_pes.push(*pe);
+            out.kernel_shards.push(ShardArg {
+                pe: *pe,
+                addr: pa,
+                rows: part.rows,
+                row_bytes: part.row_bytes,
+                row0: 0,
+                col0: 0,
+            });
+        }
+        Ok(out)
     }
 
     /// Whether a PE's part of `rows` x `row_bytes`, rows `row_stride`
@@ -629,16 +846,32 @@ impl<'m> Runtime<'m> {
     fn map_va(
         &mut self,
         name: &str,
-        sharding: Sharding,
+        split: &Split,
         shards: &[Shard],
         pes: &[PeCoord],
     ) -> Result<(Vec<u64>, Option<(u64, u64)>, Vec<Mapping>), SetupError> {
         let page = self.machine.topo.pe_mmu.page_bytes;
+        // Who shares a replica: its key, and which PEs map it.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Replicas {
+            PerPe,
+            PerCube,
+            One,
+        }
+        let replicas = match split {
+            Split::Machine(s) => match (s.cube, s.pe) {
+                (Policy::Replicate, Policy::Replicate) => Replicas::PerPe,
+                (Policy::Replicate, _) => Replicas::PerCube,
+                _ => Replicas::One,
+            },
+            Split::Pes(_, Policy::Replicate) => Replicas::PerPe,
+            Split::Pes(..) => Replicas::One,
+        };
         let key = |p: &PeCoord| -> (u32, u32, u32) {
-            match (sharding.cube, sharding.pe) {
-                (Policy::Replicate, Policy::Replicate) => (p.sip, p.cube, p.pe),
-                (Policy::Replicate, _) => (p.sip, p.cube, 0),
-                _ => (0, 0, 0),
+            match replicas {
+                Replicas::PerPe => (p.sip, p.cube, p.pe),
+                Replicas::PerCube => (p.sip, p.cube, 0),
+                Replicas::One => (0, 0, 0),
             }
         };
         // Replica groups: the shards each group of PEs sees, in order.
@@ -686,10 +919,10 @@ impl<'m> Runtime<'m> {
             let targets = self
                 .machine
                 .pes()
-                .filter(|p| match (sharding.cube, sharding.pe) {
-                    (Policy::Replicate, Policy::Replicate) => (p.sip, p.cube, p.pe) == *g,
-                    (Policy::Replicate, _) => (p.sip, p.cube) == (g.0, g.1),
-                    _ => true,
+                .filter(|p| match replicas {
+                    Replicas::PerPe => (p.sip, p.cube, p.pe) == *g,
+                    Replicas::PerCube => (p.sip, p.cube) == (g.0, g.1),
+                    Replicas::One => true,
                 })
                 .collect();
             mappings.push(Mapping {

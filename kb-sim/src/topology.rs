@@ -470,6 +470,16 @@ impl Topology {
             "hbm.size_gib",
             "more than 32 GiB per PE partition does not fit the PA offset".into(),
         )?;
+        for (field, kib) in [
+            ("tcm.size_kib", self.tcm.size_kib.0),
+            ("sram.size_kib", self.sram.size_kib.0),
+        ] {
+            check(
+                kib * 1024.0 <= (1u64 << kb_format::pa::OFFSET_BITS) as f64 && kib * 1024.0 >= 64.0,
+                field,
+                format!("must be 1/16 to 33554432 KiB (64 B to 32 GiB, the PA offset), got {kib}"),
+            )?;
+        }
         if self.address_model == AddressModel::La {
             let mm = self.memory_map.as_ref().ok_or((
                 "memory_map",
@@ -528,6 +538,11 @@ impl Topology {
 
     pub fn tcm_bytes(&self) -> u64 {
         (self.tcm.size_kib.0 * 1024.0) as u64
+    }
+
+    /// Bytes of one cube's SRAM.
+    pub fn sram_bytes(&self) -> u64 {
+        (self.sram.size_kib.0 * 1024.0) as u64
     }
 }
 

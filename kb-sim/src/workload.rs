@@ -24,7 +24,7 @@ use crate::kernel::{Executor, KernelArgs, KernelFn, TensorArg};
 use crate::machine::{Machine, PeCoord};
 use crate::runtime::{Runtime, SetupError};
 
-pub use crate::runtime::{Policy, Sharding};
+pub use crate::runtime::{Memory, Placement, Policy, Sharding};
 
 /// A workload parameter with its default, as `kb-sim list` shows it.
 #[derive(Debug, Clone, Copy)]
@@ -331,7 +331,7 @@ impl<'m> Program<'m> {
         dtype: Dtype,
         shape: [u64; 2],
         data: Option<Vec<u8>>,
-        sharding: Sharding,
+        placement: Placement,
     ) -> Result<TensorId, WorkloadError> {
         let data = match self.inputs.get(name) {
             Some(path) => {
@@ -346,7 +346,7 @@ impl<'m> Program<'m> {
             }
             None => data,
         };
-        let id = self.rt.tensor(name, dtype, shape, data, sharding)?;
+        let id = self.rt.tensor(name, dtype, shape, data, placement)?;
         Ok(TensorId(id))
     }
 
@@ -358,11 +358,11 @@ impl<'m> Program<'m> {
         name: &str,
         dtype: Dtype,
         shape: [u64; 2],
-        sharding: Sharding,
+        placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
         let n = self.elements(name, shape)?;
         let data = random_data(&mut self.rng, dtype, n);
-        self.declare(name, dtype, shape, Some(data), sharding)
+        self.declare(name, dtype, shape, Some(data), placement.into())
     }
 
     /// A tensor with no host data: device memory that reads as zero until
@@ -372,10 +372,10 @@ impl<'m> Program<'m> {
         name: &str,
         dtype: Dtype,
         shape: [u64; 2],
-        sharding: Sharding,
+        placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
         self.elements(name, shape)?;
-        self.declare(name, dtype, shape, None, sharding)
+        self.declare(name, dtype, shape, None, placement.into())
     }
 
     /// A tensor whose every element is `value` (rounded to the dtype).
@@ -385,11 +385,11 @@ impl<'m> Program<'m> {
         dtype: Dtype,
         shape: [u64; 2],
         value: f64,
-        sharding: Sharding,
+        placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
         let n = self.elements(name, shape)?;
         let data = crate::kernel::encode(dtype, value).repeat(n);
-        self.declare(name, dtype, shape, Some(data), sharding)
+        self.declare(name, dtype, shape, Some(data), placement.into())
     }
 
     /// A tensor with the given host bytes (row-major, little-endian).
@@ -399,7 +399,7 @@ impl<'m> Program<'m> {
         dtype: Dtype,
         shape: [u64; 2],
         bytes: Vec<u8>,
-        sharding: Sharding,
+        placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
         let n = self.elements(name, shape)?;
         if bytes.len() != n * dtype.size() {
@@ -408,7 +408,7 @@ impl<'m> Program<'m> {
                 bytes.len()
             )));
         }
-        self.declare(name, dtype, shape, Some(bytes), sharding)
+        self.declare(name, dtype, shape, Some(bytes), placement.into())
     }
 
     /// A tensor as kernels see it (shape, dtype, each PE's shard).

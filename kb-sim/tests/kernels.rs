@@ -243,6 +243,7 @@ fn useful_flops_count_the_data_and_not_the_padding() {
         inputs: Default::default(),
         executor: Executor::Coroutine,
         capture_inputs: false,
+        races: Default::default(),
         command_line: vec![],
     };
     let (bytes, report) = kb_sim::run::run(&cfg, &PaddedMath, Vec::new()).unwrap();

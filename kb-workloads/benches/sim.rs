@@ -80,6 +80,7 @@ fn copy_run() {
         inputs: Default::default(),
         executor: Default::default(),
         capture_inputs: false,
+        races: Default::default(),
         command_line: vec![],
     };
     let t = Instant::now();

@@ -6,6 +6,7 @@
 //! expressions. Does not own: the simulator, the CLI (kb-sim) or the
 //! replay (kb-replay).
 
+mod allreduce;
 mod attention;
 mod copy;
 mod gather;
@@ -15,8 +16,10 @@ mod gemm_tiled;
 mod layernorm;
 mod mlp;
 mod softmax;
+mod tp_mlp;
 mod vector_add;
 
+pub use allreduce::AllReduce;
 pub use attention::Attention;
 pub use copy::Copy;
 pub use gather::Gather;
@@ -26,11 +29,13 @@ pub use gemm_tiled::GemmTiled;
 pub use layernorm::Layernorm;
 pub use mlp::Mlp;
 pub use softmax::Softmax;
+pub use tp_mlp::TpMlp;
 pub use vector_add::VectorAdd;
 
 use kb_format::{Dtype, Expr, Tolerance};
 use kb_sim::kernel::{Block, Pending, ShardArg, TensorArg, Tl};
-use kb_sim::workload::{Params, Workload, WorkloadError};
+use kb_sim::machine::PeCoord;
+use kb_sim::workload::{Params, Program, Workload, WorkloadError};
 
 /// Every built-in workload; the first is `kb-sim`'s default.
 pub fn all() -> Vec<Box<dyn Workload>> {
@@ -45,7 +50,58 @@ pub fn all() -> Vec<Box<dyn Workload>> {
         Box::new(GemmBiasGelu),
         Box::new(Attention),
         Box::new(Mlp),
+        Box::new(AllReduce),
+        Box::new(TpMlp),
     ]
+}
+
+/// The PEs a `group` parameter names, in rank order: `cube` (cube 0 of
+/// SIP 0), `sip` (SIP 0), `all`, `cubes` (PE 0 of each cube of SIP 0),
+/// `sips` (PE 0 of cube 0 of each SIP).
+fn group_of(p: &Params, prog: &Program<'_>, name: &str) -> Result<Vec<PeCoord>, WorkloadError> {
+    let pes = prog.pes();
+    let v: Vec<PeCoord> = match p.str(name) {
+        "cube" => pes
+            .into_iter()
+            .filter(|q| q.sip == 0 && q.cube == 0)
+            .collect(),
+        "sip" => pes.into_iter().filter(|q| q.sip == 0).collect(),
+        "all" => pes,
+        "cubes" => pes
+            .into_iter()
+            .filter(|q| q.sip == 0 && q.pe == 0)
+            .collect(),
+        "sips" => pes
+            .into_iter()
+            .filter(|q| q.cube == 0 && q.pe == 0)
+            .collect(),
+        other => {
+            return Err(p.err(
+                name,
+                format!("{other:?} is not a group (cube, sip, all, cubes, sips)"),
+            ));
+        }
+    };
+    Ok(v)
+}
+
+/// The tolerance of a sum over `n` members in `dtype`, each partial sum
+/// rounded: about n^1.5 units of roundoff in the worst case for inputs in
+/// [-1, 1) (integers are exact; below the dtype's default, the default).
+fn collective_tolerance(dtype: Dtype, n: u64) -> Option<Tolerance> {
+    let u = match dtype {
+        Dtype::F32 => f64::powi(2.0, -24),
+        Dtype::F16 => f64::powi(2.0, -11),
+        Dtype::Bf16 => f64::powi(2.0, -8),
+        _ => return None,
+    };
+    let default = match dtype {
+        Dtype::F32 => 1e-5,
+        Dtype::F16 => 1e-3,
+        _ => 1e-2,
+    };
+    let t = (u * (n as f64).powf(1.5)).max(default);
+    Some(Tolerance { rtol: t, atol: t })
 }
 
 /// A float dtype parameter, or an error naming it.

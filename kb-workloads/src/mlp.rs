@@ -134,7 +134,7 @@ impl Workload for Mlp {
 /// G dominate; they add up like a random walk over the second GEMM's
 /// terms: 4 x sqrt(depth) units in the last place (f16 2^-10, bf16 2^-7),
 /// 1.2 to 2.5 times the largest error measured over seeds and odd shapes.
-fn mlp_tolerance(dtype: kb_format::Dtype, depth: u64) -> kb_format::Tolerance {
+pub(crate) fn mlp_tolerance(dtype: kb_format::Dtype, depth: u64) -> kb_format::Tolerance {
     let t = match dtype {
         kb_format::Dtype::F16 => 4.0 * (depth as f64).sqrt() * f64::powi(2.0, -10),
         kb_format::Dtype::Bf16 => 4.0 * (depth as f64).sqrt() * f64::powi(2.0, -7),

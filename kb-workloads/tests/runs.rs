@@ -18,6 +18,7 @@ fn config(topo: &str, executor: Executor) -> RunConfig {
         inputs: Default::default(),
         executor,
         capture_inputs: false,
+        races: Default::default(),
         command_line: vec!["kb-sim".into()],
     }
 }
@@ -48,6 +49,7 @@ fn records_chunks_carry_a_seq_watermark_that_later_chunks_respect() {
         inputs: Default::default(),
         executor: Executor::Coroutine,
         capture_inputs: false,
+        races: Default::default(),
         command_line: vec![],
     };
     let (bytes, _) = run(&cfg, &VectorAdd, Vec::new()).unwrap();

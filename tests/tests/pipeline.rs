@@ -216,6 +216,36 @@ fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
             vec!["m=37", "d=24", "h=70", "block_n=32", "block_k=16"],
             vec!["m=16", "d=16", "h=40", "dtype=f16"],
         ],
+        "allreduce" => vec![
+            vec!["size=1000", "cols=8", "group=all", "dtype=f16"],
+            vec![
+                "size=600",
+                "cols=12",
+                "algorithm=tree",
+                "dtype=bf16",
+                "depth=1",
+            ],
+            vec![
+                "size=999",
+                "cols=9",
+                "op=reduce_scatter",
+                "dtype=i32",
+                "slot_kib=1",
+            ],
+            vec!["size=500", "cols=5", "op=all_gather", "group=all"],
+            vec!["size=777", "cols=7", "op=broadcast", "depth=2"],
+        ],
+        "tp_mlp" => vec![
+            vec!["m=37", "d=24", "f=40", "block_n=32", "block_k=16"],
+            vec![
+                "m=9",
+                "d=16",
+                "f=8",
+                "dtype=f16",
+                "algorithm=tree",
+                "slot_kib=1",
+            ],
+        ],
         other => panic!("add odd shapes for the new benchmark {other:?} here"),
     }
 }
@@ -307,6 +337,8 @@ fn captured_inputs_match_phase_2_for_every_benchmark() {
         "gemm_bias_gelu",
         "attention",
         "mlp",
+        "allreduce",
+        "tp_mlp",
     ] {
         let (sim, replay) = pipe(
             (

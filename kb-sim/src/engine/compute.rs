@@ -181,6 +181,11 @@ impl<W: Write> Engine<'_, W> {
                 }
             }
         }
+        // Operands in TCM buffers can be another PE's copy destination.
+        let hb = self.hb_tag(pe);
+        let name = op.decl().op_name();
+        self.race_check(pe, &inputs, false, op_id, name, &hb)?;
+        self.race_check(pe, &[out], true, op_id, name, &hb)?;
         let read = self.effect(inputs);
         let write = self.effect(vec![out]);
         match constant_fill(&op) {
@@ -223,6 +228,7 @@ impl<W: Write> Engine<'_, W> {
             },
         );
         self.pes[pe as usize].outstanding += 1;
+        self.pes[pe as usize].computing += 1;
         self.in_flight.insert(op_id);
         let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
         self.send(cpu, unit, CONTROL_BYTES, Arrive::ComputeAtUnit(c));
@@ -289,6 +295,7 @@ impl<W: Write> Engine<'_, W> {
             Arrive::CmdDoneAtCpu {
                 pe: x.pe,
                 cmd: CmdRef(x.op_id),
+                kind: super::Done::Compute,
             },
         );
         Ok(())

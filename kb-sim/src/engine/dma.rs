@@ -1,12 +1,16 @@
-//! PE_DMA: 2-D transfers between HBM and TCM.
+//! PE_DMA: 2-D transfers between HBM, SRAM and TCM (this PE's, or another
+//! PE's TCM buffers: PE-to-PE copies).
 //!
 //! At issue, each side of a command is resolved to physical pieces in data
-//! order (the address model's job: identity for PA), and the pieces are
-//! grouped by the node that serves them (this PE's TCM, a cube's
-//! hbm_ctrl). Each group is one part: parts are requested and served in
-//! parallel. The source is read once every part has been served (one read
-//! effect), the destination written once every part has been delivered
-//! (one write effect), so a record keeps one read and one write.
+//! order (the address model's job for HBM: identity for PA; TCM and SRAM
+//! are always PAs), and the pieces are grouped by the node that serves
+//! them (a PE's TCM, a cube's hbm_ctrl or SRAM). Each group is one part:
+//! parts are requested and served in parallel. A record keeps one read and
+//! one write effect. A load reads the source once every part has been
+//! served and writes the destination once every part has been delivered;
+//! a store or a copy does both at issue (ADR-0020's store visibility, so
+//! a release after it covers its bytes), and its transfer is timed after.
+//! A copy's notification leaves the destination once the bytes are there.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -14,10 +18,11 @@ use std::io::Write;
 use kb_format::pa::Pa;
 use kb_format::{Addr, Effect, Extent, Space};
 
+use super::sync::HbTag;
 use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, Wait, ns};
 use crate::component::Request;
 use crate::machine::{NodeId, NodeKind, PeCoord};
-use crate::program::{DmaCmd, Loaded, Unknown};
+use crate::program::{DataOp, DmaCmd, Loaded, Notify, Unknown};
 use crate::topology::{AddressModel, MappingMode};
 
 /// DMA message arrivals.
@@ -53,6 +58,15 @@ impl From<DmaAct> for Act {
     fn from(a: DmaAct) -> Act {
         Act::Dma(a)
     }
+}
+
+/// When a DMA's data effects happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DmaMode {
+    /// Read when served, write when delivered (loads).
+    Load,
+    /// Read and write at issue (stores, copies).
+    Store,
 }
 
 /// LA model: the router a piece goes through and its pinned channels.
@@ -92,8 +106,14 @@ pub(super) struct Dma {
     dst_order: Vec<Extent>,
     /// Parts of the current phase not yet done.
     left: u32,
-    /// A store: data effects were applied at issue; the transfer is timing only.
+    /// Both effects were applied at issue (stores, copies): the rest is
+    /// timing.
     at_issue: bool,
+    /// Raised once the destination is written (a copy's notification),
+    /// with the clock the copy released.
+    notify: Option<(Notify, Vec<u32>)>,
+    /// The issuing PE's clock at issue, for race checks.
+    hb: HbTag,
     op: Option<OpenOp>,
     data: Vec<u8>,
     /// Bytes of `data` that are compute results unknown in Phase 1.
@@ -157,27 +177,21 @@ impl<W: Write> Engine<'_, W> {
                     .map_err(|e| format!("DMA {side}: {e}"))?;
             }
             for x in &pieces {
-                let p = Pa::decode(x.pa)
-                    .ok_or_else(|| format!("DMA {side} maps to {:#x}, not a device PA", x.pa))?;
-                self.check_pa(pe, side, Space::Hbm, p)?;
+                self.check_pa(pe, side, Space::Hbm, x)?;
             }
             return Ok(super::mmu::fold_rows(pieces)
                 .into_iter()
                 .map(|x| (x, None))
                 .collect());
         }
-        let p = Pa::decode(a.addr)
-            .ok_or_else(|| format!("DMA {side} {:#x} is not a device PA", a.addr))?;
-        self.check_pa(pe, side, a.space, p)?;
-        Ok(vec![(
-            Extent {
-                pa: a.addr,
-                len: row_bytes,
-                rows,
-                stride: if rows > 1 { stride } else { 0 },
-            },
-            None,
-        )])
+        let x = Extent {
+            pa: a.addr,
+            len: row_bytes,
+            rows,
+            stride: if rows > 1 { stride } else { 0 },
+        };
+        self.check_pa(pe, side, a.space, &x)?;
+        Ok(vec![(x, None)])
     }
 
     /// BAAW (ADR-0011 D-LA4): resolve `len` bytes at `la` through the PE's
@@ -245,7 +259,11 @@ impl<W: Write> Engine<'_, W> {
         Ok(())
     }
 
-    fn check_pa(&self, pe: PeCoord, side: &str, space: Space, p: Pa) -> Result<(), String> {
+    /// Whether `x` lies in the machine, in `space`, within that memory's
+    /// size, and (another PE's TCM) within one of that PE's TCM buffers.
+    fn check_pa(&self, pe: PeCoord, side: &str, space: Space, x: &Extent) -> Result<(), String> {
+        let p =
+            Pa::decode(x.pa).ok_or_else(|| format!("DMA {side} {:#x} is not a device PA", x.pa))?;
         let c = self.m.topo.counts;
         if p.space != space {
             return Err(format!(
@@ -257,14 +275,42 @@ impl<W: Write> Engine<'_, W> {
         if p.sip >= c.sips || p.cube >= c.cubes_per_sip || p.pe >= c.pes_per_cube {
             return Err(format!("DMA {side} {p} is outside the machine"));
         }
-        if p.space == Space::Tcm && (p.sip, p.cube, p.pe) != (pe.sip, pe.cube, pe.pe) {
-            return Err(format!("DMA {side} {p} is another PE's TCM"));
-        }
-        if !matches!(p.space, Space::Tcm | Space::Hbm) {
+        // The bytes the extent spans from its first.
+        let span = (x.rows.max(1) as u64 - 1)
+            .saturating_mul(x.stride)
+            .saturating_add(x.len);
+        let end = p.offset.saturating_add(span);
+        let t = &self.m.topo;
+        let (size, what) = match p.space {
+            Space::Tcm => (t.tcm_bytes(), "TCM"),
+            Space::Sram => (t.sram_bytes(), "SRAM"),
+            _ => (t.hbm_bytes_per_pe(), "HBM partition"),
+        };
+        if end > size {
             return Err(format!(
-                "DMA {side} space {} is not supported yet",
-                p.space.name()
+                "DMA {side} {p} +{span} bytes runs past the end of its {what} ({size} bytes)"
             ));
+        }
+        if p.space == Space::Sram && p.pe != 0 {
+            return Err(format!(
+                "DMA {side} {p} names a PE in SRAM (SRAM is per cube: its PAs have pe 0)"
+            ));
+        }
+        if p.space == Space::Tcm && (p.sip, p.cube, p.pe) != (pe.sip, pe.cube, pe.pe) {
+            let owner = self.m.pe_index(PeCoord {
+                sip: p.sip,
+                cube: p.cube,
+                pe: p.pe,
+            });
+            let last = x.pa + span;
+            if !self.tcm_buffers[owner]
+                .iter()
+                .any(|&(s, e)| s <= x.pa && last <= e)
+            {
+                return Err(format!(
+                    "DMA {side} {p} +{span} bytes is another PE's TCM outside its TCM buffers (a kernel may copy into or read from another PE's TCM only within a tensor placed there: Placement::in_tcm)"
+                ));
+            }
         }
         Ok(())
     }
@@ -274,10 +320,9 @@ impl<W: Write> Engine<'_, W> {
         let mut groups: Vec<Group> = Vec::new();
         for (x, path) in pieces {
             let p = Pa::decode(x.pa).expect("resolved pieces are PAs");
-            let target = match p.space {
-                Space::Tcm => self.m.pe_node(pe, NodeKind::Tcm),
-                _ => self.m.cube_node(p.sip, p.cube, NodeKind::HbmCtrl),
-            };
+            let own_tcm =
+                p.space == Space::Tcm && (p.sip, p.cube, p.pe) == (pe.sip, pe.cube, pe.pe);
+            let target = self.memory_node(x.pa);
             let (via, channels) = match path {
                 Some(LaPath { via, channels }) => (Some(via), Some(channels)),
                 None => (None, None),
@@ -294,7 +339,7 @@ impl<W: Write> Engine<'_, W> {
                     target,
                     via,
                     channels,
-                    local: p.space == Space::Tcm,
+                    local: own_tcm,
                     bytes: x.bytes(),
                     pieces: vec![x],
                 }),
@@ -303,13 +348,16 @@ impl<W: Write> Engine<'_, W> {
         groups
     }
 
-    /// Issue a DMA; a store applies its data effects now. Returns its op id.
+    /// Issue a DMA; a store or copy applies its data effects now. A copy
+    /// with a notification releases this PE's clock (the caller fenced
+    /// it). Returns its op id.
     pub(super) fn issue_dma(
         &mut self,
         pc: PeCoord,
         pe: u32,
         c: DmaCmd,
-        store: bool,
+        mode: DmaMode,
+        notify: Option<Notify>,
     ) -> Result<u64, SimError> {
         let m = &c.mem;
         let src = self.resolve(pc, "source", m.src, m.rows, m.row_bytes, m.src_stride);
@@ -322,8 +370,13 @@ impl<W: Write> Engine<'_, W> {
         let src_order: Vec<Extent> = src.iter().map(|p| p.0).collect();
         let dst_order: Vec<Extent> = dst.iter().map(|p| p.0).collect();
         let (src, dst) = (self.group(pc, src), self.group(pc, dst));
+        if let Some(n) = notify {
+            self.check_pe(pc, n.pe, "notify")?;
+        }
         let op_id = self.new_op_id();
         self.in_flight.insert(op_id);
+        let hb = self.hb_tag(pe);
+        let notify = notify.map(|n| (n, self.sync.clocks.release(pe)));
         let d = self.dmas.insert(Dma {
             pe,
             op_id,
@@ -334,6 +387,8 @@ impl<W: Write> Engine<'_, W> {
             dst_order,
             left: 0,
             at_issue: false,
+            notify,
+            hb,
             op: None,
             data: Vec::new(),
             unknown: Vec::new(),
@@ -341,10 +396,11 @@ impl<W: Write> Engine<'_, W> {
             read: None,
             write: None,
         });
-        if store {
-            self.apply_at_issue(d);
-        }
         self.pes[pe as usize].outstanding += 1;
+        match mode {
+            DmaMode::Load => self.pes[pe as usize].unsettled += 1,
+            DmaMode::Store => self.apply_at_issue(d)?,
+        }
         let (cpu, dma) = (
             self.m.pe_node(pc, NodeKind::PeCpu),
             self.m.pe_node(pc, NodeKind::PeDma),
@@ -353,10 +409,10 @@ impl<W: Write> Engine<'_, W> {
         Ok(op_id)
     }
 
-    /// A store's read and write, at issue. Pending source bytes (a compute
-    /// result) make the matching destination bytes pending, naming the
-    /// same writer.
-    fn apply_at_issue(&mut self, d: u32) {
+    /// A store's or copy's read and write, at issue. Pending source bytes
+    /// (a compute result) make the matching destination bytes pending,
+    /// naming the same writer.
+    fn apply_at_issue(&mut self, d: u32) -> Result<(), SimError> {
         let (src, dst) = {
             let x = self.dmas.get(d);
             (x.src_order.clone(), x.dst_order.clone())
@@ -365,13 +421,25 @@ impl<W: Write> Engine<'_, W> {
         self.scatter(&dst, &data);
         self.data.mark_unknown(&dst, &unknown);
         let fingerprint = unknown.is_empty().then(|| kb_format::fingerprint(&data));
+        self.dma_race_check(d, &src, false)?;
         let read = self.effect(src);
+        self.dma_race_check(d, &dst, true)?;
         let write = self.effect(dst);
         let x = self.dmas.get(d);
         x.at_issue = true;
         x.fingerprint = fingerprint;
         x.read = Some(read);
         x.write = Some(write);
+        Ok(())
+    }
+
+    /// Check a DMA's read or write against the race detector.
+    fn dma_race_check(&mut self, d: u32, ranges: &[Extent], write: bool) -> Result<(), SimError> {
+        let (pe, op_id, name, hb) = {
+            let x = self.dmas.get(d);
+            (x.pe, x.op_id, x.cmd.op_name(), x.hb.clone())
+        };
+        self.race_check(pe, ranges, write, op_id, name, &hb)
     }
 
     /// The bytes a DMA moves and which of them are unknown in Phase 1.
@@ -527,6 +595,7 @@ impl<W: Write> Engine<'_, W> {
                     // only reading them in Phase 1 is an error).
                     let src = self.dmas.get(d).src_order.clone();
                     let (data, unknown) = self.read_moved(&src);
+                    self.dma_race_check(d, &src, false)?;
                     let read = self.effect(src);
                     let x = self.dmas.get(d);
                     x.fingerprint = unknown.is_empty().then(|| kb_format::fingerprint(&data));
@@ -593,8 +662,23 @@ impl<W: Write> Engine<'_, W> {
                     let x = self.dmas.get(d);
                     x.data = data;
                     x.unknown = unknown;
+                    self.dma_race_check(d, &dst, true)?;
                     let write = self.effect(dst);
                     self.dmas.get(d).write = Some(write);
+                }
+                // A copy's notification leaves the destination memory once
+                // the bytes are there.
+                if let Some((n, clock)) = self.dmas.get(d).notify.take() {
+                    let from = self.dmas.get(d).dst.first().map_or(dma, |g| g.target);
+                    let launch = self.dmas.get(d).hb.launch;
+                    self.send_signal_update(
+                        from,
+                        launch,
+                        n.pe,
+                        n.signal,
+                        crate::program::SignalOp::Add(n.add),
+                        clock,
+                    );
                 }
                 let remote: Vec<(NodeId, Option<NodeId>)> = self
                     .dmas
@@ -622,7 +706,12 @@ impl<W: Write> Engine<'_, W> {
                     x.write,
                 )?;
                 let pe = x.pe as usize;
-                if x.cmd.mem.dst.space == Space::Tcm {
+                let kind = if x.at_issue {
+                    super::Done::Store
+                } else {
+                    super::Done::Load
+                };
+                if x.cmd.mem.dst.space == Space::Tcm && !x.at_issue {
                     // A load: its bytes go to the kernel that waits on it,
                     // now or later (an asynchronous load).
                     let loaded = Loaded {
@@ -652,6 +741,7 @@ impl<W: Write> Engine<'_, W> {
                     Arrive::CmdDoneAtCpu {
                         pe: pe as u32,
                         cmd: CmdRef(x.op_id),
+                        kind,
                     },
                 );
             }

@@ -1,5 +1,6 @@
 //! The host runtime's deploy protocol: host -> pcie_ep -> io_cpu, then one
-//! write per shard to the cubes' HBM. (Launches are `launch.rs`.)
+//! write per shard to the memory holding it (a cube's HBM or SRAM, a PE's
+//! TCM). (Launches are `launch.rs`.)
 
 use std::io::Write;
 
@@ -71,7 +72,7 @@ impl DataOp for ShardWrite<'_> {
                 addr: pa::host(self.tensor.id, s.tensor_offset),
             },
             dst: Addr {
-                space: Space::Hbm,
+                space: kb_format::pa::space_of(s.pa).unwrap_or(Space::Hbm),
                 addr: s.pa,
             },
             rows: s.rows as u32,
@@ -84,6 +85,24 @@ impl DataOp for ShardWrite<'_> {
 }
 
 impl<W: Write> Engine<'_, W> {
+    /// The node that serves writes to a shard at `pa`: its cube's hbm_ctrl
+    /// or sram, or its PE's tcm.
+    pub(super) fn memory_node(&self, pa: u64) -> crate::machine::NodeId {
+        let p = kb_format::pa::Pa::decode(pa).expect("shards are device PAs");
+        match p.space {
+            Space::Tcm => self.m.pe_node(
+                crate::machine::PeCoord {
+                    sip: p.sip,
+                    cube: p.cube,
+                    pe: p.pe,
+                },
+                NodeKind::Tcm,
+            ),
+            Space::Sram => self.m.cube_node(p.sip, p.cube, NodeKind::Sram),
+            _ => self.m.cube_node(p.sip, p.cube, NodeKind::HbmCtrl),
+        }
+    }
+
     /// Deploy: per tensor and SIP, the host sends the SIP's data once over
     /// PCIe to io_cpu, which fans it out as one write per shard to the
     /// cubes' HBM.
@@ -131,8 +150,7 @@ impl<W: Write> Engine<'_, W> {
                 let tensors = self.tensors;
                 let t = &tensors[tensor as usize];
                 let s = t.meta.shards[shard as usize].clone();
-                let pe = t.shard_pes[shard as usize];
-                let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                let hbm = self.memory_node(s.pa);
                 let op_id = self.new_op_id();
                 let op = self.hook_start(
                     hbm,
@@ -191,7 +209,7 @@ impl<W: Write> Engine<'_, W> {
                     if pe.sip != sip {
                         continue;
                     }
-                    let hbm = self.m.cube_node(pe.sip, pe.cube, NodeKind::HbmCtrl);
+                    let hbm = self.memory_node(s.pa);
                     let job = self.host_writes.insert(HostWrite {
                         tensor,
                         shard: k as u32,

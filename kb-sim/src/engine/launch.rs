@@ -12,7 +12,6 @@ use std::sync::Arc;
 use kb_format::Ps;
 
 use super::{Act, Arrive, CONTROL_BYTES, Engine, SimError};
-use crate::alloc::FreeList;
 use crate::component::Request;
 use crate::event::ns_to_ps;
 use crate::kernel::{self, Executor, KernelArgs, KernelFn};
@@ -86,6 +85,11 @@ pub(super) struct LaunchState {
     /// FLOPs its compute ops executed, and the useful part of them.
     flops: u64,
     useful_flops: u64,
+    /// The host's clock when it launched (kernels acquire it as they start).
+    start_clock: Vec<u32>,
+    /// The join of its kernels' clocks at their ends (the host acquires it
+    /// when it hears the launch is done).
+    end_clock: Vec<u32>,
     /// Per dense cube index: its PEs in this launch not yet reported.
     cube_left: Vec<u32>,
     /// Per SIP: its cubes in this launch not yet reported.
@@ -190,6 +194,7 @@ impl<W: Write> Engine<'_, W> {
                             self.host_wait = HostWait::Launch(n as u32);
                             return;
                         }
+                        self.host_acquire(Some(n));
                     }
                     Step::Free(t) => {
                         if self.launches.iter().any(|l| !l.done) {
@@ -197,6 +202,7 @@ impl<W: Write> Engine<'_, W> {
                             self.host_wait = HostWait::AllLaunches;
                             return;
                         }
+                        self.host_acquire(None);
                         self.free_tensor(t);
                     }
                 }
@@ -212,6 +218,25 @@ impl<W: Write> Engine<'_, W> {
             }
             self.host_wait = HostWait::Done;
             return;
+        }
+    }
+
+    /// The host has heard that launch `n` (or, with `None`, every launch)
+    /// is done: it acquires what their kernels did. Once every launch is
+    /// done, every later access is ordered after every earlier one, so the
+    /// race detector forgets them.
+    fn host_acquire(&mut self, n: Option<usize>) {
+        let host = self.sync.host;
+        for (k, l) in self.launches.iter().enumerate() {
+            if n.is_none_or(|n| n == k) && l.done {
+                self.sync.clocks.acquire(host, &l.end_clock);
+            }
+        }
+        if self.launches.iter().all(|l| l.done) {
+            for l in &self.launches {
+                self.sync.clocks.acquire(host, &l.end_clock);
+            }
+            self.sync.quiesce();
         }
     }
 
@@ -234,8 +259,11 @@ impl<W: Write> Engine<'_, W> {
             cube_left[cube] += 1;
         }
         let sips_left = sip_left.iter().filter(|&&n| n > 0).count() as u32;
+        let start_clock = self.sync.clocks.release(self.sync.host);
         self.launches.push(LaunchState {
             spec,
+            start_clock,
+            end_clock: Vec::new(),
             t_start: None,
             t_end: 0,
             flops: 0,
@@ -359,6 +387,10 @@ impl<W: Write> Engine<'_, W> {
                         _ => false,
                     };
                     if resume {
+                        match self.host_wait {
+                            HostWait::Launch(n) => self.host_acquire(Some(n as usize)),
+                            _ => self.host_acquire(None),
+                        }
                         self.host_wait = HostWait::Running;
                         self.host_continue();
                     }
@@ -471,16 +503,16 @@ impl<W: Write> Engine<'_, W> {
             .iter()
             .position(|&p| p == pc)
             .expect("a launch starts only on its PEs");
-        let n = l.spec.pes.len() as u32;
         let program: Box<dyn PeProgram> = match &mut l.spec.body {
             LaunchBody::Kernel {
                 kernel,
                 args,
                 executor,
             } => {
-                let tcm = FreeList::new(self.m.topo.tcm_bytes());
+                let tcm = self.kernel_tcm[pe as usize].clone();
+                let pes: Arc<[PeCoord]> = l.spec.pes.as_slice().into();
                 let body =
-                    kernel::grid_body(*kernel, args.clone(), pc, slot as u32, n, l.spec.grid, tcm);
+                    kernel::grid_body(*kernel, args.clone(), pes, slot as u32, l.spec.grid, tcm);
                 executor
                     .spawn(format!("{}[{slot}]", l.spec.name), body)
                     .map_err(|message| SimError::Kernel {
@@ -497,6 +529,8 @@ impl<W: Write> Engine<'_, W> {
         self.programs[pe as usize] = program;
         self.pe_launches[pe as usize].current = Some(launch);
         self.pes[pe as usize] = super::PeState::default();
+        let start = self.launches[launch as usize].start_clock.clone();
+        self.sync.clocks.acquire(pe, &start);
         self.step_program(pe, Reply::Go)
     }
 
@@ -508,8 +542,10 @@ impl<W: Write> Engine<'_, W> {
             .current
             .take()
             .expect("a finished kernel belongs to a launch");
+        let clock = self.sync.clocks.release(pe);
         let l = &mut self.launches[launch as usize];
         l.t_end = l.t_end.max(now);
+        crate::race::join(&mut l.end_clock, &clock);
         let pc = self.m.pe_coord(pe as usize);
         let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
         let mcpu = self.m.cube_node(pc.sip, pc.cube, NodeKind::MCpu);

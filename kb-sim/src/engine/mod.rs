@@ -37,6 +37,7 @@ mod dma;
 mod host;
 mod launch;
 mod mmu;
+mod sync;
 
 use launch::{HostWait, LaunchAct, LaunchArrive, LaunchState, PeLaunches};
 pub use launch::{LaunchBody, LaunchSpec, Step};
@@ -45,8 +46,10 @@ pub use mmu::MmuStats;
 use mmu::{MmuAct, MmuArrive};
 
 use compute::{Compute, ComputeOp, Producer, UnitQueue};
-use dma::{Dma, DmaAct, DmaArrive, DmaEngines};
+use dma::{Dma, DmaAct, DmaArrive, DmaEngines, DmaMode};
 use host::{HostAct, HostArrive, HostWrite};
+pub use sync::RacePolicy;
+use sync::{Sync, SyncAct, SyncArrive};
 
 /// A failed simulation.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +64,9 @@ pub enum SimError {
     Trace(#[from] kb_format::FormatError),
     #[error("deadlock at {time_ns} ns: no events left, but {pes}")]
     Stalled { time_ns: f64, pes: String },
+    /// A data race found under `--races error`.
+    #[error("{0}")]
+    Race(String),
 }
 
 /// What happens when a message's tail reaches its destination.
@@ -70,8 +76,22 @@ enum Arrive {
     Dma(DmaArrive),
     Mmu(MmuArrive),
     Launch(LaunchArrive),
+    Sync(SyncArrive),
     ComputeAtUnit(u32),
-    CmdDoneAtCpu { pe: u32, cmd: CmdRef },
+    /// An op's completion notice reaches its PE's pe_cpu.
+    CmdDoneAtCpu {
+        pe: u32,
+        cmd: CmdRef,
+        kind: Done,
+    },
+}
+
+/// What kind of op completed (fences count them apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    Load,
+    Store,
+    Compute,
 }
 
 /// A protocol step scheduled at a time.
@@ -81,6 +101,7 @@ enum Act {
     Dma(DmaAct),
     Mmu(MmuAct),
     Launch(LaunchAct),
+    Sync(SyncAct),
     ComputeEnd(u32),
 }
 
@@ -155,7 +176,7 @@ impl<T> Slab<T> {
 }
 
 /// Run totals.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunStats {
     pub end_time: Ps,
     pub records: u64,
@@ -163,6 +184,10 @@ pub struct RunStats {
     pub kernel_start: Ps,
     /// PE_MMU traffic (VA model).
     pub mmu: MmuStats,
+    /// Data races found (pairs of unordered ops; 0 with races off).
+    pub races: u64,
+    /// The first races, described (both ops, the bytes they share).
+    pub race_reports: Vec<String>,
 }
 
 /// The op log: assigns op ids and effect sequence numbers, feeds the
@@ -199,6 +224,12 @@ pub struct Engine<'m, W: Write> {
     pe_launches: Vec<PeLaunches>,
     /// Per tensor: unmapped by a free step or at the end.
     freed: Vec<bool>,
+    /// Per PE: the TCM allocator each kernel starts with (the program's
+    /// TCM buffers reserved).
+    kernel_tcm: Vec<crate::alloc::FreeList>,
+    /// Per PE: its TCM buffers, as PA ranges `[start, end)`: the only TCM
+    /// another PE may copy into or read from.
+    tcm_buffers: Vec<Vec<(u64, u64)>>,
     /// Write snapshots of compute inputs (`--capture-inputs`).
     capture_inputs: bool,
     msgs: Slab<Msg>,
@@ -222,16 +253,52 @@ pub struct Engine<'m, W: Write> {
     in_flight: FxHashSet<u64>,
     /// Data of completed asynchronous loads, until the kernel waits on them.
     async_data: HashMap<u64, Loaded>,
+    /// Signals, barriers, clocks and race checks.
+    sync: Sync,
     stats: RunStats,
 }
 
 /// Per-PE kernel state (reset when a kernel starts).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct PeState {
-    /// DMAs issued and not yet completed.
+    /// Ops issued and not yet completed (DMAs and compute).
     outstanding: u32,
+    /// Loads issued and not yet completed: their data effects happen when
+    /// they are served, so a release waits for them.
+    unsettled: u32,
+    /// Compute ops issued and not yet completed.
+    computing: u32,
     /// What the program waits on: a specific DMA, or all of them.
     waiting: Wait,
+    /// A command held until its fence is satisfied.
+    deferred: Option<Command>,
+    /// Barriers passed, per group (its members' dense indices, sorted).
+    barrier_epochs: std::collections::BTreeMap<Vec<u32>, u32>,
+    /// What a `Wait::Signals` waits for: (signal, at least) pairs, any.
+    awaited: Vec<(u32, u64)>,
+}
+
+/// What a release waits for before it goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fence {
+    /// Loads in flight (a notifying copy: stores, copies and compute
+    /// apply their data effects at issue).
+    Loads,
+    /// Loads and compute ops (a signal: its receiver may reuse what the
+    /// compute reads).
+    LoadsAndCompute,
+    /// Every op (a barrier).
+    All,
+}
+
+impl PeState {
+    fn fenced(&self, f: Fence) -> bool {
+        match f {
+            Fence::Loads => self.unsettled == 0,
+            Fence::LoadsAndCompute => self.unsettled == 0 && self.computing == 0,
+            Fence::All => self.outstanding == 0,
+        }
+    }
 }
 
 /// Per-PE reply data: the bytes of the blocking DMA it waits on.
@@ -243,6 +310,12 @@ enum Wait {
     Nothing,
     Cmd(CmdRef),
     All,
+    /// A deferred command's fence.
+    Fence(Fence),
+    /// One of this PE's signals reaching its value (`PeState::awaited`).
+    Signals,
+    /// A barrier's release.
+    Barrier,
 }
 
 impl<W: Write> std::fmt::Debug for Engine<'_, W> {
@@ -307,6 +380,29 @@ impl<'m, W: Write> Engine<'m, W> {
             })
             .collect();
         let n_pes = t.total_pes() as usize;
+        let mut kernel_tcm = vec![crate::alloc::FreeList::new(t.tcm_bytes()); n_pes];
+        let mut tcm_buffers = vec![Vec::new(); n_pes];
+        for tensor in tensors {
+            for s in &tensor.meta.shards {
+                let Some(p) =
+                    kb_format::pa::Pa::decode(s.pa).filter(|p| p.space == kb_format::Space::Tcm)
+                else {
+                    continue;
+                };
+                let i = m.pe_index(PeCoord {
+                    sip: p.sip,
+                    cube: p.cube,
+                    pe: p.pe,
+                });
+                let bytes = s.rows * s.row_bytes;
+                let reserved = kernel_tcm[i].reserve(p.offset, bytes);
+                debug_assert!(
+                    reserved,
+                    "TCM buffers are allocated disjoint by the runtime"
+                );
+                tcm_buffers[i].push((s.pa, s.pa + bytes));
+            }
+        }
         Engine {
             m,
             q: EventQueue::default(),
@@ -327,6 +423,8 @@ impl<'m, W: Write> Engine<'m, W> {
             launches: Vec::new(),
             pe_launches: (0..n_pes).map(|_| PeLaunches::default()).collect(),
             freed: vec![false; tensors.len()],
+            kernel_tcm,
+            tcm_buffers,
             capture_inputs: false,
             msgs: Slab::new(),
             dmas: Slab::new(),
@@ -359,6 +457,7 @@ impl<'m, W: Write> Engine<'m, W> {
             replies: vec![None; n_pes],
             in_flight: Default::default(),
             async_data: HashMap::default(),
+            sync: Sync::new(n_pes),
             programs: (0..n_pes)
                 .map(|_| -> Box<dyn PeProgram> { Box::new(Script::new(Vec::new())) })
                 .collect(),
@@ -370,6 +469,13 @@ impl<'m, W: Write> Engine<'m, W> {
     /// mode, ADR-0052 D4; `kb-replay --check-intermediates` compares).
     pub fn capture_inputs(mut self, on: bool) -> Self {
         self.capture_inputs = on;
+        self
+    }
+
+    /// What to do with data races: ignore them, count and report them, or
+    /// fail on the first.
+    pub fn races(mut self, policy: RacePolicy) -> Self {
+        self.sync.policy = policy;
         self
     }
 
@@ -409,6 +515,20 @@ impl<'m, W: Write> Engine<'m, W> {
                     Wait::Cmd(CmdRef(op)) => format!("op {op}, which will never wake it"),
                     Wait::All => format!("all of its {} outstanding ops", s.outstanding),
                     Wait::Nothing => "nothing (it was never resumed)".to_string(),
+                    Wait::Fence(_) => "its earlier ops to complete before a release".to_string(),
+                    Wait::Signals => {
+                        let launch = self.pe_launches[i].current;
+                        let each: Vec<String> = s
+                            .awaited
+                            .iter()
+                            .map(|&(signal, at_least)| {
+                                let now = self.sync.signal_value(launch, i as u32, signal);
+                                format!("its signal {signal} to reach {at_least} (it is {now})")
+                            })
+                            .collect();
+                        each.join(" or ")
+                    }
+                    Wait::Barrier => self.sync.barrier_wait(i as u32, self.m),
                 };
                 format!(
                     "kernel {} on {} waits for {what}",
@@ -434,6 +554,8 @@ impl<'m, W: Write> Engine<'m, W> {
         self.stats.end_time = self.q.now();
         self.stats.events = self.q.scheduled();
         self.stats.records = self.log.next_op;
+        self.stats.races = self.sync.race_count;
+        self.stats.race_reports = std::mem::take(&mut self.sync.reports);
         let launches = self.launch_records();
         Ok((self.log.writer, self.stats, launches))
     }
@@ -608,30 +730,40 @@ impl<'m, W: Write> Engine<'m, W> {
             Arrive::Dma(a) => self.dma_arrive(a),
             Arrive::Mmu(a) => self.mmu_arrive(a),
             Arrive::Launch(a) => self.launch_arrive(a)?,
+            Arrive::Sync(a) => self.sync_arrive(a)?,
             Arrive::ComputeAtUnit(c) => self.compute_arrive(c),
-            Arrive::CmdDoneAtCpu { pe, cmd } => {
+            Arrive::CmdDoneAtCpu { pe, cmd, kind } => {
                 self.in_flight.remove(&cmd.0);
                 let s = &mut self.pes[pe as usize];
                 s.outstanding -= 1;
-                let resume = match s.waiting {
-                    Wait::Cmd(c) => c == cmd,
-                    Wait::All => s.outstanding == 0,
-                    Wait::Nothing => false,
-                };
-                if resume {
-                    s.waiting = Wait::Nothing;
-                    let data = match s.waiting {
-                        _ if self.replies[pe as usize].is_some() => {
-                            self.replies[pe as usize].take()
-                        }
-                        _ => self.async_data.remove(&cmd.0),
-                    };
-                    let reply = match data {
-                        Some(data) => Reply::Data(data),
-                        None => Reply::Done,
-                    };
-                    self.step_program(pe, reply)?;
+                match kind {
+                    Done::Load => s.unsettled -= 1,
+                    Done::Compute => s.computing -= 1,
+                    Done::Store => {}
                 }
+                match s.waiting {
+                    Wait::Cmd(c) if c == cmd => {}
+                    Wait::All if s.outstanding == 0 => {}
+                    Wait::Fence(f) if s.fenced(f) => {
+                        s.waiting = Wait::Nothing;
+                        let deferred = s.deferred.take().expect("a fence holds a command");
+                        if let Some(reply) = self.run_command(pe, deferred)? {
+                            self.step_program(pe, reply)?;
+                        }
+                        return Ok(());
+                    }
+                    _ => return Ok(()),
+                }
+                s.waiting = Wait::Nothing;
+                let data = match self.replies[pe as usize].take() {
+                    Some(d) => Some(d),
+                    None => self.async_data.remove(&cmd.0),
+                };
+                let reply = match data {
+                    Some(data) => Reply::Data(data),
+                    None => Reply::Done,
+                };
+                self.step_program(pe, reply)?;
             }
         }
         Ok(())
@@ -643,6 +775,7 @@ impl<'m, W: Write> Engine<'m, W> {
             Act::Dma(a) => self.dma_act(a)?,
             Act::Mmu(a) => self.mmu_act(a),
             Act::Launch(a) => self.launch_act(a)?,
+            Act::Sync(a) => self.sync_act(a)?,
             Act::ComputeEnd(c) => self.finish_compute(c)?,
         }
         Ok(())
@@ -665,39 +798,132 @@ impl<'m, W: Write> Engine<'m, W> {
                     });
                 }
             };
-            match cmd {
-                Command::Dma(c) => {
-                    let op_id = self.issue_dma(pc, pe, c, false)?;
-                    self.pes[pe as usize].waiting = Wait::Cmd(CmdRef(op_id));
-                    return Ok(());
-                }
-                Command::DmaAsync(c) => reply = Reply::Issued(self.issue_dma(pc, pe, c, false)?),
-                Command::Store(c) => reply = Reply::Issued(self.issue_dma(pc, pe, c, true)?),
-                Command::WaitOp(op_id) => {
-                    if self.in_flight.contains(&op_id) {
-                        self.pes[pe as usize].waiting = Wait::Cmd(CmdRef(op_id));
-                        return Ok(());
-                    }
-                    reply = match self.async_data.remove(&op_id) {
-                        Some(data) => Reply::Data(data),
-                        None => Reply::Done,
-                    };
-                }
-                Command::Gemm(g) => {
-                    self.count_flops(pe, g.op.flops(), g.useful_flops);
-                    reply = Reply::Issued(self.issue_compute(pc, pe, ComputeOp::Gemm(g))?)
-                }
-                Command::Math(m) => {
-                    self.count_flops(pe, m.op.flops(), m.useful_flops);
-                    reply = Reply::Issued(self.issue_compute(pc, pe, ComputeOp::Math(m))?)
-                }
-                Command::WaitAll => {
-                    if self.pes[pe as usize].outstanding > 0 {
-                        self.pes[pe as usize].waiting = Wait::All;
-                        return Ok(());
-                    }
-                }
+            match self.run_command(pe, cmd)? {
+                Some(r) => reply = r,
+                None => return Ok(()),
             }
         }
+    }
+
+    /// Run one command of PE `pe`'s program: `Some(reply)` resumes the
+    /// program at once, `None` when it waits (for an op, a fence, a signal
+    /// or a barrier).
+    fn run_command(&mut self, pe: u32, cmd: Command) -> Result<Option<Reply>, SimError> {
+        let pc = self.m.pe_coord(pe as usize);
+        let p = pe as usize;
+        Ok(match cmd {
+            Command::Dma(c) => {
+                let op_id = self.issue_dma(pc, pe, c, DmaMode::Load, None)?;
+                self.pes[p].waiting = Wait::Cmd(CmdRef(op_id));
+                None
+            }
+            Command::DmaAsync(c) => Some(Reply::Issued(self.issue_dma(
+                pc,
+                pe,
+                c,
+                DmaMode::Load,
+                None,
+            )?)),
+            Command::Store(c) => Some(Reply::Issued(self.issue_dma(
+                pc,
+                pe,
+                c,
+                DmaMode::Store,
+                None,
+            )?)),
+            Command::Send { cmd, notify } => {
+                if notify.is_some() && !self.pes[p].fenced(Fence::Loads) {
+                    self.defer(pe, Command::Send { cmd, notify }, Fence::Loads);
+                    return Ok(None);
+                }
+                Some(Reply::Issued(self.issue_dma(
+                    pc,
+                    pe,
+                    cmd,
+                    DmaMode::Store,
+                    notify,
+                )?))
+            }
+            Command::Signal { pe: to, signal, op } => {
+                if !self.pes[p].fenced(Fence::LoadsAndCompute) {
+                    let cmd = Command::Signal { pe: to, signal, op };
+                    self.defer(pe, cmd, Fence::LoadsAndCompute);
+                    return Ok(None);
+                }
+                self.check_pe(pc, to, "signal")?;
+                let clock = self.sync.clocks.release(pe);
+                let launch = self.current_launch(pe);
+                let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+                self.send_signal_update(cpu, launch, to, signal, op, clock);
+                Some(Reply::Done)
+            }
+            Command::WaitSignal(any) => {
+                let launch = self.current_launch(pe);
+                if self.sync.acquire_reached(launch, pe, &any) {
+                    Some(Reply::Done)
+                } else {
+                    self.pes[p].awaited = any;
+                    self.pes[p].waiting = Wait::Signals;
+                    None
+                }
+            }
+            Command::ReadSignal(signal) => {
+                let launch = self.current_launch(pe);
+                self.sync.acquire_signal(launch, pe, signal);
+                Some(Reply::Value(self.sync.signal_value(
+                    Some(launch),
+                    pe,
+                    signal,
+                )))
+            }
+            Command::Barrier(members) => {
+                if !self.pes[p].fenced(Fence::All) {
+                    self.defer(pe, Command::Barrier(members), Fence::All);
+                    return Ok(None);
+                }
+                self.barrier_arrive(pe, members)?;
+                None
+            }
+            Command::WaitOp(op_id) => {
+                if self.in_flight.contains(&op_id) {
+                    self.pes[p].waiting = Wait::Cmd(CmdRef(op_id));
+                    return Ok(None);
+                }
+                Some(match self.async_data.remove(&op_id) {
+                    Some(data) => Reply::Data(data),
+                    None => Reply::Done,
+                })
+            }
+            Command::Gemm(g) => {
+                self.count_flops(pe, g.op.flops(), g.useful_flops);
+                Some(Reply::Issued(self.issue_compute(
+                    pc,
+                    pe,
+                    ComputeOp::Gemm(g),
+                )?))
+            }
+            Command::Math(m) => {
+                self.count_flops(pe, m.op.flops(), m.useful_flops);
+                Some(Reply::Issued(self.issue_compute(
+                    pc,
+                    pe,
+                    ComputeOp::Math(m),
+                )?))
+            }
+            Command::WaitAll => {
+                if self.pes[p].outstanding > 0 {
+                    self.pes[p].waiting = Wait::All;
+                    return Ok(None);
+                }
+                Some(Reply::Done)
+            }
+        })
+    }
+
+    /// Hold `cmd` until PE `pe`'s fence `f` is satisfied.
+    fn defer(&mut self, pe: u32, cmd: Command, f: Fence) {
+        let s = &mut self.pes[pe as usize];
+        s.deferred = Some(cmd);
+        s.waiting = Wait::Fence(f);
     }
 }

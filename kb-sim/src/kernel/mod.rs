@@ -10,6 +10,7 @@
 // Public surface of the library: every public item is documented.
 #![warn(missing_docs)]
 
+mod comm;
 pub mod composite;
 pub mod exec;
 
@@ -23,7 +24,10 @@ use kb_format::{
 };
 use ndarray::Array2;
 
+pub use comm::Group;
 pub use exec::{Executor, KernelBody, Port};
+
+pub use crate::program::{Notify, SignalOp};
 
 use crate::alloc::FreeList;
 use crate::machine::PeCoord;
@@ -40,14 +44,24 @@ pub struct TensorArg {
     pub dtype: Dtype,
     /// Rows and columns of the whole tensor.
     pub shape: [u64; 2],
-    /// Each PE's part, as kernels address it.
+    /// The memory its shards are in: `Hbm` (addresses in the model's
+    /// space: PA, VA or LA), `Tcm` or `Sram` (PAs).
+    pub space: Space,
+    /// Each PE's part, as kernels address it (in SRAM, each cube's part,
+    /// held by its PE 0).
     pub shards: Vec<ShardArg>,
 }
 
 impl TensorArg {
-    /// The shard held by `pe`.
+    /// The shard held by `pe` (in SRAM: by `pe`'s cube).
     pub fn shard(&self, pe: PeCoord) -> Option<&ShardArg> {
-        self.shards.iter().find(|s| s.pe == pe)
+        match self.space {
+            Space::Sram => self
+                .shards
+                .iter()
+                .find(|s| (s.pe.sip, s.pe.cube) == (pe.sip, pe.cube)),
+            _ => self.shards.iter().find(|s| s.pe == pe),
+        }
     }
 
     /// Bytes per element.
@@ -156,7 +170,7 @@ impl Block {
     }
 
     /// The block of rows [r0, r0+rows) x cols [c0, c0+cols) of a shard
-    /// (shard coordinates).
+    /// (shard coordinates), in the tensor's memory.
     pub fn in_shard(t: &TensorArg, s: &ShardArg, r0: u64, c0: u64, rows: u32, cols: u32) -> Block {
         let es = t.elem_bytes();
         assert!(
@@ -168,7 +182,7 @@ impl Block {
         );
         Block {
             addr: Addr {
-                space: Space::Hbm,
+                space: t.space,
                 addr: s.addr + r0 * s.row_bytes + c0 * es,
             },
             rows,
@@ -357,6 +371,26 @@ impl Operand for Pending {
     }
 }
 
+/// A block of this PE's TCM (a [`Memory::Tcm`](crate::runtime::Memory)
+/// buffer: a receive slot, data kept on chip) is an operand where it lies,
+/// without a copy. It must be contiguous (rows `cols` elements apart);
+/// using a block elsewhere (HBM, SRAM, another PE's TCM) as an operand is
+/// a kernel error naming it.
+impl Operand for Block {
+    fn operand(&self) -> (u64, u32, u32, Dtype) {
+        assert!(
+            self.rows <= 1 || self.row_stride == self.row_bytes(),
+            "a {}x{} {} block used as an operand must be contiguous (its rows are {} bytes apart, not {})",
+            self.rows,
+            self.cols,
+            self.dtype,
+            self.row_stride,
+            self.row_bytes()
+        );
+        (self.addr.addr, self.rows, self.cols, self.dtype)
+    }
+}
+
 /// A tile's (rows, cols) shape and its valid (rows, cols) corner.
 type ShapeValid = ((u32, u32), (u32, u32));
 
@@ -416,6 +450,12 @@ impl<'a> From<&'a Tile> for Rhs<'a> {
 
 impl<'a> From<&'a Pending> for Rhs<'a> {
     fn from(t: &'a Pending) -> Self {
+        Rhs::Tile(t)
+    }
+}
+
+impl<'a> From<&'a Block> for Rhs<'a> {
+    fn from(t: &'a Block) -> Self {
         Rhs::Tile(t)
     }
 }
@@ -492,6 +532,8 @@ pub fn decode(dtype: Dtype, b: &[u8]) -> f64 {
 pub struct Tl<'p> {
     port: &'p mut dyn Port,
     pe: PeCoord,
+    /// The launch's PEs, in program-assignment order.
+    pes: Arc<[PeCoord]>,
     program_id: [u32; 2],
     grid: [u32; 2],
     tcm: Rc<RefCell<FreeList>>,
@@ -521,6 +563,7 @@ impl<'p> Tl<'p> {
         Tl {
             port,
             pe,
+            pes: Arc::from([pe]),
             program_id,
             grid,
             tcm: Rc::new(RefCell::new(tcm)),
@@ -557,6 +600,11 @@ impl<'p> Tl<'p> {
             "num_programs: axis {axis} (a grid has axes 0 and 1)"
         );
         self.grid[axis]
+    }
+
+    /// The largest tile this PE's TCM can hold now, in bytes.
+    pub fn tcm_available(&self) -> u64 {
+        self.tcm.borrow().largest_free()
     }
 
     fn tcm_alloc(&mut self, bytes: u64) -> u64 {
@@ -1292,27 +1340,29 @@ pub fn body(
     })
 }
 
-/// Build the body that runs, on `pe` (slot `slot` of a launch on `pes`
-/// PEs), the programs of `grid` dealt to it: linear program k = i0 + i1 *
-/// `grid[0]` runs on slot k mod pes, in increasing k. Each program sees its
-/// own (i0, i1); tiles it leaves are dropped before the next starts.
+/// Build the body that runs, on `pes[slot]` (a launch on `pes`), the
+/// programs of `grid` dealt to it: linear program k = i0 + i1 * `grid[0]`
+/// runs on slot k mod pes, in increasing k. Each program sees its own
+/// (i0, i1); tiles it leaves are dropped before the next starts.
 pub fn grid_body(
     kernel: KernelFn,
     args: Arc<KernelArgs>,
-    pe: PeCoord,
+    pes: Arc<[PeCoord]>,
     slot: u32,
-    pes: u32,
     grid: [u32; 2],
     tcm: FreeList,
 ) -> KernelBody {
     Box::new(move |port: &mut dyn Port| {
+        let pe = pes[slot as usize];
+        let n = pes.len() as u64;
         let mut tl = Tl::new(port, pe, [0, 0], grid, tcm);
+        tl.pes = pes;
         let total = grid[0] as u64 * grid[1] as u64;
         let mut k = slot as u64;
         while k < total {
             tl.program_id = [(k % grid[0] as u64) as u32, (k / grid[0] as u64) as u32];
             kernel(&mut tl, &args);
-            k += pes.max(1) as u64;
+            k += n.max(1);
         }
         tl.wait_all();
     })

@@ -1,0 +1,545 @@
+//! PEs that talk: PE-to-PE copies (`ipcq_copy`), SRAM, signals, barriers
+//! and the race detector, with timings computed by hand from `pa.yaml`.
+
+mod common;
+
+use kb_format::{Dtype, Record, Space};
+use kb_sim::engine::{RacePolicy, SimError};
+use kb_sim::kernel::{Block, Executor, Group, KernelArgs, Notify, SignalOp, Tl};
+use kb_sim::machine::{Machine, NodeKind, PeCoord};
+use kb_sim::run::{RunConfig, RunError, RunReport, run};
+use kb_sim::topology::Topology;
+use kb_sim::workload::{ParamSpec, Params, Placement, Policy, Program, Workload, WorkloadError};
+
+type Build = fn(&mut Program<'_>) -> Result<(), WorkloadError>;
+
+#[derive(Debug)]
+struct Test(Build);
+
+impl Workload for Test {
+    fn name(&self) -> &str {
+        "test"
+    }
+    fn about(&self) -> &str {
+        "a test program"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &[]
+    }
+    fn build(&self, _: &Params, prog: &mut Program<'_>) -> Result<(), WorkloadError> {
+        (self.0)(prog)
+    }
+}
+
+type Records = Vec<(Record, String, String)>;
+
+fn simulate(topo: &str, races: RacePolicy, build: Build) -> Result<(Records, RunReport), RunError> {
+    let cfg = RunConfig {
+        topology: Topology::load(topo).unwrap(),
+        params: Vec::new(),
+        seed: 1,
+        inputs: Default::default(),
+        executor: Executor::Coroutine,
+        capture_inputs: false,
+        races,
+        command_line: Vec::new(),
+    };
+    let (bytes, report) = run(&cfg, &Test(build), Vec::new())?;
+    Ok((common::named_records(&bytes), report))
+}
+
+const PE0: PeCoord = PeCoord {
+    sip: 0,
+    cube: 0,
+    pe: 0,
+};
+const PE1: PeCoord = PeCoord {
+    sip: 0,
+    cube: 0,
+    pe: 1,
+};
+
+/// ps to serialize `bytes` at `gbs` GB/s, rounded up as the model does.
+fn ser(bytes: u64, gbs: f64) -> u64 {
+    (bytes as f64 * 1000.0 / gbs).ceil() as u64
+}
+
+fn find<'a>(recs: &'a Records, name: &str, comp: &str) -> &'a Record {
+    &recs
+        .iter()
+        .find(|(_, c, n)| n == name && c.starts_with(comp))
+        .unwrap_or_else(|| panic!("no {name} on {comp}"))
+        .0
+}
+
+/// x: 16 x 64 f32 on PE0's HBM; slots: one 16 x 64 f32 slot in the TCM of
+/// PE0 and PE1; a launch on both.
+fn x_and_slots(
+    prog: &mut Program<'_>,
+    kernel: kb_sim::kernel::KernelFn,
+) -> Result<(), WorkloadError> {
+    let x = prog.random(
+        "x",
+        Dtype::F32,
+        [16, 64],
+        Placement::over(&[PE0], Policy::Replicate),
+    )?;
+    let slots = prog.zeros(
+        "slots",
+        Dtype::F32,
+        [16, 64],
+        Placement::over(&[PE0, PE1], Policy::Replicate).in_tcm(),
+    )?;
+    let args = prog.args(&[x, slots]);
+    prog.launch_grid("talk", kernel, args, [2, 1], &[PE0, PE1])?;
+    Ok(())
+}
+
+/// PE0 loads x and sends it to PE1's slot, raising PE1's signal 0; PE1
+/// waits for it (with `WAIT`) and doubles the slot in place of a copy.
+fn put_then_use<const WAIT: bool>(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (x, slots) = (args.tensor("x"), args.tensor("slots"));
+    if tl.pe() == PE0 {
+        let t = tl.load(Block::in_shard(x, x.shard(PE0).unwrap(), 0, 0, 16, 64));
+        let dst = Block::in_shard(slots, slots.shard(PE1).unwrap(), 0, 0, 16, 64);
+        tl.put(&t, dst, Some(Notify::one(PE1, 0)));
+    } else {
+        if WAIT {
+            tl.wait_signal(0, 1);
+        }
+        let slot = Block::in_shard(slots, slots.shard(PE1).unwrap(), 0, 0, 16, 64);
+        tl.mul(&slot, 2.0);
+    }
+}
+
+#[test]
+fn an_uncontended_ipcq_copy_takes_the_routes_latency_plus_serialization() {
+    let (recs, report) = simulate("pa", RacePolicy::Error, |p| {
+        x_and_slots(p, put_then_use::<true>)
+    })
+    .unwrap();
+    assert_eq!(report.stats.races, 0);
+    let copy = find(&recs, "ipcq_copy", "sip0.cube0.pe0.pe_dma");
+    let bytes = 16 * 64 * 4;
+    // Both endpoints: PE0's TCM to PE1's TCM buffer.
+    let kb_format::Params::Memory(m) = &copy.params else {
+        panic!("memory params")
+    };
+    assert_eq!(
+        (m.src.space, m.dst.space, m.nbytes()),
+        (Space::Tcm, Space::Tcm, bytes)
+    );
+    assert!(
+        copy.fingerprint.is_some(),
+        "Phase 1 knows the bytes it moved"
+    );
+
+    // The data message pe_dma0 -> noc -> pe_dma1 -> tcm1 (pa.yaml: noc_pe
+    // 5 ns at 256 GB/s, tcm_port 1 ns at 1024 GB/s, first flit 2 ns): the
+    // head reaches each next node after the link's latency plus the first
+    // flit; a link's tail ends no earlier than the previous one's.
+    let topo = Topology::load("pa").unwrap();
+    assert_eq!(
+        (topo.links.noc_pe.latency_ns.0, topo.links.noc_pe.bw_gbs.0),
+        (5.0, 256.0)
+    );
+    assert_eq!(
+        (
+            topo.links.tcm_port.latency_ns.0,
+            topo.links.tcm_port.bw_gbs.0
+        ),
+        (1.0, 1024.0)
+    );
+    let link0_tail = ser(bytes, 256.0) + 5_000; // 21 ns
+    let link1_tail = (5_000 + 2_000 + ser(bytes, 256.0)).max(link0_tail) + 5_000; // 28 ns
+    let route = (5_000 + 2_000 + 5_000 + 2_000 + ser(bytes, 1024.0)).max(link1_tail) + 1_000; // 29 ns
+    assert_eq!(route, 29_000);
+    // ... which is what `kb-sim probe` computes for that route.
+    let machine = Machine::build(&topo);
+    let from = machine.pe_node(PE0, NodeKind::PeDma);
+    let to = machine.pe_node(PE1, NodeKind::Tcm);
+    assert_eq!(
+        machine.uncontended_ps(&machine.route(from, to), bytes),
+        route
+    );
+
+    // Its data effects happened at issue (as a store's), before the
+    // service started.
+    assert!(copy.write.as_ref().unwrap().time <= copy.t_start);
+    // Service: DMA setup (10 ns), PE0's TCM read (2 ns + 4 ns), the route,
+    // PE1's TCM write (2 ns + 4 ns): the bytes have landed then.
+    let tcm = 2_000 + ser(bytes, 1024.0);
+    let landed = copy.t_start + 10_000 + tcm + route + tcm;
+    // The notification leaves tcm1 then (tcm1 -> pe_dma1 -> pe_cpu1: 1 ns +
+    // 2 ns first flit + 64 B at 64 GB/s + 1 ns = 5 ns), PE1's pe_cpu
+    // handles it (50 ns) and PE1 resumes: its mul reaches pe_math 2 ns later.
+    let mul = find(&recs, "mul", "sip0.cube0.pe1.pe_math");
+    assert_eq!(mul.t_start, landed + 5_000 + 50_000 + 2_000);
+    // The acknowledgement (64 B tcm1 -> pe_dma1 -> noc -> pe_dma0) follows
+    // the notification out of tcm1 (64 B at 1024 GB/s = 63 ps) and ends the
+    // record.
+    let wait = ser(64, 1024.0); // it starts once the notification has left
+    let ack0 = wait + ser(64, 1024.0) + 1_000;
+    let ack1 = (wait + 1_000 + 2_000 + ser(64, 256.0)).max(ack0) + 5_000;
+    let ack = (wait + 1_000 + 2_000 + 5_000 + 2_000 + ser(64, 256.0)).max(ack1) + 5_000;
+    assert_eq!(copy.t_end, landed + ack);
+}
+
+#[test]
+fn reading_a_slot_before_the_copy_lands_is_a_race_naming_both_ops() {
+    // Warn: the run completes, and the race is reported and counted.
+    let (recs, report) = simulate("pa", RacePolicy::Warn, |p| {
+        x_and_slots(p, put_then_use::<false>)
+    })
+    .unwrap();
+    assert_eq!(report.stats.races, 1, "{:?}", report.stats.race_reports);
+    let copy = find(&recs, "ipcq_copy", "sip0.cube0.pe0");
+    let mul = find(&recs, "mul", "sip0.cube0.pe1");
+    let text = &report.stats.race_reports[0];
+    for want in [
+        format!("op {} (mul on sip0.cube0.pe1, kernel talk) read", mul.op_id),
+        format!(
+            "op {} (ipcq_copy on sip0.cube0.pe0, kernel talk) wrote",
+            copy.op_id
+        ),
+        "tensor slots".to_string(),
+    ] {
+        assert!(text.contains(&want), "{want:?} not in {text}");
+    }
+    // Error: the run fails with the same text.
+    let e = simulate("pa", RacePolicy::Error, |p| {
+        x_and_slots(p, put_then_use::<false>)
+    })
+    .unwrap_err();
+    assert!(
+        matches!(e, RunError::Sim(SimError::Race(ref t)) if t == text),
+        "{e}"
+    );
+    // Off: nothing is looked for.
+    let (_, report) = simulate("pa", RacePolicy::Off, |p| {
+        x_and_slots(p, put_then_use::<false>)
+    })
+    .unwrap();
+    assert_eq!(report.stats.races, 0);
+}
+
+/// Both PEs pass a barrier, then fill a tile (a math op whose start shows
+/// when the kernel resumed).
+fn barrier_then_fill(tl: &mut Tl<'_>, _: &KernelArgs) {
+    tl.barrier(&Group::new(&[PE0, PE1]));
+    tl.zeros(1, 16, Dtype::F32);
+}
+
+#[test]
+fn a_barrier_costs_its_messages_and_their_handling() {
+    let (recs, report) = simulate("pa", RacePolicy::Error, |prog| {
+        prog.launch_grid(
+            "bar",
+            barrier_then_fill,
+            KernelArgs::default(),
+            [2, 1],
+            &[PE0, PE1],
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    let t0 = report.launches[0].t_start;
+    // pe_cpu1 -> pe_dma1 -> noc -> pe_dma0 -> pe_cpu0, 64 B (pa.yaml:
+    // pe_internal 1 ns at 64 GB/s, noc_pe 5 ns at 256 GB/s, 2 ns first flit).
+    let l0 = ser(64, 64.0) + 1_000; // tail after link 0: 2 ns
+    let l1 = (1_000 + 2_000 + ser(64, 256.0)).max(l0) + 5_000; // 8.25 ns
+    let l2 = (8_000 + 2_000 + ser(64, 256.0)).max(l1) + 5_000; // 15.25 ns
+    let route = (15_000 + 2_000 + ser(64, 64.0)).max(l2) + 1_000; // 19 ns
+    assert_eq!(route, 19_000);
+    let handle = 50_000;
+    // PE0 coordinates: its own arrival is handled at t0, PE1's (arriving at
+    // t0 + 19 ns) after it; then a release to each member, handled by its
+    // pe_cpu. The fill reaches pe_math 2 ns after the kernel resumes.
+    let counted = t0 + 2 * handle;
+    let fill0 = find(&recs, "copy", "sip0.cube0.pe0.pe_math");
+    let fill1 = find(&recs, "copy", "sip0.cube0.pe1.pe_math");
+    assert_eq!(fill0.t_start, counted + handle + 2_000);
+    assert_eq!(fill1.t_start, counted + route + handle + 2_000);
+}
+
+#[test]
+fn sram_is_a_data_space_every_direction_and_loads_see_what_was_stored() {
+    fn kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+        let (x, s, s2, y) = (
+            args.tensor("x"),
+            args.tensor("s"),
+            args.tensor("s2"),
+            args.tensor("y"),
+        );
+        let whole = |t: &kb_sim::kernel::TensorArg, pe| {
+            Block::in_shard(t, t.shard(pe).unwrap(), 0, 0, 16, 64)
+        };
+        if tl.pe() == PE0 {
+            // HBM -> TCM -> SRAM (a store), then HBM -> SRAM (a copy).
+            let t = tl.load(whole(x, PE0));
+            tl.store(whole(s, PE0), &t);
+            tl.copy(whole(s2, PE0), whole(x, PE0), Some(Notify::one(PE1, 1)));
+            tl.signal(PE1, 0, SignalOp::Set(7));
+        } else {
+            tl.wait_signal(0, 7);
+            // SRAM -> TCM: the bytes PE0 stored.
+            let t = tl.load(whole(s, PE1));
+            assert_eq!(t.bytes().len(), 16 * 64 * 4);
+            tl.wait_signal(1, 1);
+            // SRAM -> HBM.
+            tl.copy(whole(y, PE1), whole(s2, PE1), None);
+        }
+    }
+    let (recs, report) = simulate("default", RacePolicy::Error, |prog| {
+        let x = prog.random(
+            "x",
+            Dtype::F32,
+            [16, 64],
+            Placement::over(&[PE0], Policy::Replicate),
+        )?;
+        let cube0 = Placement::over(&[PE0], Policy::Replicate).in_sram();
+        let s = prog.zeros("s", Dtype::F32, [16, 64], cube0.clone())?;
+        let s2 = prog.zeros("s2", Dtype::F32, [16, 64], cube0)?;
+        let y = prog.zeros(
+            "y",
+            Dtype::F32,
+            [16, 64],
+            Placement::over(&[PE1], Policy::Replicate),
+        )?;
+        let args = prog.args(&[x, s, s2, y]);
+        prog.launch_grid("sram", kernel, args, [2, 1], &[PE0, PE1])?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(report.stats.races, 0);
+    let space = |r: &Record| match &r.params {
+        kb_format::Params::Memory(m) => (m.src.space, m.dst.space),
+        _ => panic!("memory"),
+    };
+    let store = find(&recs, "dma_write", "sip0.cube0.pe0");
+    let load = find(&recs, "dma_read", "sip0.cube0.pe1");
+    assert_eq!(space(store), (Space::Tcm, Space::Sram));
+    assert_eq!(space(load), (Space::Sram, Space::Tcm));
+    // The same bytes went in and came out.
+    assert_eq!(store.fingerprint, load.fingerprint);
+    let copies: Vec<_> = recs.iter().filter(|(_, _, n)| n == "dma_copy").collect();
+    assert_eq!(copies.len(), 2);
+    assert_eq!(space(&copies[0].0), (Space::Hbm, Space::Sram));
+    assert_eq!(space(&copies[1].0), (Space::Sram, Space::Hbm));
+    assert_eq!(copies[0].0.fingerprint, copies[1].0.fingerprint);
+    assert_eq!(copies[0].0.fingerprint, store.fingerprint);
+    // The SRAM side is served by the cube's sram node: its PA says so.
+    let w = &copies[0].0.write.as_ref().unwrap().ranges[0];
+    let p = kb_format::pa::Pa::decode(w.pa).unwrap();
+    assert_eq!((p.space, p.sip, p.cube, p.pe), (Space::Sram, 0, 0, 0));
+}
+
+#[test]
+fn host_data_is_deployed_into_tcm_and_sram_tensors() {
+    fn kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+        let (a, b, y) = (args.tensor("a"), args.tensor("b"), args.tensor("y"));
+        let whole =
+            |t: &kb_sim::kernel::TensorArg| Block::in_shard(t, t.shard(PE0).unwrap(), 0, 0, 8, 32);
+        // TCM tensor of this PE -> a tile; SRAM -> a tile; both to HBM.
+        let ta = tl.load(whole(a));
+        let tb = tl.load(whole(b));
+        assert_eq!(
+            ta.to_f64()[[3, 5]],
+            tb.to_f64()[[3, 5]],
+            "the same host data"
+        );
+        tl.store(Block::in_shard(y, y.shard(PE0).unwrap(), 0, 0, 8, 32), &ta);
+    }
+    let (recs, _) = simulate("va", RacePolicy::Error, |prog| {
+        let on0 = Placement::over(&[PE0], Policy::Replicate);
+        let data: Vec<u8> = (0..8 * 32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let a = prog.data("a", Dtype::F32, [8, 32], data.clone(), on0.clone().in_tcm())?;
+        let b = prog.data("b", Dtype::F32, [8, 32], data, on0.clone().in_sram())?;
+        let y = prog.zeros("y", Dtype::F32, [8, 32], on0)?;
+        let args = prog.args(&[a, b, y]);
+        prog.launch_grid("k", kernel, args, [1, 1], &[PE0])?;
+        Ok(())
+    })
+    .unwrap();
+    let writes: Vec<_> = recs.iter().filter(|(_, _, n)| n == "host_write").collect();
+    assert_eq!(writes.len(), 2);
+    assert_eq!(writes[0].1, "sip0.cube0.pe0.tcm");
+    assert_eq!(writes[1].1, "sip0.cube0.sram");
+    let load = find(&recs, "dma_copy", "sip0.cube0.pe0.pe_dma");
+    assert_eq!(load.fingerprint, writes[0].0.fingerprint);
+}
+
+#[test]
+fn another_pes_tcm_outside_its_buffers_is_refused_by_name() {
+    fn kernel(tl: &mut Tl<'_>, _: &KernelArgs) {
+        let t = tl.zeros(4, 4, Dtype::F32);
+        let pa = kb_format::pa::Pa {
+            space: Space::Tcm,
+            sip: 0,
+            cube: 0,
+            pe: 1,
+            offset: 0,
+        }
+        .encode()
+        .unwrap();
+        let dst = Block {
+            addr: kb_format::Addr {
+                space: Space::Tcm,
+                addr: pa,
+            },
+            rows: 4,
+            cols: 4,
+            row_stride: 16,
+            dtype: Dtype::F32,
+        };
+        tl.put(&t, dst, None);
+    }
+    let e = simulate("pa", RacePolicy::Warn, |prog| {
+        prog.launch_grid("bad", kernel, KernelArgs::default(), [1, 1], &[PE0])?;
+        Ok(())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("sip0.cube0.pe0") && e.contains("another PE's TCM outside its TCM buffers"),
+        "{e}"
+    );
+}
+
+#[test]
+fn waits_that_never_end_and_barriers_with_absent_members_are_named() {
+    fn waits(tl: &mut Tl<'_>, _: &KernelArgs) {
+        tl.wait_signal(3, 2);
+    }
+    let e = simulate("pa", RacePolicy::Warn, |prog| {
+        prog.launch_grid("waits", waits, KernelArgs::default(), [1, 1], &[PE1])?;
+        Ok(())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("deadlock")
+            && e.contains("waits[0] on sip0.cube0.pe1 waits for its signal 3 to reach 2 (it is 0)"),
+        "{e}"
+    );
+    fn lonely(tl: &mut Tl<'_>, _: &KernelArgs) {
+        tl.barrier(&Group::new(&[PE0, PE1]));
+    }
+    let e = simulate("pa", RacePolicy::Warn, |prog| {
+        prog.launch_grid("lonely", lonely, KernelArgs::default(), [1, 1], &[PE0])?;
+        Ok(())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("member sip0.cube0.pe1 does not run launch 0 (lonely)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tensors_in_tcm_and_sram_are_addressed_by_pa_under_every_model() {
+    for topo in ["pa", "va", "la-1to1", "la-nto1"] {
+        let (_, report) = simulate(topo, RacePolicy::Error, |p| {
+            x_and_slots(p, put_then_use::<true>)
+        })
+        .unwrap_or_else(|e| panic!("{topo}: {e}"));
+        assert_eq!(report.stats.races, 0, "{topo}");
+    }
+}
+
+/// The ring of the fidelity test: 2 MiB per PE over cube 0's 8 PEs, in
+/// 64 KiB messages, 8 slots per channel.
+const RING_BYTES: u64 = 2 << 20;
+const RING_SLOT: u64 = 64 << 10;
+const RING_DEPTH: u32 = 8;
+
+/// `x` and `y` stacked over cube 0's PEs in their TCM (no HBM traffic on
+/// the ring's links); a ring all-reduce of `x` into `y`.
+fn ring_in_tcm(prog: &mut Program<'_>) -> Result<(), WorkloadError> {
+    use kb_sim::collective::{self, Algorithm, Comm};
+    fn kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+        let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
+        let mut comm = Comm::new(tl, tl.launch_group(), slots, RING_DEPTH, 0);
+        comm.all_reduce(tl, x, y, Algorithm::Ring);
+    }
+    let group: Vec<PeCoord> = prog
+        .pes()
+        .into_iter()
+        .filter(|p| p.sip == 0 && p.cube == 0)
+        .collect();
+    let n = group.len() as u64;
+    let rows = RING_BYTES / 4 / 256;
+    let stacked = Placement::over(&group, Policy::RowWise).in_tcm();
+    let x = prog.zeros("x", Dtype::F32, [n * rows, 256], stacked.clone())?;
+    let y = prog.zeros("y", Dtype::F32, [n * rows, 256], stacked)?;
+    let slots = collective::slots(
+        prog,
+        "slots",
+        Dtype::F32,
+        &group,
+        (RING_SLOT, RING_DEPTH),
+        &[Algorithm::Ring],
+    )?;
+    let args = prog.args(&[x, y, slots]);
+    prog.launch_grid("ring", kernel, args, [n as u32, 1], &group)?;
+    Ok(())
+}
+
+#[test]
+fn a_ring_allreduce_moves_2_p_minus_1_over_p_of_the_buffer_per_pe_at_link_speed() {
+    // An uncontended ring: the data starts and ends in TCM, and the PEs
+    // have DMA engines and TCM bandwidth to spare, so only the ring's links
+    // (pe_dma -> noc -> next pe_dma, noc_pe: 256 GB/s) limit it.
+    let mut topo = Topology::load("default").unwrap();
+    topo.tcm.size_kib.0 = 65536.0;
+    topo.tcm.bw_gbs.0 = 16384.0;
+    topo.pe_dma.engines = 16;
+    assert_eq!(topo.links.noc_pe.bw_gbs.0, 256.0);
+    let cfg = RunConfig {
+        topology: topo,
+        params: Vec::new(),
+        seed: 1,
+        inputs: Default::default(),
+        executor: Executor::Coroutine,
+        capture_inputs: false,
+        races: RacePolicy::Error,
+        command_line: Vec::new(),
+    };
+    let (bytes, report) = run(&cfg, &Test(ring_in_tcm), Vec::new()).unwrap();
+    assert_eq!(report.stats.races, 0);
+    let recs = common::named_records(&bytes);
+    let copies: Vec<&Record> = recs
+        .iter()
+        .filter(|(_, _, n)| n == "ipcq_copy")
+        .map(|(r, _, _)| r)
+        .collect();
+    let p = 8u64;
+    // Each PE sends 2 (P-1) chunks of N / P: 2 (P-1) / P N bytes.
+    for pe in 0..p {
+        let sent: u64 = recs
+            .iter()
+            .filter(|(_, c, n)| n == "ipcq_copy" && c == &format!("sip0.cube0.pe{pe}.pe_dma"))
+            .map(|(r, _, _)| {
+                r.write
+                    .as_ref()
+                    .unwrap()
+                    .ranges
+                    .iter()
+                    .map(|x| x.bytes())
+                    .sum::<u64>()
+            })
+            .sum();
+        assert_eq!(sent, 2 * (p - 1) * RING_BYTES / p, "pe{pe}");
+    }
+    // Hand formula: those bytes through one 256 GB/s link per PE, all
+    // links at once: 2 (P-1) / P x N / 256 GB/s = 14.336 us.
+    let expected = (2 * (p - 1) * RING_BYTES / p) as f64 / 256.0; // ns
+    let first = copies.iter().map(|r| r.t_start).min().unwrap();
+    let last = copies.iter().map(|r| r.t_end).max().unwrap();
+    let took = (last - first) as f64 / 1e3;
+    assert!(
+        (took - expected).abs() / expected < 0.02,
+        "ring all-reduce took {took:.3} ns, hand formula {expected:.3} ns"
+    );
+}

@@ -1,0 +1,185 @@
+//! PEs that talk, through the built binaries: collectives and the
+//! tensor-parallel MLP verify end to end, the copies are listed and costed
+//! per route, and a dropped synchronization is a race naming both ops.
+
+use kb_e2e::*;
+
+#[test]
+fn allreduce_both_algorithms_and_tp_mlp_verify_on_default_large_and_la_nto1() {
+    for topo in ["default", "large", "la-nto1"] {
+        for (bench, params) in [
+            ("allreduce", &["algorithm=ring"][..]),
+            ("allreduce", &["algorithm=tree"][..]),
+            ("tp_mlp", &[][..]),
+            ("tp_mlp", &["algorithm=tree", "group=cubes"][..]),
+        ] {
+            let mut args = vec!["-t", topo, "-b", bench];
+            for p in params {
+                args.extend(["-p", p]);
+            }
+            let (sim, replay) = pipe(("kb-sim", &args), ("kb-replay", &["--verify"]));
+            assert!(sim.status.success(), "{args:?}: {}", stderr(&sim));
+            assert!(
+                stderr(&sim).contains("races: none"),
+                "{args:?}: {}",
+                stderr(&sim)
+            );
+            assert_eq!(
+                replay.status.code(),
+                Some(0),
+                "{args:?}: {}",
+                stderr(&replay)
+            );
+        }
+    }
+}
+
+#[test]
+fn every_collective_verifies_across_cubes_and_sips() {
+    for (topo, group) in [("large", "sips"), ("large", "cubes"), ("default", "sip")] {
+        for op in ["all_reduce", "reduce_scatter", "all_gather", "broadcast"] {
+            let g = format!("group={group}");
+            let o = format!("op={op}");
+            let args = [
+                "-q",
+                "-t",
+                topo,
+                "-b",
+                "allreduce",
+                "-p",
+                &g,
+                "-p",
+                &o,
+                "-p",
+                "size=4096",
+            ];
+            let (sim, replay) = pipe(("kb-sim", &args), ("kb-replay", &["--verify"]));
+            assert!(sim.status.success(), "{args:?}: {}", stderr(&sim));
+            assert_eq!(
+                replay.status.code(),
+                Some(0),
+                "{args:?}: {}",
+                stderr(&replay)
+            );
+        }
+    }
+}
+
+#[test]
+fn the_copies_are_listed_and_costed_per_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("ar.kbt");
+    let t = t.to_str().unwrap();
+    // 8 members of 256 x 256 f32: chunks of 32 rows, one 32 KiB message
+    // each; a ring sends 2 x 7 per member.
+    let sim = run(
+        "kb-sim",
+        &["-q", "-t", "default", "-b", "allreduce", "-o", t],
+        b"",
+    );
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    let ops = run(
+        "kb-inspect",
+        &["ops", t, "--name", "ipcq_copy", "--format", "csv"],
+        b"",
+    );
+    assert!(ops.status.success(), "{}", stderr(&ops));
+    let text = String::from_utf8_lossy(&ops.stdout).into_owned();
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 8 * 14, "{text}");
+    assert!(rows.iter().all(|r| r.contains("sip0.cube0.pe")), "{text}");
+    let stats = run(
+        "kb-inspect",
+        &[
+            "stats",
+            t,
+            "--by",
+            "route",
+            "--name",
+            "ipcq_copy",
+            "--format",
+            "csv",
+        ],
+        b"",
+    );
+    assert!(stats.status.success(), "{}", stderr(&stats));
+    let text = String::from_utf8_lossy(&stats.stdout).into_owned();
+    // Into each member's slots: the 6 reduce-scatter sums its left
+    // neighbour made in TCM, and 8 chunks copied straight from HBM (step
+    // 0's own chunk and 7 all-gather forwards), 32 KiB each.
+    let row = |route: &str| -> Vec<String> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(route))
+            .unwrap_or_else(|| panic!("no route {route} in {text}"));
+        line.split(',').map(str::to_string).collect()
+    };
+    for k in 0..8 {
+        let to = format!("sip0.cube0.pe{}.tcm", (k + 1) % 8);
+        let sums = row(&format!("sip0.cube0.pe{k}.tcm -> {to}"));
+        let chunks = row(&format!("sip0.cube0.hbm -> {to}"));
+        // route,count,busy_ps,op_time_ps,utilisation,bytes,...
+        assert_eq!(
+            (sums[1].as_str(), sums[5].as_str()),
+            ("6", "196608"),
+            "{sums:?}"
+        );
+        assert_eq!(
+            (chunks[1].as_str(), chunks[5].as_str()),
+            ("8", "262144"),
+            "{chunks:?}"
+        );
+    }
+}
+
+#[test]
+fn a_dropped_synchronization_is_a_race_naming_both_ops() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("race.kbt");
+    let args = |races: &'static str| {
+        vec![
+            "-q", "-t", "default", "-b", "tp_mlp", "-p", "sync=0", "--races", races, "-o",
+        ]
+    };
+    // --races error: exit 2, both ops named, no trace left behind.
+    let mut a = args("error");
+    a.push(t.to_str().unwrap());
+    let out = run("kb-sim", &a, b"");
+    assert_clean_error(&out, "sync=0 --races error");
+    let err = stderr(&out);
+    for want in [
+        "data race on",
+        "(tensor slots)",
+        "(ipcq_copy on sip0.cube0.pe",
+        "(add on sip0.cube0.pe",
+        "kernel tp_mlp",
+        " ns",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in {err}");
+    }
+    assert!(!t.exists(), "a failed run left {}", t.display());
+    // The default, warn: the run completes, reports the races, and the
+    // output is wrong, as Phase 1 read slots before their data arrived.
+    let mut a = args("warn");
+    a.push(t.to_str().unwrap());
+    let out = run("kb-sim", &a, b"");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("kb-sim: warning: data race on"),
+        "{}",
+        stderr(&out)
+    );
+    let replay = run("kb-replay", &[t.to_str().unwrap(), "--verify", "-q"], b"");
+    assert_eq!(replay.status.code(), Some(1), "{}", stderr(&replay));
+    // Synchronized, the same workload has no race and verifies.
+    let (sim, replay) = pipe(
+        (
+            "kb-sim",
+            &["-t", "default", "-b", "tp_mlp", "--races", "error"],
+        ),
+        ("kb-replay", &["--verify"]),
+    );
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    assert!(stderr(&sim).contains("races: none"), "{}", stderr(&sim));
+    assert_eq!(replay.status.code(), Some(0), "{}", stderr(&replay));
+}
