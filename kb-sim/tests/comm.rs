@@ -290,48 +290,50 @@ fn sram_is_a_data_space_every_direction_and_loads_see_what_was_stored() {
             tl.copy(whole(y, PE1), whole(s2, PE1), None);
         }
     }
-    let (recs, report) = simulate("default", RacePolicy::Error, |prog| {
-        let x = prog.random(
-            "x",
-            Dtype::F32,
-            [16, 64],
-            Placement::over(&[PE0], Policy::Replicate),
-        )?;
-        let cube0 = Placement::over(&[PE0], Policy::Replicate).in_sram();
-        let s = prog.zeros("s", Dtype::F32, [16, 64], cube0.clone())?;
-        let s2 = prog.zeros("s2", Dtype::F32, [16, 64], cube0)?;
-        let y = prog.zeros(
-            "y",
-            Dtype::F32,
-            [16, 64],
-            Placement::over(&[PE1], Policy::Replicate),
-        )?;
-        let args = prog.args(&[x, s, s2, y]);
-        prog.launch_grid("sram", kernel, args, [2, 1], &[PE0, PE1])?;
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(report.stats.races, 0);
-    let space = |r: &Record| match &r.params {
-        kb_format::Params::Memory(m) => (m.src.space, m.dst.space),
-        _ => panic!("memory"),
-    };
-    let store = find(&recs, "dma_write", "sip0.cube0.pe0");
-    let load = find(&recs, "dma_read", "sip0.cube0.pe1");
-    assert_eq!(space(store), (Space::Tcm, Space::Sram));
-    assert_eq!(space(load), (Space::Sram, Space::Tcm));
-    // The same bytes went in and came out.
-    assert_eq!(store.fingerprint, load.fingerprint);
-    let copies: Vec<_> = recs.iter().filter(|(_, _, n)| n == "dma_copy").collect();
-    assert_eq!(copies.len(), 2);
-    assert_eq!(space(&copies[0].0), (Space::Hbm, Space::Sram));
-    assert_eq!(space(&copies[1].0), (Space::Sram, Space::Hbm));
-    assert_eq!(copies[0].0.fingerprint, copies[1].0.fingerprint);
-    assert_eq!(copies[0].0.fingerprint, store.fingerprint);
-    // The SRAM side is served by the cube's sram node: its PA says so.
-    let w = &copies[0].0.write.as_ref().unwrap().ranges[0];
-    let p = kb_format::pa::Pa::decode(w.pa).unwrap();
-    assert_eq!((p.space, p.sip, p.cube, p.pe), (Space::Sram, 0, 0, 0));
+    for topo in ["pa", "va", "la-1to1", "la-nto1"] {
+        let (recs, report) = simulate(topo, RacePolicy::Error, |prog| {
+            let x = prog.random(
+                "x",
+                Dtype::F32,
+                [16, 64],
+                Placement::over(&[PE0], Policy::Replicate),
+            )?;
+            let cube0 = Placement::over(&[PE0], Policy::Replicate).in_sram();
+            let s = prog.zeros("s", Dtype::F32, [16, 64], cube0.clone())?;
+            let s2 = prog.zeros("s2", Dtype::F32, [16, 64], cube0)?;
+            let y = prog.zeros(
+                "y",
+                Dtype::F32,
+                [16, 64],
+                Placement::over(&[PE1], Policy::Replicate),
+            )?;
+            let args = prog.args(&[x, s, s2, y]);
+            prog.launch_grid("sram", kernel, args, [2, 1], &[PE0, PE1])?;
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{topo}: {e}"));
+        assert_eq!(report.stats.races, 0);
+        let space = |r: &Record| match &r.params {
+            kb_format::Params::Memory(m) => (m.src.space, m.dst.space),
+            _ => panic!("memory"),
+        };
+        let store = find(&recs, "dma_write", "sip0.cube0.pe0");
+        let load = find(&recs, "dma_read", "sip0.cube0.pe1");
+        assert_eq!(space(store), (Space::Tcm, Space::Sram));
+        assert_eq!(space(load), (Space::Sram, Space::Tcm));
+        // The same bytes went in and came out.
+        assert_eq!(store.fingerprint, load.fingerprint);
+        let copies: Vec<_> = recs.iter().filter(|(_, _, n)| n == "dma_copy").collect();
+        assert_eq!(copies.len(), 2);
+        assert_eq!(space(&copies[0].0), (Space::Hbm, Space::Sram));
+        assert_eq!(space(&copies[1].0), (Space::Sram, Space::Hbm));
+        assert_eq!(copies[0].0.fingerprint, copies[1].0.fingerprint);
+        assert_eq!(copies[0].0.fingerprint, store.fingerprint);
+        // The SRAM side is served by the cube's sram node: its PA says so.
+        let w = &copies[0].0.write.as_ref().unwrap().ranges[0];
+        let p = kb_format::pa::Pa::decode(w.pa).unwrap();
+        assert_eq!((p.space, p.sip, p.cube, p.pe), (Space::Sram, 0, 0, 0));
+    }
 }
 
 #[test]
@@ -541,5 +543,94 @@ fn a_ring_allreduce_moves_2_p_minus_1_over_p_of_the_buffer_per_pe_at_link_speed(
     assert!(
         (took - expected).abs() / expected < 0.02,
         "ring all-reduce took {took:.3} ns, hand formula {expected:.3} ns"
+    );
+}
+
+/// Every PE writes its row of `x` (in its own HBM), passes a barrier over
+/// the whole launch (with `BARRIER`), then reads the row its right
+/// neighbour wrote.
+fn write_barrier_read<const BARRIER: bool>(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let x = args.tensor("x");
+    let pes = tl.pes().to_vec();
+    let k = pes.iter().position(|&p| p == tl.pe()).unwrap();
+    let right = pes[(k + 1) % pes.len()];
+    let row = |pe: PeCoord| Block::in_shard(x, x.shard(pe).unwrap(), 0, 0, 1, 16);
+    let t = tl.full(1, 16, Dtype::F32, k as f64);
+    tl.store(row(tl.pe()), &t);
+    if BARRIER {
+        tl.barrier(&tl.launch_group());
+    }
+    let back = tl.load(row(right));
+    if BARRIER {
+        // The neighbour's row as it wrote it (a constant Phase 1 knows).
+        let want = ((k + 1) % pes.len()) as f64;
+        assert_eq!(back.get(0, 7), want, "the barrier did not order the write");
+    }
+}
+
+fn every_pe_writes_then_reads<const BARRIER: bool>(
+    prog: &mut Program<'_>,
+) -> Result<(), WorkloadError> {
+    let pes = prog.pes();
+    let n = pes.len() as u64;
+    let x = prog.zeros(
+        "x",
+        Dtype::F32,
+        [n, 16],
+        Placement::over(&pes, Policy::RowWise),
+    )?;
+    let args = prog.args(&[x]);
+    prog.launch_grid(
+        "wbr",
+        write_barrier_read::<BARRIER>,
+        args,
+        [n as u32, 1],
+        &pes,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn a_barrier_over_every_pe_of_four_sips_orders_their_writes_before_the_reads() {
+    // 256 PEs on 4 SIPs: without the barrier each read races the
+    // neighbour's write; with it none does, and every read sees the write.
+    let (recs, report) = simulate(
+        "large",
+        RacePolicy::Warn,
+        every_pe_writes_then_reads::<false>,
+    )
+    .unwrap();
+    assert_eq!(
+        report.stats.races,
+        256,
+        "{:?}",
+        report.stats.race_reports.first()
+    );
+    let text = &report.stats.race_reports[0];
+    assert!(
+        text.contains("(dma_write on sip") && text.contains("(dma_read on sip"),
+        "{text}"
+    );
+    assert_eq!(recs.iter().filter(|(_, _, n)| n == "dma_read").count(), 256);
+    let (recs, report) = simulate(
+        "large",
+        RacePolicy::Error,
+        every_pe_writes_then_reads::<true>,
+    )
+    .unwrap();
+    assert_eq!(report.stats.races, 0);
+    // It costs its messages: the coordinator's pe_cpu handles the 256
+    // arrivals one by one (50 ns each) before it releases anyone.
+    let first_load = recs
+        .iter()
+        .filter(|(_, _, n)| n == "dma_read")
+        .map(|(r, _, _)| r.t_start)
+        .min()
+        .unwrap();
+    let t0 = report.launches[0].t_start;
+    assert!(
+        first_load >= t0 + 256 * 50_000,
+        "a load began {:.3} ns after the launch",
+        (first_load - t0) as f64 / 1e3
     );
 }
