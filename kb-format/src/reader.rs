@@ -749,6 +749,19 @@ impl MmapTrace {
         }
         let tat = len - BLOCK as u64;
         let t = Trailer::decode(block(tat)?, tat)?;
+        if t.total_len < len {
+            // A whole trace ends the file, with more bytes before it: two
+            // traces concatenated, or junk in front of one.
+            return Err(FormatError::malformed(
+                len - t.total_len,
+                "trace",
+                format!(
+                    "the file is {len} bytes, but the trace its trailer ends is {} bytes: {} bytes come before it (two traces concatenated?)",
+                    t.total_len,
+                    len - t.total_len
+                ),
+            ));
+        }
         if t.total_len != len {
             return Err(FormatError::truncated(
                 len,

@@ -36,6 +36,7 @@
 
 pub mod app;
 pub mod backend;
+pub mod bounds;
 pub mod dtype;
 pub mod engine;
 pub mod error;

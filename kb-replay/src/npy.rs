@@ -43,6 +43,17 @@ fn precheck(b: &[u8]) -> std::result::Result<(u64, u64), String> {
         .ok_or("truncated .npy header")?;
     let header = String::from_utf8_lossy(header);
     let data_len = (b.len() - start - hlen) as u64;
+    let count = element_count(&header)?;
+    if count > data_len {
+        return Err(format!(
+            "the .npy shape holds {count} elements, but the file has {data_len} data bytes"
+        ));
+    }
+    Ok((count, data_len))
+}
+
+/// The element count of a .npy header's shape.
+fn element_count(header: &str) -> std::result::Result<u64, String> {
     let at = header
         .find("'shape'")
         .or_else(|| header.find("\"shape\""))
@@ -66,12 +77,7 @@ fn precheck(b: &[u8]) -> std::result::Result<(u64, u64), String> {
             .checked_mul(d)
             .ok_or("the .npy shape's element count overflows")?;
     }
-    if count > data_len {
-        return Err(format!(
-            "the .npy shape holds {count} elements, but the file has {data_len} data bytes"
-        ));
-    }
-    Ok((count, data_len))
+    Ok(count)
 }
 
 fn convert<T: npyz::Deserialize>(
@@ -108,9 +114,80 @@ fn fortran_to_c(shape: &[u64], data: &[f64]) -> Vec<f64> {
     out
 }
 
+/// The most a .npy header may hold (numpy writes a few hundred bytes).
+const MAX_HEADER: usize = 1 << 20;
+
+/// The bytes of an .npy file, read no further than its header says the
+/// data goes (plus one byte, so trailing bytes are seen and refused): a
+/// FIFO or a device (`/dev/zero`) cannot make it read without end.
+fn read_bounded(path: &Path) -> std::result::Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut b = Vec::with_capacity(12);
+    (&mut f)
+        .take(10)
+        .read_to_end(&mut b)
+        .map_err(|e| e.to_string())?;
+    if b.len() < 6 || &b[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file (bad magic)".into());
+    }
+    if b.len() < 10 {
+        return Err("truncated .npy header".into());
+    }
+    let hlen = match b[6] {
+        1 => u16::from_le_bytes([b[8], b[9]]) as usize,
+        2 | 3 => {
+            b.resize(12, 0);
+            f.read_exact(&mut b[10..12])
+                .map_err(|_| "truncated .npy header".to_string())?;
+            u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize
+        }
+        v => return Err(format!("unsupported .npy version {v}")),
+    };
+    if hlen > MAX_HEADER {
+        return Err(format!(
+            "a .npy header of {hlen} bytes (at most {MAX_HEADER})"
+        ));
+    }
+    let start = b.len();
+    b.resize(start + hlen, 0);
+    f.read_exact(&mut b[start..])
+        .map_err(|_| "truncated .npy header".to_string())?;
+    let header = String::from_utf8_lossy(&b[start..]).into_owned();
+    // Item size: the digits ending the descr string ('<f4', '|u1').
+    let descr = header
+        .find("'descr'")
+        .or_else(|| header.find("\"descr\""))
+        .map(|at| &header[at + 7..])
+        .and_then(|rest| {
+            let q = rest.find(['\'', '"'])?;
+            let rest = &rest[q + 1..];
+            Some(&rest[..rest.find(['\'', '"'])?])
+        })
+        .ok_or("structured .npy arrays are not supported")?;
+    let digits: String = descr.chars().filter(|c| c.is_ascii_digit()).collect();
+    let item: u64 = digits
+        .parse()
+        .map_err(|_| format!("unsupported .npy dtype {descr:?}"))?;
+    let want = element_count(&header)?
+        .checked_mul(item)
+        .ok_or("the .npy data size overflows")?;
+    let data_start = b.len();
+    f.take(want.saturating_add(1))
+        .read_to_end(&mut b)
+        .map_err(|e| e.to_string())?;
+    if (b.len() - data_start) as u64 > want {
+        // Not something numpy writes: a damaged or concatenated file.
+        return Err(format!(
+            "the .npy header's shape and dtype {descr:?} need {want} data bytes, but the file has more after them"
+        ));
+    }
+    Ok(b)
+}
+
 /// Read an .npy file as f64.
 pub fn read(path: &Path) -> Result<NpyArray> {
-    let bytes = std::fs::read(path).map_err(|e| Error::file(path, e))?;
+    let bytes = read_bounded(path).map_err(|e| Error::file(path, e))?;
     let (count, data_len) = precheck(&bytes).map_err(|e| Error::file(path, e))?;
     let f = NpyFile::new(&bytes[..]).map_err(|e| Error::file(path, e))?;
     let shape = f.shape().to_vec();
@@ -293,11 +370,14 @@ mod tests {
         std::fs::write(&p, &junk).unwrap();
         let e = read(&p).unwrap_err().to_string();
         assert!(
-            e.contains("needs 16 data bytes, but the file has 20"),
+            e.contains("need 16 data bytes, but the file has more after them"),
             "{e}"
         );
         std::fs::write(&p, b"not numpy").unwrap();
         assert!(read(&p).unwrap_err().to_string().contains("magic"));
+        // A device that never ends is refused at its first bytes.
+        let e = read(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("bad magic"), "{e}");
         assert!(read(&dir.path().join("missing.npy")).is_err());
     }
 }

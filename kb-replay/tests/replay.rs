@@ -316,7 +316,7 @@ fn reading_past_a_host_tensor_is_an_error() {
     let bytes = build(tensors, &[(0, vec![1; 8])], &ops, vec![]);
     let msg = replay(&bytes).unwrap_err().to_string();
     assert!(
-        msg.contains("op 3") && msg.contains("outside its 8 bytes"),
+        msg.contains("op 3") && msg.contains("past the end of tensor 0's 8 bytes of host data"),
         "{msg}"
     );
 }

@@ -457,7 +457,16 @@ fn print_route(m: &Machine, from: &str, to: &str, bytes: u64) -> Result<(), Stri
     Ok(())
 }
 
+/// The largest message `probe` times: 1 TiB (at the slowest bandwidth a
+/// topology may give, 1e-3 GB/s, about 13 days: exact in picoseconds).
+const MAX_PROBE_BYTES: u64 = 1 << 40;
+
 fn cmd_probe(topology: &str, from: &str, to: &str, bytes: u64) -> Result<(), String> {
+    if bytes > MAX_PROBE_BYTES {
+        return Err(format!(
+            "probe --bytes {bytes}: at most {MAX_PROBE_BYTES} (1 TiB)"
+        ));
+    }
     let t = Topology::load(topology).map_err(|e| e.to_string())?;
     let m = Machine::build(&t);
     print_route(&m, from, to, bytes)

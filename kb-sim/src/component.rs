@@ -82,12 +82,13 @@ impl HbmController {
         for ch in first as usize..(first + count) as usize {
             let free = &mut self.channel_free[ch % n];
             let start = (*free).max(now);
-            *free = start + (share as f64 * 1000.0 / self.channel_bw_gbs).ceil() as Ps;
+            *free =
+                start.saturating_add((share as f64 * 1000.0 / self.channel_bw_gbs).ceil() as Ps);
             done = done.max(*free);
         }
         Service {
             start: now,
-            end: done + self.latency_ps,
+            end: done.saturating_add(self.latency_ps),
         }
     }
 
@@ -139,13 +140,14 @@ impl Component for HbmController {
         for (free, &bytes) in self.channel_free.iter_mut().zip(&self.scratch) {
             if bytes > 0 {
                 let start = (*free).max(now);
-                *free = start + (bytes as f64 * 1000.0 / self.channel_bw_gbs).ceil() as Ps;
+                *free = start
+                    .saturating_add((bytes as f64 * 1000.0 / self.channel_bw_gbs).ceil() as Ps);
                 done = done.max(*free);
             }
         }
         Service {
             start: now,
-            end: done + self.latency_ps,
+            end: done.saturating_add(self.latency_ps),
         }
     }
 }
@@ -173,10 +175,10 @@ impl Component for Scratchpad {
     fn serve(&mut self, now: Ps, req: &Request) -> Service {
         let start = self.free.max(now);
         let busy = (req.bytes() as f64 * 1000.0 / self.bw_gbs).ceil() as Ps;
-        self.free = start + busy;
+        self.free = start.saturating_add(busy);
         Service {
             start,
-            end: start + busy + self.latency_ps,
+            end: self.free.saturating_add(self.latency_ps),
         }
     }
 }
@@ -201,7 +203,7 @@ impl ControlCpu {
 impl Component for ControlCpu {
     fn serve(&mut self, now: Ps, _req: &Request) -> Service {
         let start = self.free.max(now);
-        self.free = start + self.handle_ps;
+        self.free = start.saturating_add(self.handle_ps);
         Service {
             start,
             end: self.free,

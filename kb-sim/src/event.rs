@@ -18,6 +18,12 @@ pub use kb_format::Ps;
 pub const PS_PER_NS: u64 = 1000;
 
 /// Convert nanoseconds (from the topology) to integer picoseconds.
+/// The latest simulated time a run may reach: 2^62 ps, about 53 days.
+/// Every duration the model computes is far smaller, time sums saturate
+/// instead of wrapping, and the engine stops a run with an error past
+/// this, so simulated time never overflows.
+pub const MAX_TIME: Ps = 1 << 62;
+
 pub fn ns_to_ps(ns: f64) -> Ps {
     (ns * PS_PER_NS as f64).round() as Ps
 }

@@ -450,8 +450,8 @@ impl Machine {
             if i > 0 {
                 head += self.first_flit_ps;
             }
-            let end = (head + link.serialize_ps(bytes)).max(tail);
-            tail = end + link.latency_ps;
+            let end = head.saturating_add(link.serialize_ps(bytes)).max(tail);
+            tail = end.saturating_add(link.latency_ps);
             head += link.latency_ps;
         }
         tail

@@ -260,6 +260,8 @@ pub struct TopologyError {
 
 /// Largest latency or overhead (`*_ns`): one second. Beyond it simulated
 /// picoseconds could overflow within a run.
+/// The largest topology file read (a topology is a page of YAML).
+pub const MAX_TOPOLOGY_BYTES: u64 = 1 << 20;
 const MAX_NS: f64 = 1e9;
 /// Smallest bandwidth (`*_gbs`): 1 MB/s. Slower links make transfer
 /// times that overflow simulated picoseconds.
@@ -374,17 +376,34 @@ impl Topology {
             return Topology::parse(text, &format!("topologies/{name_or_path}.yaml (embedded)"));
         }
         let path = Path::new(name_or_path);
-        let text = std::fs::read_to_string(path).map_err(|e| TopologyError {
+        let err = |message: String| TopologyError {
             source_name: name_or_path.to_string(),
-            message: format!(
-                "cannot read topology: {e} (embedded topologies: {})",
-                EMBEDDED
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        })?;
+            message,
+        };
+        // Bounded: a topology is a page of YAML, and `/dev/zero` is not one.
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| {
+                std::io::Read::read_to_string(
+                    &mut std::io::Read::take(f, MAX_TOPOLOGY_BYTES + 1),
+                    &mut text,
+                )
+            })
+            .map_err(|e| {
+                err(format!(
+                    "cannot read topology: {e} (embedded topologies: {})",
+                    EMBEDDED
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?;
+        if text.len() as u64 > MAX_TOPOLOGY_BYTES {
+            return Err(err(format!(
+                "more than {MAX_TOPOLOGY_BYTES} bytes: not a topology (a topology is a page of YAML)"
+            )));
+        }
         Topology::parse(&text, name_or_path)
     }
 
@@ -480,6 +499,14 @@ impl Topology {
                 format!("must be 1/16 to 33554432 KiB (64 B to 32 GiB, the PA offset), got {kib}"),
             )?;
         }
+        check(
+            self.memory_map.is_none() || self.address_model == AddressModel::La,
+            "memory_map",
+            format!(
+                "the {} address model does not use a memory_map (only la maps HBM channels to PEs): remove it, or set address_model: la",
+                self.address_model.name()
+            ),
+        )?;
         if self.address_model == AddressModel::La {
             let mm = self.memory_map.as_ref().ok_or((
                 "memory_map",
@@ -657,6 +684,24 @@ mod tests {
         let line = text.lines().position(|l| l.contains("bw_gbs: 0}")).unwrap() + 1;
         assert!(
             e.contains(&format!("line {line}: links.host_pcie.bw_gbs")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_memory_map_outside_the_la_model_is_refused() {
+        let text = EMBEDDED
+            .iter()
+            .find(|(n, _)| *n == "la-1to1")
+            .unwrap()
+            .1
+            .replace("address_model: la", "address_model: pa");
+        let e = Topology::parse(&text, "pa-with-map.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pa-with-map.yaml")
+                && e.contains("memory_map: the pa address model does not use a memory_map"),
             "{e}"
         );
     }

@@ -235,3 +235,49 @@ fn two_flows_sharing_one_link_each_get_half_of_it() {
         );
     }
 }
+
+#[test]
+fn a_run_past_the_time_limit_stops_with_an_error_instead_of_wrapping() {
+    let topo = Topology::load("pa").unwrap();
+    let m = Machine::build(&topo);
+    let rt = Runtime::new(&m);
+    let scripts: Vec<Box<dyn PeProgram>> = m
+        .pes()
+        .map(|pe| -> Box<dyn PeProgram> {
+            Box::new(Script::new(if pe == PE0 {
+                stream(PE0, PE0, 8, 64 << 10)
+            } else {
+                Vec::new()
+            }))
+        })
+        .collect();
+    let writer = TraceWriter::new(Vec::new(), &Meta::default()).unwrap();
+    // Eight 64 KiB reads take microseconds; stop the model at 1 us.
+    let e = Engine::new(&m, writer, &rt.tensors, scripts)
+        .time_limit(1_000_000)
+        .run()
+        .unwrap_err();
+    assert!(
+        matches!(e, kb_sim::engine::SimError::TimeLimit { .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("the model's limit"), "{e}");
+}
+
+#[test]
+fn service_times_saturate_rather_than_wrap() {
+    use kb_sim::component::{Component, Request, Scratchpad};
+    // 2^40 bytes at 1e-3 GB/s is about 1.1e18 ps: served after a clock
+    // already near the end of u64, the end saturates.
+    let mut s = Scratchpad::new(1.0, 1e-3);
+    let r = Request {
+        pa: 0,
+        row_bytes: 1 << 40,
+        rows: 1,
+        stride: 0,
+        channels: None,
+    };
+    let first = s.serve(u64::MAX - 1_000, &r);
+    assert_eq!(first.end, u64::MAX);
+    assert_eq!(s.serve(0, &r).end, u64::MAX);
+}

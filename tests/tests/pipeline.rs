@@ -356,3 +356,66 @@ fn captured_inputs_match_phase_2_for_every_benchmark() {
         );
     }
 }
+
+#[test]
+fn unbounded_files_huge_probes_and_misplaced_sections_are_refused() {
+    // /dev/zero and /dev/urandom never end: read at most 1 MiB, then refuse.
+    for dev in ["/dev/zero", "/dev/urandom"] {
+        let started = std::time::Instant::now();
+        for args in [vec!["topology", dev], vec!["-t", dev, "-o", "/dev/null"]] {
+            let out = run("kb-sim", &args, b"");
+            assert_clean_error(&out, dev);
+            assert!(stderr(&out).contains(dev), "{}", stderr(&out));
+        }
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "{dev} took {:?}",
+            started.elapsed()
+        );
+    }
+    let out = run("kb-sim", &["topology", "/dev/zero"], b"");
+    assert!(
+        stderr(&out).contains("more than 1048576 bytes"),
+        "{}",
+        stderr(&out)
+    );
+    // A message whose time would not fit in picoseconds.
+    let out = run(
+        "kb-sim",
+        &[
+            "probe",
+            "--from",
+            "host",
+            "--to",
+            "sip0.io_cpu",
+            "--bytes",
+            "18446744073709551615",
+        ],
+        b"",
+    );
+    assert_clean_error(&out, "probe --bytes u64::MAX");
+    assert!(
+        stderr(&out).contains("at most 1099511627776"),
+        "{}",
+        stderr(&out)
+    );
+    // memory_map belongs to the la model; under va it would be ignored.
+    let dir = tempfile::tempdir().unwrap();
+    let la = run("kb-sim", &["topology", "la-nto1"], b"");
+    assert!(la.status.success());
+    let yaml = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../topologies/la-nto1.yaml"),
+    )
+    .unwrap()
+    .replace("address_model: la", "address_model: va");
+    let p = dir.path().join("va-with-map.yaml");
+    std::fs::write(&p, yaml).unwrap();
+    let out = run("kb-sim", &["topology", p.to_str().unwrap()], b"");
+    assert_clean_error(&out, "memory_map under va");
+    let err = stderr(&out);
+    assert!(
+        err.contains("memory_map")
+            && err.contains("the va address model does not use a memory_map"),
+        "{err}"
+    );
+}

@@ -302,6 +302,8 @@ pub(crate) fn op_error(r: &Record, strings: &Strings, detail: String) -> Error {
 #[derive(Debug)]
 pub struct Replayer {
     tensors: Vec<TensorMeta>,
+    /// Where ranges may lie (the trace's memories).
+    bounds: crate::bounds::Bounds,
     plane: DataPlane,
     opts: ReplayOptions,
     ops: Vec<Option<PendingOp>>,
@@ -323,6 +325,7 @@ impl Replayer {
     pub fn new(meta: &Meta, opts: &ReplayOptions) -> Replayer {
         Replayer {
             tensors: meta.tensors.clone(),
+            bounds: crate::bounds::Bounds::new(meta),
             plane: DataPlane::new(&meta.tensors, opts.max_bytes),
             opts: opts.clone(),
             ops: Vec::new(),
@@ -367,6 +370,9 @@ impl Replayer {
     pub fn push(&mut self, r: Record, strings: &Strings) -> Result<()> {
         self.stats.records += 1;
         let plan = ops::plan(&r).map_err(|d| op_error(&r, strings, d))?;
+        self.bounds
+            .check(&r.read, &r.write)
+            .map_err(|d| op_error(&r, strings, d))?;
         match r.kind {
             OpKind::Memory => self.stats.memory += 1,
             OpKind::Gemm => self.stats.gemm += 1,

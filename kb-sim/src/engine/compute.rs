@@ -108,7 +108,8 @@ impl<W: Write> Engine<'_, W> {
                 }
                 let tflops = rate(&t.pe_gemm.tflops, g.dtype_in);
                 let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64;
-                let ps = (flops / tflops).ceil() as Ps + ns_to_ps(t.pe_gemm.setup_ns.0);
+                let ps =
+                    ((flops / tflops).ceil() as Ps).saturating_add(ns_to_ps(t.pe_gemm.setup_ns.0));
                 (
                     inputs,
                     tile(g.out, g.m, g.n, g.dtype_out),
@@ -132,8 +133,8 @@ impl<W: Write> Engine<'_, W> {
                     }
                 }
                 let gflops = rate(&t.pe_math.gflops, math_rate_dtype(m));
-                let ps =
-                    (elems as f64 * 1000.0 / gflops).ceil() as Ps + ns_to_ps(t.pe_math.setup_ns.0);
+                let ps = ((elems as f64 * 1000.0 / gflops).ceil() as Ps)
+                    .saturating_add(ns_to_ps(t.pe_math.setup_ns.0));
                 (
                     inputs,
                     tile(m.out, m.rows, m.cols, m.dtype),
@@ -254,7 +255,7 @@ impl<W: Write> Engine<'_, W> {
         };
         let open = self.hook_start(unit, op.decl(), op_id);
         self.computes.get(c).open = Some(open);
-        let end = self.q.now() + work;
+        let end = self.q.now().saturating_add(work);
         self.at(end, Act::ComputeEnd(c));
     }
 

@@ -540,7 +540,10 @@ impl<W: Write> Engine<'_, W> {
                 } else {
                     0
                 };
-                self.at(now + self.dma_setup_ps + tlb, DmaAct::Fetch(d));
+                self.at(
+                    now.saturating_add(self.dma_setup_ps + tlb),
+                    DmaAct::Fetch(d),
+                );
             }
             DmaAct::Fetch(d) => {
                 // A store of a pending tile moves it once its producer is done.

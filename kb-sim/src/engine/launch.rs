@@ -321,7 +321,7 @@ impl<W: Write> Engine<'_, W> {
             LaunchArrive::AtIo { launch, sip } => {
                 let io = self.m.sip_node(sip, NodeKind::IoCpu);
                 let end = self.serve(io, Request::control());
-                let target = end + self.launch_lead(launch, sip);
+                let target = end.saturating_add(self.launch_lead(launch, sip));
                 self.at(
                     end,
                     LaunchAct::IoFanout {

@@ -67,6 +67,11 @@ pub enum SimError {
     /// A data race found under `--races error`.
     #[error("{0}")]
     Race(String),
+    /// Simulated time passed the model's limit (about 53 days).
+    #[error(
+        "simulated time passed {limit_s:.0} s, the model's limit, at an event of {what}: the topology's latencies and bandwidths with this run's sizes take longer than the model can count in picoseconds"
+    )]
+    TimeLimit { limit_s: f64, what: String },
 }
 
 /// What happens when a message's tail reaches its destination.
@@ -255,6 +260,9 @@ pub struct Engine<'m, W: Write> {
     async_data: HashMap<u64, Loaded>,
     /// Signals, barriers, clocks and race checks.
     sync: Sync,
+    /// No event may happen later (times saturate rather than wrap, and the
+    /// run stops past this).
+    time_limit: Ps,
     stats: RunStats,
 }
 
@@ -458,6 +466,7 @@ impl<'m, W: Write> Engine<'m, W> {
             in_flight: Default::default(),
             async_data: HashMap::default(),
             sync: Sync::new(n_pes),
+            time_limit: crate::event::MAX_TIME,
             programs: (0..n_pes)
                 .map(|_| -> Box<dyn PeProgram> { Box::new(Script::new(Vec::new())) })
                 .collect(),
@@ -469,6 +478,13 @@ impl<'m, W: Write> Engine<'m, W> {
     /// mode, ADR-0052 D4; `kb-replay --check-intermediates` compares).
     pub fn capture_inputs(mut self, on: bool) -> Self {
         self.capture_inputs = on;
+        self
+    }
+
+    /// Stop the run with [`SimError::TimeLimit`] at any event later than
+    /// `ps` (default [`crate::event::MAX_TIME`]; lower for tests).
+    pub fn time_limit(mut self, ps: Ps) -> Self {
+        self.time_limit = ps.min(crate::event::MAX_TIME);
         self
     }
 
@@ -495,7 +511,17 @@ impl<'m, W: Write> Engine<'m, W> {
             self.host_wait = HostWait::Running;
             self.host_continue();
         }
-        while let Some((_, ev)) = self.q.pop() {
+        while let Some((t, ev)) = self.q.pop() {
+            if t > self.time_limit {
+                let what = match ev {
+                    Ev::Hop(_) | Ev::Arrive(_) => "a message",
+                    Ev::Act(_) => "a protocol step",
+                };
+                return Err(SimError::TimeLimit {
+                    limit_s: self.time_limit as f64 / 1e12,
+                    what: what.into(),
+                });
+            }
             match ev {
                 Ev::Hop(msg) => self.hop(msg),
                 Ev::Arrive(msg) => {
@@ -605,15 +631,20 @@ impl<'m, W: Write> Engine<'m, W> {
         let l = msg.route[msg.hop] as usize;
         let link = &self.m.links[l];
         let start = now.max(self.link_free[l]);
-        let end = (start + link.serialize_ps(msg.bytes)).max(msg.tail);
+        // Saturating: a run that passes the time limit stops with an error
+        // (`run_with_launches`), never wraps.
+        let end = start
+            .saturating_add(link.serialize_ps(msg.bytes))
+            .max(msg.tail);
         self.link_free[l] = end;
-        msg.tail = end + link.latency_ps;
+        msg.tail = end.saturating_add(link.latency_ps);
         msg.hop += 1;
         if msg.hop == msg.route.len() {
             let tail = msg.tail;
             self.q.push(tail, Ev::Arrive(id));
         } else {
-            self.q.push(start + link.latency_ps + flit, Ev::Hop(id));
+            self.q
+                .push(start.saturating_add(link.latency_ps + flit), Ev::Hop(id));
         }
     }
 
