@@ -9,8 +9,13 @@
 //! file-backed map pages included). Targets: <= 2 s and <= 100 MB beyond
 //! the map.
 //!
+//! Also `export` to Parquet and `timeline --format perfetto` (issue 18:
+//! <= 10 s and <= 200 MB for the export; a Perfetto trace under 500 MB),
+//! printing the size written; `timeline-json` on request.
+//!
 //! Environment: KB_BENCH_RECORDS (default 10 000 000), KB_BENCH_TRACE
-//! (trace path to use instead of the generated one).
+//! (trace path to use instead of the generated one), KB_BENCH_CMDS
+//! (comma-separated commands to run, e.g. `export-parquet,timeline-json`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use kb_format::*;
-use kb_inspect::{Input, stats, summary};
+use kb_inspect::{Input, export, stats, summary, timeline};
 
 const CHILD: &str = "KB_INSPECT_BENCH_CHILD";
 
@@ -230,6 +235,28 @@ fn child(cmd: &str, path: &Path) {
             kb_inspect::source::visit_reader("stream", f, &mut acc).unwrap();
             "stream pass".to_string()
         }
+        "export-parquet" | "timeline-perfetto" | "timeline-json" => {
+            let out = path.with_extension(match cmd {
+                "export-parquet" => "parquet",
+                "timeline-perfetto" => "pftrace",
+                _ => "json",
+            });
+            let f = kb_inspect::ops::Filter::default();
+            match cmd {
+                "export-parquet" => {
+                    export::run(&input, &f, export::Format::Parquet, &out).unwrap();
+                }
+                "timeline-perfetto" => {
+                    timeline::run(&input, &f, timeline::Format::Perfetto, &out).unwrap();
+                }
+                _ => {
+                    timeline::run(&input, &f, timeline::Format::Json, &out).unwrap();
+                }
+            }
+            let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+            let _ = std::fs::remove_file(&out);
+            format!("{:.1} MB written", size as f64 / 1e6)
+        }
         _ => panic!("unknown bench command {cmd}"),
     };
     let secs = t.elapsed().as_secs_f64();
@@ -276,7 +303,20 @@ fn main() {
         size as f64 / 1e6
     );
     let exe = std::env::current_exe().unwrap();
-    for cmd in ["summary", "stats", "stats-op_kind", "summary-stdin"] {
+    let cmds: Vec<String> = match std::env::var("KB_BENCH_CMDS") {
+        Ok(v) => v.split(',').map(str::to_string).collect(),
+        Err(_) => [
+            "summary",
+            "stats",
+            "stats-op_kind",
+            "summary-stdin",
+            "export-parquet",
+            "timeline-perfetto",
+        ]
+        .map(String::from)
+        .to_vec(),
+    };
+    for cmd in &cmds {
         // Twice: the first run may read the file from disk, the second
         // finds it in the page cache.
         for _ in 0..2 {

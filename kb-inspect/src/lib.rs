@@ -15,8 +15,13 @@
 //! (`--from/--to`) are nanoseconds; timelines use microseconds. Exit codes:
 //! [`EXIT_OK`], [`EXIT_DIFFERENT`], [`EXIT_ERROR`].
 
+pub mod columns;
 pub mod diff;
+pub mod export;
+pub mod merge;
 pub mod ops;
+pub mod perfetto;
+pub mod plot;
 pub mod render;
 pub mod source;
 pub mod stats;
@@ -169,7 +174,23 @@ mod tests {
                 ),
                 (
                     "timeline",
-                    timeline::run(&input, &Default::default(), &out).map(drop),
+                    timeline::run(&input, &Default::default(), timeline::Format::Json, &out)
+                        .map(drop),
+                ),
+                (
+                    "timeline perfetto",
+                    timeline::run(
+                        &input,
+                        &Default::default(),
+                        timeline::Format::Perfetto,
+                        &out,
+                    )
+                    .map(drop),
+                ),
+                (
+                    "export",
+                    export::run(&input, &Default::default(), export::Format::Parquet, &out)
+                        .map(drop),
                 ),
                 ("tensors", tensor::list(&input, true, &mut sink)),
                 (

@@ -10,7 +10,8 @@ use kb_inspect::{EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, Error, Input, diff, ops, s
 
 const EXIT_CODES: &str = "\
 TRACE is a trace file (memory-mapped) or - for standard input (read in one pass).
-Times in records are picoseconds; --from/--to take nanoseconds (fractions allowed).
+Times are nanoseconds wherever people read them (tables, summaries, CSV, --from/--to,
+which take fractions); exact integer picoseconds are in fields named *_ps.
 
 Exit codes:
   0  success (diff: the traces are identical)
@@ -79,6 +80,18 @@ enum OpsFormat {
 enum StatsFormat {
     Table,
     Json,
+    Csv,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum TimelineFormat {
+    Json,
+    Perfetto,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ExportFormat {
+    Parquet,
     Csv,
 }
 
@@ -170,23 +183,94 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "table")]
         format: StatsFormat,
     },
-    /// Write a Chrome trace-event JSON timeline (opens in Perfetto UI)
+    /// Write a timeline for Perfetto UI: Chrome trace-event JSON or Perfetto's
+    /// native protobuf (streamed, several times smaller)
     #[command(
-        after_help = "ts and dur are in microseconds, rounded to the nanosecond (args carry the \
-        exact start_ps/end_ps; memory ops' args also carry their bytes and their route, \
-        SRC -> DST, named as by stats --by route). One process per sipN.cubeM, one per \
-        SIP for SIP-level components and one for the host; one track per component; ops that \
-        overlap on one component go to extra tracks named COMPONENT#1, #2, ... so complete events \
-        on a track never overlap."
+        after_help = "Formats: json (Chrome trace events: ts and dur in microseconds, rounded to \
+        the nanosecond) or perfetto (protobuf, timestamps in ns); the default follows the file \
+        name (.pftrace, .perfetto-trace, .pb: perfetto; else json). Both hold: a slice per op on \
+        its component's track (args: op id, start/end ns, bytes and route SRC -> DST for memory \
+        ops, FLOPs, shape, dtype, launch and kernel); one process per sipN.cubeM, one per SIP for \
+        SIP-level components and one for the host; ops that overlap on one component go to extra \
+        tracks COMPONENT#1, #2, ...; a slice per launch on the host's launches track and per \
+        launch and PE on peN.kernel; flow arrows along dependencies between components; counter \
+        tracks per cube (hbm GB/s, link -> CUBE GB/s, util pe_dma|pe_gemm|pe_math) and per PE \
+        (peN noc GB/s, peN tcm high-water bytes) in time bins."
     )]
     Timeline {
         /// Trace file, or - for standard input
         trace: String,
-        /// Output file (- for standard output)
-        #[arg(short, long, value_name = "FILE.json")]
+        /// Output file (- for standard output; perfetto only when it is not a terminal)
+        #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
+        /// Output format (default: from the file name)
+        #[arg(long, value_enum)]
+        format: Option<TimelineFormat>,
         #[command(flatten)]
         filter: FilterArgs,
+    },
+    /// Export the op log as typed, flattened columns: Apache Parquet (pandas,
+    /// polars, DuckDB, pyarrow read it directly) or CSV
+    #[command(
+        after_help = "Columns: op_id; start_ns/end_ns/dur_ns (float ns) and start_ps/end_ps/dur_ps \
+        (exact integer ps); component and its sip, cube, pe (null where absent) and unit; kind, \
+        name, bytes, flops (executed, padding of edge tiles included); fingerprint (hex text); \
+        dtype, dtype_acc, dtype_out; m, n, k; math_op, axis; rows, cols, row_bytes; in_shapes \
+        (list of [rows, cols]), out_shape; src_space/src_addr, dst_space/dst_addr (addresses as \
+        the kernel used them), read_pa/write_pa (first physical address of each effect); \
+        route_src/route_dst; deps (list of op ids); launch and kernel (null off PEs, and when \
+        reading standard input). CSV writes lists as JSON text and nulls as empty cells, so \
+        every column keeps one type. The same filters as `ops` select rows."
+    )]
+    Export {
+        /// Trace file, or - for standard input
+        trace: String,
+        /// Output file: .parquet or .csv (- for standard output, CSV only unless piped)
+        #[arg(short, long, value_name = "FILE")]
+        output: PathBuf,
+        /// Output format (default: from the file name)
+        #[arg(long, value_enum)]
+        format: Option<ExportFormat>,
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
+    /// Draw an SVG chart: a trace's utilisation over time per unit kind, or a
+    /// sweep table's metric against a swept value
+    #[command(
+        after_help = "INPUT is a trace (file or -): one line per unit kind (pe_dma, pe_gemm, \
+        pe_math, hbm_ctrl, ...), the busy fraction of its units over time. Or a sweep table \
+        (.parquet or .csv from kb-sim sweep): --y (default sim_ns) against --x (default the first \
+        swept column), one line per combination of the other swept values. Example: kb-inspect \
+        plot sweep.parquet --y achieved_gflops -o gflops.svg"
+    )]
+    Plot {
+        /// A trace, or a sweep table (.parquet, .csv)
+        input: String,
+        /// Output file (.svg)
+        #[arg(short, long, value_name = "FILE.svg")]
+        output: PathBuf,
+        /// Sweep tables: the column along the x axis (default: the first swept one)
+        #[arg(long)]
+        x: Option<String>,
+        /// Sweep tables: the column to plot
+        #[arg(long, default_value = "sim_ns")]
+        y: String,
+    },
+    /// Join the rows of results tables (kb-sim sweep tables, CSV or Parquet)
+    #[command(
+        after_help = "Columns are matched by name (missing ones are empty; types widen \
+        integer -> float -> text where tables disagree). Rows are ordered by the `point` column \
+        when every table has one; a point in two tables is an error. Example, after a Slurm job \
+        array from kb-sim sweep --emit-jobs DIR: kb-inspect merge DIR/results/point-*.parquet \
+        -o sweep.parquet"
+    )]
+    Merge {
+        /// Tables to join (.parquet or .csv)
+        #[arg(required = true)]
+        tables: Vec<PathBuf>,
+        /// Output table: .parquet or .csv
+        #[arg(short, long, value_name = "FILE")]
+        output: PathBuf,
     },
     /// List the named tensors
     Tensors {
@@ -276,22 +360,86 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
         Cmd::Timeline {
             trace,
             output,
+            format,
             filter,
         } => {
-            let info = kb_inspect::timeline::run(&Input::parse(&trace), &filter.filter(), &output)?;
+            let format = match format {
+                Some(TimelineFormat::Json) => kb_inspect::timeline::Format::Json,
+                Some(TimelineFormat::Perfetto) => kb_inspect::timeline::Format::Perfetto,
+                None => kb_inspect::timeline::Format::of(&output),
+            };
+            let info = kb_inspect::timeline::run(
+                &Input::parse(&trace),
+                &filter.filter(),
+                format,
+                &output,
+            )?;
             eprintln!(
-                "kb-inspect: wrote {} events on {} tracks in {} processes to {}",
+                "kb-inspect: wrote {} ops, {} launches, {} kernels, {} flows and {} counter values \
+                 on {} tracks in {} processes to {}",
                 info.events,
-                info.tracks,
+                info.launches,
+                info.kernels,
+                info.flows,
+                info.counter_values,
+                info.tracks + info.counter_tracks,
                 info.processes,
                 output.display()
             );
-            if info.events > 2_000_000 {
+            if info.events > 2_000_000 && format == kb_inspect::timeline::Format::Json {
                 eprintln!(
                     "kb-inspect: note: Perfetto UI loads large JSON slowly; \
-                     --from/--to select a window"
+                     --format perfetto is smaller and faster, --from/--to select a window"
                 );
             }
+        }
+        Cmd::Export {
+            trace,
+            output,
+            format,
+            filter,
+        } => {
+            let format = match format {
+                Some(ExportFormat::Parquet) => kb_inspect::export::Format::Parquet,
+                Some(ExportFormat::Csv) => kb_inspect::export::Format::Csv,
+                None => kb_inspect::export::Format::of(&output)?,
+            };
+            let info =
+                kb_inspect::export::run(&Input::parse(&trace), &filter.filter(), format, &output)?;
+            eprintln!(
+                "kb-inspect: wrote {} ops to {}{}",
+                info.rows,
+                output.display(),
+                if info.launches {
+                    ""
+                } else {
+                    " (launch columns empty: a stream's launches come after its records)"
+                }
+            );
+        }
+        Cmd::Plot {
+            input,
+            output,
+            x,
+            y,
+        } => {
+            let info = kb_inspect::plot::run(&input, x.as_deref(), &y, &output)?;
+            eprintln!(
+                "kb-inspect: drew {} lines ({} points) to {}",
+                info.lines,
+                info.points,
+                output.display()
+            );
+        }
+        Cmd::Merge { tables, output } => {
+            let info = kb_inspect::merge::run(&tables, &output)?;
+            eprintln!(
+                "kb-inspect: merged {} rows of {} tables ({} columns) into {}",
+                info.rows,
+                info.tables,
+                info.columns,
+                output.display()
+            );
         }
         Cmd::Tensors { trace, format } => {
             tensor::list(

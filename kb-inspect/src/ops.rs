@@ -13,7 +13,7 @@ use std::io::Write;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use kb_format::{Ps, Record, Strings};
 
-use crate::render::{self, KindSel, csv, kind_name, ns};
+use crate::render::{self, KindSel, kind_name, ns};
 use crate::source::{self, Flow, Input, Visitor};
 use crate::{Error, Result, out_err};
 
@@ -132,10 +132,13 @@ struct Lister<'w> {
     format: Format,
     w: &'w mut dyn Write,
     buf: Vec<u8>,
+    line: String,
+    places: crate::columns::Places,
+    launches: Option<crate::columns::Launches>,
 }
 
-const CSV_HEADER: &str =
-    "op_id,t_start_ps,t_end_ps,dur_ps,component,op_name,kind,bytes,flops,fingerprint,deps,params";
+/// The CSV columns: the export's ([`crate::columns`]).
+pub use crate::columns::CSV_HEADER;
 
 impl Lister<'_> {
     fn header(&mut self) -> std::io::Result<()> {
@@ -187,23 +190,10 @@ impl Lister<'_> {
                 self.w.write_all(&self.buf)
             }
             Format::Csv => {
-                let deps: Vec<String> = r.deps.iter().map(u64::to_string).collect();
-                writeln!(
-                    self.w,
-                    "{},{},{},{},{},{},{},{},{},{},{},{}",
-                    r.op_id,
-                    r.t_start,
-                    r.t_end,
-                    r.t_end.saturating_sub(r.t_start),
-                    csv(&s.name(r.component)),
-                    csv(&s.name(r.op_name)),
-                    csv(&kind_name(r.kind)),
-                    render::bytes_moved(r),
-                    render::flops(r),
-                    render::fingerprint_string(r.fingerprint).unwrap_or_default(),
-                    deps.join(";"),
-                    csv(&render::params_brief(r))
-                )
+                self.line.clear();
+                let place = self.places.get(r.component, s).clone();
+                crate::columns::push_csv(&mut self.line, r, s, &place, self.launches.as_ref());
+                self.w.write_all(self.line.as_bytes())
             }
         }
     }
@@ -217,6 +207,11 @@ impl Lister<'_> {
 }
 
 impl Visitor for Lister<'_> {
+    fn launches(&mut self, launches: &[kb_format::Launch]) -> Result<()> {
+        self.launches = Some(crate::columns::Launches::new(launches));
+        Ok(())
+    }
+
     fn meta(&mut self, _: &kb_format::Meta) -> Result<Flow> {
         self.header().map_err(out_err)?;
         Ok(if self.limit == Some(0) {
@@ -256,6 +251,9 @@ pub fn run(
         format,
         w,
         buf: Vec::new(),
+        line: String::new(),
+        places: Default::default(),
+        launches: None,
     };
     source::visit(input, &mut l)?;
     l.footer().map_err(out_err)?;
@@ -393,29 +391,62 @@ mod tests {
     }
 
     #[test]
-    fn csv_format() {
+    fn csv_columns_are_typed_and_flat() {
         let (_, out) = ops(Filter::default(), None, Format::Csv);
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines[0], CSV_HEADER);
-        assert_eq!(lines.len(), 8);
-        let f: Vec<&str> = lines[4].split(',').collect();
+        let t = kb_table::Table::read_csv(&out, "ops.csv").unwrap();
+        let names: Vec<&str> = t.columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names.join(","), CSV_HEADER);
+        assert_eq!(t.rows(), 7);
+        let col = |n: &str| &t.column(n).unwrap().values;
+        use kb_table::Values;
+        // One type per column, whatever the rows hold.
+        assert!(matches!(col("start_ns"), Values::F64(_)));
+        assert!(matches!(col("start_ps"), Values::U64(_)));
+        assert!(matches!(col("deps"), Values::Str(_)));
+        assert!(matches!(col("fingerprint"), Values::Str(_)));
+        assert!(matches!(col("m"), Values::U64(_)));
+        // op 3: the gemm, [4000, 6000) ps on sip0.cube0.pe0.gemm, m=2 n=3 k=4.
+        assert_eq!(col("start_ns").f64(3), Some(4.0));
+        assert_eq!(col("dur_ns").f64(3), Some(2.0));
+        assert_eq!(col("end_ps").text(3), "6000");
+        assert_eq!(col("component").text(3), "sip0.cube0.pe0.gemm");
         assert_eq!(
-            &f[..9],
-            [
-                "3",
-                "4000",
-                "6000",
-                "2000",
-                "sip0.cube0.pe0.gemm",
-                "gemm",
-                "gemm",
-                "0",
-                "48"
-            ]
+            (col("sip").text(3), col("cube").text(3), col("pe").text(3)),
+            ("0".into(), "0".into(), "0".into())
         );
-        let f: Vec<&str> = lines[2].split(',').collect();
-        assert_eq!(f[9], "0x0000000000001001");
-        assert_eq!(f[10], "0");
-        assert_eq!(f.len(), 12);
+        assert_eq!(col("unit").text(3), "gemm");
+        assert_eq!(col("kind").text(3), "gemm");
+        assert_eq!(
+            (col("m").text(3), col("n").text(3), col("k").text(3)),
+            ("2".into(), "3".into(), "4".into())
+        );
+        assert_eq!(col("flops").text(3), "48");
+        assert_eq!(col("dtype").text(3), "f16");
+        assert_eq!(col("dtype_out").text(3), "f16");
+        assert_eq!(col("in_shapes").text(3), "[[2,4],[4,3]]");
+        assert_eq!(col("out_shape").text(3), "[2,3]");
+        assert_eq!(col("deps").text(3), "[]");
+        assert_eq!(col("deps").text(2), "[1]");
+        assert_eq!(col("launch").text(3), "0");
+        assert_eq!(col("kernel").text(3), "gemm");
+        // op 1: a memory op with a route and a fingerprint.
+        assert_eq!(col("fingerprint").text(1), "0x0000000000001001");
+        assert_eq!(col("bytes").text(1), "64");
+        assert_eq!(col("route_src").text(1), "host");
+        assert_eq!(col("rows").text(1), "2");
+        assert_eq!(col("row_bytes").text(1), "32");
+        assert_eq!(col("cols").text(1), "16"); // 32 B of f16
+        assert_eq!(col("src_space").text(1), "host");
+        assert_eq!(col("dst_space").text(1), "hbm");
+        assert_eq!(col("dst_addr").text(1), "64");
+        // Off-PE ops have no coordinates below their SIP and no launch.
+        assert_eq!(col("unit").text(0), "host");
+        assert_eq!(col("sip").text(0), "");
+        assert_eq!(col("launch").text(0), "");
+        assert_eq!(col("sip").text(6), "0");
+        assert_eq!(col("pe").text(6), "");
+        // The softmax launch holds the math op on cube 1.
+        assert_eq!(col("launch").text(5), "1");
+        assert_eq!(col("math_op").text(5), "exp");
     }
 }

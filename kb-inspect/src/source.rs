@@ -99,6 +99,13 @@ pub trait Visitor {
         Ok(Flow::Continue)
     }
 
+    /// The trace's launches, before any record, when they are known up
+    /// front: for a file (its footer is read first), not for a stream,
+    /// whose launches come with [`Visitor::end`].
+    fn launches(&mut self, _launches: &[kb_format::Launch]) -> Result<()> {
+        Ok(())
+    }
+
     /// Host-provided bytes of tensor `tensor` (index into `Meta::tensors`)
     /// starting at byte `offset`.
     fn tensor(&mut self, _tensor: u32, _offset: u64, _data: &[u8]) -> Result<Flow> {
@@ -140,6 +147,7 @@ pub fn visit_file<V: Visitor>(name: &str, path: &Path, v: &mut V) -> Result<()> 
     let m = MmapTrace::open(path).map_err(&te)?;
     m.verify_digest().map_err(&te)?;
     let mut stopped = v.meta(m.meta())? == Flow::Stop;
+    v.launches(m.launches())?;
     let mut failed: Option<Error> = None;
     let mut rec = Record::default();
     m.for_each_event(|ev| {

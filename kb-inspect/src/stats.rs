@@ -373,7 +373,7 @@ impl Stats {
             Format::Csv => {
                 writeln!(
                     w,
-                    "{},count,busy_ps,op_time_ps,utilisation,bytes,flops,bandwidth_gbps,gflops",
+                    "{},count,busy_ns,op_time_ns,utilisation,bytes,flops,bandwidth_gbps,gflops",
                     self.by_name()
                 )?;
                 for r in &self.rows {
@@ -382,8 +382,8 @@ impl Stats {
                         "{},{},{},{},{},{},{},{},{}",
                         csv(&r.key),
                         r.count,
-                        r.busy,
-                        r.op_time,
+                        ns(r.busy),
+                        ns(r.op_time),
                         r.utilisation.map_or(String::new(), |u| u.to_string()),
                         r.bytes,
                         r.flops,
@@ -585,9 +585,9 @@ mod tests {
         let mut c = Vec::new();
         s.write(Format::Csv, &mut c).unwrap();
         let c = String::from_utf8(c).unwrap();
-        assert!(c.starts_with("component,count,busy_ps"));
+        assert!(c.starts_with("component,count,busy_ns"));
         assert!(
-            c.contains("\nsip0.cube0.pe0.pe_dma,3,4000,5000,0.4,224,0,56,0\n"),
+            c.contains("\nsip0.cube0.pe0.pe_dma,3,4.000,5.000,0.4,224,0,56,0\n"),
             "{c}"
         );
     }
@@ -776,9 +776,9 @@ mod tests {
         let mut c = Vec::new();
         s.write(Format::Csv, &mut c).unwrap();
         let c = String::from_utf8(c).unwrap();
-        assert!(c.starts_with("route,count,busy_ps,"), "{c}");
+        assert!(c.starts_with("route,count,busy_ns,"), "{c}");
         assert!(
-            c.contains("\nsip0.cube0.pe0.tcm -> sip0.cube1.sram,1,1000,1000,0.1,32,0,32,0\n"),
+            c.contains("\nsip0.cube0.pe0.tcm -> sip0.cube1.sram,1,1.000,1.000,0.1,32,0,32,0\n"),
             "{c}"
         );
         // Without a filter and by component every record counts: the

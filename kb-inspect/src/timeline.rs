@@ -1,49 +1,93 @@
-//! `timeline`: Chrome trace-event JSON (`{"traceEvents": [...]}`) that
-//! Perfetto UI and chrome://tracing open.
+//! `timeline`: the trace as a timeline Perfetto UI opens, in two formats:
+//! Chrome trace-event JSON (`{"traceEvents": [...]}`, also chrome://tracing)
+//! and Perfetto's native protobuf ([`crate::perfetto`]: streamed, interned,
+//! several times smaller). Both hold the same things:
 //!
-//! - Every op is a complete event (`"ph": "X"`) with `ts` and `dur` in
-//!   **microseconds**, `name` = op name, `cat` = op kind, and `args` = op
-//!   id, exact start and end in picoseconds, component, bytes, FLOPs and
-//!   fingerprint. Memory ops always carry `bytes` (write extent bytes,
-//!   even 0) and `route` (`SRC -> DST`, as `stats --by route` names it:
-//!   where the copy went); other ops carry bytes and FLOPs when non-zero.
-//!   `ts` and the event end are rounded to the nearest
-//!   nanosecond (half up) and written as exact decimals: Perfetto keeps
-//!   integer nanoseconds, rounding each of `ts` and `dur`, so sub-ns
-//!   values would make back-to-back ops overlap after its rounding.
-//! - Processes: one per `sipN.cubeM` (components `sipN.cubeM.*`), one per
-//!   SIP for SIP-level components (`sipN.*`, e.g. `sipN.pcie_ep`), and one
-//!   named `host` for everything else. Named by `process_name` metadata
-//!   events and ordered by `process_sort_index`.
-//! - Tracks (threads): one per component, named by `thread_name` metadata
-//!   with the component name minus its process prefix (`pe3.pe_dma`).
-//!   Perfetto requires complete events on one thread to nest, so ops that
-//!   overlap on one component (pipelined DMA, concurrent channels) are
-//!   placed greedily on extra lanes, separate tracks named `pe3.pe_dma#1`,
-//!   `#2`...: complete events on one track never overlap (in the rounded
-//!   nanoseconds written, and so in Perfetto).
-//! - HBM pseudo channels: one track per channel that served anything
-//!   (`hbm_ctrl.chN` in its cube's process), a `busy` event (category
-//!   `hbm_channel`) per interval the channel was serving, from the trace's
-//!   channels chunk. The time window selects intervals as it selects ops;
-//!   a component glob selects channels by the name
-//!   `sipS.cubeC.hbm_ctrl.chN`; a name or kind filter (which select ops)
-//!   leaves the channel tracks out.
-//! - `--from/--to` (and the other `ops` filters) select ops as `ops` does.
+//! - **Ops**: one slice per op, named by op name, category = op kind, on
+//!   its component's track. Args: op id, start/end in ns, component,
+//!   bytes and route (memory ops: `SRC -> DST`, as `stats --by route`),
+//!   FLOPs, `shape` (gemm `MxK @ KxN -> MxN`, math its inputs and output,
+//!   memory `rows x cols` or `rows x bytes`), `dtype`, launch and kernel
+//!   (files; a stream's launches come at its end); the JSON also carries
+//!   the fingerprint. Times are rounded to the nearest nanosecond (half
+//!   up): Perfetto keeps integer ns, and sub-ns values would make
+//!   back-to-back ops overlap after its rounding.
+//! - **Processes**: one per `sipN.cubeM` (components `sipN.cubeM.*`), one
+//!   per SIP for SIP-level components, and `host` for everything else
+//!   (and the launches). **Tracks**: one per component; ops that overlap
+//!   on one component (pipelined DMA) go to extra lanes `COMPONENT#1`,
+//!   `#2`..., so slices on a track never overlap.
+//! - **Launches and kernels**: a slice per launch on the host's `launches`
+//!   track (args: grid, PEs, FLOPs executed and useful), and per launch
+//!   and PE a `kernel` slice on `peN.kernel` above that PE's units,
+//!   spanning the PE's ops of that launch (a stream: the launch's window).
+//! - **Dependencies**: a flow arrow from each op to each op that depends
+//!   on it on another component (dependencies along one track are its
+//!   order already); dependencies on ops more than [`DEP_WINDOW`] op ids
+//!   back get none.
+//! - **Counters**, sampled in [`BINS`] time bins (the width doubles as the
+//!   run grows, so memory is fixed): per cube `hbm GB/s` (memory ops
+//!   reading or writing its HBM), `link -> sipS.cubeC GB/s` (copies to
+//!   another cube or SIP), `util pe_dma|pe_gemm|pe_math` (busy fraction
+//!   of the cube's units of that kind that have ops: union of each
+//!   unit's op intervals); per PE `peN noc GB/s` (bytes its DMA moved)
+//!   and `peN tcm high-water bytes` (the highest TCM byte its ops wrote,
+//!   since the PE's current launch began: the kernel allocator fills TCM
+//!   from the bottom, so this tracks the footprint).
+//! - **HBM pseudo channels**: one track per channel that served anything
+//!   (`hbm_ctrl.chN` in its cube's process), a `busy` slice (category
+//!   `hbm_channel`, args exact `start_ps`/`end_ps`) per interval the
+//!   channel was serving, from the trace's channels chunk. The time window
+//!   selects intervals as it selects ops; a component glob selects
+//!   channels by the name `sipS.cubeC.hbm_ctrl.chN`; a name or kind filter
+//!   (which select ops) leaves them out. The trace has no records per NoC
+//!   link, so there are no link tracks (the link counters above come from
+//!   the copies' routes).
+//! - `--from/--to` (and the other `ops` filters) select ops as `ops` does;
+//!   launches, kernels and counters follow the selected ops.
 //!
-//! One pass; memory is bounded by the number of components and lanes.
+//! One pass; memory is bounded by components, lanes, launches x PEs and
+//! the counter bins, not by the number of records.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::path::Path;
 
-use kb_format::{Meta, OpKind, Ps, Record, Strings};
+use kb_format::{Launch, Meta, OpKind, Params, Ps, Record, Space, Strings};
 use serde_json::json;
 
+use crate::columns::{Launches, Place, Places};
 use crate::ops::{Filter, Matcher};
-use crate::render::{self, natural_cmp};
+use crate::perfetto::{PerfettoWriter, UNIT_SIZE_BYTES, UNIT_UNSPECIFIED, Val};
+use crate::render::{self, Endpoint, natural_cmp};
 use crate::source::{self, End, Flow, Input, Visitor};
 use crate::{Error, Result};
+
+/// Counter bins (the bin width doubles as the run grows).
+pub const BINS: usize = 512;
+/// Dependencies on ops more than this many op ids back draw no arrow.
+pub const DEP_WINDOW: usize = 1 << 16;
+
+/// Output format of `timeline`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// Chrome trace-event JSON.
+    #[default]
+    Json,
+    /// Perfetto's protobuf trace format.
+    Perfetto,
+}
+
+impl Format {
+    /// From the file name: `.json` JSON; `.pftrace`, `.perfetto-trace`,
+    /// `.pb` or `.proto` Perfetto; anything else JSON.
+    pub fn of(path: &Path) -> Format {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("pftrace" | "perfetto-trace" | "pb" | "proto") => Format::Perfetto,
+            _ => Format::Json,
+        }
+    }
+}
 
 /// Split a component name into (process, track name).
 pub fn split_component(name: &str) -> (String, String) {
@@ -66,231 +110,188 @@ pub fn split_component(name: &str) -> (String, String) {
 /// What a timeline holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Info {
+    /// Op slices.
     pub events: u64,
     pub processes: usize,
     pub tracks: usize,
+    pub launches: u64,
+    pub kernels: u64,
+    pub flows: u64,
+    pub counter_tracks: usize,
+    pub counter_values: u64,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// A track: a lane of a component, a kernel track, the launches track or
+/// a counter.
+#[derive(Debug, Clone)]
+struct Track {
+    pid: u32,
+    tid: u32,
+    name: String,
+    /// Lane index within its base name (sort key).
+    lane: usize,
+    counter: bool,
 }
 
 #[derive(Debug)]
 struct Comp {
     pid: u32,
     track: String,
-    /// The component name as a JSON string.
     json: String,
+    place: Place,
     /// (end of the last op in ns, tid) per lane.
     lanes: Vec<(u64, u32)>,
+    /// Union of op intervals so far (ps), for utilisation.
+    busy_end: Ps,
+    unit_series: Option<usize>,
 }
 
+/// A counter series in bins of the shared width.
 #[derive(Debug)]
-struct Writer<W: Write> {
-    m: Matcher,
-    w: W,
-    comps: Vec<Option<Comp>>,
-    procs: Vec<String>,
-    proc_ids: HashMap<String, u32>,
-    /// (pid, tid, track name, lane) of every track.
-    tracks: Vec<(u32, u32, String, usize)>,
-    /// Escaped JSON strings of op names, by string id.
-    names: Vec<Option<String>>,
-    meta: Meta,
-    events: u64,
+pub(crate) struct Series {
+    tid: u32,
+    /// Sum: values add up per bin (GB/s from bytes, busy ps); Max: the
+    /// largest value in the bin.
+    max: bool,
+    /// Divisor of the bin's sum: bin width (ps) x units; bytes per ps
+    /// is 1000 GB/s.
+    units: f64,
+    scale: f64,
+    pub(crate) bins: Vec<f64>,
+    pub(crate) used: Vec<bool>,
 }
 
-impl<W: Write> Writer<W> {
-    fn comp(&mut self, id: u32, s: &Strings) -> &mut Comp {
-        let i = id as usize;
-        if i >= self.comps.len() {
-            self.comps.resize_with(i + 1, || None);
+/// Shared time bins: `BINS` bins of `width` ps, doubling.
+#[derive(Debug)]
+pub(crate) struct Bins {
+    pub(crate) width: Ps,
+    pub(crate) series: Vec<Series>,
+}
+
+impl Bins {
+    /// No series yet, 1 ns bins.
+    pub(crate) fn new() -> Bins {
+        Bins {
+            width: 1000,
+            series: Vec::new(),
         }
-        if self.comps[i].is_none() {
-            let full = s.name(id);
-            let (proc, track) = split_component(&full);
-            let json = json_str(&full);
-            let next = self.procs.len() as u32 + 1;
-            let pid = *self.proc_ids.entry(proc.clone()).or_insert_with(|| {
-                self.procs.push(proc);
-                next
-            });
-            self.comps[i] = Some(Comp {
-                pid,
-                track,
-                json,
-                lanes: Vec::new(),
-            });
-        }
-        self.comps[i].as_mut().expect("just set")
     }
 
-    /// The tid of a free lane of component `id` for an op [t0, t1) (ns).
-    fn lane(&mut self, id: u32, t0: u64, t1: u64, s: &Strings) -> (u32, u32) {
-        let next_tid = self.tracks.len() as u32 + 1;
-        let c = self.comp(id, s);
-        let pid = c.pid;
-        if let Some(l) = c.lanes.iter_mut().find(|l| l.0 <= t0) {
-            l.0 = t1;
-            return (pid, l.1);
-        }
-        c.lanes.push((t1, next_tid));
-        let lane = c.lanes.len() - 1;
-        let name = if lane == 0 {
-            c.track.clone()
-        } else {
-            format!("{}#{lane}", c.track)
-        };
-        self.tracks.push((pid, next_tid, name, lane));
-        (pid, next_tid)
+    /// A new summing series; returns its index.
+    pub(crate) fn push(&mut self) -> usize {
+        self.series.push(Series {
+            tid: 0,
+            max: false,
+            units: 1.0,
+            scale: 1.0,
+            bins: vec![0.0; BINS],
+            used: vec![false; BINS],
+        });
+        self.series.len() - 1
     }
 
-    /// Cache the JSON string of op name `id`.
-    fn op_name(&mut self, id: u32, s: &Strings) {
-        let i = id as usize;
-        if i >= self.names.len() {
-            self.names.resize_with(i + 1, || None);
-        }
-        self.names[i].get_or_insert_with(|| json_str(&s.name(id)));
-    }
-
-    fn event(&mut self, r: &Record, s: &Strings) -> io::Result<()> {
-        let (t0, t1) = (round_ns(r.t_start), round_ns(r.t_end));
-        let (pid, tid) = self.lane(r.component, t0, t1, s);
-        let sep = if self.events == 0 { "\n" } else { ",\n" };
-        self.events += 1;
-        self.op_name(r.op_name, s);
-        let name = self.names[r.op_name as usize].as_deref().unwrap_or("\"?\"");
-        let comp = self.comps[r.component as usize]
-            .as_ref()
-            .map_or("\"?\"", |c| c.json.as_str());
-        let kind = match r.kind {
-            OpKind::Unknown(_) => "unknown",
-            k => k.name(),
-        };
-        write!(
-            self.w,
-            "{sep}{{\"ph\":\"X\",\"name\":{name},\"cat\":\"{kind}\",{},\"pid\":{pid},\"tid\":{tid},\"args\":{{\"op_id\":{},\"start_ps\":{},\"end_ps\":{},\"component\":{comp}",
-            TsDur(r.t_start, r.t_end),
-            r.op_id,
-            r.t_start,
-            r.t_end,
-        )?;
-        let b = render::bytes_moved(r);
-        if let Some(route) = render::route(r) {
-            // Endpoint names need no JSON escaping.
-            write!(self.w, ",\"route\":\"{route}\",\"bytes\":{b}")?;
-        } else if b > 0 {
-            write!(self.w, ",\"bytes\":{b}")?;
-        }
-        let f = render::flops(r);
-        if f > 0 {
-            write!(self.w, ",\"flops\":{f}")?;
-        }
-        if let Some(fp) = r.fingerprint {
-            write!(self.w, ",\"fingerprint\":\"{fp:#018x}\"")?;
-        }
-        self.w.write_all(b"}}")
-    }
-
-    /// One track per HBM pseudo channel (`hbm_ctrl.chN` in its cube's
-    /// process), an event per busy interval the filter selects.
-    fn channel_events(&mut self, channels: &[kb_format::ChannelUsage]) -> io::Result<()> {
-        for c in channels {
-            let name = format!("sip{}.cube{}.hbm_ctrl.ch{}", c.sip, c.cube, c.channel);
-            let mut tid = None;
-            for &(start, end) in &c.busy {
-                if !self.m.selects_interval(&name, start, end) {
-                    continue;
+    pub(crate) fn fit(&mut self, t: Ps) {
+        while t >= self.width.saturating_mul(BINS as u64) && self.width < Ps::MAX / 4 {
+            self.width *= 2;
+            for s in &mut self.series {
+                for i in 0..BINS / 2 {
+                    let (a, b) = (s.bins[2 * i], s.bins[2 * i + 1]);
+                    s.bins[i] = if s.max { a.max(b) } else { a + b };
+                    s.used[i] = s.used[2 * i] || s.used[2 * i + 1];
                 }
-                let tid = *tid.get_or_insert_with(|| {
-                    let (proc, track) = split_component(&name);
-                    let next = self.procs.len() as u32 + 1;
-                    let pid = *self.proc_ids.entry(proc.clone()).or_insert_with(|| {
-                        self.procs.push(proc);
-                        next
-                    });
-                    let tid = self.tracks.len() as u32 + 1;
-                    self.tracks.push((pid, tid, track, 0));
-                    (pid, tid)
-                });
-                let sep = if self.events == 0 { "\n" } else { ",\n" };
-                self.events += 1;
-                write!(
-                    self.w,
-                    "{sep}{{\"ph\":\"X\",\"name\":\"busy\",\"cat\":\"hbm_channel\",{},\"pid\":{},\"tid\":{},\"args\":{{\"start_ps\":{start},\"end_ps\":{end},\"channel\":\"{name}\"}}}}",
-                    TsDur(start, end),
-                    tid.0,
-                    tid.1,
-                )?;
+                for i in BINS / 2..BINS {
+                    s.bins[i] = 0.0;
+                    s.used[i] = false;
+                }
             }
         }
-        Ok(())
     }
 
-    fn metadata(&mut self) -> io::Result<()> {
-        let mut order: Vec<usize> = (0..self.procs.len()).collect();
-        order.sort_by(|&a, &b| natural_cmp(&self.procs[a], &self.procs[b]));
-        let mut out = Vec::new();
-        for (rank, &i) in order.iter().enumerate() {
-            let pid = i + 1;
-            out.push(
-                json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                "args": {"name": self.procs[i]}}),
-            );
-            out.push(
-                json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                "args": {"sort_index": rank}}),
-            );
+    /// Spread `amount` over `[t0, t1)` (a point at t0 when empty).
+    pub(crate) fn add(&mut self, k: usize, t0: Ps, t1: Ps, amount: f64) {
+        self.fit(t1.max(t0));
+        let w = self.width;
+        let s = &mut self.series[k];
+        if t1 <= t0 {
+            let i = ((t0 / w) as usize).min(BINS - 1);
+            s.bins[i] += amount;
+            s.used[i] = true;
+            return;
         }
-        let mut tracks: Vec<&(u32, u32, String, usize)> = self.tracks.iter().collect();
-        tracks.sort_by(|a, b| {
-            a.0.cmp(&b.0).then_with(|| {
-                let (ta, tb) = (a.2.split('#').next(), b.2.split('#').next());
-                natural_cmp(ta.unwrap_or(""), tb.unwrap_or("")).then(a.3.cmp(&b.3))
-            })
-        });
-        for (rank, (pid, tid, name, _)) in tracks.into_iter().enumerate() {
-            out.push(
-                json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                "args": {"name": name}}),
-            );
-            out.push(
-                json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                "args": {"sort_index": rank}}),
-            );
+        let per_ps = amount / (t1 - t0) as f64;
+        let (first, last) = ((t0 / w) as usize, (((t1 - 1) / w) as usize).min(BINS - 1));
+        for i in first..=last {
+            let b0 = (i as u64 * w).max(t0);
+            let b1 = ((i as u64 + 1) * w).min(t1);
+            s.bins[i] += per_ps * (b1 - b0) as f64;
+            s.used[i] = true;
         }
-        for (i, e) in out.iter().enumerate() {
-            let sep = if self.events == 0 && i == 0 {
-                "\n"
-            } else {
-                ",\n"
-            };
-            write!(self.w, "{sep}{e}")?;
-        }
-        let m = &self.meta;
-        let other = json!({
-            "tool": m.tool,
-            "tool_version": m.tool_version,
-            "benchmark": m.benchmark,
-            "topology": m.topology.name,
-            "address_model": m.topology.address_model,
-            "seed": m.seed,
-            "params": m.params.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
-            "time_unit": "ts and dur in microseconds, rounded to the nanosecond; args.start_ps/end_ps exact",
-        });
-        write!(
-            self.w,
-            "\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":{other}\n}}\n"
-        )?;
-        self.w.flush()
+    }
+
+    fn max(&mut self, k: usize, t: Ps, v: f64) {
+        self.fit(t);
+        let i = ((t / self.width) as usize).min(BINS - 1);
+        let s = &mut self.series[k];
+        s.bins[i] = s.bins[i].max(v);
+        s.used[i] = true;
     }
 }
 
-/// `"ts":..,"dur":..` of `[start, end)` ps: microseconds with the ends
-/// rounded to the nanosecond, as exact decimals.
-struct TsDur(Ps, Ps);
+/// (launch, PE) and its kernel's [start, end] in ns.
+type KernelSpan = ((u32, [u32; 3]), (u64, u64));
+
+/// One recent op, for dependency arrows.
+#[derive(Debug, Clone, Copy, Default)]
+struct Recent {
+    op_id: u64,
+    valid: bool,
+    comp: u32,
+    tid: u32,
+    t0: u64,
+}
+
+enum Out<W: Write> {
+    Json { w: io::BufWriter<W>, first: bool },
+    Pb(Box<PerfettoWriter<io::BufWriter<W>>>),
+}
+
+struct Writer<W: Write> {
+    m: Matcher,
+    out: Out<W>,
+    comps: Vec<Option<Comp>>,
+    places: Places,
+    procs: Vec<String>,
+    proc_ids: HashMap<String, u32>,
+    tracks: Vec<Track>,
+    /// tid of named tracks (kernel tracks, launches, counters) by (pid, name).
+    named: HashMap<(u32, String), u32>,
+    names: Vec<Option<String>>,
+    meta: Meta,
+    launches: Option<Launches>,
+    /// Per (launch, PE): first op start and last op end (ns).
+    kernels: HashMap<(u32, [u32; 3]), (u64, u64)>,
+    /// TCM high-water per PE, and the launch it belongs to.
+    tcm: HashMap<[u32; 3], (u64, Option<u32>, usize)>,
+    bins: Bins,
+    /// Counter series by key.
+    series_ids: HashMap<String, usize>,
+    /// Units seen per (cube process, unit kind).
+    unit_counts: HashMap<(u32, String), u64>,
+    recent: Vec<Recent>,
+    flow_in: Vec<u64>,
+    args_buf: String,
+    info: Info,
+}
+
+/// `"ts":..,"dur":..` of `[t0, t1)` in whole ns: microseconds as exact
+/// decimals.
+struct TsDur(u64, u64);
 
 impl std::fmt::Display for TsDur {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (t0, t1) = (round_ns(self.0), round_ns(self.1));
-        let d = t1 - t0;
+        let (t0, d) = (self.0, self.1 - self.0);
         write!(
             f,
             "\"ts\":{}.{:03},\"dur\":{}.{:03}",
@@ -315,10 +316,788 @@ fn wio(e: io::Error) -> Error {
     Error::io("writing the timeline", e)
 }
 
+/// (shape, dtype) of an op, for args.
+pub fn shape_and_dtype(r: &Record) -> (Option<String>, Option<String>) {
+    match &r.params {
+        Params::Gemm(g) => (
+            Some(format!(
+                "{}x{} @ {}x{} -> {}x{}{}",
+                g.m,
+                g.k,
+                g.k,
+                g.n,
+                g.m,
+                g.n,
+                if g.acc.is_some() { " (+acc)" } else { "" }
+            )),
+            Some(format!(
+                "{} -> {} (acc {})",
+                g.dtype_in, g.dtype_out, g.dtype_acc
+            )),
+        ),
+        Params::Math(m) => {
+            let ins: Vec<String> = m
+                .inputs
+                .iter()
+                .map(|i| match i {
+                    kb_format::MathInput::Tile { rows, cols, .. } => format!("{rows}x{cols}"),
+                    kb_format::MathInput::Scalar(v) => format!("{v}"),
+                })
+                .collect();
+            (
+                Some(format!(
+                    "{}({}) -> {}x{}",
+                    m.op.name(),
+                    ins.join(", "),
+                    m.rows,
+                    m.cols
+                )),
+                Some(m.dtype.name().to_string()),
+            )
+        }
+        Params::Memory(p) => match p.dtype {
+            Some(d) => (
+                Some(format!("{}x{}", p.rows, p.row_bytes / d.size() as u64)),
+                Some(d.name().to_string()),
+            ),
+            None => (Some(format!("{}x{}B", p.rows, p.row_bytes)), None),
+        },
+        _ => (None, None),
+    }
+}
+
+impl<W: Write> Writer<W> {
+    fn new(m: Matcher, out: Out<W>) -> Self {
+        Writer {
+            m,
+            out,
+            comps: Vec::new(),
+            places: Places::default(),
+            procs: Vec::new(),
+            proc_ids: HashMap::new(),
+            tracks: Vec::new(),
+            named: HashMap::new(),
+            names: Vec::new(),
+            meta: Meta::default(),
+            launches: None,
+            kernels: HashMap::new(),
+            tcm: HashMap::new(),
+            bins: Bins {
+                width: 1000,
+                series: Vec::new(),
+            },
+            series_ids: HashMap::new(),
+            unit_counts: HashMap::new(),
+            recent: vec![Recent::default(); DEP_WINDOW],
+            flow_in: Vec::new(),
+            args_buf: String::new(),
+            info: Info::default(),
+        }
+    }
+
+    /// The pid of process `name`, made (and, for protobuf, described) on
+    /// first use.
+    fn pid(&mut self, name: &str) -> io::Result<u32> {
+        if let Some(&p) = self.proc_ids.get(name) {
+            return Ok(p);
+        }
+        let pid = self.procs.len() as u32 + 1;
+        self.procs.push(name.to_string());
+        self.proc_ids.insert(name.to_string(), pid);
+        if let Out::Pb(pb) = &mut self.out {
+            pb.process(proc_uuid(pid), pid, name)?;
+        }
+        Ok(pid)
+    }
+
+    /// A new track in `pid`.
+    fn new_track(
+        &mut self,
+        pid: u32,
+        name: String,
+        lane: usize,
+        counter: Option<u64>,
+    ) -> io::Result<u32> {
+        let tid = self.tracks.len() as u32 + 1;
+        if let Out::Pb(pb) = &mut self.out {
+            pb.track(track_uuid(tid), proc_uuid(pid), &name, counter)?;
+        }
+        self.tracks.push(Track {
+            pid,
+            tid,
+            name,
+            lane,
+            counter: counter.is_some(),
+        });
+        Ok(tid)
+    }
+
+    /// The track named `name` in `pid` (kernels, launches, counters).
+    fn named_track(&mut self, pid: u32, name: &str, counter: Option<u64>) -> io::Result<u32> {
+        if let Some(&t) = self.named.get(&(pid, name.to_string())) {
+            return Ok(t);
+        }
+        let t = self.new_track(pid, name.to_string(), 0, counter)?;
+        self.named.insert((pid, name.to_string()), t);
+        Ok(t)
+    }
+
+    fn comp(&mut self, id: u32, s: &Strings) -> io::Result<()> {
+        let i = id as usize;
+        if i >= self.comps.len() {
+            self.comps.resize_with(i + 1, || None);
+        }
+        if self.comps[i].is_none() {
+            let full = s.name(id);
+            let (proc, track) = split_component(&full);
+            let pid = self.pid(&proc)?;
+            let place = self.places.get(id, s).clone();
+            let unit_series = match (place.sip, place.cube, place.unit.as_str()) {
+                (Some(_), Some(_), u @ ("pe_dma" | "pe_gemm" | "pe_math")) => {
+                    *self.unit_counts.entry((pid, u.to_string())).or_default() += 1;
+                    Some(self.series(pid, &format!("util {u}"), false, UNIT_UNSPECIFIED)?)
+                }
+                _ => None,
+            };
+            self.comps[i] = Some(Comp {
+                pid,
+                track,
+                json: json_str(&full),
+                place,
+                lanes: Vec::new(),
+                busy_end: 0,
+                unit_series,
+            });
+        }
+        Ok(())
+    }
+
+    /// The tid of a free lane of component `id` for an op [t0, t1) (ns).
+    fn lane(&mut self, id: u32, t0: u64, t1: u64) -> io::Result<(u32, u32)> {
+        let c = self.comps[id as usize].as_mut().expect("made by comp()");
+        let pid = c.pid;
+        if let Some(l) = c.lanes.iter_mut().find(|l| l.0 <= t0) {
+            l.0 = t1;
+            return Ok((pid, l.1));
+        }
+        let lane = c.lanes.len();
+        let name = if lane == 0 {
+            c.track.clone()
+        } else {
+            format!("{}#{lane}", c.track)
+        };
+        let tid = self.new_track(pid, name, lane, None)?;
+        let c = self.comps[id as usize].as_mut().expect("made by comp()");
+        c.lanes.push((t1, tid));
+        Ok((pid, tid))
+    }
+
+    /// The counter series `name` of process `pid`.
+    fn series(&mut self, pid: u32, name: &str, max: bool, unit: u64) -> io::Result<usize> {
+        let key = format!("{pid}/{name}");
+        if let Some(&k) = self.series_ids.get(&key) {
+            return Ok(k);
+        }
+        let tid = self.named_track(pid, name, Some(unit))?;
+        let k = self.bins.series.len();
+        self.bins.series.push(Series {
+            tid,
+            max,
+            units: 1.0,
+            // bytes per ps -> GB/s (x 1000); busy ps per ps -> fraction.
+            scale: if name.ends_with("GB/s") { 1000.0 } else { 1.0 },
+            bins: vec![0.0; BINS],
+            used: vec![false; BINS],
+        });
+        self.series_ids.insert(key, k);
+        Ok(k)
+    }
+
+    /// Cache the JSON string of op name `id`.
+    fn op_name(&mut self, id: u32, s: &Strings) {
+        let i = id as usize;
+        if i >= self.names.len() {
+            self.names.resize_with(i + 1, || None);
+        }
+        self.names[i].get_or_insert_with(|| s.name(id).into_owned());
+    }
+
+    fn counters(&mut self, r: &Record) -> io::Result<()> {
+        let c = self.comps[r.component as usize].as_ref().expect("made");
+        let (pid, place, unit_series) = (c.pid, c.place.clone(), c.unit_series);
+        // Utilisation: the part of this op not already covered on its unit.
+        if let Some(k) = unit_series {
+            let c = self.comps[r.component as usize].as_mut().expect("made");
+            let from = r.t_start.max(c.busy_end);
+            c.busy_end = c.busy_end.max(r.t_end);
+            if r.t_end > from {
+                self.bins.add(k, from, r.t_end, (r.t_end - from) as f64);
+            }
+        }
+        if r.kind != OpKind::Memory {
+            return Ok(());
+        }
+        let bytes = render::bytes_moved(r) as f64;
+        let route = render::route(r);
+        if let Some(rt) = route {
+            // HBM traffic of the cube whose HBM is read or written.
+            let mut hbm: Vec<(u8, u8)> = Vec::new();
+            for e in [rt.src, rt.dst] {
+                if let Endpoint::Hbm { sip, cube } = e
+                    && !hbm.contains(&(sip, cube))
+                {
+                    hbm.push((sip, cube));
+                }
+            }
+            for (sip, cube) in hbm {
+                let p = self.pid(&format!("sip{sip}.cube{cube}"))?;
+                let k = self.series(p, "hbm GB/s", false, UNIT_UNSPECIFIED)?;
+                self.bins.add(k, r.t_start, r.t_end, bytes);
+            }
+            // Links between cubes or SIPs.
+            let cube_of = |e: Endpoint| match e {
+                Endpoint::Hbm { sip, cube }
+                | Endpoint::Sram { sip, cube }
+                | Endpoint::Tcm { sip, cube, .. } => Some((sip, cube)),
+                _ => None,
+            };
+            if let (Some(a), Some(b)) = (cube_of(rt.src), cube_of(rt.dst))
+                && a != b
+            {
+                let p = self.pid(&format!("sip{}.cube{}", a.0, a.1))?;
+                let k = self.series(
+                    p,
+                    &format!("link -> sip{}.cube{} GB/s", b.0, b.1),
+                    false,
+                    UNIT_UNSPECIFIED,
+                )?;
+                self.bins.add(k, r.t_start, r.t_end, bytes);
+            }
+        }
+        if let (Some(sip), Some(cube), Some(pe)) = (place.sip, place.cube, place.pe) {
+            if place.unit == "pe_dma" {
+                let k = self.series(pid, &format!("pe{pe} noc GB/s"), false, UNIT_UNSPECIFIED)?;
+                self.bins.add(k, r.t_start, r.t_end, bytes);
+            }
+            // TCM high-water: the highest byte written into this PE's TCM.
+            let top = r
+                .write
+                .iter()
+                .flat_map(|e| e.ranges.iter())
+                .filter_map(|x| {
+                    let p = kb_format::pa::Pa::decode(x.pa)?;
+                    (p.space == Space::Tcm && (p.sip, p.cube, p.pe) == (sip, cube, pe)).then(|| {
+                        p.offset
+                            .saturating_add(x.stride.saturating_mul(u64::from(x.rows.max(1)) - 1))
+                            .saturating_add(x.len)
+                    })
+                })
+                .max();
+            if let Some(top) = top {
+                let launch = self
+                    .launches
+                    .as_ref()
+                    .and_then(|l| l.find([sip, cube, pe], r.t_start));
+                let k = self.series(
+                    pid,
+                    &format!("pe{pe} tcm high-water bytes"),
+                    true,
+                    UNIT_SIZE_BYTES,
+                )?;
+                let e = self.tcm.entry([sip, cube, pe]).or_insert((0, launch, k));
+                if e.1 != launch {
+                    *e = (0, launch, k);
+                }
+                e.0 = e.0.max(top);
+                let hw = e.0 as f64;
+                self.bins.max(k, r.t_end, hw);
+            }
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, r: &Record, s: &Strings) -> io::Result<()> {
+        let (t0, t1) = (round_ns(r.t_start), round_ns(r.t_end));
+        self.comp(r.component, s)?;
+        let (pid, tid) = self.lane(r.component, t0, t1)?;
+        self.info.events += 1;
+        self.op_name(r.op_name, s);
+        let kind = match r.kind {
+            OpKind::Unknown(_) => "unknown",
+            k => k.name(),
+        };
+        let place = self.comps[r.component as usize]
+            .as_ref()
+            .expect("made")
+            .place
+            .clone();
+        let launch = match (&self.launches, place.sip, place.cube, place.pe) {
+            (Some(l), Some(sip), Some(cube), Some(pe)) => {
+                let found = l.find([sip, cube, pe], r.t_start);
+                if let Some(i) = found {
+                    let e = self.kernels.entry((i, [sip, cube, pe])).or_insert((t0, t1));
+                    e.0 = e.0.min(t0);
+                    e.1 = e.1.max(t1);
+                }
+                found
+            }
+            _ => None,
+        };
+        // Dependency arrows from ops on other components.
+        self.flow_in.clear();
+        for &d in &r.deps {
+            let slot = self.recent[d as usize % DEP_WINDOW];
+            if slot.valid && slot.op_id == d && slot.comp != r.component {
+                self.info.flows += 1;
+                let id = self.info.flows;
+                self.flow_in.push(id);
+                match &mut self.out {
+                    Out::Json { w, .. } => {
+                        let src = &self.tracks[slot.tid as usize - 1];
+                        write!(
+                            w,
+                            ",\n{{\"ph\":\"s\",\"id\":{id},\"name\":\"dep\",\"cat\":\"dep\",\"pid\":{},\"tid\":{},\"ts\":{}.{:03}}}",
+                            src.pid,
+                            slot.tid,
+                            slot.t0 / 1000,
+                            slot.t0 % 1000
+                        )?;
+                    }
+                    Out::Pb(pb) => pb.flow_source(track_uuid(slot.tid), slot.t0, id)?,
+                }
+            }
+        }
+        self.recent[r.op_id as usize % DEP_WINDOW] = Recent {
+            op_id: r.op_id,
+            valid: true,
+            comp: r.component,
+            tid,
+            t0,
+        };
+        let (shape, dtype) = shape_and_dtype(r);
+        let bytes = render::bytes_moved(r);
+        let flops = render::flops(r);
+        let route = render::route(r).map(|rt| rt.to_string());
+        let kernel = launch.and_then(|i| {
+            self.launches
+                .as_ref()
+                .and_then(|l| l.kernel(i))
+                .map(str::to_string)
+        });
+        let name = self.names[r.op_name as usize].as_deref().unwrap_or("?");
+        match &mut self.out {
+            Out::Json { w, first } => {
+                let comp = &self.comps[r.component as usize]
+                    .as_ref()
+                    .expect("made")
+                    .json;
+                let sep = if *first { "\n" } else { ",\n" };
+                *first = false;
+                let a = &mut self.args_buf;
+                a.clear();
+                use std::fmt::Write as _;
+                let _ = write!(
+                    a,
+                    "\"op_id\":{},\"start_ns\":{},\"end_ns\":{},\"component\":{comp}",
+                    r.op_id,
+                    render::ns(r.t_start),
+                    render::ns(r.t_end)
+                );
+                if let Some(rt) = &route {
+                    // Endpoint names need no JSON escaping.
+                    let _ = write!(a, ",\"route\":\"{rt}\",\"bytes\":{bytes}");
+                } else if bytes > 0 {
+                    let _ = write!(a, ",\"bytes\":{bytes}");
+                }
+                if flops > 0 {
+                    let _ = write!(a, ",\"flops\":{flops}");
+                }
+                if let Some(x) = &shape {
+                    let _ = write!(a, ",\"shape\":{}", json_str(x));
+                }
+                if let Some(x) = &dtype {
+                    let _ = write!(a, ",\"dtype\":{}", json_str(x));
+                }
+                if let Some(fp) = r.fingerprint {
+                    let _ = write!(a, ",\"fingerprint\":\"{fp:#018x}\"");
+                }
+                if let (Some(i), Some(k)) = (launch, &kernel) {
+                    let _ = write!(a, ",\"launch\":{i},\"kernel\":{}", json_str(k));
+                }
+                write!(
+                    w,
+                    "{sep}{{\"ph\":\"X\",\"name\":{},\"cat\":\"{kind}\",{},\"pid\":{pid},\"tid\":{tid},\"args\":{{{a}}}}}",
+                    json_str(name),
+                    TsDur(t0, t1),
+                )?;
+                for &id in &self.flow_in {
+                    write!(
+                        w,
+                        ",\n{{\"ph\":\"f\",\"bp\":\"e\",\"id\":{id},\"name\":\"dep\",\"cat\":\"dep\",\"pid\":{pid},\"tid\":{tid},\"ts\":{}.{:03}}}",
+                        t0 / 1000,
+                        t0 % 1000
+                    )?;
+                }
+            }
+            Out::Pb(pb) => {
+                let mut args: Vec<(&str, Val<'_>)> = vec![("op_id", Val::U(r.op_id))];
+                if let Some(rt) = &route {
+                    args.push(("route", Val::S(rt)));
+                    args.push(("bytes", Val::U(bytes)));
+                } else if bytes > 0 {
+                    args.push(("bytes", Val::U(bytes)));
+                }
+                if flops > 0 {
+                    args.push(("flops", Val::U(flops)));
+                }
+                if let Some(x) = &shape {
+                    args.push(("shape", Val::S(x)));
+                }
+                if let Some(x) = &dtype {
+                    args.push(("dtype", Val::S(x)));
+                }
+                if let (Some(i), Some(k)) = (launch, &kernel) {
+                    args.push(("launch", Val::U(u64::from(i))));
+                    args.push(("kernel", Val::S(k)));
+                }
+                pb.slice(track_uuid(tid), t0, t1, name, kind, &args, &self.flow_in)?;
+            }
+        }
+        self.counters(r)
+    }
+
+    /// Launch slices, kernel slices and counters: written at the end.
+    fn finish_extras(&mut self, launches: &[Launch]) -> io::Result<()> {
+        // Launches on the host's `launches` track (lanes when they overlap).
+        if !launches.is_empty() && self.info.events > 0 {
+            let host = self.pid("host")?;
+            let mut lanes: Vec<(u64, u32)> = Vec::new();
+            for (i, l) in launches.iter().enumerate() {
+                let (t0, t1) = (round_ns(l.t_start), round_ns(l.t_end.max(l.t_start)));
+                if !self.m.in_window(&Record {
+                    t_start: l.t_start,
+                    t_end: l.t_end,
+                    ..Default::default()
+                }) {
+                    continue;
+                }
+                let tid = match lanes.iter_mut().find(|x| x.0 <= t0) {
+                    Some(x) => {
+                        x.0 = t1;
+                        x.1
+                    }
+                    None => {
+                        let name = if lanes.is_empty() {
+                            "launches".to_string()
+                        } else {
+                            format!("launches#{}", lanes.len())
+                        };
+                        let lane = lanes.len();
+                        let tid = self.new_track(host, name, lane, None)?;
+                        lanes.push((t1, tid));
+                        tid
+                    }
+                };
+                let useful = if l.flops > 0 {
+                    l.useful_flops as f64 / l.flops as f64
+                } else {
+                    1.0
+                };
+                let grid = format!("{} x {}", l.grid[0], l.grid[1]);
+                self.info.launches += 1;
+                self.slice(
+                    host,
+                    tid,
+                    t0,
+                    t1,
+                    &l.kernel,
+                    "launch",
+                    &[
+                        ("launch", Val::U(i as u64)),
+                        ("grid", Val::S(&grid)),
+                        ("pes", Val::U(l.pes.len() as u64)),
+                        ("flops", Val::U(l.flops)),
+                        ("useful_flops", Val::U(l.useful_flops)),
+                        ("useful_fraction", Val::F(useful)),
+                    ],
+                )?;
+            }
+            // Kernels: per launch and PE, above the PE's units.
+            let mut spans: Vec<KernelSpan> = if self.launches.is_some() {
+                self.kernels.iter().map(|(k, v)| (*k, *v)).collect()
+            } else {
+                // A stream: the launches came last; use their windows, on
+                // the PEs the timeline shows.
+                let mut v = Vec::new();
+                for (i, l) in launches.iter().enumerate() {
+                    let win = Record {
+                        t_start: l.t_start,
+                        t_end: l.t_end,
+                        ..Default::default()
+                    };
+                    if !self.m.in_window(&win) {
+                        continue;
+                    }
+                    for pe in &l.pes {
+                        let proc = format!("sip{}.cube{}", pe[0], pe[1]);
+                        if self.proc_ids.contains_key(&proc) {
+                            v.push((
+                                (i as u32, *pe),
+                                (round_ns(l.t_start), round_ns(l.t_end.max(l.t_start))),
+                            ));
+                        }
+                    }
+                }
+                v
+            };
+            spans.sort_by_key(|&((i, pe), (t0, _))| (pe, t0, i));
+            let mut last: HashMap<[u32; 3], (u64, u32)> = HashMap::new();
+            for ((i, pe), (t0, t1)) in spans {
+                let pid = self.pid(&format!("sip{}.cube{}", pe[0], pe[1]))?;
+                let name = format!("pe{}.kernel", pe[2]);
+                // Overlapping kernels on one PE (a stream's windows) take lanes.
+                let tid = match last.get(&pe) {
+                    Some(&(end, _)) if end > t0 => {
+                        let n = format!("{name}#1");
+                        self.named_track(pid, &n, None)?
+                    }
+                    _ => self.named_track(pid, &name, None)?,
+                };
+                last.insert(pe, (t1, tid));
+                let l = &launches[i as usize];
+                self.info.kernels += 1;
+                self.slice(
+                    pid,
+                    tid,
+                    t0,
+                    t1,
+                    &l.kernel,
+                    "kernel",
+                    &[
+                        ("launch", Val::U(u64::from(i))),
+                        ("pe", Val::U(u64::from(pe[2]))),
+                    ],
+                )?;
+            }
+        }
+        // Counters: one value per bin that changed.
+        let width = self.bins.width;
+        let units: HashMap<usize, f64> = self
+            .series_ids
+            .iter()
+            .filter_map(|(key, &k)| {
+                let (pid, name) = key.split_once('/')?;
+                let u = name.strip_prefix("util ")?;
+                let pid: u32 = pid.parse().ok()?;
+                Some((k, *self.unit_counts.get(&(pid, u.to_string()))? as f64))
+            })
+            .collect();
+        for (k, s) in self.bins.series.iter_mut().enumerate() {
+            s.units = units.get(&k).copied().unwrap_or(1.0);
+        }
+        let series = std::mem::take(&mut self.bins.series);
+        self.info.counter_tracks = series.len();
+        for s in &series {
+            let track = &self.tracks[s.tid as usize - 1];
+            let (pid, name) = (track.pid, track.name.clone());
+            let last_used = s.used.iter().rposition(|&u| u);
+            let Some(last_used) = last_used else { continue };
+            let mut prev: Option<f64> = None;
+            for i in 0..=(last_used + 1).min(BINS - 1) {
+                let v = if s.max {
+                    if !s.used[i] {
+                        continue;
+                    }
+                    s.bins[i]
+                } else {
+                    s.bins[i] * s.scale / (width as f64 * s.units)
+                };
+                if prev == Some(v) {
+                    continue;
+                }
+                prev = Some(v);
+                let ts = (i as u64).saturating_mul(width) / 1000;
+                self.info.counter_values += 1;
+                match &mut self.out {
+                    Out::Json { w, first } => {
+                        let sep = if *first { "\n" } else { ",\n" };
+                        *first = false;
+                        write!(
+                            w,
+                            "{sep}{{\"ph\":\"C\",\"name\":{},\"pid\":{pid},\"tid\":0,\"ts\":{}.{:03},\"args\":{{\"value\":{}}}}}",
+                            json_str(&name),
+                            ts / 1000,
+                            ts % 1000,
+                            if v.is_finite() { v } else { 0.0 }
+                        )?;
+                    }
+                    Out::Pb(pb) => pb.counter(track_uuid(s.tid), ts, v)?,
+                }
+            }
+        }
+        self.bins.series = series;
+        Ok(())
+    }
+
+    /// One track per HBM pseudo channel (`hbm_ctrl.chN` in its cube's
+    /// process), a `busy` slice per interval the filter selects.
+    fn channel_tracks(&mut self, channels: &[kb_format::ChannelUsage]) -> io::Result<()> {
+        for c in channels {
+            let name = format!("sip{}.cube{}.hbm_ctrl.ch{}", c.sip, c.cube, c.channel);
+            let mut track = None;
+            for &(start, end) in &c.busy {
+                if !self.m.selects_interval(&name, start, end) {
+                    continue;
+                }
+                let (pid, tid) = match track {
+                    Some(t) => t,
+                    None => {
+                        let (proc, lane) = split_component(&name);
+                        let pid = self.pid(&proc)?;
+                        let t = (pid, self.named_track(pid, &lane, None)?);
+                        track = Some(t);
+                        t
+                    }
+                };
+                self.slice(
+                    pid,
+                    tid,
+                    round_ns(start),
+                    round_ns(end),
+                    "busy",
+                    "hbm_channel",
+                    &[
+                        ("start_ps", Val::U(start)),
+                        ("end_ps", Val::U(end)),
+                        ("channel", Val::S(&name)),
+                    ],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A slice with args on a track (launches, kernels, HBM channels).
+    #[allow(clippy::too_many_arguments)]
+    fn slice(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        t0: u64,
+        t1: u64,
+        name: &str,
+        cat: &str,
+        args: &[(&str, Val<'_>)],
+    ) -> io::Result<()> {
+        match &mut self.out {
+            Out::Json { w, first } => {
+                let sep = if *first { "\n" } else { ",\n" };
+                *first = false;
+                let mut a = serde_json::Map::new();
+                for (k, v) in args {
+                    a.insert(
+                        k.to_string(),
+                        match v {
+                            Val::U(x) => json!(x),
+                            Val::F(x) => json!(x),
+                            Val::S(x) => json!(x),
+                        },
+                    );
+                }
+                write!(
+                    w,
+                    "{sep}{{\"ph\":\"X\",\"name\":{},\"cat\":\"{cat}\",{},\"pid\":{pid},\"tid\":{tid},\"args\":{}}}",
+                    json_str(name),
+                    TsDur(t0, t1),
+                    serde_json::Value::Object(a)
+                )
+            }
+            Out::Pb(pb) => pb.slice(track_uuid(tid), t0, t1, name, cat, args, &[]),
+        }
+    }
+
+    fn metadata(&mut self) -> io::Result<()> {
+        let Out::Json { w, first } = &mut self.out else {
+            if let Out::Pb(pb) = &mut self.out {
+                self.info.bytes = pb.bytes;
+                pb.flush()?;
+            }
+            return Ok(());
+        };
+        let mut order: Vec<usize> = (0..self.procs.len()).collect();
+        order.sort_by(|&a, &b| natural_cmp(&self.procs[a], &self.procs[b]));
+        let mut out = Vec::new();
+        for (rank, &i) in order.iter().enumerate() {
+            let pid = i + 1;
+            out.push(
+                json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                "args": {"name": self.procs[i]}}),
+            );
+            out.push(
+                json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                "args": {"sort_index": rank}}),
+            );
+        }
+        let mut tracks: Vec<&Track> = self.tracks.iter().filter(|t| !t.counter).collect();
+        tracks.sort_by(|a, b| {
+            a.pid.cmp(&b.pid).then_with(|| {
+                let (ta, tb) = (a.name.split('#').next(), b.name.split('#').next());
+                natural_cmp(ta.unwrap_or(""), tb.unwrap_or("")).then(a.lane.cmp(&b.lane))
+            })
+        });
+        for (rank, t) in tracks.into_iter().enumerate() {
+            out.push(
+                json!({"ph": "M", "name": "thread_name", "pid": t.pid, "tid": t.tid,
+                "args": {"name": t.name}}),
+            );
+            out.push(
+                json!({"ph": "M", "name": "thread_sort_index", "pid": t.pid, "tid": t.tid,
+                "args": {"sort_index": rank}}),
+            );
+        }
+        for e in out.iter() {
+            let sep = if *first { "\n" } else { ",\n" };
+            *first = false;
+            write!(w, "{sep}{e}")?;
+        }
+        let m = &self.meta;
+        let other = json!({
+            "tool": m.tool,
+            "tool_version": m.tool_version,
+            "benchmark": m.benchmark,
+            "topology": m.topology.name,
+            "address_model": m.topology.address_model,
+            "seed": m.seed,
+            "params": m.params.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+            "time_unit": "ts and dur in microseconds, rounded to the nanosecond; args.start_ns/end_ns exact",
+        });
+        write!(
+            w,
+            "\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":{other}\n}}\n"
+        )?;
+        w.flush()
+    }
+}
+
+fn proc_uuid(pid: u32) -> u64 {
+    (1 << 40) | u64::from(pid)
+}
+
+fn track_uuid(tid: u32) -> u64 {
+    (2 << 40) | u64::from(tid)
+}
+
 impl<W: Write> Visitor for Writer<W> {
+    fn launches(&mut self, launches: &[Launch]) -> Result<()> {
+        self.launches = Some(Launches::new(launches));
+        Ok(())
+    }
+
     fn meta(&mut self, meta: &Meta) -> Result<Flow> {
         self.meta = meta.clone();
-        self.w.write_all(b"{\"traceEvents\":[").map_err(wio)?;
+        if let Out::Json { w, .. } = &mut self.out {
+            w.write_all(b"{\"traceEvents\":[").map_err(wio)?;
+        }
         Ok(Flow::Continue)
     }
 
@@ -333,35 +1112,36 @@ impl<W: Write> Visitor for Writer<W> {
     }
 
     fn end(&mut self, end: &End<'_>) -> Result<()> {
-        self.channel_events(end.channels).map_err(wio)?;
+        self.channel_tracks(end.channels).map_err(wio)?;
+        self.finish_extras(end.launches).map_err(wio)?;
         self.metadata().map_err(wio)
     }
 }
 
 /// Write the timeline of `input` to `w`.
-pub fn write<W: Write>(input: &Input, filter: &Filter, w: W) -> Result<Info> {
-    let mut t = Writer {
-        m: Matcher::new(filter)?,
-        w: io::BufWriter::with_capacity(1 << 20, w),
-        comps: Vec::new(),
-        procs: Vec::new(),
-        proc_ids: HashMap::new(),
-        tracks: Vec::new(),
-        names: Vec::new(),
-        meta: Meta::default(),
-        events: 0,
+pub fn write<W: Write>(input: &Input, filter: &Filter, format: Format, w: W) -> Result<Info> {
+    let w = io::BufWriter::with_capacity(1 << 20, w);
+    let out = match format {
+        Format::Json => Out::Json { w, first: true },
+        Format::Perfetto => Out::Pb(Box::new(PerfettoWriter::new(w))),
     };
+    let mut t = Writer::new(Matcher::new(filter)?, out);
     source::visit(input, &mut t)?;
-    Ok(Info {
-        events: t.events,
-        processes: t.procs.len(),
-        tracks: t.tracks.len(),
-    })
+    t.info.processes = t.procs.len();
+    t.info.tracks = t.tracks.iter().filter(|x| !x.counter).count();
+    Ok(t.info)
 }
 
-/// `timeline -o FILE`: write to a file (atomically) or stdout (`-`).
-pub fn run(input: &Input, filter: &Filter, out: &Path) -> Result<Info> {
-    crate::write_output(out, |w| write(input, filter, w))
+/// `timeline -o FILE`: write to a file (atomically) or stdout (`-`);
+/// the binary Perfetto format never to a terminal.
+pub fn run(input: &Input, filter: &Filter, format: Format, out: &Path) -> Result<Info> {
+    if format == Format::Perfetto && crate::is_terminal_path(out) {
+        return Err(Error::usage(format!(
+            "refusing to write a binary Perfetto trace to a terminal ({}): give a file",
+            out.display()
+        )));
+    }
+    crate::write_output(out, |w| write(input, filter, format, w))
 }
 
 #[cfg(test)]
@@ -374,23 +1154,38 @@ mod tests {
     fn timeline(bytes: &[u8], filter: &Filter) -> (Info, Value) {
         let (_d, p) = testutil::write_temp(bytes);
         let mut out = Vec::new();
-        let info = write(&Input::Path(p), filter, &mut out).unwrap();
+        let info = write(&Input::Path(p), filter, Format::Json, &mut out).unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
-        // The stream source gives the same bytes.
+        // The stream source gives the same ops, flows and counters (kernel
+        // slices span the launches' windows there).
         let mut out2 = Vec::new();
-        let mut t = Writer {
-            m: Matcher::new(filter).unwrap(),
-            w: &mut out2,
-            comps: vec![],
-            procs: vec![],
-            proc_ids: HashMap::new(),
-            tracks: vec![],
-            names: vec![],
-            meta: Meta::default(),
-            events: 0,
-        };
+        let mut t = Writer::new(
+            Matcher::new(filter).unwrap(),
+            Out::Json {
+                w: io::BufWriter::new(&mut out2),
+                first: true,
+            },
+        );
         source::visit_reader("-", bytes, &mut t).unwrap();
-        assert_eq!(out, out2);
+        drop(t);
+        let v2: Value = serde_json::from_slice(&out2).unwrap();
+        let ops = |v: &Value| -> Vec<Value> {
+            v["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["ph"] != "M" && e["cat"] != "kernel")
+                .map(|e| {
+                    let mut e = e.clone();
+                    if let Some(a) = e["args"].as_object_mut() {
+                        a.remove("launch");
+                        a.remove("kernel");
+                    }
+                    e
+                })
+                .collect()
+        };
+        assert_eq!(ops(&v), ops(&v2));
         (info, v)
     }
 
@@ -411,6 +1206,8 @@ mod tests {
         let mut procs = BTreeMap::new();
         let mut threads = BTreeMap::new();
         let mut xs = Vec::new();
+        let mut all_x = Vec::new();
+        let mut flows = Vec::new();
         for e in evs {
             let pid = e["pid"].as_u64().expect("pid");
             let tid = e["tid"].as_u64().expect("tid");
@@ -432,14 +1229,37 @@ mod tests {
                     assert!(e["ts"].is_number() && e["dur"].is_number(), "{e}");
                     assert!(e["dur"].as_f64().unwrap() >= 0.0);
                     assert!(e["cat"].is_string());
-                    assert!(e["args"]["op_id"].is_u64());
-                    xs.push(e.clone());
+                    if e["cat"] != "launch" && e["cat"] != "kernel" {
+                        assert!(e["args"]["op_id"].is_u64());
+                    }
+                    all_x.push(e.clone());
+                    if e["args"]["op_id"].is_u64() {
+                        xs.push(e.clone());
+                    }
+                }
+                "s" | "f" => {
+                    assert!(e["id"].is_u64() && e["ts"].is_number(), "{e}");
+                    flows.push(e.clone());
+                }
+                "C" => {
+                    assert!(e["args"]["value"].is_number(), "{e}");
+                    assert!(procs.contains_key(&pid) || pid > 0, "{e}");
                 }
                 other => panic!("unexpected phase {other}"),
             }
         }
+        // Every flow has its start and its end.
+        let mut ids: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for f in &flows {
+            ids.entry(f["id"].as_u64().unwrap())
+                .or_default()
+                .push(f["ph"].as_str().unwrap().to_string());
+        }
+        for (id, phs) in ids {
+            assert_eq!(phs, ["s", "f"], "flow {id}");
+        }
         let mut by_track: BTreeMap<(u64, u64), Vec<(u64, u64)>> = BTreeMap::new();
-        for e in &xs {
+        for e in &all_x {
             let key = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
             assert!(procs.contains_key(&key.0), "no process_name for {e}");
             assert!(threads.contains_key(&key), "no thread_name for {e}");
@@ -538,8 +1358,15 @@ mod tests {
         assert_eq!(op1["name"], "dma_read");
         assert_eq!(op1["cat"], "memory");
         assert_eq!(op1["args"]["bytes"], 64);
-        assert_eq!(op1["args"]["start_ps"], 1000);
-        assert_eq!(op1["args"]["end_ps"], 3000);
+        assert_eq!(op1["args"]["start_ns"], 1.0);
+        assert_eq!(op1["args"]["end_ns"], 3.0);
+        assert_eq!(op1["args"]["shape"], "2x16");
+        assert_eq!(op1["args"]["dtype"], "f16");
+        assert_eq!(op1["args"]["launch"], 0);
+        assert_eq!(op1["args"]["kernel"], "gemm");
+        let gemm = xs.iter().find(|e| e["args"]["op_id"] == 3).unwrap();
+        assert_eq!(gemm["args"]["shape"], "2x4 @ 4x3 -> 2x3");
+        assert_eq!(gemm["args"]["dtype"], "f16 -> f16 (acc f32)");
         assert_eq!(op1["args"]["component"], testutil::PE_DMA);
         // Processes: host, sip0 (pcie_ep), sip0.cube0, sip0.cube1.
         let evs = v["traceEvents"].as_array().unwrap();
@@ -559,8 +1386,10 @@ mod tests {
             names("thread_name"),
             [
                 "host",
+                "launches",
                 "pcie_ep",
                 "pe0.gemm",
+                "pe0.kernel",
                 "pe0.pe_dma",
                 "pe0.pe_dma#1",
                 "pe0.vec"
@@ -575,7 +1404,9 @@ mod tests {
         assert_ne!(op(1)["tid"], op(2)["tid"]);
         assert_eq!(op(4)["tid"], op(1)["tid"]);
         assert_eq!(info.processes, 4);
-        assert_eq!(info.tracks, 6);
+        // 6 op tracks, the launches track and a kernel track per cube.
+        assert_eq!(info.tracks, 9);
+        assert_eq!((info.launches, info.kernels), (2, 2));
     }
 
     #[test]
@@ -613,7 +1444,7 @@ mod tests {
         assert_eq!(get(0)["ts"].as_f64(), Some(0.0));
         assert_eq!(get(0)["dur"].as_f64(), Some(0.002));
         assert_eq!(get(2)["dur"].as_f64(), Some(0.039));
-        assert_eq!(get(2)["args"]["end_ps"], 40_960);
+        assert_eq!(get(2)["args"]["end_ns"], 40.96);
         for id in [0, 1, 2, 4] {
             assert_eq!(get(id)["tid"], get(0)["tid"], "op {id}");
         }
@@ -636,7 +1467,9 @@ mod tests {
             .map(|e| e["args"]["op_id"].as_u64().unwrap())
             .collect();
         assert_eq!(ids, [2, 3]);
-        assert_eq!(info.processes, 1);
+        // Their cube, and the host for the launch that overlaps the window.
+        assert_eq!(info.processes, 2);
+        assert_eq!(info.launches, 1);
     }
 
     #[test]
@@ -648,6 +1481,7 @@ mod tests {
         let (info, v) = timeline(&testutil::sample_trace(), &f);
         assert_eq!(info.events, 0);
         assert_eq!(v["traceEvents"], serde_json::json!([]));
+        assert_eq!((info.launches, info.counter_values), (0, 0));
     }
 
     #[test]
@@ -707,5 +1541,465 @@ mod tests {
             assert!(!args.contains_key("route") && !args.contains_key("bytes"));
         }
         assert_eq!(get(4)["args"]["flops"], 48);
+    }
+
+    #[test]
+    fn cross_component_dependencies_get_flow_arrows() {
+        // Sample deps: 1 <- 0 (host -> pe_dma), 2 <- 1 (same track: none),
+        // 4 <- 3 (gemm -> pe_dma), 6 <- 5 (vec -> pcie_ep).
+        let (info, v) = timeline(&testutil::sample_trace(), &Filter::default());
+        check_structure(&v);
+        assert_eq!(info.flows, 3);
+        let evs = v["traceEvents"].as_array().unwrap();
+        let op = |id: u64| {
+            evs.iter()
+                .find(|e| e["ph"] == "X" && e["args"]["op_id"] == id)
+                .unwrap()
+        };
+        let flow = |ph: &str| -> Vec<(u64, u64, f64)> {
+            evs.iter()
+                .filter(|e| e["ph"] == ph)
+                .map(|e| {
+                    (
+                        e["pid"].as_u64().unwrap(),
+                        e["tid"].as_u64().unwrap(),
+                        e["ts"].as_f64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        let at = |id: u64| {
+            let e = op(id);
+            (
+                e["pid"].as_u64().unwrap(),
+                e["tid"].as_u64().unwrap(),
+                e["ts"].as_f64().unwrap(),
+            )
+        };
+        // Each arrow starts on the producer's slice and ends on the consumer's.
+        assert_eq!(flow("s"), [at(0), at(3), at(5)]);
+        assert_eq!(flow("f"), [at(1), at(4), at(6)]);
+    }
+
+    #[test]
+    fn counters_are_bandwidth_and_utilisation_per_bin() {
+        // 64 B from the host into HBM by a PE's DMA in [0, 1) ns, then
+        // 128 B over [2, 4) ns: 64 GB/s in bin 0, 64 GB/s in bins 2 and 3.
+        let ops = vec![
+            mem(0, 0, 1000, testutil::PE_DMA, "a", 64),
+            mem(1, 2000, 4000, testutil::PE_DMA, "b", 128),
+        ];
+        let bytes = testutil::build(&testutil::sample_meta(), &[], &ops, &Default::default());
+        let (info, v) = timeline(&bytes, &Filter::default());
+        check_structure(&v);
+        let evs = v["traceEvents"].as_array().unwrap();
+        let series = |name: &str| -> Vec<(f64, f64)> {
+            evs.iter()
+                .filter(|e| e["ph"] == "C" && e["name"] == name)
+                .map(|e| {
+                    (
+                        e["ts"].as_f64().unwrap(),
+                        e["args"]["value"].as_f64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        // Values change at 0, 1, 2 and 4 ns (equal neighbours are merged).
+        let want = [(0.0, 64.0), (0.001, 0.0), (0.002, 64.0), (0.004, 0.0)];
+        assert_eq!(series("hbm GB/s"), want);
+        assert_eq!(series("pe0 noc GB/s"), want);
+        // One pe_dma unit, busy [0,1) and [2,4): fully busy in those bins.
+        assert_eq!(
+            series("util pe_dma"),
+            [(0.0, 1.0), (0.001, 0.0), (0.002, 1.0), (0.004, 0.0)]
+        );
+        assert!(info.counter_tracks >= 3);
+    }
+
+    #[test]
+    fn bins_double_and_keep_totals() {
+        let mut b = Bins {
+            width: 1000,
+            series: vec![Series {
+                tid: 1,
+                max: false,
+                units: 1.0,
+                scale: 1.0,
+                bins: vec![0.0; BINS],
+                used: vec![false; BINS],
+            }],
+        };
+        b.add(0, 0, 1000, 5.0);
+        b.add(0, 500, 1500, 10.0);
+        assert_eq!((b.series[0].bins[0], b.series[0].bins[1]), (10.0, 5.0));
+        // A time past the last bin doubles the width until it fits.
+        b.add(0, 3000 * BINS as u64, 3000 * BINS as u64 + 1, 1.0);
+        assert_eq!(b.width, 4000);
+        assert_eq!(b.series[0].bins[0], 15.0);
+        assert_eq!(b.series[0].bins.iter().sum::<f64>(), 16.0);
+    }
+
+    /// The Perfetto protobuf, decoded against the vendored schema
+    /// (proto/perfetto_trace.proto) by rust-protobuf's dynamic messages:
+    /// every field is known to the schema, and the content is the JSON
+    /// timeline's.
+    mod perfetto_decode {
+        use super::*;
+        use protobuf::MessageDyn;
+        use protobuf::reflect::{FileDescriptor, ReflectFieldRef, ReflectValueRef};
+        use serde_json::json;
+
+        fn to_json(m: &dyn MessageDyn) -> Value {
+            assert_eq!(
+                m.unknown_fields_dyn().iter().count(),
+                0,
+                "fields unknown to the schema in {}",
+                m.descriptor_dyn().full_name()
+            );
+            let mut o = serde_json::Map::new();
+            for f in m.descriptor_dyn().fields() {
+                match f.get_reflect(m) {
+                    ReflectFieldRef::Optional(v) => {
+                        if let Some(v) = v.value() {
+                            o.insert(f.name().to_string(), val(v));
+                        }
+                    }
+                    ReflectFieldRef::Repeated(r) => {
+                        if !r.is_empty() {
+                            let a = (0..r.len()).map(|i| val(r.get(i))).collect();
+                            o.insert(f.name().to_string(), Value::Array(a));
+                        }
+                    }
+                    ReflectFieldRef::Map(_) => panic!("no maps in the schema"),
+                }
+            }
+            Value::Object(o)
+        }
+
+        fn val(v: ReflectValueRef<'_>) -> Value {
+            match v {
+                ReflectValueRef::U32(x) => json!(x),
+                ReflectValueRef::U64(x) => json!(x),
+                ReflectValueRef::I32(x) => json!(x),
+                ReflectValueRef::I64(x) => json!(x),
+                ReflectValueRef::F32(x) => json!(x),
+                ReflectValueRef::F64(x) => json!(x),
+                ReflectValueRef::Bool(x) => json!(x),
+                ReflectValueRef::String(x) => json!(x),
+                ReflectValueRef::Bytes(x) => json!(String::from_utf8_lossy(x)),
+                ReflectValueRef::Enum(d, n) => {
+                    json!(d.value_by_number(n).map(|e| e.name().to_string()))
+                }
+                ReflectValueRef::Message(m) => to_json(&*m),
+            }
+        }
+
+        fn decode(bytes: &[u8]) -> Vec<Value> {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
+            let parsed = protobuf_parse::Parser::new()
+                .pure()
+                .include(&dir)
+                .input(dir.join("perfetto_trace.proto"))
+                .parse_and_typecheck()
+                .unwrap();
+            let fd = FileDescriptor::new_dynamic(
+                parsed.file_descriptors.into_iter().next().unwrap(),
+                &[],
+            )
+            .unwrap();
+            let trace = fd.message_by_package_relative_name("Trace").unwrap();
+            let m = trace
+                .parse_from_bytes(bytes)
+                .expect("a valid perfetto.protos.Trace");
+            let v = to_json(&*m);
+            v["packet"].as_array().cloned().unwrap_or_default()
+        }
+
+        /// (track name, name, category, begin ns, end ns, args) of a slice.
+        type Slice = (String, String, String, u64, u64, BTreeMap<String, Value>);
+        /// An open slice: (name, category, begin ns, args).
+        type Open = (String, String, u64, BTreeMap<String, Value>);
+
+        /// The decoded trace as (op slices, tracks by uuid, counters, flows).
+        #[derive(Debug, Default)]
+        struct Seen {
+            slices: Vec<Slice>,
+            counters: Vec<(String, u64, f64)>,
+            flow_sources: Vec<(String, u64, u64)>,
+            flow_ends: Vec<(String, u64, u64)>,
+            processes: BTreeSet<String>,
+        }
+
+        fn interpret(packets: &[Value]) -> Seen {
+            let mut names: BTreeMap<u64, String> = BTreeMap::new();
+            let mut cats: BTreeMap<u64, String> = BTreeMap::new();
+            let mut anames: BTreeMap<u64, String> = BTreeMap::new();
+            let mut svals: BTreeMap<u64, String> = BTreeMap::new();
+            let mut tracks: BTreeMap<u64, (String, bool)> = BTreeMap::new();
+            let mut open: BTreeMap<u64, Vec<Open>> = BTreeMap::new();
+            let mut seen = Seen::default();
+            for (i, p) in packets.iter().enumerate() {
+                assert_eq!(p["trusted_packet_sequence_id"], 1, "{p}");
+                let flags = if i == 0 { 1 } else { 2 };
+                assert_eq!(p["sequence_flags"], flags, "packet {i}");
+                if let Some(d) = p.get("interned_data") {
+                    for (field, map) in [
+                        ("event_names", &mut names),
+                        ("event_categories", &mut cats),
+                        ("debug_annotation_names", &mut anames),
+                    ] {
+                        for e in d[field].as_array().into_iter().flatten() {
+                            let iid = e["iid"].as_u64().unwrap();
+                            assert!(
+                                map.insert(iid, e["name"].as_str().unwrap().into())
+                                    .is_none()
+                            );
+                        }
+                    }
+                    for e in d["debug_annotation_string_values"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                    {
+                        let iid = e["iid"].as_u64().unwrap();
+                        svals.insert(iid, e["str"].as_str().unwrap().into());
+                    }
+                }
+                if let Some(td) = p.get("track_descriptor") {
+                    let uuid = td["uuid"].as_u64().unwrap();
+                    if let Some(pd) = td.get("process") {
+                        let name = pd["process_name"].as_str().unwrap().to_string();
+                        assert!(pd["pid"].as_i64().unwrap() > 0);
+                        seen.processes.insert(name.clone());
+                        tracks.insert(uuid, (name, false));
+                    } else {
+                        let parent = td["parent_uuid"].as_u64().unwrap();
+                        let pname = tracks
+                            .get(&parent)
+                            .expect("parent described first")
+                            .0
+                            .clone();
+                        let name = format!("{pname}/{}", td["name"].as_str().unwrap());
+                        tracks.insert(uuid, (name, td.get("counter").is_some()));
+                    }
+                }
+                if let Some(te) = p.get("track_event") {
+                    let ts = p["timestamp"].as_u64().unwrap();
+                    let uuid = te["track_uuid"].as_u64().unwrap();
+                    let (track, counter) =
+                        tracks.get(&uuid).expect("track described first").clone();
+                    let name = te["name_iid"].as_u64().map(|i| names[&i].clone());
+                    match te["type"].as_str().unwrap() {
+                        "TYPE_SLICE_BEGIN" => {
+                            assert!(!counter);
+                            let cat = cats[&te["category_iids"][0].as_u64().unwrap()].clone();
+                            let mut args = BTreeMap::new();
+                            for a in te["debug_annotations"].as_array().into_iter().flatten() {
+                                let k = anames[&a["name_iid"].as_u64().unwrap()].clone();
+                                let v = if let Some(i) = a["string_value_iid"].as_u64() {
+                                    json!(svals[&i])
+                                } else if let Some(x) = a.get("uint_value") {
+                                    x.clone()
+                                } else {
+                                    a["double_value"].clone()
+                                };
+                                args.insert(k, v);
+                            }
+                            for id in te["terminating_flow_ids"].as_array().into_iter().flatten() {
+                                seen.flow_ends
+                                    .push((track.clone(), ts, id.as_u64().unwrap()));
+                            }
+                            let st = open.entry(uuid).or_default();
+                            // Slices on one track never nest: one open at a time.
+                            assert!(st.is_empty(), "overlap on {track} at {ts}");
+                            st.push((name.unwrap(), cat, ts, args));
+                        }
+                        "TYPE_SLICE_END" => {
+                            let (n, c, t0, args) =
+                                open.get_mut(&uuid).unwrap().pop().expect("begun");
+                            assert!(ts >= t0);
+                            seen.slices.push((track.clone(), n, c, t0, ts, args));
+                        }
+                        "TYPE_INSTANT" => {
+                            let ids = te["flow_ids"].as_array().unwrap();
+                            seen.flow_sources
+                                .push((track.clone(), ts, ids[0].as_u64().unwrap()));
+                        }
+                        "TYPE_COUNTER" => {
+                            assert!(counter);
+                            seen.counters.push((
+                                track,
+                                ts,
+                                te["double_counter_value"].as_f64().unwrap(),
+                            ));
+                        }
+                        other => panic!("event type {other}"),
+                    }
+                }
+            }
+            assert!(open.values().all(Vec::is_empty), "unterminated slices");
+            seen
+        }
+
+        /// The JSON timeline as the same tuples.
+        fn from_json(v: &Value) -> Seen {
+            let evs = v["traceEvents"].as_array().unwrap();
+            let mut procs = BTreeMap::new();
+            let mut threads = BTreeMap::new();
+            for e in evs.iter().filter(|e| e["ph"] == "M") {
+                let (pid, tid) = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+                match e["name"].as_str().unwrap() {
+                    "process_name" => {
+                        procs.insert(pid, e["args"]["name"].as_str().unwrap().to_string());
+                    }
+                    "thread_name" => {
+                        threads.insert((pid, tid), e["args"]["name"].as_str().unwrap().to_string());
+                    }
+                    _ => {}
+                }
+            }
+            let track = |e: &Value| {
+                let pid = e["pid"].as_u64().unwrap();
+                format!(
+                    "{}/{}",
+                    procs[&pid],
+                    threads[&(pid, e["tid"].as_u64().unwrap())]
+                )
+            };
+            let ns = |x: &Value| (x.as_f64().unwrap() * 1000.0).round() as u64;
+            let mut seen = Seen {
+                processes: procs.values().cloned().collect(),
+                ..Default::default()
+            };
+            for e in evs {
+                match e["ph"].as_str().unwrap() {
+                    "X" => {
+                        let t0 = ns(&e["ts"]);
+                        let args: BTreeMap<String, Value> = e["args"]
+                            .as_object()
+                            .unwrap()
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect();
+                        seen.slices.push((
+                            track(e),
+                            e["name"].as_str().unwrap().into(),
+                            e["cat"].as_str().unwrap().into(),
+                            t0,
+                            t0 + ns(&e["dur"]),
+                            args,
+                        ));
+                    }
+                    "C" => {
+                        let pid = e["pid"].as_u64().unwrap();
+                        seen.counters.push((
+                            format!("{}/{}", procs[&pid], e["name"].as_str().unwrap()),
+                            ns(&e["ts"]),
+                            e["args"]["value"].as_f64().unwrap(),
+                        ));
+                    }
+                    "s" => {
+                        seen.flow_sources
+                            .push((track(e), ns(&e["ts"]), e["id"].as_u64().unwrap()))
+                    }
+                    "f" => seen
+                        .flow_ends
+                        .push((track(e), ns(&e["ts"]), e["id"].as_u64().unwrap())),
+                    _ => {}
+                }
+            }
+            seen
+        }
+
+        /// Counters equal up to JSON's float parsing (serde_json may be
+        /// one ulp off without its float_roundtrip feature).
+        fn same_counters(a: &[(String, u64, f64)], b: &[(String, u64, f64)]) {
+            assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(b) {
+                assert_eq!((&x.0, x.1), (&y.0, y.1));
+                assert!(
+                    (x.2 - y.2).abs() <= 1e-12 * x.2.abs().max(1.0),
+                    "{x:?} vs {y:?}"
+                );
+            }
+        }
+
+        fn both(bytes: &[u8]) -> (Seen, Seen, Info) {
+            let (_d, p) = testutil::write_temp(bytes);
+            let mut pb = Vec::new();
+            let info = write(
+                &Input::Path(p.clone()),
+                &Filter::default(),
+                Format::Perfetto,
+                &mut pb,
+            )
+            .unwrap();
+            assert_eq!(info.bytes, pb.len() as u64);
+            let mut js = Vec::new();
+            write(&Input::Path(p), &Filter::default(), Format::Json, &mut js).unwrap();
+            let js: Value = serde_json::from_slice(&js).unwrap();
+            (interpret(&decode(&pb)), from_json(&js), info)
+        }
+
+        #[test]
+        fn perfetto_trace_decodes_and_holds_what_the_json_holds() {
+            let (pb, js, info) = both(&testutil::sample_trace());
+            assert_eq!(pb.processes, js.processes);
+            let sorted = |mut v: Vec<Slice>| {
+                v.sort_by(|a, b| (&a.0, a.3, &a.1).cmp(&(&b.0, b.3, &b.1)));
+                v
+            };
+            let (ps, jsl) = (sorted(pb.slices), sorted(js.slices));
+            assert_eq!(ps.len(), jsl.len());
+            assert_eq!(ps.len() as u64, info.events + info.launches + info.kernels);
+            for (a, b) in ps.iter().zip(&jsl) {
+                assert_eq!((&a.0, &a.1, &a.2, a.3, a.4), (&b.0, &b.1, &b.2, b.3, b.4));
+                // Every protobuf arg is the JSON's (the JSON has a few more:
+                // exact times, the component, the fingerprint).
+                for (k, v) in &a.5 {
+                    let want = &b.5[k];
+                    assert!(
+                        v == want || v.as_f64() == want.as_f64(),
+                        "{} {k}: {v} vs {want}",
+                        a.1
+                    );
+                }
+                if a.2 == "memory" || a.2 == "gemm" {
+                    assert!(
+                        a.5.contains_key("shape") && a.5.contains_key("op_id"),
+                        "{a:?}"
+                    );
+                }
+            }
+            same_counters(&pb.counters, &js.counters);
+            assert!(!pb.counters.is_empty());
+            assert_eq!(pb.flow_ends, js.flow_ends);
+            assert_eq!(pb.flow_sources.len(), 3);
+            // Protobuf flow sources are instants on the producer's track at its start.
+            let src: Vec<(String, u64)> =
+                pb.flow_sources.iter().map(|f| (f.0.clone(), f.1)).collect();
+            let jsrc: Vec<(String, u64)> =
+                js.flow_sources.iter().map(|f| (f.0.clone(), f.1)).collect();
+            assert_eq!(src, jsrc);
+        }
+
+        #[test]
+        fn large_traces_decode_too() {
+            let mut ops = Vec::new();
+            for i in 0..3000u64 {
+                let c = if i % 3 == 0 {
+                    testutil::PE_DMA
+                } else {
+                    "sip0.cube0.pe1.pe_dma"
+                };
+                ops.push(mem(i, i * 700, i * 700 + 1500, c, "dma_read", 64 + i));
+            }
+            let bytes = testutil::build(&testutil::sample_meta(), &[], &ops, &Default::default());
+            let (pb, js, info) = both(&bytes);
+            assert_eq!(info.events, 3000);
+            assert_eq!(pb.slices.len(), js.slices.len());
+            same_counters(&pb.counters, &js.counters);
+            assert_eq!(pb.flow_ends.len() as u64, info.flows);
+        }
     }
 }

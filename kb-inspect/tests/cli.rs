@@ -200,10 +200,10 @@ fn stats_by_route_and_name_on_both_sources() {
     // first route is busy [2000, 5000) ps for 4000 ps of op time.
     assert_eq!(
         stdout(&a),
-        "route,count,busy_ps,op_time_ps,utilisation,bytes,flops,bandwidth_gbps,gflops\n\
-         sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm,2,3000,4000,0.3,192,0,64,0\n\
-         sip0.cube0.pe0.tcm -> sip0.cube1.sram,1,1000,1000,0.1,32,0,32,0\n\
-         sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm,1,1000,1000,0.1,16,0,16,0\n"
+        "route,count,busy_ns,op_time_ns,utilisation,bytes,flops,bandwidth_gbps,gflops\n\
+         sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm,2,3.000,4.000,0.3,192,0,64,0\n\
+         sip0.cube0.pe0.tcm -> sip0.cube1.sram,1,1.000,1.000,0.1,32,0,32,0\n\
+         sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm,1,1.000,1.000,0.1,16,0,16,0\n"
     );
     // Every route, as a table.
     let o = run(&["stats", s(&trace), "--by", "route"], None);
@@ -263,22 +263,35 @@ fn timeline_on_both_sources() {
         Some(&f.bytes),
     );
     ok(&o);
-    assert!(stderr(&o).contains("wrote 2 events"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("wrote 2 ops"), "{}", stderr(&o));
     let a: Value = serde_json::from_slice(&std::fs::read(&out_a).unwrap()).unwrap();
     let xs = a["traceEvents"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|e| e["ph"] == "X")
+        .filter(|e| e["ph"] == "X" && e["args"]["op_id"].is_u64())
         .count();
     assert_eq!(xs, 7);
     let b: Value = serde_json::from_slice(&std::fs::read(&out_b).unwrap()).unwrap();
     assert!(b["traceEvents"].is_array());
     // To standard output.
-    let o = run(&["timeline", "-", "-o", "-"], Some(&f.bytes));
+    let o = run(&["timeline", s(&f.trace), "-o", "-"], None);
     ok(&o);
     let c: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(c, a);
+    // Perfetto's protobuf, by file name or flag, from a file or a stream:
+    // a Trace is a sequence of `packet` fields (tag 0x0a).
+    let pf = f.dir.join("t.pftrace");
+    ok(&run(&["timeline", s(&f.trace), "-o", s(&pf)], None));
+    let bytes = std::fs::read(&pf).unwrap();
+    assert_eq!(bytes[0], 0x0a);
+    let o = run(
+        &["timeline", "-", "--format", "perfetto", "-o", "-"],
+        Some(&f.bytes),
+    );
+    ok(&o);
+    assert_eq!(o.stdout[0], 0x0a);
+    assert!(stderr(&o).contains("wrote 7 ops"), "{}", stderr(&o));
 }
 
 #[test]

@@ -47,7 +47,17 @@ enum Cmd {
     Topology {
         /// An embedded topology name (small, default, large) or a YAML file.
         topology: String,
+        /// Override a field by its dotted path (as for `run`); repeatable.
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::overrides::parse_set)]
+        sets: Vec<(String, String)>,
+        /// List every field path and value (what `--set` takes), nothing else.
+        #[arg(long)]
+        fields: bool,
     },
+    /// Run the product of topology overrides and workload parameters, each
+    /// point a `kb-sim run` (on all cores), and write one results table.
+    #[command(after_help = SWEEP_HELP)]
+    Sweep(SweepArgs),
     /// Time one uncontended transfer between two nodes.
     Probe {
         #[arg(short, long, default_value = "default")]
@@ -64,11 +74,85 @@ enum Cmd {
     },
 }
 
+const SWEEP_HELP: &str = "\
+Example: kb-sim sweep -b gemm --set hbm.channel_bw_gbs=16,32,64 -p m=256,512 -o sweep
+runs 6 points and writes sweep.csv and sweep.parquet, one row per point: point, each swept
+value (a column named by its key), status, sim_ns (simulated time), kernel_start_ns and
+kernel_ns (first launch start to last launch end), records, bytes and kernel_bytes (moved in
+the kernel window), achieved_gbs (kernel_bytes / kernel_ns), flops (executed) and
+useful_flops (padding of edge tiles left out), achieved_gflops (useful) and executed_gflops
+(per kernel ns), per unit kind K (pe_dma, pe_gemm, pe_math, hbm_ctrl...) K_units, K_busy_ns
+(union of each unit's op intervals in the kernel window, summed) and K_util
+(busy / (units x kernel_ns)), verdict (with --verify: PASS, FAIL or ERROR from kb-replay),
+trace (with --traces) and wall_s. A point that fails keeps its row (status error: ...,
+metrics empty) and the sweep exits 2 after writing the table.
+
+Clusters: --emit-jobs DIR writes DIR/jobs.txt (one command per point), DIR/sweep.sbatch (a
+Slurm job array running them: sbatch DIR/sweep.sbatch) and DIR/results/, and runs nothing;
+then kb-inspect merge DIR/results/point-*.parquet -o sweep.parquet joins the rows.";
+
+#[derive(Debug, Args)]
+struct SweepArgs {
+    /// Base topology: an embedded name or a YAML file.
+    #[arg(short, long, default_value = "default")]
+    topology: String,
+    /// Workload to run (see `kb-sim list`; default: the first listed).
+    #[arg(short, long)]
+    bench: Option<String>,
+    /// A topology field to sweep: KEY=V1,V2,... by its dotted path
+    /// (`kb-sim topology NAME --fields` lists them); repeatable.
+    #[arg(long = "set", value_name = "KEY=V1,V2")]
+    sets: Vec<String>,
+    /// A workload parameter to sweep: KEY=V1,V2,...; repeatable.
+    #[arg(short, long = "param", value_name = "KEY=V1,V2")]
+    params: Vec<String>,
+    /// Input tensor data from numpy, for every point: NAME=FILE.npy.
+    #[arg(long = "input", value_parser = parse_kv)]
+    inputs: Vec<(String, String)>,
+    /// Seed for the workload's random inputs (every point).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Data races: warn, error or off (every point).
+    #[arg(long, default_value = "warn", value_parser = parse_races_name)]
+    races: String,
+    /// Points run at once (default: the number of cores).
+    #[arg(short, long)]
+    jobs: Option<usize>,
+    /// Keep each point's trace in DIR (point-NNNN.kbt).
+    #[arg(long, value_name = "DIR")]
+    traces: Option<PathBuf>,
+    /// Replay each point's trace with `kb-replay --verify` and record the verdict.
+    #[arg(long)]
+    verify: bool,
+    /// The kb-replay executable for --verify (default: beside kb-sim, else PATH).
+    #[arg(long, value_name = "FILE")]
+    replay: Option<PathBuf>,
+    /// The results table: PREFIX.csv and PREFIX.parquet are written.
+    #[arg(short, long, default_value = "sweep", value_name = "PREFIX")]
+    output: PathBuf,
+    /// Run only point I of the product (what each job of --emit-jobs runs).
+    #[arg(long, value_name = "I")]
+    point: Option<usize>,
+    /// Write the points as a job list and a Slurm job-array script in DIR; run nothing.
+    #[arg(long, value_name = "DIR")]
+    emit_jobs: Option<PathBuf>,
+}
+
+fn parse_races_name(s: &str) -> Result<String, String> {
+    parse_races(s).map(|_| s.to_string())
+}
+
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Topology: an embedded name (small, default, large) or a YAML file.
     #[arg(short, long, default_value = "default")]
     topology: String,
+    /// Override a topology field: KEY=VALUE by its dotted path
+    /// (`--set pe_gemm.tflops.f16=128`, `--set counts.pes_per_cube=16`;
+    /// `kb-sim topology NAME --fields` lists them); validated like a
+    /// topology file; repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::overrides::parse_set)]
+    sets: Vec<(String, String)>,
     /// Workload to run (see `kb-sim list`; default: the first listed).
     #[arg(short, long)]
     bench: Option<String>,
@@ -139,7 +223,12 @@ pub fn main(workloads: Vec<Box<dyn Workload>>) -> ExitCode {
         None => cmd_run(cli.run, &workloads),
         Some(Cmd::Run(a)) => cmd_run(a, &workloads),
         Some(Cmd::List) => cmd_list(&workloads),
-        Some(Cmd::Topology { topology }) => cmd_topology(&topology),
+        Some(Cmd::Topology {
+            topology,
+            sets,
+            fields,
+        }) => cmd_topology(&topology, &sets, fields),
+        Some(Cmd::Sweep(a)) => cmd_sweep(a),
         Some(Cmd::Probe {
             topology,
             from,
@@ -171,15 +260,16 @@ fn recorded_command_line(a: &RunArgs, workload: &str) -> Vec<String> {
                 .map(|n| n.to_string_lossy().into_owned())
         })
         .unwrap_or_else(|| "kb-sim".into());
-    let mut line = vec![
-        program,
-        "-t".into(),
-        a.topology.clone(),
+    let mut line = vec![program, "-t".into(), a.topology.clone()];
+    for (k, v) in &a.sets {
+        line.extend(["--set".into(), format!("{k}={v}")]);
+    }
+    line.extend([
         "-b".into(),
         workload.into(),
         "--seed".into(),
         a.seed.to_string(),
-    ];
+    ]);
     for (k, v) in &a.params {
         line.extend(["-p".into(), format!("{k}={v}")]);
     }
@@ -206,7 +296,10 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         )
     })?
     .as_ref();
-    let topology = Topology::load(&a.topology).map_err(|e| e.to_string())?;
+    let topology = crate::overrides::apply(
+        &Topology::load(&a.topology).map_err(|e| e.to_string())?,
+        &a.sets,
+    )?;
     let mut inputs = BTreeMap::new();
     for (name, file) in &a.inputs {
         if inputs.insert(name.clone(), PathBuf::from(file)).is_some() {
@@ -352,8 +445,59 @@ fn cmd_list(workloads: &[Box<dyn Workload>]) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_topology(name: &str) -> Result<(), String> {
-    let t = Topology::load(name).map_err(|e| e.to_string())?;
+fn cmd_sweep(a: SweepArgs) -> Result<(), String> {
+    let mut axes = Vec::new();
+    for s in &a.sets {
+        axes.push(crate::sweep::Axis::parse(s, true)?);
+    }
+    for p in &a.params {
+        axes.push(crate::sweep::Axis::parse(p, false)?);
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("sweep: this executable: {e}"))?;
+    let cfg = crate::sweep::SweepConfig {
+        topology: a.topology,
+        bench: a.bench,
+        seed: a.seed,
+        axes,
+        inputs: a.inputs,
+        races: a.races,
+        jobs: a
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        traces: a.traces,
+        verify: a.verify,
+        replay: a.replay,
+        out: a.output,
+        point: a.point,
+        exe,
+    };
+    if let Some(dir) = &a.emit_jobs {
+        let n = crate::sweep::emit_jobs(&cfg, dir)?;
+        eprintln!(
+            "kb-sim sweep: wrote {n} jobs to {0}/jobs.txt and the Slurm job array {0}/sweep.sbatch; \
+             submit it with `sbatch {0}/sweep.sbatch`, then join the rows with \
+             `kb-inspect merge {0}/results/point-*.parquet -o sweep.parquet`",
+            dir.display()
+        );
+        return Ok(());
+    }
+    match crate::sweep::run(&cfg)? {
+        0 => Ok(()),
+        n => Err(format!(
+            "{n} point{} failed (their rows say why)",
+            if n == 1 { "" } else { "s" }
+        )),
+    }
+}
+
+fn cmd_topology(name: &str, sets: &[(String, String)], fields: bool) -> Result<(), String> {
+    let t = crate::overrides::apply(&Topology::load(name).map_err(|e| e.to_string())?, sets)?;
+    if fields {
+        for (k, v) in crate::overrides::fields(&t) {
+            println!("{k} = {v}");
+        }
+        return Ok(());
+    }
     let built = Instant::now();
     let m = Machine::build(&t);
     let build_s = built.elapsed().as_secs_f64();

@@ -28,11 +28,13 @@ pub mod event;
 pub mod input;
 pub mod kernel;
 pub mod machine;
+pub mod overrides;
 pub mod program;
 pub mod race;
 pub mod run;
 pub mod runtime;
 #[cfg(unix)]
 pub mod signals;
+pub mod sweep;
 pub mod topology;
 pub mod workload;

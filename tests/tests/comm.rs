@@ -118,7 +118,7 @@ fn the_copies_are_listed_and_costed_per_route() {
         let to = format!("sip0.cube0.pe{}.tcm", (k + 1) % 8);
         let sums = row(&format!("sip0.cube0.pe{k}.tcm -> {to}"));
         let chunks = row(&format!("sip0.cube0.hbm -> {to}"));
-        // route,count,busy_ps,op_time_ps,utilisation,bytes,...
+        // route,count,busy_ns,op_time_ns,utilisation,bytes,...
         assert_eq!(
             (sums[1].as_str(), sums[5].as_str()),
             ("6", "196608"),

@@ -33,6 +33,12 @@ fn every_command_works_on_every_benchmark_from_file_and_stdin() {
         let p = path.to_str().unwrap();
         let json = dir.path().join("t.json");
         let j = json.to_str().unwrap();
+        let pq = dir.path().join("ops.parquet");
+        let pq = pq.to_str().unwrap();
+        let pf = dir.path().join("t.pftrace");
+        let pf = pf.to_str().unwrap();
+        let svg = dir.path().join("t.svg");
+        let svg = svg.to_str().unwrap();
         for src in [p, "-"] {
             let stdin: &[u8] = if src == "-" { &bytes } else { b"" };
             let cmds: Vec<Vec<&str>> = vec![
@@ -41,13 +47,16 @@ fn every_command_works_on_every_benchmark_from_file_and_stdin() {
                 vec!["ops", src, "--component", "*pe_dma", "--format", "csv"],
                 vec!["stats", src, "--by", "op_name"],
                 vec!["timeline", src, "-o", j],
+                vec!["timeline", src, "-o", pf],
+                vec!["export", src, "-o", pq],
+                vec!["plot", src, "-o", svg],
                 vec!["tensors", src],
             ];
             for args in cmds {
                 let o = run("kb-inspect", &args, stdin);
                 assert_eq!(o.status.code(), Some(0), "{bench} {args:?}: {}", stderr(&o));
                 assert!(
-                    !o.stdout.is_empty() || args[0] == "timeline",
+                    !o.stdout.is_empty() || ["timeline", "export", "plot"].contains(&args[0]),
                     "{bench} {args:?}: no output"
                 );
             }
