@@ -419,3 +419,76 @@ fn unbounded_files_huge_probes_and_misplaced_sections_are_refused() {
         "{err}"
     );
 }
+
+/// The files of a directory, by name, with their bytes.
+fn dir_files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every built-in workload at its defaults (on `default` and `small`)
+/// verifies with one and two threads, with copies elided or done, and
+/// with fingerprints all, sampled or off; every run dumps the same
+/// outputs, byte for byte.
+#[test]
+fn every_workload_dumps_identical_outputs_for_every_thread_count_and_choice() {
+    let list = run("kb-sim", &["list"], b"");
+    let text = String::from_utf8_lossy(&list.stdout).into_owned();
+    let benches: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(benches.len() >= 10, "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    for bench in benches {
+        for topo in ["default", "small"] {
+            let trace = dir.path().join(format!("{bench}-{topo}.kbt"));
+            let trace = trace.to_str().unwrap();
+            let sim = run("kb-sim", &["-q", "-t", topo, "-b", bench, "-o", trace], b"");
+            assert!(sim.status.success(), "{bench} {topo}: {}", stderr(&sim));
+            let variants: [&[&str]; 5] = [
+                &["-j", "1"],
+                &["-j", "2"],
+                &["-j", "2", "--no-elide"],
+                &["-j", "1", "--no-elide", "--fingerprints", "off"],
+                &["-j", "2", "--fingerprints", "sample"],
+            ];
+            let mut first: Option<Vec<(String, Vec<u8>)>> = None;
+            for (i, flags) in variants.iter().enumerate() {
+                let out = dir.path().join(format!("{bench}-{topo}-{i}"));
+                let mut args = vec![trace, "--verify", "-q", "--dump-outputs"];
+                args.push(out.to_str().unwrap());
+                args.extend_from_slice(flags);
+                let replay = run("kb-replay", &args, b"");
+                assert_eq!(
+                    replay.status.code(),
+                    Some(0),
+                    "{bench} {topo} {flags:?}: {}",
+                    stderr(&replay)
+                );
+                let files = dir_files(&out);
+                assert!(!files.is_empty(), "{bench} {topo}: nothing dumped");
+                match &first {
+                    None => first = Some(files),
+                    Some(want) => assert!(
+                        files == *want,
+                        "{bench} {topo} {flags:?}: outputs differ from {:?}'s",
+                        variants[0]
+                    ),
+                }
+            }
+        }
+    }
+}

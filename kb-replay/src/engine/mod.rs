@@ -74,6 +74,9 @@
 mod dataflow;
 mod exec;
 mod graph;
+mod plan;
+
+pub use plan::sampled;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -99,10 +102,13 @@ pub struct ReplayOptions {
     pub window: usize,
     /// Run ready GEMMs of one shape as one batched backend call.
     pub batch_gemms: bool,
-    /// Apply an op's write with its read when nothing between them
-    /// touches the written bytes (engine::graph); GEMMs then compute in
-    /// place in TCM. Never changes a result.
-    pub fuse: bool,
+    /// Copy elision: a memory op whose destination is one contiguous
+    /// range copies nothing; its destination becomes an alias of the bytes
+    /// it read (engine::plan), and ops read them where they lie. Never
+    /// changes a result.
+    pub elide: bool,
+    /// Which memory ops' fingerprints are checked.
+    pub fingerprints: Fingerprints,
     /// How far ahead of the first unfinished node (in effect order) ready
     /// nodes may start: more finds more parallel work, and lets more
     /// reads hold data for writes still to come.
@@ -123,10 +129,44 @@ impl Default for ReplayOptions {
             streaming: true,
             window: 4096,
             batch_gemms: true,
-            fuse: true,
+            elide: true,
+            fingerprints: Fingerprints::All,
             lookahead: 256,
             hold_budget: 16 << 20,
             check_intermediates: false,
+        }
+    }
+}
+
+/// Which recorded fingerprints replay checks (`--fingerprints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fingerprints {
+    /// Every one.
+    #[default]
+    All,
+    /// About one memory op in 16, chosen by op id ([`sampled`]): for runs
+    /// where the trace is trusted but a systematic error should still show.
+    Sample,
+    /// None: the trace is trusted.
+    Off,
+}
+
+impl Fingerprints {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fingerprints::All => "all",
+            Fingerprints::Sample => "sample",
+            Fingerprints::Off => "off",
+        }
+    }
+
+    /// The mode called `name` (`all`, `sample`, `off`).
+    pub fn from_name(name: &str) -> Option<Fingerprints> {
+        match name {
+            "all" => Some(Fingerprints::All),
+            "sample" => Some(Fingerprints::Sample),
+            "off" => Some(Fingerprints::Off),
+            _ => None,
         }
     }
 }
@@ -163,14 +203,40 @@ pub struct Stats {
     pub math: u64,
     /// Records of kinds this build does not know, skipped.
     pub unknown_skipped: u64,
-    /// Fingerprints recomputed and matched.
+    /// Fingerprints checked and matched (each by a hash of the bytes it
+    /// names, or by an earlier check of the same unchanged bytes: see
+    /// `fingerprints_reused`).
     pub fingerprints_checked: u64,
+    /// Of those, checked by the hash of an earlier op that read the same
+    /// bytes, unchanged since, with the same recorded fingerprint.
+    pub fingerprints_reused: u64,
+    /// Recorded fingerprints not checked (`--fingerprints sample|off`).
+    pub fingerprints_skipped: u64,
+    /// Bytes hashed to check fingerprints.
+    pub fingerprint_bytes: u64,
+    /// Bytes the trace's effects read and wrote (what Phase 1 moved).
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Bytes replay copied to apply them: memory ops done physically,
+    /// materialized aliases, operands decoded or gathered into buffers,
+    /// outputs written from buffers (an operand read where it lies and an
+    /// output computed in place count nothing).
+    pub bytes_copied: u64,
+    /// Memory ops applied as lazy copies (nothing copied).
+    pub copies_elided: u64,
+    /// Lazy copies done after all, because their source was about to be
+    /// overwritten or their destination cut by a strided write.
+    pub materialized: u64,
     /// 2mnk summed over gemm ops.
     pub gemm_flops: u64,
     /// Seconds spent applying effects.
     pub replay_seconds: f64,
+    /// Of those, seconds spent planning windows and building their
+    /// dependency graphs (serial work).
+    pub plan_seconds: f64,
+    /// Seconds spent decoding records and queueing their effects in seq
+    /// order (serial work, besides `replay_seconds`).
+    pub queue_seconds: f64,
     /// Windows applied, and the most effects one held.
     pub windows: u64,
     pub max_window_effects: u64,
@@ -184,37 +250,40 @@ pub struct Stats {
     /// Batched GEMM calls of two or more GEMMs, and the GEMMs in them.
     pub gemm_batches: u64,
     pub gemm_batched_ops: u64,
-    /// Ops whose write ran with their read, nothing lying between them
-    /// (engine::graph).
-    pub fused_ops: u64,
-    /// GEMMs computed with both effects where their matrices lie in TCM,
-    /// no byte copied.
+    /// GEMMs computed where their matrices lie: both operands read in
+    /// place (TCM, HBM or host data, strided) and the output accumulated
+    /// in its own bytes; no byte copied.
     pub gemm_in_place: u64,
+}
+
+impl Stats {
+    /// Bytes copied per GEMM flop (0 without GEMMs).
+    pub fn bytes_copied_per_gemm_flop(&self) -> f64 {
+        if self.gemm_flops == 0 {
+            0.0
+        } else {
+            self.bytes_copied as f64 / self.gemm_flops as f64
+        }
+    }
 }
 
 /// Counters a node adds to [`Stats`].
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Delta {
-    pub fingerprints: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
+    pub bytes_copied: u64,
     pub gemm_in_place: u64,
 }
 
 impl Stats {
     fn add(&mut self, d: Delta) {
-        self.fingerprints_checked += d.fingerprints;
-        self.bytes_read += d.bytes_read;
-        self.bytes_written += d.bytes_written;
+        self.bytes_copied += d.bytes_copied;
         self.gemm_in_place += d.gemm_in_place;
     }
 }
 
 impl Delta {
     fn add(&mut self, d: Delta) {
-        self.fingerprints += d.fingerprints;
-        self.bytes_read += d.bytes_read;
-        self.bytes_written += d.bytes_written;
+        self.bytes_copied += d.bytes_copied;
         self.gemm_in_place += d.gemm_in_place;
     }
 }
@@ -241,22 +310,14 @@ pub(crate) struct PendingOp {
 }
 
 /// What an op's read holds for its write: a compute op's output bytes, or
-/// a memory op's bytes as a snapshot of the pages they were read from
-/// (copied once, by the write).
+/// a memory op's bytes captured because something overwrote them before
+/// its write.
 #[derive(Debug)]
 pub(crate) enum Held {
     Bytes(Vec<u8>),
-    Snapshot {
-        snap: crate::plane::Snapshot,
-        /// The recorded fingerprint, when it is checked on the written
-        /// bytes: when the destination is in fewer pieces than the source
-        /// (a tile gathered from strided rows into TCM), hashing it is
-        /// faster, and it is in cache right after the write.
-        check: Option<u64>,
-    },
-    /// A computed GEMM, its output encoded straight into the pages by the
+    /// A computed GEMM, its output encoded straight into place by the
     /// write.
-    Gemm(crate::ops::gemm::Prepared),
+    Gemm(crate::ops::gemm::Prepared<'static>),
 }
 
 /// The smallest seq no effect has carried yet.
@@ -317,6 +378,7 @@ pub struct Replayer {
     frontier: Frontier,
     watermark: u64,
     stats: Stats,
+    planner: plan::Planner,
     /// Phase 1's input snapshots by (op id, operand), when checking.
     snapshots: std::collections::HashMap<(u64, u32), Vec<u8>>,
 }
@@ -337,6 +399,7 @@ impl Replayer {
             frontier: Frontier::default(),
             watermark: 0,
             stats: Stats::default(),
+            planner: plan::Planner::default(),
             snapshots: Default::default(),
         }
     }
@@ -459,10 +522,12 @@ impl Replayer {
     }
 
     pub fn push_chunk(&mut self, mut c: RecordChunk<'_>, exec: &Exec) -> Result<()> {
+        let start = Instant::now();
         let mut r = Record::default();
         while c.next_into(&mut r)? {
             self.push(std::mem::take(&mut r), c.strings())?;
         }
+        self.stats.queue_seconds += start.elapsed().as_secs_f64();
         // When kb-format gives records chunks a seq watermark:
         // self.set_watermark(c.watermark());
         self.step(c.strings(), exec)
@@ -491,6 +556,7 @@ impl Replayer {
 
     /// Move every queued effect below `bound` to the staged list.
     fn stage(&mut self, bound: u64) {
+        let start = Instant::now();
         while let Some(&Reverse(k)) = self.queue.peek() {
             if k.seq >= bound {
                 break;
@@ -499,6 +565,7 @@ impl Replayer {
             self.staged.push(k);
         }
         self.staged_below = self.staged_below.max(bound);
+        self.stats.queue_seconds += start.elapsed().as_secs_f64();
     }
 
     fn apply_staged(&mut self, strings: &Strings, exec: &Exec) -> Result<()> {
@@ -509,20 +576,24 @@ impl Replayer {
         let keys = std::mem::take(&mut self.staged);
         self.stats.windows += 1;
         self.stats.max_window_effects = self.stats.max_window_effects.max(keys.len() as u64);
-        // TCM regions cover the window's bytes before it runs (they only
-        // grow through `&mut`).
-        self.plane.reserve(keys.iter().flat_map(|k| {
-            let op = self.ops[k.slot as usize].as_ref().expect("live op");
-            let e = if k.write { &op.rec.write } else { &op.rec.read };
-            e.iter().flat_map(|e| &e.ranges)
-        }));
+        // Plan with `&mut` (aliases, regions grown), then run on a view.
+        let pcx = plan::PlanCx {
+            tensors: &self.tensors,
+            elide: self.opts.elide,
+            fingerprints: self.opts.fingerprints,
+        };
+        let mut nodes =
+            self.planner
+                .plan(&mut self.plane, &keys, &mut self.ops, &pcx, &mut self.stats);
+        nodes.retain(|n| !n.is_empty());
+        self.stats.plan_seconds += start.elapsed().as_secs_f64();
         // SAFETY: `run_window` never runs two nodes whose byte ranges
         // overlap, one of them writing, at the same time: with one thread
         // it runs them in order; with more, a node starts only after every
         // earlier node it conflicts with (RAW, WAW, WAR over spans that
         // contain each extent's bytes) has finished (engine::graph), and
         // the scheduler's lock orders a node's end before its successors'
-        // start. A node touches only its op's read and write ranges.
+        // start. A node touches only the physical ranges its action names.
         #[allow(unsafe_code)]
         let plane = unsafe { self.plane.shared() };
         let cx = exec::Cx {
@@ -531,12 +602,11 @@ impl Replayer {
             strings,
             backend: exec.backend,
             batch: self.opts.batch_gemms,
-            fuse: self.opts.fuse,
             lookahead: self.opts.lookahead,
             hold_budget: self.opts.hold_budget,
             snapshots: self.opts.check_intermediates.then_some(&self.snapshots),
         };
-        let res = exec::run_window(&cx, &keys, &mut self.ops, exec.pool, &mut self.stats);
+        let res = exec::run_window(&cx, &nodes, &mut self.ops, exec.pool, &mut self.stats);
         // Drop the records whose effects are all applied.
         for k in &keys {
             let slot = k.slot as usize;
