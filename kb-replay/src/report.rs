@@ -166,6 +166,7 @@ impl Report {
                 "gemm_batched_ops": s.gemm_batched_ops,
                 "copies_elided": s.copies_elided,
                 "materialized": s.materialized,
+                "captured": s.captured,
                 "gemm_in_place": s.gemm_in_place,
                 "plan_seconds": num(s.plan_seconds),
                 "queue_seconds": num(s.queue_seconds),

@@ -405,3 +405,67 @@ fn absurd_thread_counts_are_capped_with_a_note() {
         stderr(&o)
     );
 }
+
+#[test]
+fn fingerprints_and_copies_can_be_chosen_and_the_report_says_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, _) = chain_trace();
+    let trace = write_trace(dir.path(), &bytes);
+    let t = trace.to_str().unwrap();
+    let report = dir.path().join("r.json");
+    let r = report.to_str().unwrap();
+    let mut dumps = Vec::new();
+    for (i, flags) in [
+        &["--fingerprints", "all"][..],
+        &["--fingerprints", "sample"][..],
+        &["--fingerprints", "off", "--no-elide"][..],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let d = dir.path().join(format!("d{i}"));
+        let mut args = vec![
+            t,
+            "--verify",
+            "--report",
+            r,
+            "--dump-outputs",
+            d.to_str().unwrap(),
+        ];
+        args.extend_from_slice(flags);
+        let o = run(&args, None);
+        assert_eq!(o.status.code(), Some(0), "{flags:?}: {}", stderr(&o));
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(j["fingerprints"], flags[1]);
+        let skipped = j["fingerprints_skipped"].as_u64().unwrap();
+        let checked = j["fingerprints_checked"].as_u64().unwrap();
+        assert_eq!(skipped + checked, 1, "{j}");
+        // (The chain's one fingerprinted op is not among those sampled.)
+        assert_eq!(skipped, (flags[1] != "all") as u64, "{j}");
+        if flags[1] == "off" {
+            assert!(
+                stderr(&o).contains("not checked: --fingerprints off"),
+                "{}",
+                stderr(&o)
+            );
+            assert_eq!(j["engine"]["copies_elided"], 0);
+        }
+        for key in [
+            "bytes_copied",
+            "bytes_copied_per_gemm_flop",
+            "fingerprint_bytes",
+        ] {
+            assert!(j[key].is_number(), "{key}: {j}");
+        }
+        dumps.push(std::fs::read(d.join("y.npy")).unwrap());
+    }
+    assert!(dumps.iter().all(|d| d == &dumps[0]));
+    let bad = run(&[t, "--fingerprints", "some"], None);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("expected all, sample or off"),
+        "{}",
+        stderr(&bad)
+    );
+}

@@ -271,7 +271,7 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
         // exercised (and changed nothing).
         let s = &base.stats;
         assert!(
-            s.copies_elided > 0 && s.materialized > 0 && s.gemm_in_place > 0,
+            s.copies_elided > 0 && s.materialized > 0 && s.captured > 0 && s.gemm_in_place > 0,
             "{s:?}"
         );
         for (what, threads, opts) in variants {

@@ -76,13 +76,23 @@ fn call<T: 'static + Copy + Send + Sync + num_one::One>(
 /// the strides for vectors (m or n of 1), and the dense call's strides
 /// would pick another, so those go through dense buffers (the same bits).
 /// For larger shapes the bits are the dense call's (tested).
-fn call_view(d: Dims, a: MatRef<'_, f32>, b: MatRef<'_, f32>, mut c: MatMut<'_, f32>, par: Parallelism) {
+fn call_view(
+    d: Dims,
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    mut c: MatMut<'_, f32>,
+    par: Parallelism,
+) {
     d.check_views(&a, &b, &c);
 
     if d.m == 0 || d.n == 0 || d.k == 0 {
         return;
     }
-    let (ars, brs, crs) = (a.stride() as isize, b.stride() as isize, c.stride() as isize);
+    let (ars, brs, crs) = (
+        a.stride() as isize,
+        b.stride() as isize,
+        c.stride() as isize,
+    );
     // SAFETY: `MatRef::new`/`MatMut::new` proved each slice runs from the
     // matrix's first element to its last: element (i, j) is at
     // i * stride + j < len for i < rows, j < cols, and `check_views` that

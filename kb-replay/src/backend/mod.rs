@@ -161,7 +161,12 @@ impl<T: Copy> MatRef<'_, T> {
 
 impl<'a, T> MatMut<'a, T> {
     /// As [`MatRef::new`].
-    pub fn new(data: &'a mut [T], rows: usize, cols: usize, stride: usize) -> Option<MatMut<'a, T>> {
+    pub fn new(
+        data: &'a mut [T],
+        rows: usize,
+        cols: usize,
+        stride: usize,
+    ) -> Option<MatMut<'a, T>> {
         (strided_len(rows, cols, stride) == Some(data.len())).then_some(MatMut {
             data,
             rows,
@@ -215,7 +220,11 @@ impl<'a, T> MatMut<'a, T> {
 impl<T: Copy> MatMut<'_, T> {
     /// Copy `src`'s rows in (same shape).
     pub fn copy_from(&mut self, src: &MatRef<'_, T>) {
-        assert_eq!((self.rows, self.cols), (src.rows, src.cols), "shapes differ");
+        assert_eq!(
+            (self.rows, self.cols),
+            (src.rows, src.cols),
+            "shapes differ"
+        );
         for i in 0..self.rows {
             self.row_mut(i).copy_from_slice(src.row(i));
         }
@@ -509,6 +518,58 @@ pub(crate) mod tests {
             }
             pool(2).install(|| be.gemm_f64_one_thread(d, &a64, &b64, &mut alone64));
             assert!(alone64 == c64, "{} f64 alone {m}x{k}x{n}", be.name());
+        }
+        // Strided views (tiles of larger matrices, rows apart) give the
+        // dense call's bits, on the pool or alone, alone or batched.
+        for (i, &(m, k, n)) in [(1, 5, 7), (7, 1, 3), (9, 13, 1), (16, 16, 16), (33, 70, 17)]
+            .iter()
+            .enumerate()
+        {
+            let d = Dims { m, k, n };
+            let (a, b, c0) = (
+                values(m * k, i as u64 + 40),
+                values(k * n, i as u64 + 50),
+                values(m * n, i as u64 + 60),
+            );
+            let mut want = c0.clone();
+            pool(1).install(|| be.gemm_f32(d, &a, &b, &mut want));
+            let embed = |v: &[f32], rows: usize, cols: usize, stride: usize| {
+                let mut big = vec![f32::NAN; (rows.max(1) - 1) * stride + cols];
+                for r in 0..rows {
+                    big[r * stride..r * stride + cols]
+                        .copy_from_slice(&v[r * cols..(r + 1) * cols]);
+                }
+                big
+            };
+            let (sa, sb) = (embed(&a, m, k, k + 3), embed(&b, k, n, n + 5));
+            for share in [false, true] {
+                let mut sc = embed(&c0, m, n, n + 2);
+                let va = MatRef::new(&sa, m, k, k + 3).unwrap();
+                let vb = MatRef::new(&sb, k, n, n + 5).unwrap();
+                let vc = MatMut::new(&mut sc, m, n, n + 2).unwrap();
+                pool(2).install(|| be.gemm_f32_view(d, va, vb, vc, share));
+                let got: Vec<f32> = (0..m)
+                    .flat_map(|r| sc[r * (n + 2)..r * (n + 2) + n].to_vec())
+                    .collect();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{} view {m}x{k}x{n}", be.name());
+                // The padding between rows is untouched.
+                assert!(m == 1 || sc[n..n + 2].iter().all(|x| x.is_nan()));
+            }
+            let mut cs = vec![c0.clone(); 3];
+            let mut batch: Vec<ViewArgs> = cs
+                .iter_mut()
+                .map(|c| ViewArgs {
+                    a: MatRef::new(&sa, m, k, k + 3).unwrap(),
+                    b: MatRef::new(&sb, k, n, n + 5).unwrap(),
+                    c: MatMut::dense(c, m, n).unwrap(),
+                })
+                .collect();
+            pool(2).install(|| be.gemm_f32_view_batch(d, &mut batch));
+            drop(batch);
+            for c in &cs {
+                assert!(c == &want, "{} view batch {m}x{k}x{n}", be.name());
+            }
         }
         // Wrapping i32.
         let d = Dims { m: 1, k: 2, n: 1 };

@@ -157,11 +157,14 @@ impl<'a> Run<'a> {
     fn batchable(&self, i: u32) -> Option<gemm::BatchKey> {
         let op = self.op(i);
         match (&self.nodes[i as usize].action, &op.rec.params) {
-            (Action::Compute { dst: Some(_), reads, .. }, Params::Gemm(p))
-                if self.cx.batch && is_gemm(op) && !reads.is_empty() =>
-            {
-                Some(gemm::batch_key(p))
-            }
+            (
+                Action::Compute {
+                    dst: Some(_),
+                    reads,
+                    ..
+                },
+                Params::Gemm(p),
+            ) if self.cx.batch && is_gemm(op) && !reads.is_empty() => Some(gemm::batch_key(p)),
             _ => None,
         }
     }

@@ -114,16 +114,11 @@ impl Intervals {
             self.map.insert(s, seg);
         }
     }
-
 }
 
 /// Build the graph of a planned window's `nodes` (in effect order).
 /// `written`: the memories some node writes.
-pub(crate) fn build(
-    nodes: &[PNode],
-    ops: &[Option<PendingOp>],
-    written: &FxHashSet<u64>,
-) -> Graph {
+pub(crate) fn build(nodes: &[PNode], ops: &[Option<PendingOp>], written: &FxHashSet<u64>) -> Graph {
     let n = nodes.len();
     let mut g = Graph {
         preds: vec![0; n],

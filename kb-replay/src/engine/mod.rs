@@ -29,47 +29,56 @@
 //! With [`ReplayOptions::streaming`] off every effect waits for the end of
 //! the trace, as the first, sequential engine did.
 //!
+//! # Planning: physical bytes, lazy copies
+//!
+//! Before it runs, a window is *planned* (`plan`): its effects, in order
+//! (seq, read before write, op id), become nodes that touch physical
+//! bytes only. A memory op whose destination is one contiguous range
+//! copies nothing: the destination becomes an alias of the bytes it read
+//! ([`crate::plane::lazy`]), and later ops resolve it to where those
+//! bytes lie (a DMA's TCM tile to the HBM rows it came from, and those to
+//! the host data a host write brought: a GEMM reads its operands there,
+//! strided). Before a physical write, the aliases whose sources it would
+//! change are materialized (copied, in nodes of their own before it), so
+//! every byte a later op or the verification reads is right. A memory op
+//! whose bytes something overwrote between its read and its write (or
+//! whose write comes in a later window) gathers them at its read and
+//! writes them at its write. With [`ReplayOptions::elide`] off every memory
+//! op copies.
+//!
+//! Fingerprints are checked on the bytes where they lie, in nodes of
+//! their own (in parallel), by [`Fingerprints`]; an op that reads the same
+//! unchanged bytes as an earlier checked one, with the same recorded
+//! fingerprint, is checked by that hash. GEMM operands that must be
+//! decoded (f16, bf16, transposed) or whose rows lie apart are decoded once
+//! into a dense matrix shared by every GEMM planned to read the same
+//! unchanged bytes the same way.
+//!
 //! # Parallel execution
 //!
-//! A window is a list of *nodes* in effect order (seq, read before write,
-//! op id): an op's read (gather its read ranges; a memory op checks the
-//! fingerprint, a compute op computes its output), its write (scatter what
-//! the read produced), or both in one node when nothing lies between them.
 //! `graph` links each node to the earlier nodes it conflicts with (RAW,
-//! WAW, WAR over the byte ranges, through an interval index), to its own
-//! read, and to the ops in the record's explicit dependency ids. With one
-//! thread the nodes run in order. With more, `exec` runs the window as
-//! a dataflow on the rayon pool: whenever a node finishes, the nodes it
-//! made ready start, earliest first, one task per thread, as long as each
-//! is at most [`ReplayOptions::lookahead`] nodes after the first one not
-//! done and what reads run ahead hold for their writes stays within
-//! [`ReplayOptions::hold_budget`] (the bounds keep parallel runs from
-//! holding much more than sequential ones). Threads without a task help
-//! the running ones (a large GEMM splits across the pool). Ready GEMM
-//! reads that share shape, dtypes, layouts and transpose flags start as
-//! one batched backend call when threads are free for all of them.
-//!
-//! Fusion: when nothing between an op's read and its write touches the
-//! bytes it writes, the write joins the read's node (`graph`), so the op
-//! holds nothing in between. TCM regions grow to cover the window before
-//! it runs ([`DataPlane::reserve`]).
-//!
-//! Moving bytes: a memory op's read takes a [`crate::plane::Snapshot`]
-//! (references to the pages, no copy) and its write copies from it, so
-//! each byte is copied once; the fingerprint is computed over whichever
-//! side is in fewer pieces (a tile loaded into TCM is one). An f32 GEMM
-//! whose matrices lie back to back in TCM runs where they lie: with both
-//! effects in its node it accumulates straight into its output's bytes;
-//! a read alone computes into a buffer for the write. Otherwise a
-//! row-major f32 GEMM operand that lies in one page is read in place.
+//! WAW, WAR over the physical byte ranges, through an interval index), to
+//! its op's earlier node, and to the ops in the record's explicit
+//! dependency ids. With one thread the nodes run in order. With more,
+//! `dataflow` runs the window on the rayon pool: whenever a node
+//! finishes, the nodes it made ready start, earliest first, one task per
+//! thread, as long as each is at most [`ReplayOptions::lookahead`] nodes
+//! after the first one not done and what reads run ahead hold for their
+//! writes stays within [`ReplayOptions::hold_budget`] (the bounds keep
+//! parallel runs from holding much more than sequential ones). Threads
+//! without a task help the running ones (a large GEMM splits across the
+//! pool). Ready GEMMs that share shape, dtypes, layouts and transpose
+//! flags start as one batched backend call when threads are free for all
+//! of them.
 //!
 //! Every node computes the same bits whatever runs beside it (ops are pure
 //! functions of their input bytes; backends give the same bits for any
-//! thread count and batch), so results are bit-identical for every
-//! `--threads`. Errors are reported in effect order: after a node fails,
-//! only earlier nodes still run, and the earliest failure is returned (a
-//! fused op's write fails at its read's place in that order, the same
-//! for every `--threads`).
+//! thread count, batch and stride), and planning is sequential and never
+//! depends on timing, so results are bit-identical for every `--threads`,
+//! with and without copy elision, for every `--fingerprints`. Errors are
+//! reported in effect order: after a node fails, only earlier nodes still
+//! run, and the earliest failure is returned (a planning error stops the
+//! plan at its node).
 
 mod dataflow;
 mod exec;
@@ -227,6 +236,10 @@ pub struct Stats {
     /// Lazy copies done after all, because their source was about to be
     /// overwritten or their destination cut by a strided write.
     pub materialized: u64,
+    /// Memory ops whose read gathered their bytes for a later write:
+    /// something overwrote them first, or the write comes in a later
+    /// window.
+    pub captured: u64,
     /// 2mnk summed over gemm ops.
     pub gemm_flops: u64,
     /// Seconds spent applying effects.

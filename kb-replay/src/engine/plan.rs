@@ -311,10 +311,7 @@ impl Planner {
         let mut i = 0;
         while i < keys.len() && !pass.failed {
             let k = keys[i];
-            let both = !k.write
-                && keys
-                    .get(i + 1)
-                    .is_some_and(|n| n.slot == k.slot && n.write);
+            let both = !k.write && keys.get(i + 1).is_some_and(|n| n.slot == k.slot && n.write);
             pass.effect(k.slot, k.write, both);
             i += 1 + both as usize;
         }
@@ -476,7 +473,11 @@ impl Pass<'_, '_> {
                     "reading {}: {x}",
                     fmt_extents(&read.ranges, self.cx.tensors)
                 )),
-                Ok(n) => match r.write.as_ref().map(|w| (w, self.plane.extent_bytes(&w.ranges))) {
+                Ok(n) => match r
+                    .write
+                    .as_ref()
+                    .map(|w| (w, self.plane.extent_bytes(&w.ranges)))
+                {
                     Some((w, Err(x))) => Err(format!(
                         "writing {}: {x}",
                         fmt_extents(&w.ranges, self.cx.tensors)
@@ -527,6 +528,7 @@ impl Pass<'_, '_> {
 
     /// Turn the read node `node` into a capture of `src`.
     fn capture(&mut self, node: usize, src: Vec<Extent>) {
+        self.stats.captured += 1;
         let n = &mut self.nodes[node];
         let fp = match std::mem::replace(&mut n.action, Action::None) {
             Action::Hash { fp, .. } => Some(fp),
@@ -688,7 +690,10 @@ impl Pass<'_, '_> {
         let checked = {
             let r = &self.ops[slot as usize].as_ref().expect("live op").rec;
             let read = r.read.as_ref().expect("a read");
-            let wl = r.write.as_ref().map(|w| (w, self.plane.extent_bytes(&w.ranges)));
+            let wl = r
+                .write
+                .as_ref()
+                .map(|w| (w, self.plane.extent_bytes(&w.ranges)));
             match (wl, self.plane.extent_bytes(&read.ranges)) {
                 (Some((w, Err(x))), _) => Err(format!(
                     "writing {}: {x}",
@@ -705,10 +710,9 @@ impl Pass<'_, '_> {
                 (Some((_, Ok(wl))), _) if wl != output => Err(format!(
                     "its output takes {output} bytes, but its write ranges hold {wl}"
                 )),
-                (w, Ok(total)) => Ok((
-                    total,
-                    w.is_some().then(|| self.plane.resolve(&read.ranges)),
-                )),
+                (w, Ok(total)) => {
+                    Ok((total, w.is_some().then(|| self.plane.resolve(&read.ranges))))
+                }
             }
         };
         let (total, reads) = match checked {
@@ -784,7 +788,8 @@ impl Pass<'_, '_> {
         {
             let mut pieces = Vec::new();
             crate::plane::lazy::slice_into(reads, off, len, &mut pieces);
-            let as_is = p.dtype_in == Dtype::F32 && crate::ops::gemm::stored_as_is(transpose, layout);
+            let as_is =
+                p.dtype_in == Dtype::F32 && crate::ops::gemm::stored_as_is(transpose, layout);
             let apart = matches!(pieces.as_slice(), [e] if e.rows > 1 && e.stride > e.len);
             if !as_is || apart {
                 let how = (

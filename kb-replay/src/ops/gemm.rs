@@ -29,8 +29,8 @@ use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use kb_format::{Dtype, GemmParams, Layout};
 
 use crate::backend::{Dims, GemmArgs, GemmBackend};
-use crate::dtype;
 use crate::backend::{MatMut, MatRef, ViewArgs};
+use crate::dtype;
 
 fn dims(p: &GemmParams) -> Option<(Dims, [usize; 3])> {
     let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
@@ -381,7 +381,11 @@ pub(crate) fn decode_f32(d: Dtype, b: &[u8], out: &mut Vec<f32>) {
 /// Operand `which` (0: a, 1: b) of a float GEMM as its logical row-major
 /// f32 matrix, decoded from its stored bytes fed piece by piece through
 /// `feed` (which calls its argument with each piece, in order).
-pub fn decode_operand(p: &GemmParams, which: usize, feed: impl FnOnce(&mut dyn FnMut(&[u8]))) -> Vec<f32> {
+pub fn decode_operand(
+    p: &GemmParams,
+    which: usize,
+    feed: impl FnOnce(&mut dyn FnMut(&[u8])),
+) -> Vec<f32> {
     let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
     let (rows, cols, transpose, layout) = if which == 0 {
         (m, k, p.transpose_a, p.layout_a)
@@ -457,7 +461,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
         b: Option<MatRef<'a, f32>>,
     ) -> Option<Decoder<'p, 'a>> {
         let (d, _) = dims(p)?;
-        let fits = |v: &MatRef<'a, f32>, rows: usize, cols: usize| v.rows() == rows && v.cols() == cols;
+        let fits =
+            |v: &MatRef<'a, f32>, rows: usize, cols: usize| v.rows() == rows && v.cols() == cols;
         if a.as_ref().is_some_and(|v| !fits(v, d.m, d.k))
             || b.as_ref().is_some_and(|v| !fits(v, d.k, d.n))
         {

@@ -579,11 +579,7 @@ impl DataPlane {
     /// Call `f` with the (logical) bytes of `extents`, in order, a piece at
     /// a time (unwritten device memory as zeros); returns their total. `f`
     /// may run under a page lock: it must not use the plane.
-    pub fn gather_each(
-        &self,
-        extents: &[Extent],
-        f: impl FnMut(&[u8]),
-    ) -> Result<u64, PlaneError> {
+    pub fn gather_each(&self, extents: &[Extent], f: impl FnMut(&[u8])) -> Result<u64, PlaneError> {
         let total = self.validate(extents)?;
         self.for_each_piece(&self.resolve(extents), f)?;
         Ok(total)
@@ -606,7 +602,11 @@ impl DataPlane {
     /// order: a part of a region or of a page (under that page's shard
     /// read lock, kept from one piece to the next in the same shard).
     #[allow(unsafe_code)]
-    fn for_each_piece(&self, extents: &[Extent], mut f: impl FnMut(&[u8])) -> Result<(), PlaneError> {
+    fn for_each_piece(
+        &self,
+        extents: &[Extent],
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<(), PlaneError> {
         let mut held: Option<(usize, std::sync::RwLockReadGuard<'_, Pages>)> = None;
         for e in extents {
             for (addr, len) in runs(e)? {
@@ -631,9 +631,7 @@ impl DataPlane {
                         let (_, shard) = held.as_ref().expect("just taken");
                         match shard.get(&page) {
                             Some(p) => f(&p[off..off + n]),
-                            None => {
-                                self.input_pieces((page << PAGE_BITS) + off as u64, n, &mut f)
-                            }
+                            None => self.input_pieces((page << PAGE_BITS) + off as u64, n, &mut f),
                         }
                     }
                     continue;
@@ -876,11 +874,11 @@ impl<'a> Shared<'a> {
         rows: usize,
         row_bytes: usize,
     ) -> Option<MatRef<'a, f32>> {
-        if !cfg!(target_endian = "little") || row_bytes % 4 != 0 {
+        if !cfg!(target_endian = "little") || !row_bytes.is_multiple_of(4) {
             return None;
         }
         let (r, off, stride, span) = self.plane.matrix_at(pieces, rows, row_bytes)?;
-        if stride % 4 != 0 {
+        if !stride.is_multiple_of(4) {
             return None;
         }
         // SAFETY: in bounds (`matrix_at` checked); the caller rules out
@@ -902,14 +900,17 @@ impl<'a> Shared<'a> {
         rows: usize,
         row_bytes: usize,
     ) -> Option<MatMut<'a, f32>> {
-        if !cfg!(target_endian = "little") || row_bytes % 4 != 0 {
+        if !cfg!(target_endian = "little") || !row_bytes.is_multiple_of(4) {
             return None;
         }
-        if pieces.iter().any(|e| pa::space_of(e.pa) == Some(Space::Host)) {
+        if pieces
+            .iter()
+            .any(|e| pa::space_of(e.pa) == Some(Space::Host))
+        {
             return None;
         }
         let (r, off, stride, span) = self.plane.matrix_at(pieces, rows, row_bytes)?;
-        if stride % 4 != 0 {
+        if !stride.is_multiple_of(4) {
             return None;
         }
         // SAFETY: in bounds (`matrix_at` checked); the caller guarantees

@@ -258,3 +258,127 @@ fn addresses_format_readably() {
     };
     assert_eq!(fmt_extent(&e, &ts), "host:x+0x0 [2 x 2 B, stride 4]");
 }
+
+/// Bytes at `addr` through the raw (physical) path, ignoring aliases.
+fn read_phys(p: &DataPlane, addr: u64, n: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    p.gather_phys(&[Extent::contiguous(addr, n as u64)], &mut v)
+        .unwrap();
+    v
+}
+
+#[test]
+fn aliases_are_read_through_and_materialized_before_their_sources_change() {
+    let mut p = plane();
+    let data: Vec<u8> = (0..64).collect();
+    p.load_host(0, 0, &data).unwrap();
+    let hbm = dev(Space::Hbm, 0x100);
+    let tcm = dev(Space::Tcm, 0);
+    // HBM := host[0..64] (lazily), TCM := rows 1 and 3 of HBM (8 bytes each,
+    // 16 apart), resolved through HBM to host.
+    let src = p.resolve(&[Extent::contiguous(pa::host(0, 0), 64)]);
+    p.lazy_mut().set(hbm, 64, src);
+    let rows = p.resolve(&[Extent {
+        pa: hbm + 16,
+        len: 8,
+        rows: 2,
+        stride: 32,
+    }]);
+    assert_eq!(
+        rows,
+        [Extent {
+            pa: pa::host(0, 16),
+            len: 8,
+            rows: 2,
+            stride: 32
+        }]
+    );
+    p.lazy_mut().set(tcm, 16, rows);
+    p.lazy().check();
+    let want: Vec<u8> = (16..24).chain(48..56).collect();
+    assert_eq!(read(&p, tcm, 16), want);
+    assert_eq!(read(&p, hbm, 64), data);
+    // Physically nothing moved.
+    assert_eq!(read_phys(&p, hbm, 4), [0; 4]);
+    // A write into the middle of HBM: the TCM alias keeps its bytes (its
+    // source is host data), the HBM alias is trimmed around the write.
+    p.write(hbm + 20, &[0xee; 4]).unwrap();
+    p.lazy().check();
+    assert_eq!(read(&p, tcm, 16), want);
+    let mut now = data.clone();
+    now[20..24].fill(0xee);
+    assert_eq!(read(&p, hbm, 64), now);
+    // New host data for those bytes: the aliases of the old are
+    // materialized first.
+    p.load_host(0, 16, &[0xaa; 8]).unwrap();
+    p.lazy().check();
+    assert_eq!(read(&p, tcm, 16), want);
+    assert_eq!(read_phys(&p, tcm, 16), want);
+    assert_eq!(read(&p, hbm, 64), now);
+    // Everything materialized: physical is logical.
+    p.materialize_all();
+    assert!(p.lazy().is_empty());
+    assert_eq!(read_phys(&p, hbm, 64), now);
+    assert_eq!(read_phys(&p, tcm, 16), want);
+    assert_eq!(
+        p.fingerprint(&[Extent::contiguous(hbm, 64)]).unwrap(),
+        kb_format::fingerprint(&now)
+    );
+}
+
+#[test]
+fn copies_and_views_move_physical_bytes() {
+    let mut p = plane();
+    let hbm = dev(Space::Hbm, 0);
+    let vals: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    p.write(hbm, bytemuck::cast_slice(&vals)).unwrap();
+    let tcm = dev(Space::Tcm, 0);
+    p.reserve(&[Extent::contiguous(tcm, 1024)]);
+    // SAFETY: nothing else uses the plane while the view lives.
+    #[allow(unsafe_code)]
+    let shared = unsafe { p.shared() };
+    // Column block 2..6 of the 8 x 8 matrix: 8 rows of 16 bytes, 32 apart.
+    let block = Extent {
+        pa: hbm + 8,
+        len: 16,
+        rows: 8,
+        stride: 32,
+    };
+    #[allow(unsafe_code)]
+    let v = unsafe { shared.f32_view(&[block], 8, 16) }.unwrap();
+    assert_eq!((v.rows(), v.cols(), v.stride()), (8, 4, 8));
+    assert_eq!(v.row(3), [26.0, 27.0, 28.0, 29.0]);
+    // Copied into TCM straight (a region), then written in place.
+    let dst = [Extent::contiguous(tcm, 128)];
+    assert_eq!(shared.copy(&[block], &dst).unwrap(), 128);
+    #[allow(unsafe_code)]
+    let mut w = unsafe { shared.f32_view_mut(&dst, 8, 16) }.unwrap();
+    assert_eq!(w.row_mut(7), [58.0, 59.0, 60.0, 61.0]);
+    w.row_mut(0).fill(-1.0);
+    // Views need one region, whole rows, 4-byte strides.
+    #[allow(unsafe_code)]
+    unsafe {
+        assert!(shared.f32_view(&[block], 8, 12).is_none());
+        assert!(shared.f32_view(&[block, block], 16, 16).is_none());
+        let odd = Extent {
+            stride: 30,
+            ..block
+        };
+        assert!(shared.f32_view(&[odd], 8, 16).is_none());
+        let far = Extent::contiguous(dev(Space::Hbm, REGION_MAX + 64), 64);
+        assert!(shared.f32_view(&[far], 1, 64).is_none());
+    }
+    let mut back = vec![0u8; 16];
+    p.read(tcm, &mut back).unwrap();
+    assert_eq!(back, bytemuck::cast_slice::<f32, u8>(&[-1.0; 4]));
+    // Into pages (beyond the region): through a buffer, the same bytes.
+    let paged = [Extent::contiguous(dev(Space::Hbm, REGION_MAX + 4096), 128)];
+    #[allow(unsafe_code)]
+    let shared = unsafe { p.shared() };
+    shared.copy(&[block], &paged).unwrap();
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    p.gather(&[block], &mut a).unwrap();
+    p.gather(&paged, &mut b).unwrap();
+    assert_eq!(a, b);
+}
