@@ -9,8 +9,9 @@ pub const FILE_MAGIC: [u8; 8] = *b"\x89KBT\r\n\x1a\n";
 pub const TRAILER_MAGIC: [u8; 8] = *b"KBTEND\r\n";
 pub const CHUNK_MAGIC: [u8; 4] = *b"KBCH";
 pub const VERSION_MAJOR: u16 = 3;
-/// 3.1 added the `SumBlocks` and `Tile` reference expressions.
-pub const VERSION_MINOR: u16 = 1;
+/// 3.1 added the `SumBlocks` and `Tile` reference expressions; 3.2 the
+/// channels chunk.
+pub const VERSION_MINOR: u16 = 2;
 
 /// Size of the file header, every chunk header and the trailer.
 pub const BLOCK: usize = 64;
@@ -37,6 +38,9 @@ pub enum ChunkKind {
     Snapshot,
     /// The run's kernel launches, once, just before the verify chunk.
     Launches,
+    /// What each HBM pseudo channel served, at most once, before the
+    /// launches.
+    Channels,
 }
 
 impl ChunkKind {
@@ -50,6 +54,7 @@ impl ChunkKind {
             ChunkKind::Footer => 6,
             ChunkKind::Snapshot => 7,
             ChunkKind::Launches => 8,
+            ChunkKind::Channels => 9,
         }
     }
 
@@ -63,6 +68,7 @@ impl ChunkKind {
             6 => ChunkKind::Footer,
             7 => ChunkKind::Snapshot,
             8 => ChunkKind::Launches,
+            9 => ChunkKind::Channels,
             _ => return None,
         })
     }
@@ -77,6 +83,7 @@ impl ChunkKind {
             ChunkKind::Footer => "footer",
             ChunkKind::Snapshot => "snapshot",
             ChunkKind::Launches => "launches",
+            ChunkKind::Channels => "channels",
         }
     }
 

@@ -7,12 +7,13 @@
 //! It knows nothing of simulation or replay semantics.
 //!
 //! A trace is a 64-byte header, then 64-byte-aligned chunks (meta first;
-//! strings, tensor data and records interleaved; launches; verify;
-//! footer), then a
+//! strings, tensor data and records interleaved; channels; launches;
+//! verify; footer), then a
 //! 64-byte trailer. Every chunk is length-prefixed and checksummed (xxh3-64);
 //! the footer holds counts, a digest of the stream and an index of every
 //! chunk. docs/trace-format.md gives the exact bytes.
 
+pub mod channels;
 pub mod chunk;
 pub mod error;
 pub mod footer;
@@ -23,6 +24,7 @@ pub mod record_codec;
 pub mod types;
 pub mod writer;
 
+pub use channels::ChannelUsage;
 pub use error::{FormatError, Result};
 pub use footer::{Footer, IndexEntry};
 pub use launch::Launch;

@@ -109,6 +109,29 @@ impl std::fmt::Display for Pa {
     }
 }
 
+/// The HBM pseudo channel that serves the byte at device PA `pa`, under
+/// the PA and VA models: the address in `interleave`-byte blocks (a power
+/// of two), block `b` of `channels` going to `(b + rotation) mod channels`.
+/// Unhashed, the rotation is 0 (plain interleaving: every PE partition
+/// starts on channel 0, so small tiles of different PEs collide). Hashed,
+/// it is a mix of the block's higher bits (`b / channels`, which include the
+/// PE partition), so partitions start on different channels; each aligned
+/// round of `channels` blocks still covers every channel once.
+pub fn hbm_channel(pa: u64, interleave: u64, channels: u64, hashed: bool) -> u64 {
+    let channels = channels.max(1);
+    let block = pa / interleave.max(1);
+    let (round, within) = (block / channels, block % channels);
+    if !hashed {
+        return within;
+    }
+    // A xorshift-multiply mix (splitmix64's finalizer) of the round.
+    let mut z = round.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (within + z % channels) % channels
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +158,44 @@ mod tests {
             None
         );
         assert_eq!(Pa::decode(1 << 51), None);
+    }
+
+    #[test]
+    fn hashed_channels_spread_partitions_and_keep_rounds_whole() {
+        let dev = |pe, offset| {
+            Pa {
+                space: Space::Hbm,
+                sip: 0,
+                cube: 0,
+                pe,
+                offset,
+            }
+            .encode()
+            .unwrap()
+        };
+        // Plain interleaving: every partition starts on channel 0.
+        for pe in 0..8 {
+            assert_eq!(hbm_channel(dev(pe, 0), 256, 64, false), 0);
+        }
+        // Hashed: the 8 partitions' first blocks land on several channels.
+        let firsts: std::collections::BTreeSet<u64> = (0..8)
+            .map(|pe| hbm_channel(dev(pe, 0), 256, 64, true))
+            .collect();
+        assert!(firsts.len() >= 6, "{firsts:?}");
+        // Any aligned round of 64 blocks covers the 64 channels once, for
+        // any channel count (here also 48, not a power of two).
+        for n in [64u64, 48] {
+            // Rounds are aligned in absolute blocks (as the controller's
+            // whole-round fast path assumes).
+            let base = (dev(3, 0) / 256).div_ceil(n) * n;
+            for round in [0u64, 1, 12345] {
+                let mut seen: Vec<u64> = (0..n)
+                    .map(|k| hbm_channel((base + round * n + k) * 256, 256, n, true))
+                    .collect();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..n).collect::<Vec<_>>());
+            }
+        }
     }
 
     #[test]

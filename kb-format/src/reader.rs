@@ -15,6 +15,7 @@ use crate::record_codec::RecordDecoder;
 
 /// Bytes of the seq watermark that starts every records payload.
 pub const SEQ_WATERMARK_BYTES: usize = 8;
+use crate::channels::ChannelUsage;
 use crate::launch::Launch;
 use crate::types::{Meta, Ps, Record, VerifySpec};
 
@@ -282,6 +283,7 @@ struct State {
     strings: Strings,
     verify: Option<VerifySpec>,
     launches: Option<Vec<Launch>>,
+    channels: Option<Vec<ChannelUsage>>,
     footer: Option<Footer>,
     last: Option<(Ps, u64)>,
     records: u64,
@@ -404,6 +406,40 @@ impl State {
         Ok(())
     }
 
+    /// The channels chunk comes at most once; each channel once, in
+    /// (sip, cube, channel) order.
+    fn channels(&mut self, p: &[u8], at: u64) -> Result<()> {
+        if self.channels.is_some() {
+            return Err(FormatError::malformed(
+                at,
+                "trace",
+                "a second channels chunk",
+            ));
+        }
+        let wire: Vec<crate::channels::Wire> = decode_all(p, at, "channels chunk")?;
+        let mut channels: Vec<ChannelUsage> = Vec::with_capacity(wire.len());
+        for (i, w) in wire.into_iter().enumerate() {
+            let c = w.usage().map_err(|e| {
+                FormatError::malformed(at, "channels chunk", format!("entry {i}: {e}"))
+            })?;
+            if let Some(prev) = channels.last()
+                && (prev.sip, prev.cube, prev.channel) >= (c.sip, c.cube, c.channel)
+            {
+                return Err(FormatError::malformed(
+                    at,
+                    "channels chunk",
+                    format!(
+                        "entry {i} (sip {} cube {} channel {}) is not after the one before it",
+                        c.sip, c.cube, c.channel
+                    ),
+                ));
+            }
+            channels.push(c);
+        }
+        self.channels = Some(channels);
+        Ok(())
+    }
+
     /// Compare the footer with what was read.
     fn check_footer(&self, f: &Footer, at: u64, digest: Option<u64>) -> Result<()> {
         let c = &f.counts;
@@ -503,6 +539,12 @@ impl<R: Read> StreamReader<R> {
     /// end (empty for a trace without a launches chunk).
     pub fn launches(&self) -> &[Launch] {
         self.state.launches.as_deref().unwrap_or_default()
+    }
+
+    /// What each HBM pseudo channel served, once the stream has been read
+    /// to its end (empty for a trace without a channels chunk).
+    pub fn channels(&self) -> &[ChannelUsage] {
+        self.state.channels.as_deref().unwrap_or_default()
     }
 
     /// The footer, once the stream has been read to its end.
@@ -613,6 +655,10 @@ impl<R: Read> StreamReader<R> {
                     self.state.launches(&self.buf, at)?;
                     self.state.chunks += 1;
                 }
+                ChunkKind::Channels => {
+                    self.state.channels(&self.buf, at)?;
+                    self.state.chunks += 1;
+                }
                 ChunkKind::Footer => {
                     // The digest must exclude the footer chunk header too.
                     let footer = Footer::decode(&self.buf, at)?;
@@ -709,6 +755,7 @@ pub struct MmapTrace {
     strings: Strings,
     verify: VerifySpec,
     launches: Vec<Launch>,
+    channels: Vec<ChannelUsage>,
     footer: Footer,
     footer_offset: u64,
     /// For each chunk (by ordinal), the strings defined before it.
@@ -883,6 +930,10 @@ impl MmapTrace {
                     h.check_payload(payload, pat)?;
                     state.launches(payload, pat)?;
                 }
+                ChunkKind::Channels => {
+                    h.check_payload(payload, pat)?;
+                    state.channels(payload, pat)?;
+                }
                 ChunkKind::Tensor => state.tensor(&h, e.offset)?,
                 ChunkKind::Records => state.records(&h, e.offset)?,
                 ChunkKind::Snapshot => {}
@@ -917,6 +968,7 @@ impl MmapTrace {
             strings: state.strings,
             verify,
             launches: state.launches.unwrap_or_default(),
+            channels: state.channels.unwrap_or_default(),
             footer,
             footer_offset: fat,
             strings_before,
@@ -938,6 +990,12 @@ impl MmapTrace {
     /// The run's kernel launches (empty for a trace without a launches chunk).
     pub fn launches(&self) -> &[Launch] {
         &self.launches
+    }
+
+    /// What each HBM pseudo channel served (empty for a trace without a
+    /// channels chunk).
+    pub fn channels(&self) -> &[ChannelUsage] {
+        &self.channels
     }
 
     pub fn footer(&self) -> &Footer {

@@ -718,5 +718,8 @@ pub struct Counts {
     pub chunks: u64,
     pub tensor_bytes: u64,
     pub strings: u64,
+    /// When the run ended: at least every record's `t_end` (a writer may
+    /// set it later, [`crate::TraceWriter::end_at`]: kb-sim's last event,
+    /// after the host's frees and unmaps).
     pub max_t_end: Ps,
 }

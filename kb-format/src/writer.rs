@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::{Fingerprinter, xxh3_64};
 
+use crate::channels::ChannelUsage;
 use crate::chunk::{self, ALIGN, BLOCK, ChunkHeader, ChunkKind, Trailer};
 use crate::error::{FormatError, Result};
 use crate::footer::{Footer, IndexEntry};
@@ -133,6 +134,8 @@ pub struct TraceWriter<W: Write> {
     chunk_target: usize,
     counts: Counts,
     tensor_sizes: Vec<u64>,
+    /// HBM channel service, written at finish (before the launches).
+    channels: Vec<ChannelUsage>,
 }
 
 impl<W: Write> std::fmt::Debug for TraceWriter<W> {
@@ -167,6 +170,7 @@ impl<W: Write> TraceWriter<W> {
             enc: RecordEncoder::default(),
             chunk_target: RECORDS_CHUNK_TARGET,
             counts: Counts::default(),
+            channels: Vec::new(),
             tensor_sizes: meta.tensors.iter().map(|t| t.nbytes()).collect(),
         };
         w.sink.write(&chunk::encode_file_header())?;
@@ -389,6 +393,42 @@ impl<W: Write> TraceWriter<W> {
 
     /// Emit every buffered record, the launches, the verification spec, the
     /// footer and the trailer; flush and return the inner writer.
+    /// Record that the run ended at `t` (the footer's end time: at least
+    /// every record's `t_end`), so readers report the same simulated time
+    /// as the simulator, which goes on after its last record (frees,
+    /// unmaps, completion messages).
+    pub fn end_at(&mut self, t: Ps) {
+        self.counts.max_t_end = self.counts.max_t_end.max(t);
+    }
+
+    /// Record what each HBM pseudo channel served (the channels chunk,
+    /// written at finish). Channels must be in (sip, cube, channel) order,
+    /// each once, with sorted disjoint non-empty busy intervals.
+    pub fn channels(&mut self, usage: Vec<ChannelUsage>) -> Result<()> {
+        for w in usage.windows(2) {
+            if (w[0].sip, w[0].cube, w[0].channel) >= (w[1].sip, w[1].cube, w[1].channel) {
+                return Err(FormatError::Usage(format!(
+                    "channels out of order: sip {} cube {} channel {} before sip {} cube {} channel {}",
+                    w[0].sip, w[0].cube, w[0].channel, w[1].sip, w[1].cube, w[1].channel
+                )));
+            }
+        }
+        for c in &usage {
+            let mut prev = 0;
+            for &(start, end) in &c.busy {
+                if start < prev || end <= start {
+                    return Err(FormatError::Usage(format!(
+                        "channel {} of sip {} cube {}: busy [{start}, {end}) is empty or overlaps the one before",
+                        c.channel, c.sip, c.cube
+                    )));
+                }
+                prev = end;
+            }
+        }
+        self.channels = usage;
+        Ok(())
+    }
+
     pub fn finish(self, verify: &VerifySpec) -> Result<W> {
         self.finish_with_launches(&[], verify)
     }
@@ -404,6 +444,12 @@ impl<W: Write> TraceWriter<W> {
         }
         self.flush_records()?;
         self.flush_strings()?;
+        if !self.channels.is_empty() {
+            let wire: Vec<crate::channels::Wire> = self.channels.iter().map(Into::into).collect();
+            let payload = postcard::to_stdvec(&wire)
+                .map_err(|e| FormatError::Usage(format!("encoding channels: {e}")))?;
+            self.chunk(ChunkKind::Channels, [0, 0, 0], &payload)?;
+        }
         if !launches.is_empty() {
             let payload = postcard::to_stdvec(launches)
                 .map_err(|e| FormatError::Usage(format!("encoding launches: {e}")))?;

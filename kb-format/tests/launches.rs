@@ -79,18 +79,6 @@ fn raw_with(chunks: &[Vec<Launch>]) -> Vec<u8> {
     t.verify(&sample_verify()).build()
 }
 
-fn errors(b: &[u8]) -> Vec<String> {
-    let s = StreamReader::open(b).and_then(|mut s| s.skip_to_end().map(|_| ()));
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("t.kbt");
-    std::fs::write(&p, b).unwrap();
-    let m = MmapTrace::open(&p).map(|_| ());
-    [s, m]
-        .into_iter()
-        .map(|r| r.expect_err("the reader accepted it").to_string())
-        .collect()
-}
-
 #[test]
 fn a_second_launches_chunk_is_malformed() {
     let b = raw_with(&[launches(), launches()]);

@@ -100,6 +100,8 @@ enum By {
     OpKind,
     /// Memory ops by route, SRC -> DST (other kinds are left out)
     Route,
+    /// HBM pseudo channels (sipS.cubeC.chN): bytes and busy time, from the trace's channels chunk
+    Channel,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -141,7 +143,8 @@ enum Cmd {
     #[command(
         after_help = "busy time: length of the union of the group's op intervals \
         (overlapping ops count once); op time: sum of durations; utilisation: busy time / \
-        simulated time (end of the last op of the trace, counted or not); bytes: memory ops' \
+        simulated time (the run's end as kb-sim reports it, at least the end of the last op, \
+        counted or not); bytes: memory ops' \
         write extent bytes; FLOPs: gemm 2*m*n*k, math rows*cols (one per element); GB/s = \
         bytes / busy ns; GFLOP/s = FLOPs / busy ns.\n\n\
         route: a memory op's SRC -> DST, the memory of the first range of its read effect and \
@@ -149,7 +152,11 @@ enum Cmd {
         whatever the PE partition), host (host space), or ? when the op has no such effect or \
         range or its PA is invalid. Only memory ops have routes: with --by route, gemm, math \
         and unknown-kind ops are not counted. Example: the cost of PE-to-PE copies per route: \
-        kb-inspect stats run.kbt --by route --name ipcq_copy"
+        kb-inspect stats run.kbt --by route --name ipcq_copy\n\n\
+        channel: each HBM pseudo channel's service as kb-sim's HBM controllers timed it (the \
+        trace's channels chunk, not the records): count = busy intervals, busy = time serving \
+        (access latency excluded), bytes = read + written; --name does not apply. Example: \
+        which channels a kernel kept busy: kb-inspect stats run.kbt --by channel"
     )]
     Stats {
         /// Trace file, or - for standard input
@@ -257,6 +264,7 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 By::OpName => stats::GroupBy::OpName,
                 By::OpKind => stats::GroupBy::OpKind,
                 By::Route => stats::GroupBy::Route,
+                By::Channel => stats::GroupBy::Channel,
             };
             let f = match format {
                 StatsFormat::Table => stats::Format::Table,

@@ -86,6 +86,18 @@ impl Matcher {
         })
     }
 
+    /// Whether busy interval `[t0, t1)` of an HBM channel (named as a
+    /// component, `sipS.cubeC.hbm_ctrl.chN`) is selected: no op name or
+    /// kind filter is set (they select ops), the component globs, if any,
+    /// match its name, and it overlaps the window.
+    pub fn selects_interval(&self, name: &str, t0: Ps, t1: Ps) -> bool {
+        self.name.is_none()
+            && self.kinds.is_empty()
+            && self.comp.as_ref().is_none_or(|g| g.is_match(name))
+            && self.to.is_none_or(|to| t0 < to)
+            && (t1 > self.from || t0 >= self.from)
+    }
+
     /// True once no later record can match: records come in t_start order.
     pub fn past_window(&self, r: &Record) -> bool {
         self.to.is_some_and(|to| r.t_start >= to)

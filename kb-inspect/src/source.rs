@@ -80,6 +80,9 @@ pub struct End<'a> {
     pub footer: &'a Footer,
     /// The host program's kernel launches (empty for a trace without any).
     pub launches: &'a [kb_format::Launch],
+    /// What each HBM pseudo channel served (empty without a channels
+    /// chunk).
+    pub channels: &'a [kb_format::ChannelUsage],
     /// False when the visitor stopped early.
     pub complete: bool,
 }
@@ -182,6 +185,7 @@ pub fn visit_file<V: Visitor>(name: &str, path: &Path, v: &mut V) -> Result<()> 
         verify: m.verify_spec(),
         footer: m.footer(),
         launches: m.launches(),
+        channels: m.channels(),
         complete: !stopped,
     })
 }
@@ -237,6 +241,7 @@ pub fn visit_reader<R: Read, V: Visitor>(name: &str, r: R, v: &mut V) -> Result<
         verify,
         footer,
         launches: s.launches(),
+        channels: s.channels(),
         complete: !stopped,
     })
 }

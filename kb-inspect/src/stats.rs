@@ -1,4 +1,4 @@
-//! `stats --by component|op_name|op_kind|route [--name GLOB]`: per group,
+//! `stats --by component|op_name|op_kind|route|channel [--name GLOB]`: per group,
 //! the op count, busy time, utilisation over the run, bytes moved, FLOPs,
 //! achieved bandwidth and FLOP rate.
 //!
@@ -6,8 +6,9 @@
 //! - **busy time**: the length of the union of the group's op intervals
 //!   `[t_start, t_end)`, so overlapping ops (pipelined DMA) count once;
 //!   **op time** is the plain sum of durations.
-//! - **run time**: the simulated time, the end of the last op of the trace
-//!   (time starts at 0; every record counts, filtered out or not);
+//! - **run time**: the simulated time, the run's end as the trace's footer
+//!   records it (kb-sim's own figure: at least the end of the last op,
+//!   past it by the frees and unmaps that follow; time starts at 0);
 //!   **utilisation** = busy time / run time.
 //! - **bytes** and **FLOPs**: see [`crate::render`] (memory ops: write
 //!   extent bytes; gemm `2*m*n*k`; math `rows*cols`).
@@ -18,6 +19,12 @@
 //!   (`sipS.cubeC.peP.tcm`, `sipS.cubeC.sram`, `sipS.cubeC.hbm`, `host`;
 //!   `?` without one). Only memory ops have a route: `--by route` leaves
 //!   gemm, math and unknown-kind records out of its rows.
+//! - **channel**: one row per HBM pseudo channel (`sipS.cubeC.chN`), from
+//!   the trace's channels chunk (kb-sim's HBM controllers' own account,
+//!   not the records): count = busy intervals, busy time = when it was
+//!   serving (back-to-back service merged; the access latency is not busy),
+//!   bytes = read + written. Channels that served nothing have no row.
+//!   No record is counted; `--name` does not apply.
 //! - **`--name GLOB`** (repeatable): only ops whose name matches one of the
 //!   globs are counted, in every `--by` mode; the same matching as `ops
 //!   --name` (a name without glob characters matches exactly).
@@ -51,6 +58,8 @@ pub enum GroupBy {
     OpKind,
     /// Memory ops by route (`SRC -> DST`); other kinds are left out.
     Route,
+    /// HBM pseudo channels, from the trace's channels chunk (no records).
+    Channel,
 }
 
 /// Running totals of one group.
@@ -150,6 +159,11 @@ impl Collector {
     /// A collector that counts only ops whose name matches one of `names`
     /// (globs, as `ops --name`); no names: every op. Errors on a bad glob.
     pub fn with_names(by: GroupBy, names: &[String]) -> Result<Collector> {
+        if by == GroupBy::Channel && !names.is_empty() {
+            return Err(crate::Error::usage(
+                "--name selects ops, and --by channel counts HBM channel service, not ops",
+            ));
+        }
         let matcher = if names.is_empty() {
             None
         } else {
@@ -185,6 +199,7 @@ impl Collector {
             GroupBy::Component => r.component as usize,
             GroupBy::OpName => r.op_name as usize,
             GroupBy::OpKind => r.kind.code() as usize,
+            GroupBy::Channel => return,
             GroupBy::Route => {
                 let Some(route) = render::route(r) else {
                     return;
@@ -252,9 +267,42 @@ impl Visitor for Collector {
     }
 
     fn end(&mut self, end: &End<'_>) -> Result<()> {
-        self.result = Some(self.finish(end.strings));
+        let mut stats = self.finish(end.strings);
+        // The run's end as the trace records it (past the last record: the
+        // frees and unmaps after it).
+        stats.run_time = stats.run_time.max(end.footer.counts.max_t_end);
+        if self.by == GroupBy::Channel {
+            stats.rows = channel_rows(end.channels, stats.run_time);
+        }
+        self.result = Some(stats);
         Ok(())
     }
+}
+
+/// One row per HBM pseudo channel (`sipS.cubeC.chN`): busy intervals,
+/// busy time, bytes read and written, utilisation over `run` and the
+/// bandwidth while busy.
+fn channel_rows(channels: &[kb_format::ChannelUsage], run: Ps) -> Vec<Row> {
+    let mut rows: Vec<Row> = channels
+        .iter()
+        .map(|c| {
+            let busy = c.busy_ps();
+            let bytes = c.bytes_read.saturating_add(c.bytes_written);
+            Row {
+                key: format!("sip{}.cube{}.ch{}", c.sip, c.cube, c.channel),
+                count: c.busy.len() as u64,
+                busy,
+                op_time: busy,
+                bytes,
+                flops: 0,
+                utilisation: (run > 0).then(|| busy as f64 / run as f64),
+                gbps: (busy > 0).then(|| bytes as f64 * 1000.0 / busy as f64),
+                gflops: None,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| natural_cmp(&a.key, &b.key));
+    rows
 }
 
 /// Compute statistics over `input`.
@@ -290,6 +338,7 @@ impl Stats {
             GroupBy::OpName => "op_name",
             GroupBy::OpKind => "op_kind",
             GroupBy::Route => "route",
+            GroupBy::Channel => "channel",
         }
     }
 
@@ -355,7 +404,15 @@ impl Stats {
                 if !self.names.is_empty() {
                     write!(w, ", name {}", self.names.join("|"))?;
                 }
-                if self.counted != self.records {
+                if self.by == GroupBy::Channel {
+                    write!(
+                        w,
+                        ": HBM pseudo channels, count = busy intervals, bytes read + written"
+                    )?;
+                    if self.rows.is_empty() {
+                        write!(w, " (none: the trace has no channels chunk)")?;
+                    }
+                } else if self.counted != self.records {
                     let what = if self.by == GroupBy::Route {
                         " (memory ops)"
                     } else {
@@ -533,6 +590,32 @@ mod tests {
             c.contains("\nsip0.cube0.pe0.pe_dma,3,4000,5000,0.4,224,0,56,0\n"),
             "{c}"
         );
+    }
+
+    #[test]
+    fn by_channel_reads_the_channels_chunk() {
+        let bytes = testutil::channel_trace();
+        let (_d, p) = testutil::write_temp(&bytes);
+        let s = compute(&Input::Path(p), GroupBy::Channel).unwrap();
+        // No record is counted; the run is the sample's 10 us.
+        assert_eq!((s.counted, s.run_time), (0, 10_000));
+        let keys: Vec<&str> = s.rows.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["sip0.cube0.ch2", "sip0.cube1.ch10"]);
+        let r = &s.rows[1];
+        // Busy 1000 + 500 ps; 8 KiB in 1.5 ns.
+        assert_eq!((r.count, r.busy, r.bytes), (2, 1500, 8192));
+        assert_eq!(r.utilisation, Some(0.15));
+        assert_eq!(r.gbps, Some(8192.0 / 1.5));
+        // A trace without the chunk has no rows, and says so.
+        let plain = stats(GroupBy::Channel);
+        assert!(plain.rows.is_empty());
+        let mut t = Vec::new();
+        plain.write(Format::Table, &mut t).unwrap();
+        let t = String::from_utf8(t).unwrap();
+        assert!(t.contains("no channels chunk"), "{t}");
+        // --name selects ops, which channels are not.
+        let e = Collector::with_names(GroupBy::Channel, &["dma_*".into()]).unwrap_err();
+        assert!(e.to_string().contains("--name"), "{e}");
     }
 
     fn route_stats(by: GroupBy, names: &[&str]) -> Stats {

@@ -122,7 +122,9 @@ impl Visitor for Acc {
             records: self.n,
             by_kind,
             first_start: self.first,
-            sim_time: self.last_end,
+            // The run's end as the trace states it (after the last
+            // record: frees, unmaps), or the last record's end.
+            sim_time: self.last_end.max(end.footer.counts.max_t_end),
             components: self.comps.iter().filter(|&&b| b).count(),
             op_names: self.names.iter().filter(|&&b| b).count(),
             bytes_moved: self.bytes,

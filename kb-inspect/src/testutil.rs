@@ -302,6 +302,43 @@ pub fn sample_trace() -> Vec<u8> {
     )
 }
 
+/// Two HBM channels' service: cube 1's channel 10 (read 6 KiB, written 2
+/// KiB, busy [1000, 2000) and [4000, 4500) ps) and cube 0's channel 2
+/// (64 B written, busy [9000, 9002)).
+pub fn sample_channels() -> Vec<kb_format::ChannelUsage> {
+    vec![
+        kb_format::ChannelUsage {
+            sip: 0,
+            cube: 0,
+            channel: 2,
+            bytes_read: 0,
+            bytes_written: 64,
+            busy: vec![(9000, 9002)],
+        },
+        kb_format::ChannelUsage {
+            sip: 0,
+            cube: 1,
+            channel: 10,
+            bytes_read: 6144,
+            bytes_written: 2048,
+            busy: vec![(1000, 2000), (4000, 4500)],
+        },
+    ]
+}
+
+/// The sample trace with [`sample_channels`].
+pub fn channel_trace() -> Vec<u8> {
+    let mut w = TraceWriter::new(Vec::new(), &sample_meta()).unwrap();
+    for op in sample_ops() {
+        let mut r = op.rec.clone();
+        r.component = w.intern(op.comp);
+        r.op_name = w.intern(op.name);
+        w.push(r).unwrap();
+    }
+    w.channels(sample_channels()).unwrap();
+    w.finish(&sample_verify()).unwrap()
+}
+
 /// Write bytes to a file in a fresh temporary directory.
 pub fn write_temp(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
     let d = tempfile::tempdir().unwrap();

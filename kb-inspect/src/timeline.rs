@@ -22,6 +22,13 @@
 //!   placed greedily on extra lanes, separate tracks named `pe3.pe_dma#1`,
 //!   `#2`...: complete events on one track never overlap (in the rounded
 //!   nanoseconds written, and so in Perfetto).
+//! - HBM pseudo channels: one track per channel that served anything
+//!   (`hbm_ctrl.chN` in its cube's process), a `busy` event (category
+//!   `hbm_channel`) per interval the channel was serving, from the trace's
+//!   channels chunk. The time window selects intervals as it selects ops;
+//!   a component glob selects channels by the name
+//!   `sipS.cubeC.hbm_ctrl.chN`; a name or kind filter (which select ops)
+//!   leaves the channel tracks out.
 //! - `--from/--to` (and the other `ops` filters) select ops as `ops` does.
 //!
 //! One pass; memory is bounded by the number of components and lanes.
@@ -159,11 +166,8 @@ impl<W: Write> Writer<W> {
         };
         write!(
             self.w,
-            "{sep}{{\"ph\":\"X\",\"name\":{name},\"cat\":\"{kind}\",\"ts\":{}.{:03},\"dur\":{}.{:03},\"pid\":{pid},\"tid\":{tid},\"args\":{{\"op_id\":{},\"start_ps\":{},\"end_ps\":{},\"component\":{comp}",
-            t0 / 1000,
-            t0 % 1000,
-            (t1 - t0) / 1000,
-            (t1 - t0) % 1000,
+            "{sep}{{\"ph\":\"X\",\"name\":{name},\"cat\":\"{kind}\",{},\"pid\":{pid},\"tid\":{tid},\"args\":{{\"op_id\":{},\"start_ps\":{},\"end_ps\":{},\"component\":{comp}",
+            TsDur(r.t_start, r.t_end),
             r.op_id,
             r.t_start,
             r.t_end,
@@ -183,6 +187,41 @@ impl<W: Write> Writer<W> {
             write!(self.w, ",\"fingerprint\":\"{fp:#018x}\"")?;
         }
         self.w.write_all(b"}}")
+    }
+
+    /// One track per HBM pseudo channel (`hbm_ctrl.chN` in its cube's
+    /// process), an event per busy interval the filter selects.
+    fn channel_events(&mut self, channels: &[kb_format::ChannelUsage]) -> io::Result<()> {
+        for c in channels {
+            let name = format!("sip{}.cube{}.hbm_ctrl.ch{}", c.sip, c.cube, c.channel);
+            let mut tid = None;
+            for &(start, end) in &c.busy {
+                if !self.m.selects_interval(&name, start, end) {
+                    continue;
+                }
+                let tid = *tid.get_or_insert_with(|| {
+                    let (proc, track) = split_component(&name);
+                    let next = self.procs.len() as u32 + 1;
+                    let pid = *self.proc_ids.entry(proc.clone()).or_insert_with(|| {
+                        self.procs.push(proc);
+                        next
+                    });
+                    let tid = self.tracks.len() as u32 + 1;
+                    self.tracks.push((pid, tid, track, 0));
+                    (pid, tid)
+                });
+                let sep = if self.events == 0 { "\n" } else { ",\n" };
+                self.events += 1;
+                write!(
+                    self.w,
+                    "{sep}{{\"ph\":\"X\",\"name\":\"busy\",\"cat\":\"hbm_channel\",{},\"pid\":{},\"tid\":{},\"args\":{{\"start_ps\":{start},\"end_ps\":{end},\"channel\":\"{name}\"}}}}",
+                    TsDur(start, end),
+                    tid.0,
+                    tid.1,
+                )?;
+            }
+        }
+        Ok(())
     }
 
     fn metadata(&mut self) -> io::Result<()> {
@@ -244,6 +283,25 @@ impl<W: Write> Writer<W> {
     }
 }
 
+/// `"ts":..,"dur":..` of `[start, end)` ps: microseconds with the ends
+/// rounded to the nanosecond, as exact decimals.
+struct TsDur(Ps, Ps);
+
+impl std::fmt::Display for TsDur {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (t0, t1) = (round_ns(self.0), round_ns(self.1));
+        let d = t1 - t0;
+        write!(
+            f,
+            "\"ts\":{}.{:03},\"dur\":{}.{:03}",
+            t0 / 1000,
+            t0 % 1000,
+            d / 1000,
+            d % 1000
+        )
+    }
+}
+
 /// Picoseconds to the nearest nanosecond, half up.
 fn round_ns(ps: Ps) -> u64 {
     ps / 1000 + u64::from(ps % 1000 >= 500)
@@ -274,7 +332,8 @@ impl<W: Write> Visitor for Writer<W> {
         Ok(Flow::Continue)
     }
 
-    fn end(&mut self, _: &End<'_>) -> Result<()> {
+    fn end(&mut self, end: &End<'_>) -> Result<()> {
+        self.channel_events(end.channels).map_err(wio)?;
         self.metadata().map_err(wio)
     }
 }
@@ -397,6 +456,73 @@ mod tests {
             }
         }
         xs
+    }
+
+    #[test]
+    fn hbm_channels_get_a_track_each_with_their_busy_intervals() {
+        let bytes = testutil::channel_trace();
+        let busy = |v: &Value| -> Vec<(String, u64, u64, u64)> {
+            let ev = v["traceEvents"].as_array().unwrap();
+            ev.iter()
+                .filter(|e| e["cat"] == "hbm_channel")
+                .map(|e| {
+                    let track = ev
+                        .iter()
+                        .find(|m| {
+                            m["name"] == "thread_name"
+                                && m["pid"] == e["pid"]
+                                && m["tid"] == e["tid"]
+                        })
+                        .unwrap();
+                    let process = ev
+                        .iter()
+                        .find(|m| m["name"] == "process_name" && m["pid"] == e["pid"])
+                        .unwrap();
+                    (
+                        format!(
+                            "{}/{}",
+                            process["args"]["name"].as_str().unwrap(),
+                            track["args"]["name"].as_str().unwrap()
+                        ),
+                        e["args"]["start_ps"].as_u64().unwrap(),
+                        e["args"]["end_ps"].as_u64().unwrap(),
+                        (e["dur"].as_f64().unwrap() * 1000.0).round() as u64,
+                    )
+                })
+                .collect()
+        };
+        let (_, v) = timeline(&bytes, &Filter::default());
+        assert_eq!(
+            busy(&v),
+            [
+                ("sip0.cube0/hbm_ctrl.ch2".to_string(), 9000, 9002, 0),
+                ("sip0.cube1/hbm_ctrl.ch10".to_string(), 1000, 2000, 1),
+                ("sip0.cube1/hbm_ctrl.ch10".to_string(), 4000, 4500, 1),
+            ]
+        );
+        // The window selects intervals; a component glob selects channels;
+        // a name filter selects ops only.
+        let window = Filter {
+            from: Some(3000),
+            to: Some(9000),
+            ..Default::default()
+        };
+        let (_, v) = timeline(&bytes, &window);
+        assert_eq!(busy(&v).len(), 1);
+        assert_eq!(busy(&v)[0].1, 4000);
+        let comp = Filter {
+            components: vec!["*.cube0.hbm_ctrl.*".into()],
+            ..Default::default()
+        };
+        let (_, v) = timeline(&bytes, &comp);
+        assert_eq!(busy(&v).len(), 1);
+        assert_eq!(busy(&v)[0].0, "sip0.cube0/hbm_ctrl.ch2");
+        let names = Filter {
+            names: vec!["dma_read".into()],
+            ..Default::default()
+        };
+        let (_, v) = timeline(&bytes, &names);
+        assert!(busy(&v).is_empty());
     }
 
     #[test]

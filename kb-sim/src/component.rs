@@ -3,6 +3,8 @@
 //! service ends. Components never log; the framework's op-log hook in
 //! `engine` records data ops around their service.
 
+use kb_format::ChannelUsage;
+
 use crate::event::{Ps, ns_to_ps};
 use crate::topology::Topology;
 
@@ -43,11 +45,61 @@ pub struct Service {
     pub end: Ps,
 }
 
+/// When a streamed read makes its data available: the first burst at
+/// `head`, the last byte at `end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Streamed {
+    pub head: Ps,
+    pub end: Ps,
+}
+
+/// Time to move `bytes` at `gbs` GB/s, rounded up to a picosecond.
+fn ser(bytes: u64, gbs: f64) -> Ps {
+    (bytes as f64 * 1000.0 / gbs).ceil() as Ps
+}
+
+/// The part of `share` bytes that a stream's first (or last) burst of
+/// `burst` out of `total` bytes puts on one resource: in proportion,
+/// rounded up, at most `share`.
+fn burst_share(share: u64, burst: u64, total: u64) -> u64 {
+    if burst >= total || total == 0 {
+        return share;
+    }
+    ((share as u128 * burst as u128).div_ceil(total as u128) as u64).min(share)
+}
+
 /// A component's timing model.
 pub trait Component: std::fmt::Debug {
     /// Serve `req` arriving at `now`; the component records its own
     /// occupancy, so later requests queue behind this one.
     fn serve(&mut self, now: Ps, req: &Request) -> Service;
+
+    /// Read `req` as a stream of `burst`-byte bursts: the first burst is
+    /// ready at `head`, the whole at `end` (a transfer of at most one burst
+    /// is `serve`'s: `head == end`).
+    fn serve_read(&mut self, now: Ps, req: &Request, burst: u64) -> Streamed {
+        let _ = burst;
+        let s = self.serve(now, req);
+        Streamed {
+            head: s.end,
+            end: s.end,
+        }
+    }
+
+    /// Write `req`, whose bytes arrived as a stream: the first at `head`,
+    /// the last at `now`. The write overlaps the arrival (in time the
+    /// component had free), so it ends a burst's service after the last
+    /// byte arrived, or when the component finishes, whichever is later.
+    fn serve_write(&mut self, now: Ps, head: Ps, req: &Request, burst: u64) -> Service {
+        let _ = (head, burst);
+        self.serve(now, req)
+    }
+
+    /// What each HBM pseudo channel of this component served so far (those
+    /// that served anything), handed over once: an HBM controller's.
+    fn take_channel_usage(&mut self) -> Vec<ChannelUsage> {
+        Vec::new()
+    }
 }
 
 /// An HBM controller: pseudo channels selected by address (interleaved
@@ -59,49 +111,74 @@ pub struct HbmController {
     channel_bw_gbs: f64,
     latency_ps: Ps,
     interleave: u64,
+    /// Channels by `kb_format::pa::hbm_channel`'s hash (PA, VA models).
+    hashed: bool,
     scratch: Vec<u64>,
+    /// Per channel: bytes and busy intervals, for the trace.
+    usage: Vec<ChannelUsage>,
 }
 
 impl HbmController {
-    pub fn new(t: &Topology) -> Self {
+    /// The controller of cube `cube` of SIP `sip`.
+    pub fn new(t: &Topology, sip: u32, cube: u32) -> Self {
         let n = t.hbm.pseudo_channels as usize;
         HbmController {
             channel_free: vec![0; n],
             channel_bw_gbs: t.hbm.channel_bw_gbs.0,
             latency_ps: ns_to_ps(t.hbm.latency_ns.0),
             interleave: t.hbm.interleave_bytes as u64,
+            hashed: t.hbm.hash_channels,
             scratch: vec![0; n],
+            usage: (0..n as u32)
+                .map(|channel| ChannelUsage {
+                    sip,
+                    cube,
+                    channel,
+                    ..Default::default()
+                })
+                .collect(),
         }
     }
 
-    /// Serve `bytes` spread evenly over channels `first..first+count`.
-    fn serve_pinned(&mut self, now: Ps, bytes: u64, first: u32, count: u32) -> Service {
-        let share = bytes.div_ceil(count as u64);
-        let mut done = now;
-        let n = self.channel_free.len();
-        for ch in first as usize..(first + count) as usize {
-            let free = &mut self.channel_free[ch % n];
-            let start = (*free).max(now);
-            *free =
-                start.saturating_add((share as f64 * 1000.0 / self.channel_bw_gbs).ceil() as Ps);
-            done = done.max(*free);
+    /// Channel `ch` serves `bytes` from `start`: busy until the returned
+    /// time.
+    fn occupy(&mut self, ch: usize, start: Ps, bytes: u64, write: bool) -> Ps {
+        let end = start.saturating_add(ser(bytes, self.channel_bw_gbs));
+        self.channel_free[ch] = end;
+        let u = &mut self.usage[ch];
+        u.serve(start, end);
+        if write {
+            u.bytes_written += bytes;
+        } else {
+            u.bytes_read += bytes;
         }
-        Service {
-            start: now,
-            end: done.saturating_add(self.latency_ps),
-        }
+        end
     }
 
-    /// Which pseudo channel serves the byte at `pa`.
+    /// Which pseudo channel serves the byte at `pa` (by address; the LA
+    /// model pins requests instead).
     pub fn channel_of(&self, pa: u64) -> usize {
-        ((pa / self.interleave) % self.channel_free.len() as u64) as usize
+        kb_format::pa::hbm_channel(
+            pa,
+            self.interleave,
+            self.channel_free.len() as u64,
+            self.hashed,
+        ) as usize
     }
 }
 
-impl Component for HbmController {
-    fn serve(&mut self, now: Ps, req: &Request) -> Service {
+impl HbmController {
+    /// Each channel's bytes of `req` into `scratch` (pinned: spread evenly
+    /// over its channels).
+    fn shares(&mut self, req: &Request) {
+        self.scratch.iter_mut().for_each(|b| *b = 0);
+        let n = self.channel_free.len() as u64;
         if let Some((first, count)) = req.channels {
-            return self.serve_pinned(now, req.bytes(), first, count);
+            let share = req.bytes().div_ceil(count as u64);
+            for ch in first as u64..(first + count) as u64 {
+                self.scratch[(ch % n) as usize] += share;
+            }
+            return;
         }
         // Rows that touch are one contiguous range.
         let req = &if req.rows > 1 && req.stride == req.row_bytes {
@@ -113,8 +190,6 @@ impl Component for HbmController {
         } else {
             *req
         };
-        let n = self.channel_free.len() as u64;
-        self.scratch.iter_mut().for_each(|b| *b = 0);
         for r in 0..req.rows as u64 {
             let mut at = req.pa + r * req.stride;
             let end = at + req.row_bytes;
@@ -136,19 +211,76 @@ impl Component for HbmController {
                 at += piece;
             }
         }
+    }
+}
+
+impl Component for HbmController {
+    /// A plain request is a write: the host deploying a tensor.
+    fn serve(&mut self, now: Ps, req: &Request) -> Service {
+        self.shares(req);
         let mut done = now;
-        for (free, &bytes) in self.channel_free.iter_mut().zip(&self.scratch) {
+        for ch in 0..self.scratch.len() {
+            let bytes = self.scratch[ch];
             if bytes > 0 {
-                let start = (*free).max(now);
-                *free = start
-                    .saturating_add((bytes as f64 * 1000.0 / self.channel_bw_gbs).ceil() as Ps);
-                done = done.max(*free);
+                let start = self.channel_free[ch].max(now);
+                done = done.max(self.occupy(ch, start, bytes, true));
             }
         }
         Service {
             start: now,
             end: done.saturating_add(self.latency_ps),
         }
+    }
+
+    /// Channels serve their shares in parallel; each channel's part of the
+    /// first burst is ready after that part's service.
+    fn serve_read(&mut self, now: Ps, req: &Request, burst: u64) -> Streamed {
+        self.shares(req);
+        let total = req.bytes();
+        let (mut head, mut done) = (now, now);
+        for ch in 0..self.scratch.len() {
+            let bytes = self.scratch[ch];
+            if bytes > 0 {
+                let start = self.channel_free[ch].max(now);
+                let first = burst_share(bytes, burst, total);
+                head = head.max(start.saturating_add(ser(first, self.channel_bw_gbs)));
+                done = done.max(self.occupy(ch, start, bytes, false));
+            }
+        }
+        Streamed {
+            head: head.saturating_add(self.latency_ps),
+            end: done.saturating_add(self.latency_ps),
+        }
+    }
+
+    /// Each channel writes its share as it arrives: it starts no earlier
+    /// than the first byte (`head`), than it is free, or than it must to
+    /// finish its part of the last burst right after the last byte.
+    fn serve_write(&mut self, now: Ps, head: Ps, req: &Request, burst: u64) -> Service {
+        self.shares(req);
+        let total = req.bytes();
+        let mut done = now;
+        for ch in 0..self.scratch.len() {
+            let bytes = self.scratch[ch];
+            if bytes > 0 {
+                let busy = ser(bytes, self.channel_bw_gbs);
+                let last = ser(burst_share(bytes, burst, total), self.channel_bw_gbs);
+                let just_in_time = (now + last).saturating_sub(busy);
+                let start = self.channel_free[ch].max(head).max(just_in_time);
+                done = done.max(self.occupy(ch, start, bytes, true));
+            }
+        }
+        Service {
+            start: now,
+            end: done.saturating_add(self.latency_ps),
+        }
+    }
+
+    fn take_channel_usage(&mut self) -> Vec<ChannelUsage> {
+        std::mem::take(&mut self.usage)
+            .into_iter()
+            .filter(|u| u.bytes_read + u.bytes_written > 0)
+            .collect()
     }
 }
 
@@ -172,6 +304,30 @@ impl Scratchpad {
 }
 
 impl Component for Scratchpad {
+    fn serve_read(&mut self, now: Ps, req: &Request, burst: u64) -> Streamed {
+        let total = req.bytes();
+        let start = self.free.max(now);
+        self.free = start.saturating_add(ser(total, self.bw_gbs));
+        Streamed {
+            head: start
+                .saturating_add(ser(total.min(burst), self.bw_gbs))
+                .saturating_add(self.latency_ps),
+            end: self.free.saturating_add(self.latency_ps),
+        }
+    }
+
+    fn serve_write(&mut self, now: Ps, head: Ps, req: &Request, burst: u64) -> Service {
+        let total = req.bytes();
+        let busy = ser(total, self.bw_gbs);
+        let just_in_time = (now + ser(total.min(burst), self.bw_gbs)).saturating_sub(busy);
+        let start = self.free.max(head).max(just_in_time);
+        self.free = start.saturating_add(busy);
+        Service {
+            start,
+            end: self.free.saturating_add(self.latency_ps),
+        }
+    }
+
     fn serve(&mut self, now: Ps, req: &Request) -> Service {
         let start = self.free.max(now);
         let busy = (req.bytes() as f64 * 1000.0 / self.bw_gbs).ceil() as Ps;
@@ -221,7 +377,14 @@ mod tests {
             channel_bw_gbs: 1.0, // 1 byte per ns
             latency_ps: 10_000,
             interleave: 256,
+            hashed: false,
             scratch: vec![0; 4],
+            usage: (0..4)
+                .map(|channel| ChannelUsage {
+                    channel,
+                    ..Default::default()
+                })
+                .collect(),
         }
     }
 
@@ -253,6 +416,27 @@ mod tests {
         );
         assert_eq!(s.end, 512_000 + 10_000);
         assert_eq!(h.channel_free, vec![256_000, 256_000, 512_000, 256_000]);
+        // A read of 256 B on channel 1 after both: its usage shows it.
+        h.serve_read(
+            600_000,
+            &Request {
+                pa: 256,
+                row_bytes: 256,
+                rows: 1,
+                stride: 0,
+                channels: None,
+            },
+            4096,
+        );
+        let u = h.take_channel_usage();
+        assert_eq!(u.len(), 4);
+        assert_eq!((u[1].bytes_read, u[1].bytes_written), (256, 256));
+        assert_eq!(u[1].busy, vec![(0, 256_000), (600_000, 856_000)]);
+        // Channel 2's two writes ran back to back: one interval.
+        assert_eq!(
+            (u[2].bytes_written, u[2].busy.clone()),
+            (512, vec![(0, 512_000)])
+        );
     }
 
     #[test]

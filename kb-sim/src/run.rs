@@ -102,7 +102,10 @@ pub fn run<W: Write>(
     let engine = Engine::with_program(&machine, writer, &built.rt.tensors, built.steps)
         .capture_inputs(cfg.capture_inputs)
         .races(cfg.races);
-    let (writer, stats, launches) = engine.run_with_launches()?;
+    let (mut writer, stats, launches) = engine.run_with_launches()?;
+    // The run goes on after its last record (frees, unmaps, the host
+    // hearing of the last launch): the trace says when it ended.
+    writer.end_at(stats.end_time);
     let out = writer.finish_with_launches(&launches, &built.verify)?;
     Ok((out, RunReport { stats, launches }))
 }

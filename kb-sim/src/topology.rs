@@ -169,6 +169,21 @@ pub struct HbmSpec {
     pub latency_ns: NonNegative,
     /// Bytes of contiguous address per pseudo channel before the next one.
     pub interleave_bytes: u32,
+    /// PA and VA models: rotate each round of channels by a hash of the
+    /// higher address bits, so PE partitions (which all start at a
+    /// multiple of the channel count) spread over the channels
+    /// (`kb_format::pa::hbm_channel`); false is plain interleaving. The LA
+    /// model pins accesses to channels explicitly.
+    #[serde(default = "yes")]
+    pub hash_channels: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_burst() -> u32 {
+    4096
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -178,6 +193,13 @@ pub struct DmaSpec {
     pub engines: u32,
     /// Per-command setup time before the first request leaves.
     pub setup_ns: NonNegative,
+    /// Bytes a transfer streams in: each stage (HBM service, links, the
+    /// destination's write) passes a burst on while later bursts come, so
+    /// a large transfer runs at its narrowest stage's bandwidth; a transfer
+    /// of at most one burst is served whole, stage after stage. Compute
+    /// ops' operands and results cross the TCM port in the same bursts.
+    #[serde(default = "default_burst")]
+    pub burst_bytes: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -540,6 +562,11 @@ impl Topology {
                 "must be a power of two >= 64, got {}",
                 self.pe_mmu.page_bytes
             ),
+        )?;
+        check(
+            self.pe_dma.burst_bytes >= 64 && self.pe_dma.burst_bytes <= 1 << 30,
+            "pe_dma.burst_bytes",
+            format!("must be 64 B to 1 GiB, got {}", self.pe_dma.burst_bytes),
         )?;
         check(
             (1..=64).contains(&self.pe_dma.engines),

@@ -166,10 +166,13 @@ fn an_uncontended_ipcq_copy_takes_the_routes_latency_plus_serialization() {
     // Its data effects happened at issue (as a store's), before the
     // service started.
     assert!(copy.write.as_ref().unwrap().time <= copy.t_start);
-    // Service: DMA setup (10 ns), PE0's TCM read (2 ns + 4 ns), the route,
-    // PE1's TCM write (2 ns + 4 ns): the bytes have landed then.
+    // Service: DMA setup (10 ns), PE0's TCM read (2 ns + 4 ns, one burst),
+    // its head over PE0's tcm_port link to pe_dma0 (1 ns; the link's 4 ns
+    // serialization hides under the slower noc_pe link after it), the
+    // route, PE1's TCM write (2 ns + 4 ns): the bytes have landed then.
+    assert_eq!(topo.pe_dma.burst_bytes as u64, bytes);
     let tcm = 2_000 + ser(bytes, 1024.0);
-    let landed = copy.t_start + 10_000 + tcm + route + tcm;
+    let landed = copy.t_start + 10_000 + tcm + 1_000 + route + tcm;
     // The notification leaves tcm1 then (tcm1 -> pe_dma1 -> pe_cpu1: 1 ns +
     // 2 ns first flit + 64 B at 64 GB/s + 1 ns = 5 ns), PE1's pe_cpu
     // handles it (50 ns) and PE1 resumes: its mul reaches pe_math 2 ns later.

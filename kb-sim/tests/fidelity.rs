@@ -17,6 +17,11 @@ fn simulate(
     topo: &Topology,
     scripts: Vec<(PeCoord, Vec<Command>)>,
 ) -> Vec<(Record, String, String)> {
+    common::named_records(&simulate_trace(topo, scripts))
+}
+
+/// [`simulate`], returning the trace.
+fn simulate_trace(topo: &Topology, scripts: Vec<(PeCoord, Vec<Command>)>) -> Vec<u8> {
     let m = Machine::build(topo);
     let rt = Runtime::new(&m);
     let mut programs: Vec<Box<dyn PeProgram>> = Vec::new();
@@ -32,7 +37,7 @@ fn simulate(
     let (writer, _) = Engine::new(&m, writer, &rt.tensors, programs)
         .run()
         .unwrap();
-    common::named_records(&writer.finish(&VerifySpec::default()).unwrap())
+    writer.finish(&VerifySpec::default()).unwrap()
 }
 
 fn pa(space: Space, pe: PeCoord, offset: u64) -> u64 {
@@ -127,9 +132,14 @@ fn uncontended_dma_read_latency_matches_hand_computation() {
     let head_at_last = 2 * 5_000 + 2 * 2_000;
     let tail_before_last = ser(bytes, 4096.0) + 5_000 + 2_000 + 5_000; // cannot bind here
     let response = (head_at_last + ser(bytes, 256.0)).max(tail_before_last) + 5_000;
-    // TCM write: 4096 B at 1024 GB/s = 4 ns, plus 2 ns latency.
+    // One burst (4096 B) over the DMA's tcm_port link into TCM: its 1 ns
+    // latency (the 4 ns serialization at 1024 GB/s hides under noc_pe's
+    // 16 ns), then the TCM write: 4096 B at 1024 GB/s = 4 ns, plus 2 ns.
+    assert_eq!(topo.pe_dma.burst_bytes, 4096);
+    assert_eq!(topo.links.tcm_port.latency_ns.0, 1.0);
+    let port = 1_000;
     let tcm = ser(bytes, 1024.0) + 2_000;
-    let expected = 10_000 + request + hbm + response + tcm;
+    let expected = 10_000 + request + hbm + response + port + tcm;
     assert_eq!(dma.t_end - dma.t_start, expected, "dma_read service time");
 
     // The read observes HBM when the channels finish; the write lands in
@@ -139,6 +149,66 @@ fn uncontended_dma_read_latency_matches_hand_computation() {
     assert_eq!(read.time - dma.t_start, 10_000 + request + hbm);
     assert_eq!(write.time, dma.t_end);
     assert!(read.seq < write.seq);
+}
+
+/// A lone read of `bytes` (a multiple of 256, or less than 256) from
+/// PE0's HBM into its TCM on `pa.yaml`, by hand, under the streaming
+/// rule: every stage passes a transfer on as `pe_dma.burst_bytes` bursts,
+/// so each stage starts on the first burst and ends no earlier than the
+/// stage before it.
+fn lone_read_on_pa(bytes: u64) -> u64 {
+    let burst = 4096u64;
+    // Setup, then the 64 B request over three 5 ns hops (2 ns first flit
+    // at the two intermediate nodes; the last link's 4096 GB/s ends it).
+    let at_hbm = 10_000 + 3 * 5_000 + 2 * 2_000 + ser(64, 4096.0);
+    // HBM: 256 B blocks over 32 channels at 32 GB/s, 100 ns latency. Each
+    // channel serves its share; the first burst's part of that share is
+    // out first.
+    let channels = (bytes / 256).clamp(1, 32);
+    let share = bytes / channels;
+    let first = (share * burst.min(bytes)).div_ceil(bytes);
+    let mut head = at_hbm + ser(first, 32.0) + 100_000;
+    let mut tail = at_hbm + ser(share, 32.0) + 100_000;
+    // Response: hbm_ctrl -> hbm_router -> noc (4096 GB/s) -> pe_dma
+    // (256 GB/s), 5 ns each, cut through from the head; a link's tail ends
+    // no earlier than its serialization or the tail before it.
+    for (i, bw) in [4096.0, 4096.0, 256.0].into_iter().enumerate() {
+        tail = (head + ser(bytes, bw)).max(tail) + 5_000;
+        head += 5_000 + if i < 2 { 2_000 } else { 0 };
+    }
+    // pe_dma -> tcm over the tcm_port link (1 ns, 1024 GB/s) from the
+    // head at the engine.
+    tail = (head + ser(bytes, 1024.0)).max(tail) + 1_000;
+    head += 1_000;
+    // TCM writes as the bytes come (1024 GB/s), finishing one burst's time
+    // after the last arrives (no earlier than its whole write from the
+    // first), plus 2 ns latency.
+    let busy = ser(bytes, 1024.0);
+    let start = head.max(tail + ser(burst.min(bytes), 1024.0) - busy);
+    start + busy + 2_000
+}
+
+#[test]
+fn a_lone_dma_streams_at_its_narrowest_stage_and_a_small_one_keeps_its_latency() {
+    let topo = Topology::load("pa").unwrap();
+    assert_eq!(topo.pe_dma.burst_bytes, 4096);
+    assert!(topo.hbm.hash_channels);
+    for bytes in [64u64, 4096, 64 << 10, 1 << 20] {
+        let recs = simulate(
+            &topo,
+            vec![(PE0, vec![Command::Dma(read_cmd(PE0, 0, PE0, bytes))])],
+        );
+        let (dma, _, _) = recs.iter().find(|(_, _, n)| n == "dma_read").unwrap();
+        assert_eq!(dma.t_end - dma.t_start, lone_read_on_pa(bytes), "{bytes} B");
+    }
+    // 64 B: one burst, so nothing overlaps: the stages' latencies in turn
+    // (153.329 ns; 1 ns of it is the TCM port hop).
+    assert_eq!(lone_read_on_pa(64), 153_329);
+    // 1 MiB: the 256 GB/s noc_pe link is the narrowest stage (HBM serves
+    // 32 x 32 = 1024 GB/s, TCM 1024 GB/s); the read reaches 96 % of it.
+    let ps = lone_read_on_pa(1 << 20);
+    let gbs = (1u64 << 20) as f64 * 1000.0 / ps as f64;
+    assert!(gbs >= 0.95 * 256.0, "{gbs:.1} GB/s in {ps} ps");
 }
 
 /// Throughput in GB/s of the records matching `pred`: bytes / span.
@@ -280,4 +350,268 @@ fn service_times_saturate_rather_than_wrap() {
     let first = s.serve(u64::MAX - 1_000, &r);
     assert_eq!(first.end, u64::MAX);
     assert_eq!(s.serve(0, &r).end, u64::MAX);
+}
+
+fn tcm(pe: PeCoord, offset: u64) -> Addr {
+    Addr {
+        space: Space::Tcm,
+        addr: pa(Space::Tcm, pe, offset),
+    }
+}
+
+/// `out = a x b` on `pe`: `m x k` by `k x n` f16 tiles at TCM offsets `a`
+/// and `b`, an f32 result at `out`.
+fn gemm(pe: PeCoord, (a, b, out): (u64, u64, u64), (m, k, n): (u32, u32, u32)) -> Command {
+    Command::Gemm(kb_sim::program::Labeled {
+        op: kb_format::GemmParams {
+            a: tcm(pe, a),
+            b: tcm(pe, b),
+            out: tcm(pe, out),
+            acc: None,
+            m,
+            k,
+            n,
+            dtype_in: kb_format::Dtype::F16,
+            dtype_acc: kb_format::Dtype::F32,
+            dtype_out: kb_format::Dtype::F32,
+            transpose_a: false,
+            transpose_b: false,
+            layout_a: Default::default(),
+            layout_b: Default::default(),
+            layout_out: Default::default(),
+        },
+        label: None,
+        useful_flops: 0,
+    })
+}
+
+/// `out = x + y` on `pe`: `rows x cols` f32 tiles at TCM offsets.
+fn add(pe: PeCoord, (x, y, out): (u64, u64, u64), (rows, cols): (u32, u32)) -> Command {
+    let tile = |at| kb_format::MathInput::Tile {
+        addr: tcm(pe, at),
+        rows,
+        cols,
+        dtype: kb_format::Dtype::F32,
+    };
+    Command::Math(kb_sim::program::Labeled {
+        op: kb_format::MathParams {
+            op: kb_format::MathOp::Add,
+            inputs: vec![tile(x), tile(y)],
+            out: tcm(pe, out),
+            rows,
+            cols,
+            dtype: kb_format::Dtype::F32,
+            axis: None,
+        },
+        label: None,
+        useful_flops: 0,
+    })
+}
+
+#[test]
+fn a_gemm_streams_its_operands_through_the_tcm_port_exactly() {
+    let topo = Topology::load("pa").unwrap();
+    assert_eq!((topo.tcm.latency_ns.0, topo.tcm.bw_gbs.0), (2.0, 1024.0));
+    assert_eq!(
+        (
+            topo.links.tcm_port.latency_ns.0,
+            topo.links.tcm_port.bw_gbs.0
+        ),
+        (1.0, 1024.0)
+    );
+    assert_eq!(topo.pe_dma.burst_bytes, 4096);
+    assert_eq!(
+        (topo.pe_gemm.tflops.f16.0, topo.pe_gemm.setup_ns.0),
+        (64.0, 20.0)
+    );
+    // 64 x 64 x 64, f16 in (8 KiB per operand), f32 out (16 KiB).
+    let recs = simulate(
+        &topo,
+        vec![(PE0, vec![gemm(PE0, (0, 8 << 10, 16 << 10), (64, 64, 64))])],
+    );
+    let (g, comp, _) = recs
+        .iter()
+        .find(|(_, _, n)| n.starts_with("gemm"))
+        .expect("a gemm record");
+    assert_eq!(comp, "sip0.cube0.pe0.pe_gemm");
+    // From the op's start: TCM reads A (8 ns) then B (8 ns) through its
+    // one port; the first 4 KiB burst is out after 4 ns + 2 ns latency,
+    // the last byte at 16 + 2 = 18 ns.
+    let (head, tail) = (ser(4096, 1024.0) + 2_000, 2 * ser(8192, 1024.0) + 2_000);
+    // The 16 KiB leave over tcm -> pe_gemm (1 ns, 1024 GB/s) from the
+    // head: the link is done at max(6 + 16, 18) = 22 ns; the head arrives
+    // at 7 ns, the tail at 23 ns.
+    let at_unit = head + 1_000;
+    let tail_at_unit = (head + ser(16 << 10, 1024.0)).max(tail) + 1_000;
+    // Work: 2 x 64^3 flops at 64 TFLOP/s = 8.192 ns, plus 20 ns setup; it
+    // runs from the first burst and ends no earlier than the last byte.
+    let work = (2.0 * 64f64.powi(3) / 64.0).ceil() as u64 + 20_000;
+    let done = (at_unit + work).max(tail_at_unit);
+    assert_eq!(done, 35_192, "compute-bound: the stream hides under it");
+    // The 16 KiB result crosses pe_gemm -> tcm (16 ns + 1 ns); TCM writes
+    // it as it comes, finishing one burst's time (4 ns) after the last
+    // byte arrives, plus its 2 ns latency.
+    let result_tail = done + ser(16 << 10, 1024.0) + 1_000;
+    let end = result_tail + ser(4096, 1024.0) + 2_000;
+    assert_eq!(g.t_end - g.t_start, end);
+}
+
+/// The span of `recs` on components containing `comp`, and the TCM bytes
+/// their operands and results moved.
+fn tcm_traffic(recs: &[(Record, String, String)], comp: &str) -> (u64, u64) {
+    let sel: Vec<_> = recs.iter().filter(|(_, c, _)| c.contains(comp)).collect();
+    let bytes = sel
+        .iter()
+        .flat_map(|(r, _, _)| [r.read.as_ref(), r.write.as_ref()])
+        .flatten()
+        .flat_map(|e| e.ranges.iter().map(|x| x.bytes()))
+        .sum();
+    let start = sel.iter().map(|(r, _, _)| r.t_start).min().unwrap();
+    let end = sel.iter().map(|(r, _, _)| r.t_end).max().unwrap();
+    (end - start, bytes)
+}
+
+#[test]
+fn a_gemm_whose_operands_stream_slower_than_it_computes_is_port_bound() {
+    let mut topo = Topology::load("pa").unwrap();
+    // A narrow TCM: 128 x 128 x 128 f16 reads 64 KiB of operands, 512 ns
+    // at 128 GB/s, against 65.536 + 20 ns of work.
+    topo.tcm.bw_gbs.0 = 128.0;
+    let recs = simulate(
+        &topo,
+        vec![(
+            PE0,
+            vec![gemm(PE0, (0, 32 << 10, 64 << 10), (128, 128, 128))],
+        )],
+    );
+    let (g, _, _) = recs.iter().find(|(_, _, n)| n.starts_with("gemm")).unwrap();
+    // Reads end at 512 ns + 2 ns latency; the link is long done, so the
+    // last byte is at the unit 1 ns later: that is when it finishes
+    // computing. The 64 KiB f32 result then crosses the link (64 ns +
+    // 1 ns) and TCM writes it at 128 GB/s: 512 ns, started as early as
+    // its last burst (32 ns at 128 GB/s) still ends after the arrival.
+    let done = ser(64 << 10, 128.0) + 2_000 + 1_000;
+    let arrived = done + ser(64 << 10, 1024.0) + 1_000;
+    let write_start = (done + 1_000).max(arrived + ser(4096, 128.0) - ser(64 << 10, 128.0));
+    let end = write_start + ser(64 << 10, 128.0) + 2_000;
+    assert_eq!(g.t_end - g.t_start, end);
+    // Port-bound, visibly: the op takes about its bytes over the port.
+    let port = ser(128 << 10, 128.0);
+    assert!(
+        g.t_end - g.t_start >= port,
+        "{} < {port}",
+        g.t_end - g.t_start
+    );
+}
+
+#[test]
+fn a_gemm_stream_and_a_math_stream_share_one_tcm_port_evenly() {
+    let mut topo = Topology::load("pa").unwrap();
+    // Fast units, so both streams are bound by the PE's one TCM port.
+    topo.pe_gemm.tflops.f16.0 = 1e6;
+    topo.pe_math.gflops.f32.0 = 1e6;
+    topo.pe_gemm.setup_ns.0 = 0.0;
+    topo.pe_math.setup_ns.0 = 0.0;
+    let port = topo.tcm.bw_gbs.0;
+    let n = 64;
+    // GEMMs of 64 x 64 x 64 (8 + 8 KiB in, 16 KiB out) and adds of two
+    // 64 x 64 f32 tiles (16 + 16 KiB in, 16 KiB out), each unit's ops
+    // independent of each other (their own output tiles).
+    let mut cmds = Vec::new();
+    for i in 0..n {
+        cmds.push(gemm(
+            PE0,
+            (0, 8 << 10, (64 << 10) + (i % 4) * (16 << 10)),
+            (64, 64, 64),
+        ));
+        cmds.push(add(
+            PE0,
+            (16 << 10, 32 << 10, (128 << 10) + (i % 4) * (16 << 10)),
+            (64, 64),
+        ));
+    }
+    cmds.push(Command::WaitAll);
+    let recs = simulate(&topo, vec![(PE0, cmds)]);
+    let (gemm_span, gemm_bytes) = tcm_traffic(&recs, "pe_gemm");
+    let (math_span, math_bytes) = tcm_traffic(&recs, "pe_math");
+    let (_, all) = (gemm_span.max(math_span), gemm_bytes + math_bytes);
+    // The port is saturated: all bytes over the common span...
+    let span = gemm_span.max(math_span);
+    let total = all as f64 * 1000.0 / span as f64;
+    assert!(
+        (total - port).abs() / port < 0.02,
+        "together {total:.1} GB/s, port {port} GB/s"
+    );
+    // ... and each stream gets its share of the time it runs: the GEMMs
+    // move 32 KiB per op and the adds 48 KiB, in turns, so the port's
+    // time splits 2:3.
+    let per_gemm = 32.0 / 80.0;
+    let got = gemm_bytes as f64 * 1000.0 / span as f64 / port;
+    assert!(
+        (got - per_gemm).abs() / per_gemm < 0.02,
+        "GEMMs got {got:.3} of the port, expected {per_gemm}"
+    );
+}
+
+#[test]
+fn hashed_channels_keep_pes_small_tiles_off_each_others_channels() {
+    // Every PE of cube 0 reads the first 256 B of its own HBM partition at
+    // the same time.
+    let run = |hashed: bool| {
+        let mut topo = Topology::load("pa").unwrap();
+        topo.hbm.hash_channels = hashed;
+        let m = Machine::build(&topo);
+        let pes: Vec<PeCoord> = m.pes().filter(|p| p.cube == 0).collect();
+        let scripts = pes
+            .iter()
+            .map(|&pe| (pe, vec![Command::Dma(read_cmd(pe, 0, pe, 256))]))
+            .collect();
+        // (start, end) of each read, in start order (the launch reaches
+        // the PEs 0.5 ns apart).
+        let mut d: Vec<(u64, u64)> = simulate(&topo, scripts)
+            .iter()
+            .filter(|(_, _, n)| n == "dma_read")
+            .map(|(r, _, _)| (r.t_start, r.t_end))
+            .collect();
+        d.sort_unstable();
+        (pes.len(), d)
+    };
+    let lone = lone_read_on_pa(256);
+    // Plain interleaving: every partition starts on channel 0, so the
+    // reads queue there and end 256 B at 32 GB/s = 8 ns apart.
+    let (n, plain) = run(false);
+    assert!(n >= 4);
+    let first = plain[0].0;
+    for (i, &(_, end)) in plain.iter().enumerate() {
+        assert_eq!(end, first + lone + i as u64 * 8_000, "read {i}");
+    }
+    // Hashed: the partitions start on different channels; no read waits.
+    let (_, hashed) = run(true);
+    for (i, &(start, end)) in hashed.iter().enumerate() {
+        assert_eq!(end - start, lone, "read {i}");
+    }
+}
+
+#[test]
+fn the_trace_says_when_each_hbm_channel_served() {
+    let topo = Topology::load("pa").unwrap();
+    let bytes = 1u64 << 20;
+    let trace = simulate_trace(
+        &topo,
+        vec![(PE0, vec![Command::Dma(read_cmd(PE0, 0, PE0, bytes))])],
+    );
+    let recs = common::named_records(&trace);
+    let (dma, _, _) = recs.iter().find(|(_, _, n)| n == "dma_read").unwrap();
+    let mut s = kb_format::StreamReader::open(&trace[..]).unwrap();
+    s.skip_to_end().unwrap();
+    let ch = s.channels();
+    // 1 MiB over cube 0's 32 channels: 32 KiB each, read at 32 GB/s from
+    // the request's arrival (10 ns setup + 19.016 ns), all at once.
+    assert_eq!(ch.len(), 32);
+    let start = dma.t_start + 10_000 + 3 * 5_000 + 2 * 2_000 + ser(64, 4096.0);
+    for (i, c) in ch.iter().enumerate() {
+        assert_eq!((c.sip, c.cube, c.channel), (0, 0, i as u32));
+        assert_eq!((c.bytes_read, c.bytes_written), (32 << 10, 0));
+        assert_eq!(c.busy, vec![(start, start + ser(32 << 10, 32.0))]);
+    }
 }

@@ -5,8 +5,9 @@ use kb_sim::kernel::{Block, KernelArgs, Tl};
 use kb_sim::workload::{ParamSpec, Params, Program, Sharding, Workload, WorkloadError};
 
 /// `copy`: y = x. The host deploys x row-wise over the PEs; each PE's
-/// kernel loads its rows tile by tile into TCM and stores them to y (the
-/// store of one tile overlaps the load of the next).
+/// kernel loads its rows tile by tile into TCM and stores them to y, with
+/// up to four loads in flight ahead of the stores (as TCM allows): a
+/// bandwidth benchmark of the HBM, the links and the DMA engines.
 #[derive(Debug)]
 pub struct Copy;
 
@@ -40,12 +41,28 @@ fn copy_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
         return;
     };
     let cols = (xs.row_bytes / x.elem_bytes()) as u32;
+    let tile_bytes = tile_rows.min(xs.rows) * xs.row_bytes;
+    // Loads in flight: as many tiles as half the free TCM holds, up to 4,
+    // so each PE keeps its link and the HBM busy instead of waiting for
+    // one load at a time.
+    let ahead = (tl.tcm_available() / (2 * tile_bytes.max(1))).clamp(1, 4) as usize;
+    let mut loads = std::collections::VecDeque::with_capacity(ahead);
+    let mut next = 0;
     let mut r = 0;
     while r < xs.rows {
-        let n = tile_rows.min(xs.rows - r) as u32;
-        let tile = tl.load(Block::in_shard(x, xs, r, 0, n, cols));
-        tl.store(Block::in_shard(y, ys, r, 0, n, cols), &tile);
-        r += n as u64;
+        while loads.len() < ahead && next < xs.rows {
+            let n = tile_rows.min(xs.rows - next) as u32;
+            loads.push_back((
+                next,
+                n,
+                tl.load_async(Block::in_shard(x, xs, next, 0, n, cols)),
+            ));
+            next += n as u64;
+        }
+        let (at, n, h) = loads.pop_front().expect("a load in flight");
+        let tile = tl.wait(h);
+        tl.store(Block::in_shard(y, ys, at, 0, n, cols), &tile);
+        r = at + n as u64;
     }
 }
 

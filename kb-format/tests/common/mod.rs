@@ -403,6 +403,19 @@ fn push_chunk(b: &mut Vec<u8>, kind: ChunkKind, aux: [u64; 3], payload: &[u8], o
 
 /// Recompute the checksum of the 64-byte block at `at` (file header, chunk
 /// header or trailer) after editing it.
+/// The errors both readers give for `b` (each must refuse it).
+pub fn errors(b: &[u8]) -> Vec<String> {
+    let s = StreamReader::open(b).and_then(|mut s| s.skip_to_end().map(|_| ()));
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.kbt");
+    std::fs::write(&p, b).unwrap();
+    let m = MmapTrace::open(&p).map(|_| ());
+    [s, m]
+        .into_iter()
+        .map(|r| r.expect_err("the reader accepted it").to_string())
+        .collect()
+}
+
 pub fn reseal_block(b: &mut [u8], at: usize) {
     let sum = xxh3_64(&b[at..at + 56]);
     b[at + 56..at + 64].copy_from_slice(&sum.to_le_bytes());

@@ -2,6 +2,14 @@
 //! in-order unit queues, producer -> consumer readiness, completion.
 //! Data effects of a compute op are applied at issue (its output becomes
 //! pending); only timing happens here afterwards.
+//!
+//! An op's operands stream out of the PE's TCM (its one port, shared with
+//! DMAs) over the unit's `tcm_port` link, in `pe_dma.burst_bytes` bursts.
+//! The unit computes from the first burst's arrival and finishes no
+//! earlier than the last byte's: `done = max(head + work, tail)`, so an
+//! op whose operands arrive slower than it computes is port-bound. The
+//! unit takes its next op at `done`; the result then streams back over
+//! the link into TCM, and the op ends when it is written.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -11,6 +19,7 @@ use kb_format::{Dtype, Effect, Extent, GemmParams, MathInput, MathParams, Ps, Sp
 
 use super::dma::DmaAct;
 use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, ns};
+use crate::component::Request;
 use crate::event::ns_to_ps;
 use crate::machine::{NodeId, NodeKind, PeCoord};
 use crate::program::{DataOp, Labeled};
@@ -30,7 +39,12 @@ pub(super) struct Compute {
     pub(super) op_id: u64,
     pub(super) op: ComputeOp,
     pub(super) unit: NodeId,
+    /// The PE's TCM, where operands are read and the result written.
+    pub(super) tcm: NodeId,
     pub(super) work_ps: Ps,
+    /// Operand tiles in TCM, in order, and the result tile.
+    pub(super) inputs: Vec<Extent>,
+    pub(super) out: Extent,
     pub(super) read: Option<Effect>,
     pub(super) write: Option<Effect>,
     pub(super) out_pa: u64,
@@ -39,6 +53,25 @@ pub(super) struct Compute {
     pub(super) waiting_on: u32,
     pub(super) dependents: Vec<Waiter>,
     pub(super) open: Option<OpenOp>,
+    /// When the last operand byte is out of TCM.
+    pub(super) operands_tail: Ps,
+}
+
+/// Compute-op protocol steps.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum ComputeAct {
+    /// The operands' first burst is out of TCM: they leave for the unit.
+    OperandsHead(u32),
+    /// The unit finished computing.
+    Done(u32),
+    /// The result is written: the op ends.
+    End(u32),
+}
+
+impl From<ComputeAct> for Act {
+    fn from(a: ComputeAct) -> Act {
+        Act::Compute(a)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -187,7 +220,7 @@ impl<W: Write> Engine<'_, W> {
         let name = op.decl().op_name();
         self.race_check(pe, &inputs, false, op_id, name, &hb)?;
         self.race_check(pe, &[out], true, op_id, name, &hb)?;
-        let read = self.effect(inputs);
+        let read = self.effect(inputs.clone());
         let write = self.effect(vec![out]);
         match constant_fill(&op) {
             // A fill's value is known now: Phase 1 materializes it (the op
@@ -204,12 +237,16 @@ impl<W: Write> Engine<'_, W> {
             }
         }
         let unit = self.m.pe_node(pc, unit_kind);
+        let tcm = self.m.pe_node(pc, NodeKind::Tcm);
         let c = self.computes.insert(Compute {
             pe,
             op_id,
             op,
             unit,
+            tcm,
             work_ps,
+            inputs,
+            out,
             read: Some(read),
             write: Some(write),
             out_pa: out.pa,
@@ -217,6 +254,7 @@ impl<W: Write> Engine<'_, W> {
             waiting_on: waiting_on.len() as u32,
             dependents: Vec::new(),
             open: None,
+            operands_tail: 0,
         });
         for p in waiting_on {
             self.computes.get(p).dependents.push(Waiter::Compute(c));
@@ -237,7 +275,7 @@ impl<W: Write> Engine<'_, W> {
     }
 
     /// Start the next op on a compute unit if it is idle and the op's
-    /// inputs are ready.
+    /// inputs are ready: its operands start to stream out of TCM.
     pub(super) fn try_start(&mut self, unit: NodeId) {
         let u = &mut self.units[unit as usize];
         if u.busy {
@@ -249,17 +287,92 @@ impl<W: Write> Engine<'_, W> {
         }
         u.queue.pop_front();
         u.busy = true;
-        let (op, op_id, work) = {
+        let (op, op_id) = {
             let x = self.computes.get(c);
-            (x.op.clone(), x.op_id, x.work_ps)
+            (x.op.clone(), x.op_id)
         };
         let open = self.hook_start(unit, op.decl(), op_id);
         self.computes.get(c).open = Some(open);
-        let end = self.q.now().saturating_add(work);
-        self.at(end, Act::ComputeEnd(c));
+        let now = self.q.now();
+        let (tcm, reqs, work) = {
+            let x = self.computes.get(c);
+            let reqs: Vec<Request> = x.inputs.iter().map(tcm_request).collect();
+            (x.tcm, reqs, x.work_ps)
+        };
+        if reqs.is_empty() {
+            // No operands (a fill, an arange): the unit just computes.
+            self.at(now.saturating_add(work), ComputeAct::Done(c));
+            return;
+        }
+        let burst = self.burst;
+        let port = self.comps[tcm as usize]
+            .as_mut()
+            .expect("TCM has a timing model");
+        let mut head = None;
+        let mut end = now;
+        for req in &reqs {
+            let s = port.serve_read(now, req, burst);
+            head.get_or_insert(s.head);
+            end = end.max(s.end);
+        }
+        self.computes.get(c).operands_tail = end;
+        self.at(head.unwrap_or(now), ComputeAct::OperandsHead(c));
     }
 
-    pub(super) fn finish_compute(&mut self, c: u32) -> Result<(), SimError> {
+    /// A compute op's protocol steps.
+    pub(super) fn compute_act(&mut self, a: ComputeAct) -> Result<(), SimError> {
+        let now = self.q.now();
+        match a {
+            ComputeAct::OperandsHead(c) => {
+                let (tcm, unit, bytes, tail) = {
+                    let x = self.computes.get(c);
+                    let bytes = x.inputs.iter().map(|e| e.bytes()).sum();
+                    (x.tcm, x.unit, bytes, x.operands_tail)
+                };
+                let route = self.m.route(tcm, unit);
+                self.send_streamed(route, bytes, Arrive::OperandsAtUnit(c), tail, true);
+            }
+            ComputeAct::Done(c) => {
+                // The unit is free for its next op; the result streams
+                // back into TCM.
+                let (unit, tcm, bytes) = {
+                    let x = self.computes.get(c);
+                    (x.unit, x.tcm, x.out.bytes())
+                };
+                self.units[unit as usize].busy = false;
+                self.try_start(unit);
+                let route = self.m.route(unit, tcm);
+                self.send_streamed(route, bytes, Arrive::ResultAtTcm(c), now, false);
+            }
+            ComputeAct::End(c) => self.finish_compute(c)?,
+        }
+        Ok(())
+    }
+
+    /// The operands' first burst reached the unit (their last byte comes
+    /// at the arrival's tail).
+    pub(super) fn operands_at_unit(&mut self, c: u32) {
+        let (head, tail) = self.arrival;
+        let work = self.computes.get(c).work_ps;
+        self.at(head.saturating_add(work).max(tail), ComputeAct::Done(c));
+    }
+
+    /// The result's bytes reached TCM; the op ends when they are written.
+    pub(super) fn result_at_tcm(&mut self, c: u32) {
+        let (head, now, burst) = (self.arrival.0, self.q.now(), self.burst);
+        let (tcm, req) = {
+            let x = self.computes.get(c);
+            (x.tcm, tcm_request(&x.out))
+        };
+        let end = self.comps[tcm as usize]
+            .as_mut()
+            .expect("TCM has a timing model")
+            .serve_write(now, head, &req, burst)
+            .end;
+        self.at(end, ComputeAct::End(c));
+    }
+
+    fn finish_compute(&mut self, c: u32) -> Result<(), SimError> {
         let x = self.computes.remove(c);
         self.hook_end_with_deps(
             x.open.expect("started"),
@@ -274,7 +387,6 @@ impl<W: Write> Engine<'_, W> {
         {
             p.running = None;
         }
-        self.units[x.unit as usize].busy = false;
         for w in x.dependents {
             match w {
                 Waiter::Compute(d) => {
@@ -286,7 +398,6 @@ impl<W: Write> Engine<'_, W> {
                 Waiter::DmaFetch(d) => self.at(self.q.now(), DmaAct::Fetch(d)),
             }
         }
-        self.try_start(x.unit);
         let pc = self.m.pe_coord(x.pe as usize);
         let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
         self.send(
@@ -306,6 +417,17 @@ impl<W: Write> Engine<'_, W> {
         let unit = self.computes.get(c).unit;
         self.units[unit as usize].queue.push_back(c);
         self.try_start(unit);
+    }
+}
+
+/// A TCM access to one tile.
+fn tcm_request(x: &Extent) -> Request {
+    Request {
+        pa: x.pa,
+        row_bytes: x.len,
+        rows: x.rows,
+        stride: x.stride,
+        channels: None,
     }
 }
 

@@ -20,18 +20,26 @@ use kb_format::{Addr, Effect, Extent, Space};
 
 use super::sync::HbTag;
 use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, Wait, ns};
-use crate::component::Request;
+use crate::component::{Request, Streamed};
 use crate::machine::{NodeId, NodeKind, PeCoord};
 use crate::program::{DataOp, DmaCmd, Loaded, Notify, Unknown};
 use crate::topology::{AddressModel, MappingMode};
+use kb_format::Ps;
 
 /// DMA message arrivals.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum DmaArrive {
     CmdAtDma(u32),
-    ReqAtTarget { dma: u32, group: u32 },
-    DataAtDma(u32),
-    DataAtTarget { dma: u32, group: u32 },
+    ReqAtTarget {
+        dma: u32,
+        group: u32,
+    },
+    /// The head of a source part's data reached this PE's DMA engine.
+    DataHeadAtDma(u32),
+    DataAtTarget {
+        dma: u32,
+        group: u32,
+    },
     AckAtDma(u32),
 }
 
@@ -40,9 +48,14 @@ pub(super) enum DmaArrive {
 pub(super) enum DmaAct {
     Begin(u32),
     Fetch(u32),
+    /// A source part's first burst is ready: its data leaves for the DMA
+    /// engine.
+    SrcHead {
+        dma: u32,
+        group: u32,
+    },
     SrcPartDone(u32),
     SrcRead(u32),
-    Deliver(u32),
     DstPartDone(u32),
     DstWrite(u32),
     Finish(u32),
@@ -87,10 +100,13 @@ pub(super) struct Group {
     /// the pseudo channels the request is pinned to.
     via: Option<NodeId>,
     channels: Option<(u32, u32)>,
-    /// Served by this PE's own TCM: no fabric messages.
+    /// Served by this PE's own TCM: no request or acknowledgement (the
+    /// engine drives its TCM port); data still crosses its tcm_port link.
     local: bool,
     pieces: Vec<Extent>,
     bytes: u64,
+    /// A source part: when its last byte is ready at the source.
+    tail: Ps,
 }
 
 #[derive(Debug)]
@@ -104,8 +120,21 @@ pub(super) struct Dma {
     /// Physical pieces in data order (data and effects).
     src_order: Vec<Extent>,
     dst_order: Vec<Extent>,
-    /// Parts of the current phase not yet done.
+    /// Source parts not yet served (the read effect follows the last).
+    reads_left: u32,
+    /// Source parts whose data has not begun to reach the DMA engine (the
+    /// destination side starts after the last).
+    heads_left: u32,
+    /// Over the source parts: the latest first byte and last byte at the
+    /// DMA engine.
+    src_head: Ps,
+    src_tail: Ps,
+    /// Destination parts not yet written, then acknowledgements not yet in.
     left: u32,
+    /// The read effect was applied; the destination parts were written (the
+    /// write effect waits for both).
+    read_done: bool,
+    dst_done: bool,
     /// Both effects were applied at issue (stores, copies): the rest is
     /// timing.
     at_issue: bool,
@@ -342,6 +371,7 @@ impl<W: Write> Engine<'_, W> {
                     local: own_tcm,
                     bytes: x.bytes(),
                     pieces: vec![x],
+                    tail: 0,
                 }),
             }
         }
@@ -385,7 +415,13 @@ impl<W: Write> Engine<'_, W> {
             dst,
             src_order,
             dst_order,
+            reads_left: 0,
+            heads_left: 0,
+            src_head: 0,
+            src_tail: 0,
             left: 0,
+            read_done: false,
+            dst_done: false,
             at_issue: false,
             notify,
             hb,
@@ -457,24 +493,61 @@ impl<W: Write> Engine<'_, W> {
         }
     }
 
-    /// Serve one part (a group of the source or destination side) at its
-    /// node; returns when the last piece is done.
-    fn serve_part(&mut self, d: u32, src: bool, group: usize) -> kb_format::Ps {
-        let (target, channels, pieces) = {
-            let x = self.dmas.get(d);
-            let g = if src { &x.src[group] } else { &x.dst[group] };
-            (g.target, g.channels, g.pieces.clone())
-        };
-        let mut end = self.q.now();
-        for x in pieces {
-            let req = Request {
+    /// The requests of one part (a group of the source or destination
+    /// side), a request per piece, and the node that serves them.
+    fn part_requests(&mut self, d: u32, src: bool, group: usize) -> (NodeId, Vec<Request>) {
+        let x = self.dmas.get(d);
+        let g = if src { &x.src[group] } else { &x.dst[group] };
+        let reqs = g
+            .pieces
+            .iter()
+            .map(|x| Request {
                 pa: x.pa,
                 row_bytes: x.len,
                 rows: x.rows,
                 stride: x.stride,
-                channels,
-            };
-            end = end.max(self.serve(target, req));
+                channels: g.channels,
+            })
+            .collect();
+        (g.target, reqs)
+    }
+
+    /// Read a source part as a stream: its first burst (from the first
+    /// piece) is ready at `head`, all of it at `end`.
+    fn serve_part_read(&mut self, d: u32, group: usize) -> Streamed {
+        let (target, reqs) = self.part_requests(d, true, group);
+        let (now, burst) = (self.q.now(), self.burst);
+        let mut out: Option<Streamed> = None;
+        for req in reqs {
+            let c = self.comps[target as usize]
+                .as_mut()
+                .expect("node has a timing model");
+            let s = c.serve_read(now, &req, burst);
+            out = Some(match out {
+                None => s,
+                Some(o) => Streamed {
+                    head: o.head,
+                    end: o.end.max(s.end),
+                },
+            });
+        }
+        out.unwrap_or(Streamed {
+            head: now,
+            end: now,
+        })
+    }
+
+    /// Write a destination part whose bytes arrived from `head` to now;
+    /// returns when the last piece is written.
+    fn serve_part_write(&mut self, d: u32, group: usize, head: Ps) -> Ps {
+        let (target, reqs) = self.part_requests(d, false, group);
+        let (now, burst) = (self.q.now(), self.burst);
+        let mut end = now;
+        for req in reqs {
+            let c = self.comps[target as usize]
+                .as_mut()
+                .expect("node has a timing model");
+            end = end.max(c.serve_write(now, head, &req, burst).end);
         }
         end
     }
@@ -498,15 +571,34 @@ impl<W: Write> Engine<'_, W> {
                 }
             }
             DmaArrive::ReqAtTarget { dma, group } => {
-                let end = self.serve_part(dma, true, group as usize);
-                self.at(end, DmaAct::SrcPartDone(dma));
+                let s = self.serve_part_read(dma, group as usize);
+                self.dmas.get(dma).src[group as usize].tail = s.end;
+                self.at(s.head, DmaAct::SrcHead { dma, group });
+                self.at(s.end, DmaAct::SrcPartDone(dma));
+            }
+            DmaArrive::DataHeadAtDma(dma) => {
+                let tail = self.arrival.1;
+                self.src_head_in(dma, now, tail);
             }
             DmaArrive::DataAtTarget { dma, group } => {
-                let end = self.serve_part(dma, false, group as usize);
+                let head = self.arrival.0;
+                let end = self.serve_part_write(dma, group as usize, head);
                 self.at(end, DmaAct::DstPartDone(dma));
             }
-            DmaArrive::DataAtDma(d) => self.part_done(d, DmaAct::Deliver(d)),
             DmaArrive::AckAtDma(d) => self.part_done(d, DmaAct::Finish(d)),
+        }
+    }
+
+    /// A source part's data is at the DMA engine from `head` (its first
+    /// burst) to `tail` (its last byte); after the last part's head, the
+    /// destination side starts.
+    fn src_head_in(&mut self, d: u32, head: Ps, tail: Ps) {
+        let x = self.dmas.get(d);
+        x.src_head = x.src_head.max(head);
+        x.src_tail = x.src_tail.max(tail);
+        x.heads_left -= 1;
+        if x.heads_left == 0 {
+            self.deliver(d);
         }
     }
 
@@ -516,6 +608,37 @@ impl<W: Write> Engine<'_, W> {
         x.left -= 1;
         if x.left == 0 {
             self.at(self.q.now(), next);
+        }
+    }
+
+    /// The destination side, from the first burst at the DMA engine (now):
+    /// each destination part gets a data message that leaves now, its
+    /// tail no earlier than the source's last byte; the memory writes as
+    /// the bytes come in.
+    fn deliver(&mut self, d: u32) {
+        let (_, dma) = self.dma_node(d);
+        let (n, tail) = {
+            let x = self.dmas.get(d);
+            (x.dst.len(), x.src_tail)
+        };
+        self.dmas.get(d).left = n as u32;
+        for g in 0..n {
+            let (target, via, bytes) = {
+                let grp = &self.dmas.get(d).dst[g];
+                (grp.target, grp.via, grp.bytes)
+            };
+            let route = self.route(dma, via, target);
+            self.send_streamed(
+                route,
+                bytes,
+                DmaArrive::DataAtTarget {
+                    dma: d,
+                    group: g as u32,
+                }
+                .into(),
+                tail,
+                false,
+            );
         }
     }
 
@@ -567,15 +690,31 @@ impl<W: Write> Engine<'_, W> {
                 }
                 let (_, dma) = self.dma_node(d);
                 let n = self.dmas.get(d).src.len();
-                self.dmas.get(d).left = n as u32;
+                {
+                    let x = self.dmas.get(d);
+                    x.reads_left = n as u32;
+                    x.heads_left = n as u32;
+                }
+                if n == 0 {
+                    self.deliver(d);
+                }
                 for g in 0..n {
                     let (local, target, via) = {
                         let grp = &self.dmas.get(d).src[g];
                         (grp.local, grp.target, grp.via)
                     };
                     if local {
-                        let end = self.serve_part(d, true, g);
-                        self.at(end, DmaAct::SrcPartDone(d));
+                        // This PE's TCM: read as a stream right here.
+                        let s = self.serve_part_read(d, g);
+                        self.dmas.get(d).src[g].tail = s.end;
+                        self.at(
+                            s.head,
+                            DmaAct::SrcHead {
+                                dma: d,
+                                group: g as u32,
+                            },
+                        );
+                        self.at(s.end, DmaAct::SrcPartDone(d));
                     } else {
                         self.send_via(
                             dma,
@@ -590,9 +729,26 @@ impl<W: Write> Engine<'_, W> {
                     }
                 }
             }
-            DmaAct::SrcPartDone(d) => self.part_done(d, DmaAct::SrcRead(d)),
-            DmaAct::SrcRead(d) => {
+            DmaAct::SrcHead { dma: d, group } => {
+                // The data leaves the source with its first burst (this
+                // PE's TCM: over the DMA's tcm_port link); its head
+                // reaching the DMA engine starts the next stage.
+                let (target, via, bytes, tail) = {
+                    let g = &self.dmas.get(d).src[group as usize];
+                    (g.target, g.via, g.bytes, g.tail)
+                };
                 let (_, dma) = self.dma_node(d);
+                let route = self.route(target, via, dma);
+                self.send_streamed(route, bytes, DmaArrive::DataHeadAtDma(d).into(), tail, true);
+            }
+            DmaAct::SrcPartDone(d) => {
+                let x = self.dmas.get(d);
+                x.reads_left -= 1;
+                if x.reads_left == 0 {
+                    self.at(now, DmaAct::SrcRead(d));
+                }
+            }
+            DmaAct::SrcRead(d) => {
                 if !self.dmas.get(d).at_issue {
                     // Compute results move without their value (ADR-0020:
                     // only reading them in Phase 1 is an error).
@@ -606,49 +762,22 @@ impl<W: Write> Engine<'_, W> {
                     x.unknown = unknown;
                     x.read = Some(read);
                 }
-                let remote: Vec<(NodeId, Option<NodeId>, u64)> = self
-                    .dmas
-                    .get(d)
-                    .src
-                    .iter()
-                    .filter(|g| !g.local)
-                    .map(|g| (g.target, g.via, g.bytes))
-                    .collect();
-                self.dmas.get(d).left = remote.len() as u32;
-                if remote.is_empty() {
-                    self.at(now, DmaAct::Deliver(d));
-                }
-                for (target, via, bytes) in remote {
-                    self.send_via(target, via, dma, bytes, DmaArrive::DataAtDma(d));
+                let x = self.dmas.get(d);
+                x.read_done = true;
+                if x.dst_done {
+                    self.at(now, DmaAct::DstWrite(d));
                 }
             }
-            DmaAct::Deliver(d) => {
-                let (_, dma) = self.dma_node(d);
-                let n = self.dmas.get(d).dst.len();
-                self.dmas.get(d).left = n as u32;
-                for g in 0..n {
-                    let (local, target, via, bytes) = {
-                        let grp = &self.dmas.get(d).dst[g];
-                        (grp.local, grp.target, grp.via, grp.bytes)
-                    };
-                    if local {
-                        let end = self.serve_part(d, false, g);
-                        self.at(end, DmaAct::DstPartDone(d));
-                    } else {
-                        self.send_via(
-                            dma,
-                            via,
-                            target,
-                            bytes,
-                            DmaArrive::DataAtTarget {
-                                dma: d,
-                                group: g as u32,
-                            },
-                        );
+            DmaAct::DstPartDone(d) => {
+                let x = self.dmas.get(d);
+                x.left -= 1;
+                if x.left == 0 {
+                    x.dst_done = true;
+                    if x.read_done {
+                        self.at(now, DmaAct::DstWrite(d));
                     }
                 }
             }
-            DmaAct::DstPartDone(d) => self.part_done(d, DmaAct::DstWrite(d)),
             DmaAct::DstWrite(d) => {
                 let (_, dma) = self.dma_node(d);
                 let dst = self.dmas.get(d).dst_order.clone();

@@ -45,7 +45,7 @@ pub use launch::{LaunchBody, LaunchSpec, Step};
 pub use mmu::MmuStats;
 use mmu::{MmuAct, MmuArrive};
 
-use compute::{Compute, ComputeOp, Producer, UnitQueue};
+use compute::{Compute, ComputeAct, ComputeOp, Producer, UnitQueue};
 use dma::{Dma, DmaAct, DmaArrive, DmaEngines, DmaMode};
 use host::{HostAct, HostArrive, HostWrite};
 pub use sync::RacePolicy;
@@ -83,6 +83,10 @@ enum Arrive {
     Launch(LaunchArrive),
     Sync(SyncArrive),
     ComputeAtUnit(u32),
+    /// A compute op's operands reach its unit (head; tail at `arrival.1`).
+    OperandsAtUnit(u32),
+    /// A compute op's result reaches TCM.
+    ResultAtTcm(u32),
     /// An op's completion notice reaches its PE's pe_cpu.
     CmdDoneAtCpu {
         pe: u32,
@@ -107,7 +111,7 @@ enum Act {
     Mmu(MmuAct),
     Launch(LaunchAct),
     Sync(SyncAct),
-    ComputeEnd(u32),
+    Compute(ComputeAct),
 }
 
 /// A command in flight, for completion notices: its op id, which (unlike
@@ -127,8 +131,14 @@ struct Msg {
     route: Rc<[LinkId]>,
     hop: usize,
     bytes: u64,
-    /// When the tail is at the current node.
+    /// When the tail is at the current node (at the source: when the last
+    /// byte is ready there, for a streamed message).
     tail: Ps,
+    /// When the head reached the destination (set at the last hop).
+    head: Ps,
+    /// Handle the message when its head arrives (a streamed transfer's
+    /// next stage starts then), not its tail.
+    on_head: bool,
     then: Arrive,
 }
 
@@ -263,6 +273,11 @@ pub struct Engine<'m, W: Write> {
     /// No event may happen later (times saturate rather than wrap, and the
     /// run stops past this).
     time_limit: Ps,
+    /// The message being handled: when its head and its tail reached the
+    /// destination.
+    arrival: (Ps, Ps),
+    /// Bytes a transfer streams in (`pe_dma.burst_bytes`).
+    burst: u64,
     stats: RunStats,
 }
 
@@ -371,7 +386,7 @@ impl<'m, W: Write> Engine<'m, W> {
             .iter()
             .map(|n| -> Option<Box<dyn Component>> {
                 match n.kind {
-                    NodeKind::HbmCtrl => Some(Box::new(HbmController::new(t))),
+                    NodeKind::HbmCtrl => Some(Box::new(HbmController::new(t, n.sip, n.cube))),
                     NodeKind::Tcm => Some(Box::new(Scratchpad::new(
                         t.tcm.latency_ns.0,
                         t.tcm.bw_gbs.0,
@@ -467,6 +482,8 @@ impl<'m, W: Write> Engine<'m, W> {
             async_data: HashMap::default(),
             sync: Sync::new(n_pes),
             time_limit: crate::event::MAX_TIME,
+            arrival: (0, 0),
+            burst: t.pe_dma.burst_bytes as u64,
             programs: (0..n_pes)
                 .map(|_| -> Box<dyn PeProgram> { Box::new(Script::new(Vec::new())) })
                 .collect(),
@@ -525,8 +542,9 @@ impl<'m, W: Write> Engine<'m, W> {
             match ev {
                 Ev::Hop(msg) => self.hop(msg),
                 Ev::Arrive(msg) => {
-                    let then = self.msgs.remove(msg).then;
-                    self.arrive(then)?;
+                    let m = self.msgs.remove(msg);
+                    self.arrival = (m.head, m.tail);
+                    self.arrive(m.then)?;
                 }
                 Ev::Act(a) => self.act(a)?,
             }
@@ -583,6 +601,14 @@ impl<'m, W: Write> Engine<'m, W> {
         self.stats.races = self.sync.race_count;
         self.stats.race_reports = std::mem::take(&mut self.sync.reports);
         let launches = self.launch_records();
+        let mut channels: Vec<kb_format::ChannelUsage> = self
+            .comps
+            .iter_mut()
+            .flatten()
+            .flat_map(|c| c.take_channel_usage())
+            .collect();
+        channels.sort_by_key(|c| (c.sip, c.cube, c.channel));
+        self.log.writer.channels(channels)?;
         Ok((self.log.writer, self.stats, launches))
     }
 
@@ -602,25 +628,50 @@ impl<'m, W: Write> Engine<'m, W> {
         bytes: u64,
         then: impl Into<Arrive>,
     ) {
-        let route = match via {
+        let route = self.route(from, via, to);
+        self.send_route(route, bytes, then.into());
+    }
+
+    /// The route `from -> via -> to`, or `from -> to` without a via.
+    fn route(&self, from: NodeId, via: Option<NodeId>, to: NodeId) -> Rc<[LinkId]> {
+        match via {
             Some(v) => self.m.route_via(from, v, to),
             None => self.m.route(from, to),
-        };
-        self.send_route(route, bytes, then.into());
+        }
     }
 
     fn send_route(&mut self, route: Rc<[LinkId]>, bytes: u64, then: Arrive) {
         let now = self.q.now();
+        self.send_streamed(route, bytes, then, now, false);
+    }
+
+    /// Send a message whose head leaves now and whose last byte is ready
+    /// at the source at `tail` (a streamed transfer: no link carries the
+    /// tail before it is ready); handle it when its head arrives with
+    /// `on_head`, else when its tail does.
+    fn send_streamed(
+        &mut self,
+        route: Rc<[LinkId]>,
+        bytes: u64,
+        then: Arrive,
+        tail: Ps,
+        on_head: bool,
+    ) {
+        let now = self.q.now();
         let local = route.is_empty();
+        let tail = tail.max(now);
         let id = self.msgs.insert(Msg {
             route,
             hop: 0,
             bytes,
-            tail: now,
+            tail,
+            head: now,
+            on_head,
             then,
         });
+        let at = if local && !on_head { tail } else { now };
         self.q
-            .push(now, if local { Ev::Arrive(id) } else { Ev::Hop(id) });
+            .push(at, if local { Ev::Arrive(id) } else { Ev::Hop(id) });
     }
 
     /// The head of `msg` is at the start of link `route[hop]`.
@@ -640,8 +691,9 @@ impl<'m, W: Write> Engine<'m, W> {
         msg.tail = end.saturating_add(link.latency_ps);
         msg.hop += 1;
         if msg.hop == msg.route.len() {
-            let tail = msg.tail;
-            self.q.push(tail, Ev::Arrive(id));
+            msg.head = start.saturating_add(link.latency_ps);
+            let at = if msg.on_head { msg.head } else { msg.tail };
+            self.q.push(at, Ev::Arrive(id));
         } else {
             self.q
                 .push(start.saturating_add(link.latency_ps + flit), Ev::Hop(id));
@@ -763,6 +815,8 @@ impl<'m, W: Write> Engine<'m, W> {
             Arrive::Launch(a) => self.launch_arrive(a)?,
             Arrive::Sync(a) => self.sync_arrive(a)?,
             Arrive::ComputeAtUnit(c) => self.compute_arrive(c),
+            Arrive::OperandsAtUnit(c) => self.operands_at_unit(c),
+            Arrive::ResultAtTcm(c) => self.result_at_tcm(c),
             Arrive::CmdDoneAtCpu { pe, cmd, kind } => {
                 self.in_flight.remove(&cmd.0);
                 let s = &mut self.pes[pe as usize];
@@ -807,7 +861,7 @@ impl<'m, W: Write> Engine<'m, W> {
             Act::Mmu(a) => self.mmu_act(a),
             Act::Launch(a) => self.launch_act(a)?,
             Act::Sync(a) => self.sync_act(a)?,
-            Act::ComputeEnd(c) => self.finish_compute(c)?,
+            Act::Compute(a) => self.compute_act(a)?,
         }
         Ok(())
     }
