@@ -41,6 +41,23 @@ for n in (1024, 2048):
 n = 256
 a = rng.random((n, n)).astype(np.float16); b = rng.random((n, n)).astype(np.float16)
 print(f"numpy f16 n={n}: {2 * n**3 / best(lambda: a @ b) / 1e9:.2f} GFLOP/s")
+# The computations of the default-tile traces below (issue 15), each
+# with the trace's own shapes and dtype: seconds, best of runs.
+def t(name, f):
+    print(f"numpy {name}: {best(f):.6f} s")
+a = rng.random((2048, 1024), dtype=np.float32); b = rng.random((1024, 2048), dtype=np.float32)
+t("gemm f32 2048x2048x1024", lambda: a @ b)
+a = rng.random((2048, 2048), dtype=np.float32); b = rng.random((2048, 2048), dtype=np.float32)
+t("gemm_tiled f32 2048x2048x2048", lambda: a @ b)
+a = rng.random((1024, 1024)).astype(np.float16); b = rng.random((1024, 1024)).astype(np.float16)
+t("gemm f16 1024x1024x1024", lambda: a @ b)
+def attention(q, k, v):
+    s = (q @ k.T) / q.dtype.type(np.sqrt(q.shape[1]))
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ v
+for dt in (np.float16, np.float32):
+    q, k, v = (rng.standard_normal((256, 64)).astype(dt) for _ in range(3))
+    t(f"attention {np.dtype(dt).name} seq=256 seq_kv=256 d=64", lambda: attention(q, k, v))
 print(f"numpy {np.__version__}")
 EOF
 cat "$OUT/numpy.txt"
@@ -57,7 +74,7 @@ fi
 # each call and would take CPU from kb-replay's own threads; the openblas
 # backend runs with OPENBLAS_NUM_THREADS=1 (kb-replay parallelises across
 # and within GEMMs itself).
-cargo build -q --release -p kb-sim
+cargo build -q --release -p kb-workloads # the kb-sim binary
 build_replay() { # name, cargo feature args...
     local name=$1
     shift
@@ -138,6 +155,48 @@ echo "batch-heavy replay seconds: 1 thread $t1, 2 threads $t2" | tee "$OUT/threa
 "$REPLAY" "$BATCHY" --threads 2 --report "$OUT/r.json" -q
 python3 -c "import json; e=json.load(open('$OUT/r.json'))['engine']; print(f\"batch-heavy engine: {e['gemm_batches']} batched calls of {e['gemm_batched_ops']} GEMMs, {e['tasks']} parallel tasks\")" | tee -a "$OUT/threads.txt"
 
+# ---- everyday traces: the workloads' default tiles (issue 15) ------------
+# Whole replays (no --verify: the f64 reference is not replay) of traces
+# at the workloads' default tile sizes, against numpy computing the same
+# thing (above). `wall` is the report's wall_seconds (reading the trace,
+# generating inputs, replaying); `replay` its replay_seconds. With
+# BASE_REPLAY=path/to/other/kb-replay, that binary runs alternately on the
+# same traces (best of RUNS each). The report's bytes_copied_per_gemm_flop
+# and the engine's serial time (plan + queue) are printed too.
+SIM_DEFAULTS=(
+    "gemm:-t default -b gemm -p m=2048 -p n=2048 -p k=1024 -p dtype=f32"
+    "gemm_tiled:-t default -b gemm_tiled -p m=2048 -p n=2048 -p k=2048 -p dtype=f32"
+    "attention:-t default -b attention"
+    "gemm_f16:-t small -b gemm -p m=1024 -p n=1024 -p k=1024 -p dtype=f16"
+)
+: > "$OUT/defaults.txt"
+for spec in "${SIM_DEFAULTS[@]}"; do
+    name=${spec%%:*}
+    # shellcheck disable=SC2086
+    $SIM -q ${spec#*:} -o "$OUT/default-$name.kbt"
+    "$REPLAY" "$OUT/default-$name.kbt" --verify -q --threads "$THREADS" ||
+        echo "default $name: verification FAILED" | tee -a "$OUT/defaults.txt"
+    bins=("$REPLAY")
+    [ -n "${BASE_REPLAY:-}" ] && bins+=("$BASE_REPLAY")
+    for i in "${!bins[@]}"; do : > "$OUT/runs-$name-$i.txt"; done
+    for _ in $(seq "$RUNS"); do
+        for i in "${!bins[@]}"; do
+            "${bins[$i]}" "$OUT/default-$name.kbt" --threads "$THREADS" --report "$OUT/r.json" -q
+            python3 -c "import json; r=json.load(open('$OUT/r.json')); e=r['engine']; print(r['wall_seconds'], r['replay_seconds'], r.get('bytes_copied_per_gemm_flop', -1), e.get('plan_seconds', 0) + e.get('queue_seconds', 0), r['gemm_flops'])" >> "$OUT/runs-$name-$i.txt"
+        done
+    done
+    for i in "${!bins[@]}"; do
+        python3 - "$OUT/runs-$name-$i.txt" "$name" "${bins[$i]}" <<'PY' | tee -a "$OUT/defaults.txt"
+import sys
+rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
+w = min(rows, key=lambda r: r[0])
+r = min(rows, key=lambda r: r[1])
+print(f"default {sys.argv[2]} bin={sys.argv[3]}: wall {w[0]:.4f} s, replay {r[1]:.4f} s, "
+      f"serial {r[3]:.4f} s, bytes copied per GEMM flop {r[2]:.4g}, GEMM GFLOP {r[4] / 1e9:.2f}")
+PY
+    done
+done
+
 # ---- streaming memory: a trace and one 10x longer, through a pipe -------
 # copy with 10-row tiles, then 1-row tiles: the same 16 MiB of data, ten
 # times the ops. Replay only (verification then holds the output and its
@@ -185,4 +244,13 @@ t = nums("threads.txt", r"(\d+\.\d+)")
 print(f"batch-heavy 2 threads / 1 thread speed-up: {t[0] / t[1]:.2f}")
 s = nums("stream.txt", r"peak RSS (\d+) KB")
 print(f"streaming peak RSS, 10x longer / base: {s[1] / s[0]:.2f}")
+npt = open(f"{out}/numpy.txt").read()
+dflt = open(f"{out}/defaults.txt").read()
+for name, key in (("gemm", "gemm f32 2048x2048x1024"), ("gemm_tiled", "gemm_tiled f32 2048x2048x2048"),
+                  ("attention", "attention float16 seq=256 seq_kv=256 d=64"),
+                  ("gemm_f16", "gemm f16 1024x1024x1024")):
+    n = float(re.search(rf"numpy {key}: ([\d.]+) s", npt).group(1))
+    for m in re.finditer(rf"default {name} bin=(\S+): wall ([\d.]+) s, replay ([\d.]+) s", dflt):
+        print(f"default {name} ({m.group(1)}): numpy time / kb-replay time: wall {n / float(m.group(2)):.3f}, "
+              f"replay {n / float(m.group(3)):.3f} (numpy {n:.4f} s)")
 EOF
