@@ -4,6 +4,7 @@
 #
 #   scripts/bench-replay.sh            # all cores
 #   THREADS=2 RUNS=5 scripts/bench-replay.sh
+#   ONLY=defaults BASE_REPLAY=old/kb-replay scripts/bench-replay.sh  # issue 15 traces only
 #
 # Needs python3 (numpy goes into a private venv, target/replay-venv). When
 # the system has OpenBLAS (Debian: apt-get install libopenblas-dev) the
@@ -57,7 +58,7 @@ fi
 # each call and would take CPU from kb-replay's own threads; the openblas
 # backend runs with OPENBLAS_NUM_THREADS=1 (kb-replay parallelises across
 # and within GEMMs itself).
-cargo build -q --release -p kb-sim
+cargo build -q --release -p kb-workloads # the kb-sim binary
 build_replay() { # name, cargo feature args...
     local name=$1
     shift
@@ -74,6 +75,7 @@ REPLAY=$OUT/kb-replay-gemm
 replay_for() { echo "$OUT/kb-replay-$1"; }
 bench_for() { echo "$OUT/backend-$1"; }
 
+if [ "${ONLY:-}" != defaults ]; then
 # ---- backends called directly ------------------------------------------
 : > "$OUT/backend.txt"
 for be in "${BACKENDS[@]}"; do
@@ -137,6 +139,101 @@ done
 echo "batch-heavy replay seconds: 1 thread $t1, 2 threads $t2" | tee "$OUT/threads.txt"
 "$REPLAY" "$BATCHY" --threads 2 --report "$OUT/r.json" -q
 python3 -c "import json; e=json.load(open('$OUT/r.json'))['engine']; print(f\"batch-heavy engine: {e['gemm_batches']} batched calls of {e['gemm_batched_ops']} GEMMs, {e['tasks']} parallel tasks\")" | tee -a "$OUT/threads.txt"
+
+fi
+
+# ---- everyday traces: the workloads' default tiles (issue 15) ------------
+# Whole replays (no --verify: the f64 reference is not replay) of traces
+# at the workloads' default tile sizes, against numpy computing the same
+# thing with the trace's shapes and dtype. `wall` is the report's
+# wall_seconds (reading the trace, loading inputs, replaying); `replay`
+# its replay_seconds. numpy, this kb-replay and (with
+# BASE_REPLAY=path/to/another/kb-replay) that binary alternate RUNS times,
+# best of each: the VM's speed drifts with other tenants, and alternating
+# keeps the figures of one round comparable. The report's
+# bytes_copied_per_gemm_flop and the engine's serial time (plan + queue)
+# are printed too. ONLY=defaults runs just this section.
+cat > "$OUT/np_same.py" <<'PY'
+import sys, time
+import numpy as np
+rng = np.random.default_rng(0)
+def attention(q, k, v):
+    s = (q @ k.T) / q.dtype.type(np.sqrt(q.shape[1]))
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ v
+def mm(m, n, k, dt):
+    a = rng.random((m, k)).astype(dt); b = rng.random((k, n)).astype(dt)
+    return lambda: a @ b
+def att(dt):
+    q, k, v = (rng.standard_normal((256, 64)).astype(dt) for _ in range(3))
+    return lambda: attention(q, k, v)
+f = {
+    "gemm": mm(2048, 2048, 1024, np.float32),
+    "gemm_tiled": mm(2048, 2048, 2048, np.float32),
+    "attention": att(np.float16),
+    "attention_f32": att(np.float32),
+    "gemm_f16": mm(1024, 1024, 1024, np.float16),
+}[sys.argv[1]]
+s = time.perf_counter(); f(); first = time.perf_counter() - s
+t = []
+for _ in range(3 if first < 0.5 else 1):
+    s = time.perf_counter(); f(); t.append(time.perf_counter() - s)
+print(min(t))
+PY
+SIM_DEFAULTS=(
+    "gemm:-t default -b gemm -p m=2048 -p n=2048 -p k=1024 -p dtype=f32"
+    "gemm_tiled:-t default -b gemm_tiled -p m=2048 -p n=2048 -p k=2048 -p dtype=f32"
+    "attention:-t default -b attention"
+    "gemm_f16:-t small -b gemm -p m=1024 -p n=1024 -p k=1024 -p dtype=f16"
+)
+: > "$OUT/defaults.txt"
+for spec in "${SIM_DEFAULTS[@]}"; do
+    name=${spec%%:*}
+    # shellcheck disable=SC2086
+    $SIM -q ${spec#*:} -o "$OUT/default-$name.kbt"
+    "$REPLAY" "$OUT/default-$name.kbt" --verify -q --threads "$THREADS" ||
+        echo "default $name: verification FAILED" | tee -a "$OUT/defaults.txt"
+    bins=("$REPLAY")
+    [ -n "${BASE_REPLAY:-}" ] && bins+=("$BASE_REPLAY")
+    for i in "${!bins[@]}"; do : > "$OUT/runs-$name-$i.txt"; done
+    nps=("$name")
+    [ "$name" = attention ] && nps+=(attention_f32)
+    for n in "${nps[@]}"; do : > "$OUT/np-$n.txt"; done
+    for _ in $(seq "$RUNS"); do
+        for n in "${nps[@]}"; do "$VENV/bin/python" "$OUT/np_same.py" "$n" >> "$OUT/np-$n.txt"; done
+        for i in "${!bins[@]}"; do
+            "${bins[$i]}" "$OUT/default-$name.kbt" --threads "$THREADS" --report "$OUT/r.json" -q
+            python3 -c "import json; r=json.load(open('$OUT/r.json')); e=r['engine']; print(r['wall_seconds'], r['replay_seconds'], r.get('bytes_copied_per_gemm_flop', -1), e.get('plan_seconds', 0) + e.get('queue_seconds', 0), r['gemm_flops'])" >> "$OUT/runs-$name-$i.txt"
+        done
+    done
+    for n in "${nps[@]}"; do
+        echo "numpy $n: $(sort -g "$OUT/np-$n.txt" | head -1) s" | tee -a "$OUT/defaults.txt"
+    done
+    for i in "${!bins[@]}"; do
+        python3 - "$OUT/runs-$name-$i.txt" "$name" "${bins[$i]}" <<'PY' | tee -a "$OUT/defaults.txt"
+import sys
+rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
+w = min(rows, key=lambda r: r[0])
+r = min(rows, key=lambda r: r[1])
+print(f"default {sys.argv[2]} bin={sys.argv[3]}: wall {w[0]:.4f} s, replay {r[1]:.4f} s, "
+      f"serial {r[3]:.4f} s, bytes copied per GEMM flop {r[2]:.4g}, GEMM GFLOP {r[4] / 1e9:.2f}")
+PY
+    done
+done
+python3 - "$OUT/defaults.txt" <<'PY'
+import re, sys
+d = open(sys.argv[1]).read()
+for name in ("gemm", "gemm_tiled", "attention", "gemm_f16"):
+    for np_name in (name, name + "_f32"):
+        m = re.search(rf"numpy {np_name}: ([\d.e-]+) s", d)
+        if not m:
+            continue
+        n = float(m.group(1))
+        for r in re.finditer(rf"default {name} bin=(\S+): wall ([\d.]+) s, replay ([\d.]+) s", d):
+            print(f"default {name} ({r.group(1)}): numpy {np_name} time / kb-replay time: "
+                  f"wall {n / float(r.group(2)):.3f}, replay {n / float(r.group(3)):.3f} (numpy {n:.4f} s)")
+PY
+[ "${ONLY:-}" = defaults ] && exit 0
 
 # ---- streaming memory: a trace and one 10x longer, through a pipe -------
 # copy with 10-row tiles, then 1-row tiles: the same 16 MiB of data, ten

@@ -318,6 +318,7 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
         wall_seconds: start.elapsed().as_secs_f64(),
         backend: backend.name().to_string(),
         threads: exec.threads(),
+        fingerprints: cfg.options.fingerprints.name().to_string(),
     };
     if let Some(target) = &cfg.report {
         write_report(target, &report)?;

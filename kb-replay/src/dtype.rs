@@ -70,6 +70,30 @@ pub fn to_f32(d: Dtype, b: &[u8]) -> Vec<f32> {
     }
 }
 
+/// `b` (elements of `from`) converted to `to` when one is f32 and the
+/// other f16 (`None` otherwise): the same bits as going through f64
+/// ([`to_f64`], [`extend_f64`]), faster.
+pub fn convert_f32_f16(from: Dtype, to: Dtype, b: &[u8]) -> Option<Vec<u8>> {
+    if !cfg!(target_endian = "little") {
+        return None;
+    }
+    match (from, to) {
+        (Dtype::F32, Dtype::F16) => {
+            let src: Vec<f32> = words::<4>(b).map(f32::from_le_bytes).collect();
+            let mut out = vec![f16::ZERO; src.len()];
+            out.convert_from_f32_slice(&src);
+            Some(out.iter().flat_map(|h| h.to_le_bytes()).collect())
+        }
+        (Dtype::F16, Dtype::F32) => Some(
+            to_f32(Dtype::F16, b)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 /// Decode elements as i32 (integers exactly; floats truncate toward zero,
 /// saturating).
 pub fn to_i32(d: Dtype, b: &[u8]) -> Vec<i32> {
@@ -162,6 +186,50 @@ pub fn round_f32(d: Dtype, v: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fast f32 <-> f16 casts give the f64 path's bits (the whole
+    /// f32 range was checked once with a scratch program; here a sample:
+    /// specials, subnormals, rounding ties, NaN payloads, random bits).
+    #[test]
+    fn fast_f16_casts_match_the_f64_path() {
+        let mut bits: Vec<u32> = vec![
+            0,
+            0x8000_0000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0000,
+            0x7f80_0001,
+            0xffc0_1234,
+            0x3380_0000,
+            0x3380_0001,
+            0x337f_ffff,
+            0x3880_0000,
+            0x477f_e000,
+            0x477f_f000,
+            0x477f_efff,
+            0x0000_0001,
+            0x3f80_1000,
+            0x3f80_3000,
+        ];
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            bits.push(x);
+        }
+        let b: Vec<u8> = bits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let fast = convert_f32_f16(Dtype::F32, Dtype::F16, &b).unwrap();
+        let mut slow = Vec::new();
+        extend_f64(Dtype::F16, &to_f64(Dtype::F32, &b), &mut slow);
+        assert!(fast == slow);
+        let h: Vec<u8> = (0..=u16::MAX).flat_map(|v| v.to_le_bytes()).collect();
+        let fast = convert_f32_f16(Dtype::F16, Dtype::F32, &h).unwrap();
+        let mut slow = Vec::new();
+        extend_f64(Dtype::F32, &to_f64(Dtype::F16, &h), &mut slow);
+        assert!(fast == slow);
+        assert!(convert_f32_f16(Dtype::F32, Dtype::Bf16, &b).is_none());
+    }
 
     fn round_trip(d: Dtype, vals: &[f64]) -> Vec<f64> {
         let mut b = Vec::new();

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use kb_replay::app::{self, Config, Input};
 use kb_replay::backend;
-use kb_replay::engine::ReplayOptions;
+use kb_replay::engine::{Fingerprints, ReplayOptions};
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -66,6 +66,16 @@ struct Args {
     #[arg(long, value_name = "NAME", default_value = "gemm", value_parser = parse_backend)]
     backend: String,
 
+    /// Which recorded fingerprints to check: all, sample (about one memory
+    /// op in 16, by op id), or off (the trace is trusted)
+    #[arg(long, value_name = "MODE", default_value = "all", value_parser = parse_fingerprints)]
+    fingerprints: Fingerprints,
+
+    /// Copy every byte a memory op moves, instead of letting ops read the
+    /// bytes where they already are (for comparison; same results)
+    #[arg(long)]
+    no_elide: bool,
+
     /// Debug mode: compare each compute op's inputs with the snapshots
     /// `kb-sim --capture-inputs` recorded; the first op that differs exits 1
     #[arg(long)]
@@ -87,6 +97,10 @@ fn parse_backend(s: &str) -> Result<String, String> {
             }
         ))
     }
+}
+
+fn parse_fingerprints(s: &str) -> Result<Fingerprints, String> {
+    Fingerprints::from_name(s).ok_or_else(|| format!("expected all, sample or off, got {s:?}"))
 }
 
 fn parse_expect(s: &str) -> Result<(String, PathBuf), String> {
@@ -123,6 +137,8 @@ fn main() -> ExitCode {
         progress: !args.quiet && std::io::stderr().is_terminal(),
         options: ReplayOptions {
             check_intermediates: args.check_intermediates,
+            fingerprints: args.fingerprints,
+            elide: !args.no_elide,
             ..ReplayOptions::default()
         },
     };

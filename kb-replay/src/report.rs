@@ -80,6 +80,8 @@ pub struct Report {
     /// The GEMM backend and the worker threads.
     pub backend: String,
     pub threads: usize,
+    /// Which fingerprints were checked (`all`, `sample`, `off`).
+    pub fingerprints: String,
 }
 
 impl Report {
@@ -140,9 +142,15 @@ impl Report {
             "records": s.records,
             "ops": { "memory": s.memory, "gemm": s.gemm, "math": s.math },
             "unknown_ops_skipped": s.unknown_skipped,
+            "fingerprints": self.fingerprints,
             "fingerprints_checked": s.fingerprints_checked,
+            "fingerprints_reused": s.fingerprints_reused,
+            "fingerprints_skipped": s.fingerprints_skipped,
+            "fingerprint_bytes": s.fingerprint_bytes,
             "bytes_read": s.bytes_read,
             "bytes_written": s.bytes_written,
+            "bytes_copied": s.bytes_copied,
+            "bytes_copied_per_gemm_flop": num(s.bytes_copied_per_gemm_flop()),
             "gemm_flops": s.gemm_flops,
             "gflops": num(self.gflops()),
             "replay_seconds": num(s.replay_seconds),
@@ -156,8 +164,12 @@ impl Report {
                 "tasks": s.tasks,
                 "gemm_batches": s.gemm_batches,
                 "gemm_batched_ops": s.gemm_batched_ops,
-                "fused_ops": s.fused_ops,
+                "copies_elided": s.copies_elided,
+                "materialized": s.materialized,
+                "captured": s.captured,
                 "gemm_in_place": s.gemm_in_place,
+                "plan_seconds": num(s.plan_seconds),
+                "queue_seconds": num(s.queue_seconds),
             },
         })
     }
@@ -188,8 +200,16 @@ impl Report {
                 }
             }
         };
+        let skipped = if s.fingerprints_skipped > 0 {
+            format!(
+                " ({} not checked: --fingerprints {})",
+                s.fingerprints_skipped, self.fingerprints
+            )
+        } else {
+            String::new()
+        };
         lines.push(format!(
-            "{} ops replayed (memory {}, gemm {}, math {}; {} unknown skipped), {} fingerprints checked, {:.3} s, {:.2} GFLOP/s; {verdict}",
+            "{} ops replayed (memory {}, gemm {}, math {}; {} unknown skipped), {} fingerprints checked{skipped}, {:.3} s, {:.2} GFLOP/s; {verdict}",
             s.memory + s.gemm + s.math,
             s.memory,
             s.gemm,
@@ -242,6 +262,7 @@ mod tests {
             wall_seconds: 0.5,
             backend: "gemm".into(),
             threads: 2,
+            fingerprints: "all".into(),
         };
         assert!(!r.pass());
         let j = r.to_json();

@@ -405,3 +405,128 @@ fn absurd_thread_counts_are_capped_with_a_note() {
         stderr(&o)
     );
 }
+
+#[test]
+fn fingerprints_and_copies_can_be_chosen_and_the_report_says_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, _) = chain_trace();
+    let trace = write_trace(dir.path(), &bytes);
+    let t = trace.to_str().unwrap();
+    let report = dir.path().join("r.json");
+    let r = report.to_str().unwrap();
+    let mut dumps = Vec::new();
+    for (i, flags) in [
+        &["--fingerprints", "all"][..],
+        &["--fingerprints", "sample"][..],
+        &["--fingerprints", "off", "--no-elide"][..],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let d = dir.path().join(format!("d{i}"));
+        let mut args = vec![
+            t,
+            "--verify",
+            "--report",
+            r,
+            "--dump-outputs",
+            d.to_str().unwrap(),
+        ];
+        args.extend_from_slice(flags);
+        let o = run(&args, None);
+        assert_eq!(o.status.code(), Some(0), "{flags:?}: {}", stderr(&o));
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(j["fingerprints"], flags[1]);
+        let skipped = j["fingerprints_skipped"].as_u64().unwrap();
+        let checked = j["fingerprints_checked"].as_u64().unwrap();
+        assert_eq!(skipped + checked, 1, "{j}");
+        // (The chain's one fingerprinted op is not among those sampled.)
+        assert_eq!(skipped, (flags[1] != "all") as u64, "{j}");
+        if flags[1] == "off" {
+            assert!(
+                stderr(&o).contains("not checked: --fingerprints off"),
+                "{}",
+                stderr(&o)
+            );
+            assert_eq!(j["engine"]["copies_elided"], 0);
+        }
+        for key in [
+            "bytes_copied",
+            "bytes_copied_per_gemm_flop",
+            "fingerprint_bytes",
+        ] {
+            assert!(j[key].is_number(), "{key}: {j}");
+        }
+        dumps.push(std::fs::read(d.join("y.npy")).unwrap());
+    }
+    assert!(dumps.iter().all(|d| d == &dumps[0]));
+    let bad = run(&[t, "--fingerprints", "some"], None);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("expected all, sample or off"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+/// Host data that is not what Phase 1 fingerprinted (one byte changed,
+/// the recorded fingerprint kept: corrupted trace data) is caught under
+/// `--fingerprints all` (the default), naming the op that read it, even
+/// when the copy is elided and an earlier op read the same bytes; under
+/// `off` it replays (the user said to trust the trace) and says the
+/// fingerprints were not checked.
+#[test]
+fn corrupted_trace_data_is_caught_under_fingerprints_all() {
+    let good: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37)).collect();
+    let mut bad = good.clone();
+    bad[40] ^= 0x10;
+    let tensors = vec![
+        tensor("x", Dtype::U8, &[64], true, None),
+        tensor("y", Dtype::U8, &[32], false, Some(tcm(0))),
+    ];
+    // Op 1 copies host data to HBM, op 2 loads the upper half (with the
+    // corrupted byte) into TCM; both fingerprints are of the good data.
+    let mut ops = vec![
+        mem(
+            1,
+            0,
+            1,
+            vec![span(host(0, 0), 64)],
+            2,
+            vec![span(hbm(0), 64)],
+        ),
+        mem(2, 10, 3, vec![span(hbm(32), 32)], 4, vec![span(tcm(0), 32)]),
+    ];
+    ops[0].fingerprint = Some(kb_format::fingerprint(&good));
+    ops[1].fingerprint = Some(kb_format::fingerprint(&good[32..]));
+    for (data, flags, want_ok) in [
+        (&good, &["--fingerprints", "all"][..], true),
+        (&bad, &[][..], false),
+        (&bad, &["--fingerprints", "all"][..], false),
+        (
+            &bad,
+            &["--fingerprints", "all", "--no-elide", "-j", "2"][..],
+            false,
+        ),
+        (&bad, &["--fingerprints", "off"][..], true),
+    ] {
+        let bytes = build(tensors.clone(), &[(0, data.clone())], &ops, vec![]);
+        let mut args = vec!["-"];
+        args.extend_from_slice(flags);
+        let o = run(&args, Some(&bytes));
+        assert_no_panic(&o);
+        let e = stderr(&o);
+        if want_ok {
+            assert_eq!(o.status.code(), Some(0), "{flags:?}: {e}");
+            let off = flags.contains(&"off");
+            assert_eq!(e.contains("not checked: --fingerprints off"), off, "{e}");
+        } else {
+            assert_eq!(o.status.code(), Some(2), "{flags:?}: {e}");
+            assert!(
+                e.contains("op 1 (") && e.contains("fingerprint mismatch"),
+                "{flags:?}: {e}"
+            );
+        }
+    }
+}

@@ -10,7 +10,7 @@ use kb_format::{Dtype, Effect, MathInput, MathOp, OpKind, Space};
 use kb_replay::Error;
 use kb_replay::app::{self, Loaded};
 use kb_replay::backend::{GemmBackend, GemmCrate, NaiveGemm};
-use kb_replay::engine::{Exec, ReplayOptions};
+use kb_replay::engine::{Exec, Fingerprints, ReplayOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -235,26 +235,62 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
                 },
             ),
             (
-                "no fusion",
+                "no copy elision",
                 2,
                 ReplayOptions {
-                    fuse: false,
+                    elide: false,
+                    ..d.clone()
+                },
+            ),
+            (
+                "no copy elision, 1 thread",
+                1,
+                ReplayOptions {
+                    elide: false,
+                    ..d.clone()
+                },
+            ),
+            (
+                "fingerprints sampled",
+                2,
+                ReplayOptions {
+                    fingerprints: Fingerprints::Sample,
+                    ..d.clone()
+                },
+            ),
+            (
+                "fingerprints off",
+                3,
+                ReplayOptions {
+                    fingerprints: Fingerprints::Off,
                     ..d.clone()
                 },
             ),
         ];
-        // Fusion and GEMMs in place were exercised (and changed nothing).
-        assert!(base.stats.fused_ops > 0 && base.stats.gemm_in_place > 0);
+        // Lazy copies, their materialization and GEMMs in place were
+        // exercised (and changed nothing).
+        let s = &base.stats;
+        assert!(
+            s.copies_elided > 0 && s.materialized > 0 && s.captured > 0 && s.gemm_in_place > 0,
+            "{s:?}"
+        );
         for (what, threads, opts) in variants {
             let l = run(&bytes, threads, &opts, &GemmCrate);
             assert!(state(&l) == want, "seed {seed}: {what} differs");
             let (a, b) = (&l.stats, &base.stats);
             assert_eq!(
-                (a.bytes_read, a.bytes_written, a.fingerprints_checked),
-                (b.bytes_read, b.bytes_written, b.fingerprints_checked),
+                (a.bytes_read, a.bytes_written),
+                (b.bytes_read, b.bytes_written),
                 "{what}"
             );
-            assert!(a.tasks > 0, "{what} ran in parallel");
+            if opts.fingerprints == Fingerprints::All {
+                assert_eq!(a.fingerprints_checked, b.fingerprints_checked, "{what}");
+            }
+            if !opts.elide {
+                assert_eq!(a.copies_elided, 0, "{what}");
+                assert!(a.bytes_copied > b.bytes_copied, "{what}");
+            }
+            assert!(threads == 1 || a.tasks > 0, "{what} ran in parallel");
         }
         // The sequential run without a pool is the same too.
         let seq = app::load_stream(
@@ -329,15 +365,28 @@ fn gemms_ready_together_run_batched() {
     }
     let bytes = build_chunked(tensors, &[(0, xb)], &ops, vec![], Some(2048));
     let base = run(&bytes, 1, &ReplayOptions::default(), &GemmCrate);
-    for threads in [2, 4] {
-        let l = run(&bytes, threads, &ReplayOptions::default(), &GemmCrate);
-        assert!(state(&l) == state(&base), "{threads} threads");
-        assert!(
-            l.stats.gemm_batches > 0 && l.stats.gemm_batched_ops >= 2,
-            "{threads} threads: {} batched calls of {} GEMMs",
-            l.stats.gemm_batches,
-            l.stats.gemm_batched_ops
-        );
+    // The deploy copied (it gates every GEMM), or left as a lazy copy with
+    // its fingerprint unchecked (every GEMM is ready at the start, reading
+    // the host data where it lies).
+    let gated = ReplayOptions {
+        elide: false,
+        ..ReplayOptions::default()
+    };
+    let lazy = ReplayOptions {
+        fingerprints: Fingerprints::Off,
+        ..ReplayOptions::default()
+    };
+    for opts in [gated, lazy] {
+        for threads in [2, 4] {
+            let l = run(&bytes, threads, &opts, &GemmCrate);
+            assert!(state(&l) == state(&base), "{threads} threads");
+            assert!(
+                l.stats.gemm_batches > 0 && l.stats.gemm_batched_ops >= 2,
+                "{threads} threads: {} batched calls of {} GEMMs",
+                l.stats.gemm_batches,
+                l.stats.gemm_batched_ops
+            );
+        }
     }
     // The products are real: the outputs are not all zero.
     assert!(state(&base).iter().any(|&b| b != 0));
@@ -415,19 +464,28 @@ fn gemms_in_tcm_compute_in_place_with_the_bits_of_the_generic_path() {
     let want_c = execute(&acc, &[a.clone(), b.clone(), c].concat());
     let want_over = execute(&plain, &[a, b].concat());
     assert_ne!(want_c, want_over);
-    for threads in [1, 2] {
-        let l = run(&bytes, threads, &ReplayOptions::default(), &GemmCrate);
-        let read = |addr, len| {
-            let mut v = vec![0u8; len];
-            l.replayer.plane().read(addr, &mut v).unwrap();
-            v
+    for (elide, in_place) in [(false, 1), (true, 2)] {
+        let opts = ReplayOptions {
+            elide,
+            ..ReplayOptions::default()
         };
-        assert!(read(tcm(at_c), want_c.len()) == want_c, "{threads} threads");
-        assert!(
-            read(tcm(0), want_over.len()) == want_over,
-            "{threads} threads"
-        );
-        assert_eq!(l.stats.gemm_in_place, 1, "{threads} threads");
+        for threads in [1, 2] {
+            let l = run(&bytes, threads, &opts, &GemmCrate);
+            let read = |addr, len| {
+                let mut v = vec![0u8; len];
+                l.replayer.plane().read(addr, &mut v).unwrap();
+                v
+            };
+            assert!(read(tcm(at_c), want_c.len()) == want_c, "{threads} threads");
+            assert!(
+                read(tcm(0), want_over.len()) == want_over,
+                "{threads} threads"
+            );
+            // With the deploy left as a lazy copy, `a` is read where it
+            // lies in host data, so the product written over its TCM bytes
+            // overlaps no operand and is computed in place too.
+            assert_eq!(l.stats.gemm_in_place, in_place, "{threads} threads");
+        }
     }
 }
 

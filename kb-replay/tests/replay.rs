@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use kb_format::{Dtype, Expr, MathInput, MathOp, OpKind, Params};
 use kb_replay::app::{self, Loaded};
 use kb_replay::backend::{GemmCrate, NaiveGemm};
-use kb_replay::engine::{Exec, ReplayOptions, Stats};
+use kb_replay::engine::{Exec, Fingerprints, ReplayOptions, Stats};
 use kb_replay::verify::{self, OutputReport};
 use kb_replay::{Error, npy};
 use rand::rngs::StdRng;
@@ -837,5 +837,176 @@ fn corrupted_bytes_are_errors_not_panics() {
         let _ = load(&b);
         std::fs::write(&p, &b).unwrap();
         let _ = app::load_mmap(&p, &ReplayOptions::default(), &Exec::sequential(&NaiveGemm));
+    }
+}
+
+/// Host data copied to HBM, then loads of the same HBM bytes into TCM
+/// (ops 1..=4, alternating two TCM buffers), with the fingerprints given
+/// (`None`: the right one).
+fn loads(fps: [Option<u64>; 4]) -> (Vec<u8>, u64) {
+    let x: Vec<u8> = (0..64).map(|i| (i * 7) as u8).collect();
+    let right = kb_format::fingerprint(&x[16..48]);
+    let tensors = vec![
+        tensor("x", Dtype::U8, &[64], true, None),
+        tensor("y", Dtype::U8, &[32], false, Some(tcm(0))),
+    ];
+    let mut deploy = mem(
+        0,
+        0,
+        0,
+        vec![span(host(0, 0), 64)],
+        1,
+        vec![span(hbm(0), 64)],
+    );
+    deploy.fingerprint = Some(kb_format::fingerprint(&x));
+    let mut ops = vec![deploy];
+    for (i, fp) in fps.iter().enumerate() {
+        let id = i as u64 + 1;
+        let mut op = mem(
+            id,
+            10 * id,
+            2 * id,
+            vec![span(hbm(16), 32)],
+            2 * id + 1,
+            vec![span(tcm((i as u64 % 2) * 64), 32)],
+        );
+        op.fingerprint = Some(fp.unwrap_or(right));
+        ops.push(op);
+    }
+    (build(tensors, &[(0, x)], &ops, vec![]), right)
+}
+
+fn replay_with(bytes: &[u8], fingerprints: Fingerprints) -> Result<Loaded, Error> {
+    let opts = ReplayOptions {
+        fingerprints,
+        ..ReplayOptions::default()
+    };
+    app::load_stream(bytes, &opts, &Exec::sequential(&NaiveGemm))
+}
+
+/// Loads of the same unchanged bytes with the same recorded fingerprint
+/// are checked by one hash; a load whose recorded fingerprint differs is
+/// hashed itself, and fails, whatever came before.
+#[test]
+fn repeated_loads_of_unchanged_bytes_share_one_hash() {
+    let (bytes, right) = loads([None; 4]);
+    let l = replay_with(&bytes, Fingerprints::All).unwrap();
+    let s = &l.stats;
+    assert_eq!(s.fingerprints_checked, 5);
+    assert_eq!(s.fingerprints_reused, 3);
+    // The deploy's 64 bytes and the first load's 32.
+    assert_eq!(s.fingerprint_bytes, 64 + 32);
+    assert_eq!(s.copies_elided, 5);
+    for bad in 0..4 {
+        let mut fps = [None; 4];
+        fps[bad] = Some(right ^ 1);
+        let (bytes, _) = loads(fps);
+        let err = replay_with(&bytes, Fingerprints::All).unwrap_err();
+        assert!(
+            matches!(err, Error::Op { op_id, .. } if op_id == bad as u64 + 1),
+            "{err}"
+        );
+        assert!(err.to_string().contains("fingerprint mismatch"), "{err}");
+        // Off: trusted, nothing checked.
+        let l = replay_with(&bytes, Fingerprints::Off).unwrap();
+        assert_eq!(
+            (l.stats.fingerprints_checked, l.stats.fingerprints_skipped),
+            (0, 5)
+        );
+        assert_eq!(
+            output(&l, "y"),
+            output(
+                &replay_with(&loads([None; 4]).0, Fingerprints::All).unwrap(),
+                "y"
+            )
+        );
+        // Sample: checked exactly when the op is sampled.
+        let sampled = kb_replay::engine::sampled(bad as u64 + 1);
+        match replay_with(&bytes, Fingerprints::Sample) {
+            Ok(l) => {
+                assert!(!sampled, "op {} is sampled", bad + 1);
+                assert_eq!(
+                    l.stats.fingerprints_checked + l.stats.fingerprints_skipped,
+                    5
+                );
+            }
+            Err(e) => {
+                assert!(sampled && matches!(e, Error::Op { op_id, .. } if op_id == bad as u64 + 1))
+            }
+        }
+    }
+    // The same wrong fingerprint twice: the first fails.
+    let (bytes, _) = loads([None, Some(right ^ 1), Some(right ^ 1), None]);
+    let err = replay_with(&bytes, Fingerprints::All).unwrap_err();
+    assert!(matches!(err, Error::Op { op_id: 2, .. }), "{err}");
+}
+
+/// Sampling picks about one op in 16.
+#[test]
+fn sampling_checks_about_one_op_in_16() {
+    let n = (0..16_000u64)
+        .filter(|&i| kb_replay::engine::sampled(i))
+        .count();
+    assert!((800..1200).contains(&n), "{n}");
+}
+
+/// A lazy copy whose source changes before its destination is read keeps
+/// the bytes it had: the copy is done (materialized) first.
+#[test]
+fn a_lazy_copy_keeps_its_bytes_when_its_source_changes() {
+    let x: Vec<u8> = (1..=32).collect();
+    let tensors = vec![
+        tensor("x", Dtype::U8, &[32], true, None),
+        tensor("y", Dtype::U8, &[16], false, Some(tcm(0))),
+        tensor("z", Dtype::U8, &[16], false, Some(hbm(0))),
+    ];
+    let ops = vec![
+        // hbm[0..16] := host[0..16]; tcm := hbm (lazily, through to host).
+        mem(
+            1,
+            0,
+            0,
+            vec![span(host(0, 0), 16)],
+            1,
+            vec![span(hbm(0), 16)],
+        ),
+        mem(2, 10, 2, vec![span(hbm(0), 16)], 3, vec![span(tcm(0), 16)]),
+        // hbm[0..16] := host[16..32], then tcm[0..4] := hbm[8..12].
+        mem(
+            3,
+            20,
+            4,
+            vec![span(host(0, 16), 16)],
+            5,
+            vec![span(hbm(0), 16)],
+        ),
+        mem(4, 30, 6, vec![span(hbm(8), 4)], 7, vec![span(tcm(0), 4)]),
+        // A strided store over hbm (rows 0 and 2 of 4) cuts through its
+        // lazy bytes.
+        mem(
+            5,
+            40,
+            8,
+            vec![span(tcm(4), 4)],
+            9,
+            vec![strided(hbm(0), 2, 2, 8)],
+        ),
+    ];
+    let bytes = build(tensors, &[(0, x.clone())], &ops, vec![]);
+    for elide in [true, false] {
+        let opts = ReplayOptions {
+            elide,
+            ..ReplayOptions::default()
+        };
+        let l = app::load_stream(&bytes[..], &opts, &Exec::sequential(&NaiveGemm)).unwrap();
+        let y: Vec<u8> = x[24..28].iter().chain(&x[4..16]).copied().collect();
+        assert_eq!(output(&l, "y"), y, "elide {elide}");
+        let mut z = x[16..32].to_vec();
+        z[0..2].copy_from_slice(&y[4..6]);
+        z[8..10].copy_from_slice(&y[6..8]);
+        assert_eq!(output(&l, "z"), z, "elide {elide}");
+        assert_eq!(l.stats.copies_elided > 0, elide);
+        // The strided store cut through HBM's lazy bytes: copied first.
+        assert_eq!(l.stats.materialized > 0, elide);
     }
 }

@@ -419,3 +419,126 @@ fn unbounded_files_huge_probes_and_misplaced_sections_are_refused() {
         "{err}"
     );
 }
+
+/// The files of a directory, by name, with their bytes.
+fn dir_files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every built-in workload at its defaults (on `default` and `small`)
+/// verifies with one and two threads, with copies elided or done, and
+/// with fingerprints all, sampled or off; every run dumps the same
+/// outputs, byte for byte.
+#[test]
+fn every_workload_dumps_identical_outputs_for_every_thread_count_and_choice() {
+    let list = run("kb-sim", &["list"], b"");
+    let text = String::from_utf8_lossy(&list.stdout).into_owned();
+    let benches: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(benches.len() >= 10, "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    for bench in benches {
+        for topo in ["default", "small"] {
+            let trace = dir.path().join(format!("{bench}-{topo}.kbt"));
+            let trace = trace.to_str().unwrap();
+            let sim = run("kb-sim", &["-q", "-t", topo, "-b", bench, "-o", trace], b"");
+            assert!(sim.status.success(), "{bench} {topo}: {}", stderr(&sim));
+            let variants: [&[&str]; 5] = [
+                &["-j", "1"],
+                &["-j", "2"],
+                &["-j", "2", "--no-elide"],
+                &["-j", "1", "--no-elide", "--fingerprints", "off"],
+                &["-j", "2", "--fingerprints", "sample"],
+            ];
+            let mut first: Option<Vec<(String, Vec<u8>)>> = None;
+            for (i, flags) in variants.iter().enumerate() {
+                let out = dir.path().join(format!("{bench}-{topo}-{i}"));
+                let mut args = vec![trace, "--verify", "-q", "--dump-outputs"];
+                args.push(out.to_str().unwrap());
+                args.extend_from_slice(flags);
+                let replay = run("kb-replay", &args, b"");
+                assert_eq!(
+                    replay.status.code(),
+                    Some(0),
+                    "{bench} {topo} {flags:?}: {}",
+                    stderr(&replay)
+                );
+                let files = dir_files(&out);
+                assert!(!files.is_empty(), "{bench} {topo}: nothing dumped");
+                match &first {
+                    None => first = Some(files),
+                    Some(want) => assert!(
+                        files == *want,
+                        "{bench} {topo} {flags:?}: outputs differ from {:?}'s",
+                        variants[0]
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// `--report`'s bytes copied per GEMM flop on a gemm trace at default
+/// tiles: copying every byte (`--no-elide`, what replay did before copy
+/// elision) costs at least what moving the inputs host -> HBM -> TCM and
+/// the output TCM -> HBM costs, computed by hand; with elision replay
+/// copies less than that bound and at least 4x less than copying every
+/// byte (issue 15), and the outputs are the same bytes.
+#[test]
+fn copy_elision_cuts_bytes_copied_per_gemm_flop() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("g.kbt");
+    let trace = trace.to_str().unwrap();
+    let (m, n, k) = (256u64, 256u64, 256u64);
+    let dims = [format!("m={m}"), format!("n={n}"), format!("k={k}")];
+    let mut args = vec!["-q", "-t", "default", "-b", "gemm", "-p", "dtype=f32"];
+    for d in &dims {
+        args.extend_from_slice(&["-p", d]);
+    }
+    args.extend_from_slice(&["-o", trace]);
+    let sim = run("kb-sim", &args, b"");
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    let flops = 2 * m * n * k;
+    // f32: A and B twice (host -> HBM -> TCM), C once (TCM -> HBM).
+    let every_byte_bound = ((2 * (m * k + k * n) + m * n) * 4) as f64 / flops as f64;
+    let mut per_flop = Vec::new();
+    let mut dumps = Vec::new();
+    for flags in [&[][..], &["--no-elide"][..]] {
+        let report = dir.path().join("r.json");
+        let out = dir.path().join(format!("d{}", flags.len()));
+        let mut args = vec![trace, "--verify", "-q", "--report"];
+        args.push(report.to_str().unwrap());
+        args.extend_from_slice(&["--dump-outputs", out.to_str().unwrap()]);
+        args.extend_from_slice(flags);
+        let r = run("kb-replay", &args, b"");
+        assert_eq!(r.status.code(), Some(0), "{flags:?}: {}", stderr(&r));
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(j["gemm_flops"].as_u64(), Some(flops), "{j}");
+        let copied = j["bytes_copied"].as_u64().unwrap();
+        let got = j["bytes_copied_per_gemm_flop"].as_f64().unwrap();
+        assert!((got - copied as f64 / flops as f64).abs() < 1e-12, "{j}");
+        per_flop.push(got);
+        dumps.push(std::fs::read(out.join("c.npy")).unwrap());
+    }
+    let (elided, every) = (per_flop[0], per_flop[1]);
+    assert!(every >= every_byte_bound, "{every} < {every_byte_bound}");
+    assert!(elided < every_byte_bound, "{elided} >= {every_byte_bound}");
+    assert!(4.0 * elided <= every, "{elided} vs {every}");
+    assert_eq!(dumps[0], dumps[1]);
+}

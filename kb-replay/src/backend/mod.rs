@@ -70,6 +70,228 @@ impl Dims {
     }
 }
 
+/// A matrix in memory that need not be dense: `rows` rows of `cols`
+/// elements, each row `stride` elements after the previous (a tile of a
+/// larger matrix, read where it lies).
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a, T> {
+    data: &'a [T],
+    rows: usize,
+    cols: usize,
+    stride: usize,
+}
+
+/// As [`MatRef`], to write.
+#[derive(Debug)]
+pub struct MatMut<'a, T> {
+    data: &'a mut [T],
+    rows: usize,
+    cols: usize,
+    stride: usize,
+}
+
+/// Elements from the first to the last of a `rows x cols` matrix whose
+/// rows are `stride` apart; `None` when rows would overlap.
+fn strided_len(rows: usize, cols: usize, stride: usize) -> Option<usize> {
+    if rows <= 1 {
+        return Some(rows * cols);
+    }
+    (stride >= cols).then(|| (rows - 1).checked_mul(stride)?.checked_add(cols))?
+}
+
+impl<'a, T> MatRef<'a, T> {
+    /// `data` from the first element to the last; `None` when it is not
+    /// exactly that long or rows would overlap.
+    pub fn new(data: &'a [T], rows: usize, cols: usize, stride: usize) -> Option<MatRef<'a, T>> {
+        (strided_len(rows, cols, stride) == Some(data.len())).then_some(MatRef {
+            data,
+            rows,
+            cols,
+            stride: if rows <= 1 { cols } else { stride },
+        })
+    }
+
+    /// A dense row-major matrix.
+    pub fn dense(data: &'a [T], rows: usize, cols: usize) -> Option<MatRef<'a, T>> {
+        MatRef::new(data, rows, cols, cols)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Elements between the starts of two rows.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// From the first element to the last.
+    pub fn data(&self) -> &'a [T] {
+        self.data
+    }
+
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &'a [T] {
+        &self.data[i * self.stride..i * self.stride + self.cols]
+    }
+
+    /// Whether the rows lie back to back.
+    pub fn is_dense(&self) -> bool {
+        self.rows <= 1 || self.stride == self.cols
+    }
+}
+
+impl<T: Copy> MatRef<'_, T> {
+    /// The rows, back to back.
+    pub fn to_dense(&self, out: &mut Vec<T>) {
+        out.clear();
+        if self.is_dense() {
+            out.extend_from_slice(self.data);
+        } else {
+            for i in 0..self.rows {
+                out.extend_from_slice(self.row(i));
+            }
+        }
+    }
+}
+
+impl<'a, T> MatMut<'a, T> {
+    /// As [`MatRef::new`].
+    pub fn new(
+        data: &'a mut [T],
+        rows: usize,
+        cols: usize,
+        stride: usize,
+    ) -> Option<MatMut<'a, T>> {
+        (strided_len(rows, cols, stride) == Some(data.len())).then_some(MatMut {
+            data,
+            rows,
+            cols,
+            stride: if rows <= 1 { cols } else { stride },
+        })
+    }
+
+    /// A dense row-major matrix.
+    pub fn dense(data: &'a mut [T], rows: usize, cols: usize) -> Option<MatMut<'a, T>> {
+        MatMut::new(data, rows, cols, cols)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    pub fn is_dense(&self) -> bool {
+        self.rows <= 1 || self.stride == self.cols
+    }
+
+    /// From the first element to the last.
+    pub fn data_mut(&mut self) -> &mut [T] {
+        self.data
+    }
+
+    /// Row `i`.
+    pub fn row_mut(&mut self, i: usize) -> &mut [T] {
+        &mut self.data[i * self.stride..i * self.stride + self.cols]
+    }
+
+    /// The same matrix, reborrowed.
+    pub fn reborrow(&mut self) -> MatMut<'_, T> {
+        MatMut {
+            data: self.data,
+            rows: self.rows,
+            cols: self.cols,
+            stride: self.stride,
+        }
+    }
+}
+
+impl<T: Copy> MatMut<'_, T> {
+    /// Copy `src`'s rows in (same shape).
+    pub fn copy_from(&mut self, src: &MatRef<'_, T>) {
+        assert_eq!(
+            (self.rows, self.cols),
+            (src.rows, src.cols),
+            "shapes differ"
+        );
+        for i in 0..self.rows {
+            self.row_mut(i).copy_from_slice(src.row(i));
+        }
+    }
+
+    /// Set every element to `v`.
+    pub fn fill(&mut self, v: T) {
+        for i in 0..self.rows {
+            self.row_mut(i).fill(v);
+        }
+    }
+}
+
+/// A multiply on matrices that may be strided: `c += a . b`.
+#[derive(Debug)]
+pub struct ViewArgs<'a> {
+    pub a: MatRef<'a, f32>,
+    pub b: MatRef<'a, f32>,
+    pub c: MatMut<'a, f32>,
+}
+
+/// `c += a . b` on views through a dense backend call: the rows copied
+/// into buffers (the same bits: backends compute from values alone).
+fn dense_view_gemm(
+    d: Dims,
+    a: &MatRef<'_, f32>,
+    b: &MatRef<'_, f32>,
+    c: &mut MatMut<'_, f32>,
+    mut call: impl FnMut(&[f32], &[f32], &mut [f32]),
+) {
+    let (mut da, mut db) = (Vec::new(), Vec::new());
+    a.to_dense(&mut da);
+    b.to_dense(&mut db);
+    if c.is_dense() {
+        call(&da, &db, c.data_mut());
+    } else {
+        let mut dc = Vec::with_capacity(d.m * d.n);
+        for i in 0..c.rows() {
+            dc.extend_from_slice(c.row_mut(i));
+        }
+        call(&da, &db, &mut dc);
+        for i in 0..c.rows() {
+            c.row_mut(i).copy_from_slice(&dc[i * d.n..(i + 1) * d.n]);
+        }
+    }
+}
+
+impl Dims {
+    /// Panics unless the views have the shapes these dims need.
+    pub fn check_views<T>(&self, a: &MatRef<'_, T>, b: &MatRef<'_, T>, c: &MatMut<'_, T>) {
+        assert!(
+            (a.rows, a.cols, b.rows, b.cols, c.rows, c.cols)
+                == (self.m, self.k, self.k, self.n, self.m, self.n),
+            "gemm {}x{}x{}: views a {}x{} b {}x{} c {}x{}",
+            self.m,
+            self.k,
+            self.n,
+            a.rows,
+            a.cols,
+            b.rows,
+            b.cols,
+            c.rows,
+            c.cols
+        );
+    }
+}
+
 /// One multiply of a batch: `c += a . b`.
 #[derive(Debug)]
 pub struct GemmArgs<'a, T> {
@@ -114,6 +336,47 @@ pub trait GemmBackend: Send + Sync + std::fmt::Debug {
     /// summation gives the same bits).
     fn gemm_i32(&self, d: Dims, a: &[i32], b: &[i32], c: &mut [i32]) {
         naive::gemm_i32(d, a, b, c);
+    }
+
+    /// `c += a . b` on views that may be strided (operands read where they
+    /// lie), on the pool when `share_pool`, else on the calling thread.
+    /// Must give the bits the dense call gives on the same values. The
+    /// default copies strided views into dense buffers.
+    fn gemm_f32_view(
+        &self,
+        d: Dims,
+        a: MatRef<'_, f32>,
+        b: MatRef<'_, f32>,
+        mut c: MatMut<'_, f32>,
+        share_pool: bool,
+    ) {
+        d.check_views(&a, &b, &c);
+        if a.is_dense() && b.is_dense() && c.is_dense() {
+            if share_pool {
+                self.gemm_f32(d, a.data(), b.data(), c.data_mut());
+            } else {
+                self.gemm_f32_one_thread(d, a.data(), b.data(), c.data_mut());
+            }
+            return;
+        }
+        dense_view_gemm(d, &a, &b, &mut c, |a, b, c| {
+            if share_pool {
+                self.gemm_f32(d, a, b, c)
+            } else {
+                self.gemm_f32_one_thread(d, a, b, c)
+            }
+        });
+    }
+
+    /// Independent multiplies of one shape on views, as
+    /// [`GemmBackend::gemm_f32_batch`]; each gets the bits
+    /// [`GemmBackend::gemm_f32_view`] gives it alone.
+    fn gemm_f32_view_batch(&self, d: Dims, batch: &mut [ViewArgs<'_>]) {
+        let alone = batch.len() >= rayon::current_num_threads();
+        batch
+            .par_iter_mut()
+            .with_max_len(1)
+            .for_each(|g| self.gemm_f32_view(d, g.a, g.b, g.c.reborrow(), !alone));
     }
 
     /// Independent multiplies of one shape. Each item must get the bits
@@ -255,6 +518,58 @@ pub(crate) mod tests {
             }
             pool(2).install(|| be.gemm_f64_one_thread(d, &a64, &b64, &mut alone64));
             assert!(alone64 == c64, "{} f64 alone {m}x{k}x{n}", be.name());
+        }
+        // Strided views (tiles of larger matrices, rows apart) give the
+        // dense call's bits, on the pool or alone, alone or batched.
+        for (i, &(m, k, n)) in [(1, 5, 7), (7, 1, 3), (9, 13, 1), (16, 16, 16), (33, 70, 17)]
+            .iter()
+            .enumerate()
+        {
+            let d = Dims { m, k, n };
+            let (a, b, c0) = (
+                values(m * k, i as u64 + 40),
+                values(k * n, i as u64 + 50),
+                values(m * n, i as u64 + 60),
+            );
+            let mut want = c0.clone();
+            pool(1).install(|| be.gemm_f32(d, &a, &b, &mut want));
+            let embed = |v: &[f32], rows: usize, cols: usize, stride: usize| {
+                let mut big = vec![f32::NAN; (rows.max(1) - 1) * stride + cols];
+                for r in 0..rows {
+                    big[r * stride..r * stride + cols]
+                        .copy_from_slice(&v[r * cols..(r + 1) * cols]);
+                }
+                big
+            };
+            let (sa, sb) = (embed(&a, m, k, k + 3), embed(&b, k, n, n + 5));
+            for share in [false, true] {
+                let mut sc = embed(&c0, m, n, n + 2);
+                let va = MatRef::new(&sa, m, k, k + 3).unwrap();
+                let vb = MatRef::new(&sb, k, n, n + 5).unwrap();
+                let vc = MatMut::new(&mut sc, m, n, n + 2).unwrap();
+                pool(2).install(|| be.gemm_f32_view(d, va, vb, vc, share));
+                let got: Vec<f32> = (0..m)
+                    .flat_map(|r| sc[r * (n + 2)..r * (n + 2) + n].to_vec())
+                    .collect();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{} view {m}x{k}x{n}", be.name());
+                // The padding between rows is untouched.
+                assert!(m == 1 || sc[n..n + 2].iter().all(|x| x.is_nan()));
+            }
+            let mut cs = vec![c0.clone(); 3];
+            let mut batch: Vec<ViewArgs> = cs
+                .iter_mut()
+                .map(|c| ViewArgs {
+                    a: MatRef::new(&sa, m, k, k + 3).unwrap(),
+                    b: MatRef::new(&sb, k, n, n + 5).unwrap(),
+                    c: MatMut::dense(c, m, n).unwrap(),
+                })
+                .collect();
+            pool(2).install(|| be.gemm_f32_view_batch(d, &mut batch));
+            drop(batch);
+            for c in &cs {
+                assert!(c == &want, "{} view batch {m}x{k}x{n}", be.name());
+            }
         }
         // Wrapping i32.
         let d = Dims { m: 1, k: 2, n: 1 };

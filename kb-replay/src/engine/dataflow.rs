@@ -3,20 +3,22 @@
 //! thread, within the lookahead and the held-bytes budget (see the module
 //! docs of [`super`]). What a node does is [`super::exec`]'s.
 
-use kb_format::{OpKind, Params};
+use kb_format::Params;
 use rustc_hash::FxHashMap;
 
-use super::exec::{Cx, Done, effects, run_gemm_batch, run_node};
-use super::graph::{self, Node, Step};
+use super::exec::{Cx, Done, run_gemm_batch, run_node};
+use super::graph;
+use super::plan::{Action, PNode, is_gemm};
 use super::{Delta, Held, PendingOp, Stats};
 use crate::error::{Error, Result};
-use crate::ops::{Plan, gemm};
+use crate::ops::gemm;
 
-/// A unit of work: one node, or GEMM reads sharing a batched call.
+/// A unit of work: one node, or GEMMs sharing a batched call.
 enum Task {
-    /// A node, and whether a GEMM in it may split across the pool.
-    One(u32, Node, Option<Held>, bool),
-    Gemms(Vec<(u32, Node)>),
+    /// A node, what its op's read held for it, and whether a GEMM in it
+    /// may split across the pool.
+    One(u32, Option<Held>, bool),
+    Gemms(Vec<u32>),
 }
 
 impl Task {
@@ -26,25 +28,6 @@ impl Task {
             Task::One(..) => 1,
             Task::Gemms(items) => items.len(),
         }
-    }
-}
-
-/// Bytes a node's read holds until the op's write (0 for a node that
-/// holds nothing: a write, both effects at once, or a read without write).
-fn hold_cost(n: Node, ops: &[Option<PendingOp>]) -> u64 {
-    let Some(op) = ops[n.slot as usize].as_ref() else {
-        return 0;
-    };
-    if n.step != Step::Read || op.rec.write.is_none() {
-        return 0;
-    }
-    match op.plan {
-        Plan::Compute { output, .. } => output,
-        _ => op.rec.read.as_ref().map_or(0, |r| {
-            r.ranges
-                .iter()
-                .fold(0u64, |acc, e| acc.saturating_add(e.bytes()))
-        }),
     }
 }
 
@@ -70,8 +53,6 @@ struct Sched {
     tasks: u64,
     gemm_batches: u64,
     gemm_batched_ops: u64,
-    /// Scratch for `Run::complete`.
-    stack: Vec<u32>,
     /// Byte spans of the nodes running now (node, start, end, written),
     /// to check in debug builds the contract of `DataPlane::shared`:
     /// running nodes never touch the same bytes, one of them writing.
@@ -86,7 +67,7 @@ struct Sched {
 /// pool; otherwise each task keeps to its thread.
 pub(super) fn run_parallel(
     cx: &Cx,
-    nodes: &[Node],
+    nodes: &[PNode],
     g: graph::Graph,
     ops: &mut [Option<PendingOp>],
     pool: &rayon::ThreadPool,
@@ -94,7 +75,9 @@ pub(super) fn run_parallel(
 ) -> Result<()> {
     let mut held = FxHashMap::default();
     for n in nodes {
-        if let Some(h) = ops[n.slot as usize].as_mut().and_then(|o| o.held.take()) {
+        if matches!(n.action, Action::Release { .. })
+            && let Some(h) = ops[n.slot as usize].as_mut().and_then(|o| o.held.take())
+        {
             held.insert(n.slot, h);
         }
     }
@@ -114,31 +97,12 @@ pub(super) fn run_parallel(
         tasks: 0,
         gemm_batches: 0,
         gemm_batched_ops: 0,
-        stack: Vec::new(),
         #[cfg(debug_assertions)]
         running_spans: Vec::new(),
     });
-    // What each node's read holds, and what each write releases.
-    let costs: Vec<(u64, u64)> = nodes
-        .iter()
-        .map(|&n| {
-            let release = match n.step {
-                Step::Write => hold_cost(
-                    Node {
-                        step: Step::Read,
-                        ..n
-                    },
-                    ops,
-                ),
-                _ => 0,
-            };
-            (hold_cost(n, ops), release)
-        })
-        .collect();
     let run = Run {
         cx,
         nodes,
-        costs: &costs,
         succs: &g.succs,
         ops,
         sched: &sched,
@@ -157,12 +121,6 @@ pub(super) fn run_parallel(
     stats.tasks += st.tasks;
     stats.gemm_batches += st.gemm_batches;
     stats.gemm_batched_ops += st.gemm_batched_ops;
-    for (i, n) in nodes.iter().enumerate() {
-        if st.done[i] {
-            let op = ops[n.slot as usize].as_mut().expect("live op");
-            op.left -= effects(*n);
-        }
-    }
     for (slot, h) in st.held {
         ops[slot as usize].as_mut().expect("live op").held = Some(h);
     }
@@ -176,9 +134,7 @@ pub(super) fn run_parallel(
 #[derive(Clone, Copy)]
 struct Run<'a> {
     cx: &'a Cx<'a>,
-    nodes: &'a [Node],
-    /// Per node: bytes its read holds, bytes its write releases.
-    costs: &'a [(u64, u64)],
+    nodes: &'a [PNode],
     succs: &'a [Vec<u32>],
     ops: &'a [Option<PendingOp>],
     sched: &'a std::sync::Mutex<Sched>,
@@ -192,22 +148,23 @@ impl<'a> Run<'a> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn op(&self, n: Node) -> &'a PendingOp {
+    fn op(&self, i: u32) -> &'a PendingOp {
+        let n = &self.nodes[i as usize];
         self.ops[n.slot as usize].as_ref().expect("live op")
     }
 
-    fn batchable(&self, n: Node) -> Option<gemm::BatchKey> {
-        let op = self.op(n);
-        match &op.rec.params {
-            Params::Gemm(p)
-                if self.cx.batch
-                    && matches!(n.step, Step::Read | Step::Both)
-                    && op.rec.kind == OpKind::Gemm
-                    && op.rec.read.is_some()
-                    && op.rec.write.is_some() =>
-            {
-                Some(gemm::batch_key(p))
-            }
+    /// The batch key of a GEMM that computes into its output.
+    fn batchable(&self, i: u32) -> Option<gemm::BatchKey> {
+        let op = self.op(i);
+        match (&self.nodes[i as usize].action, &op.rec.params) {
+            (
+                Action::Compute {
+                    dst: Some(_),
+                    reads,
+                    ..
+                },
+                Params::Gemm(p),
+            ) if self.cx.batch && is_gemm(op) && !reads.is_empty() => Some(gemm::batch_key(p)),
             _ => None,
         }
     }
@@ -223,7 +180,7 @@ impl<'a> Run<'a> {
         }
         let end = (st.low + cx.lookahead.max(1)).min(st.limit as usize) as u32;
         let admits = |st: &Sched, i: u32| {
-            let cost = self.costs[i as usize].0;
+            let cost = self.nodes[i as usize].hold;
             (cost == 0 || st.held_bytes + cost <= cx.hold_budget || i as usize == st.low)
                 .then_some(cost)
         };
@@ -240,9 +197,8 @@ impl<'a> Run<'a> {
             from = i + 1;
             st.ready.remove(&i);
             st.held_bytes += cost;
-            let n = self.nodes[i as usize];
-            let mut items = vec![(i, n)];
-            if let Some(key) = self.batchable(n) {
+            let mut items = vec![i];
+            if let Some(key) = self.batchable(i) {
                 // Batch into free threads only: a batch's items wait for
                 // one another, so a batch beside busy threads runs its
                 // items one by one (measured: twice as slow).
@@ -253,22 +209,23 @@ impl<'a> Run<'a> {
                     .ready
                     .range(i + 1..end)
                     .copied()
-                    .filter(|&j| self.batchable(self.nodes[j as usize]) == Some(key))
+                    .filter(|&j| self.batchable(j) == Some(key))
                     .take(room - 1)
                     .collect();
                 for j in more {
                     let Some(c) = admits(st, j) else { break };
                     st.ready.remove(&j);
                     st.held_bytes += c;
-                    items.push((j, self.nodes[j as usize]));
+                    items.push(j);
                 }
             }
             let task = if items.len() == 1 {
-                let held = match n.step {
-                    Step::Read => None,
-                    _ => st.held.remove(&n.slot),
+                let n = &self.nodes[i as usize];
+                let held = match n.action {
+                    Action::Release { .. } => st.held.remove(&n.slot),
+                    _ => None,
                 };
-                Task::One(i, n, held, false)
+                Task::One(i, held, false)
             } else {
                 st.gemm_batches += 1;
                 st.gemm_batched_ops += items.len() as u64;
@@ -276,8 +233,8 @@ impl<'a> Run<'a> {
             };
             #[cfg(debug_assertions)]
             match &task {
-                Task::One(i, n, ..) => self.claim(st, *i, *n),
-                Task::Gemms(items) => items.iter().for_each(|&(i, n)| self.claim(st, i, n)),
+                Task::One(i, ..) => self.claim(st, *i),
+                Task::Gemms(items) => items.iter().for_each(|&i| self.claim(st, i)),
             }
             st.running += task.width();
             st.tasks += 1;
@@ -299,37 +256,25 @@ impl<'a> Run<'a> {
     /// running node touches any of them and one of the two writes (the
     /// dependency graph must have ordered them).
     #[cfg(debug_assertions)]
-    fn claim(&self, st: &mut Sched, i: u32, n: Node) {
-        let op = self.op(n);
+    fn claim(&self, st: &mut Sched, i: u32) {
+        let (reads, writes) = self.nodes[i as usize].accesses();
         let mut spans = Vec::new();
-        for (effect, write, applies) in [
-            (
-                &op.rec.read,
-                false,
-                matches!(n.step, Step::Read | Step::Both),
-            ),
-            (
-                &op.rec.write,
-                true,
-                matches!(n.step, Step::Write | Step::Both),
-            ),
-        ] {
-            if let (Some(e), true) = (effect, applies) {
-                spans.extend(
-                    e.ranges
-                        .iter()
-                        .filter_map(crate::plane::span)
-                        .map(|(s, e)| (i, s, e, write)),
-                );
-            }
+        for (es, write) in [(reads, false), (writes, true)] {
+            spans.extend(
+                es.iter()
+                    .filter_map(crate::plane::span)
+                    .map(|(s, e)| (i, s, e, write)),
+            );
         }
         for &(_, s, e, w) in &spans {
             for &(other, os, oe, ow) in &st.running_spans {
                 assert!(
                     !(s < oe && os < e && (w || ow)),
-                    "nodes {other} and {i} run at once over bytes {:#x}..{:#x}, one writing",
+                    "nodes {other} and {i} run at once over bytes {:#x}..{:#x}, one writing: {:?} / {:?}",
                     s.max(os),
-                    e.min(oe)
+                    e.min(oe),
+                    self.nodes[other as usize],
+                    self.nodes[i as usize],
                 );
             }
         }
@@ -347,10 +292,11 @@ impl<'a> Run<'a> {
         loop {
             let width = t.width();
             let results = match t {
-                Task::One(i, n, held, share_pool) => {
-                    vec![(i, run_node(self.cx, i, n, self.op(n), held, share_pool))]
+                Task::One(i, held, share_pool) => {
+                    let n = &self.nodes[i as usize];
+                    vec![(i, run_node(self.cx, i, n, self.op(i), held, share_pool))]
                 }
-                Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.ops),
+                Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.nodes, self.ops),
             };
             let mut next = {
                 let mut st = self.lock();
@@ -374,32 +320,21 @@ impl<'a> Run<'a> {
     }
 
     /// Mark `node` done and make ready the nodes that waited only for it.
-    /// A fused write has nothing to do (its read node applied it), so it
-    /// is done at once rather than started as a task.
     fn complete(&self, st: &mut Sched, node: u32) {
-        let mut stack = std::mem::take(&mut st.stack);
-        stack.push(node);
-        while let Some(i) = stack.pop() {
-            st.done[i as usize] = true;
-            for &s in &self.succs[i as usize] {
-                st.preds[s as usize] -= 1;
-                if st.preds[s as usize] == 0 {
-                    if self.nodes[s as usize].step == Step::Fused {
-                        stack.push(s);
-                    } else {
-                        st.ready.insert(s);
-                    }
-                }
+        st.done[node as usize] = true;
+        for &s in &self.succs[node as usize] {
+            st.preds[s as usize] -= 1;
+            if st.preds[s as usize] == 0 {
+                st.ready.insert(s);
             }
         }
-        st.stack = stack;
     }
 
     fn finish(&self, st: &mut Sched, node: u32, r: Result<Done>) {
         match r {
             Ok(d) => {
-                let n = self.nodes[d.node as usize];
-                st.held_bytes = st.held_bytes.saturating_sub(self.costs[d.node as usize].1);
+                let n = &self.nodes[d.node as usize];
+                st.held_bytes = st.held_bytes.saturating_sub(n.release);
                 if let Some(h) = d.held {
                     st.held.insert(n.slot, h);
                 }

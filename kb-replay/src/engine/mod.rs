@@ -29,51 +29,63 @@
 //! With [`ReplayOptions::streaming`] off every effect waits for the end of
 //! the trace, as the first, sequential engine did.
 //!
+//! # Planning: physical bytes, lazy copies
+//!
+//! Before it runs, a window is *planned* (`plan`): its effects, in order
+//! (seq, read before write, op id), become nodes that touch physical
+//! bytes only. A memory op whose destination is one contiguous range
+//! copies nothing: the destination becomes an alias of the bytes it read
+//! ([`crate::plane::lazy`]), and later ops resolve it to where those
+//! bytes lie (a DMA's TCM tile to the HBM rows it came from, and those to
+//! the host data a host write brought: a GEMM reads its operands there,
+//! strided). Before a physical write, the aliases whose sources it would
+//! change are materialized (copied, in nodes of their own before it), so
+//! every byte a later op or the verification reads is right. A memory op
+//! whose bytes something overwrote between its read and its write (or
+//! whose write comes in a later window) gathers them at its read and
+//! writes them at its write. With [`ReplayOptions::elide`] off every memory
+//! op copies.
+//!
+//! Fingerprints are checked on the bytes where they lie, in nodes of
+//! their own (in parallel), by [`Fingerprints`]; an op that reads the same
+//! unchanged bytes as an earlier checked one, with the same recorded
+//! fingerprint, is checked by that hash. GEMM operands that must be
+//! decoded (f16, bf16, transposed) or whose rows lie apart are decoded once
+//! into a dense matrix shared by every GEMM planned to read the same
+//! unchanged bytes the same way.
+//!
 //! # Parallel execution
 //!
-//! A window is a list of *nodes* in effect order (seq, read before write,
-//! op id): an op's read (gather its read ranges; a memory op checks the
-//! fingerprint, a compute op computes its output), its write (scatter what
-//! the read produced), or both in one node when nothing lies between them.
 //! `graph` links each node to the earlier nodes it conflicts with (RAW,
-//! WAW, WAR over the byte ranges, through an interval index), to its own
-//! read, and to the ops in the record's explicit dependency ids. With one
-//! thread the nodes run in order. With more, `exec` runs the window as
-//! a dataflow on the rayon pool: whenever a node finishes, the nodes it
-//! made ready start, earliest first, one task per thread, as long as each
-//! is at most [`ReplayOptions::lookahead`] nodes after the first one not
-//! done and what reads run ahead hold for their writes stays within
-//! [`ReplayOptions::hold_budget`] (the bounds keep parallel runs from
-//! holding much more than sequential ones). Threads without a task help
-//! the running ones (a large GEMM splits across the pool). Ready GEMM
-//! reads that share shape, dtypes, layouts and transpose flags start as
-//! one batched backend call when threads are free for all of them.
-//!
-//! Fusion: when nothing between an op's read and its write touches the
-//! bytes it writes, the write joins the read's node (`graph`), so the op
-//! holds nothing in between. TCM regions grow to cover the window before
-//! it runs ([`DataPlane::reserve`]).
-//!
-//! Moving bytes: a memory op's read takes a [`crate::plane::Snapshot`]
-//! (references to the pages, no copy) and its write copies from it, so
-//! each byte is copied once; the fingerprint is computed over whichever
-//! side is in fewer pieces (a tile loaded into TCM is one). An f32 GEMM
-//! whose matrices lie back to back in TCM runs where they lie: with both
-//! effects in its node it accumulates straight into its output's bytes;
-//! a read alone computes into a buffer for the write. Otherwise a
-//! row-major f32 GEMM operand that lies in one page is read in place.
+//! WAW, WAR over the physical byte ranges, through an interval index), to
+//! its op's earlier node, and to the ops in the record's explicit
+//! dependency ids. With one thread the nodes run in order. With more,
+//! `dataflow` runs the window on the rayon pool: whenever a node
+//! finishes, the nodes it made ready start, earliest first, one task per
+//! thread, as long as each is at most [`ReplayOptions::lookahead`] nodes
+//! after the first one not done and what reads run ahead hold for their
+//! writes stays within [`ReplayOptions::hold_budget`] (the bounds keep
+//! parallel runs from holding much more than sequential ones). Threads
+//! without a task help the running ones (a large GEMM splits across the
+//! pool). Ready GEMMs that share shape, dtypes, layouts and transpose
+//! flags start as one batched backend call when threads are free for all
+//! of them.
 //!
 //! Every node computes the same bits whatever runs beside it (ops are pure
 //! functions of their input bytes; backends give the same bits for any
-//! thread count and batch), so results are bit-identical for every
-//! `--threads`. Errors are reported in effect order: after a node fails,
-//! only earlier nodes still run, and the earliest failure is returned (a
-//! fused op's write fails at its read's place in that order, the same
-//! for every `--threads`).
+//! thread count, batch and stride), and planning is sequential and never
+//! depends on timing, so results are bit-identical for every `--threads`,
+//! with and without copy elision, for every `--fingerprints`. Errors are
+//! reported in effect order: after a node fails, only earlier nodes still
+//! run, and the earliest failure is returned (a planning error stops the
+//! plan at its node).
 
 mod dataflow;
 mod exec;
 mod graph;
+mod plan;
+
+pub use plan::sampled;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -99,10 +111,13 @@ pub struct ReplayOptions {
     pub window: usize,
     /// Run ready GEMMs of one shape as one batched backend call.
     pub batch_gemms: bool,
-    /// Apply an op's write with its read when nothing between them
-    /// touches the written bytes (engine::graph); GEMMs then compute in
-    /// place in TCM. Never changes a result.
-    pub fuse: bool,
+    /// Copy elision: a memory op whose destination is one contiguous
+    /// range copies nothing; its destination becomes an alias of the bytes
+    /// it read (engine::plan), and ops read them where they lie. Never
+    /// changes a result.
+    pub elide: bool,
+    /// Which memory ops' fingerprints are checked.
+    pub fingerprints: Fingerprints,
     /// How far ahead of the first unfinished node (in effect order) ready
     /// nodes may start: more finds more parallel work, and lets more
     /// reads hold data for writes still to come.
@@ -123,10 +138,44 @@ impl Default for ReplayOptions {
             streaming: true,
             window: 4096,
             batch_gemms: true,
-            fuse: true,
+            elide: true,
+            fingerprints: Fingerprints::All,
             lookahead: 256,
             hold_budget: 16 << 20,
             check_intermediates: false,
+        }
+    }
+}
+
+/// Which recorded fingerprints replay checks (`--fingerprints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fingerprints {
+    /// Every one.
+    #[default]
+    All,
+    /// About one memory op in 16, chosen by op id ([`sampled`]): for runs
+    /// where the trace is trusted but a systematic error should still show.
+    Sample,
+    /// None: the trace is trusted.
+    Off,
+}
+
+impl Fingerprints {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fingerprints::All => "all",
+            Fingerprints::Sample => "sample",
+            Fingerprints::Off => "off",
+        }
+    }
+
+    /// The mode called `name` (`all`, `sample`, `off`).
+    pub fn from_name(name: &str) -> Option<Fingerprints> {
+        match name {
+            "all" => Some(Fingerprints::All),
+            "sample" => Some(Fingerprints::Sample),
+            "off" => Some(Fingerprints::Off),
+            _ => None,
         }
     }
 }
@@ -163,14 +212,44 @@ pub struct Stats {
     pub math: u64,
     /// Records of kinds this build does not know, skipped.
     pub unknown_skipped: u64,
-    /// Fingerprints recomputed and matched.
+    /// Fingerprints checked and matched (each by a hash of the bytes it
+    /// names, or by an earlier check of the same unchanged bytes: see
+    /// `fingerprints_reused`).
     pub fingerprints_checked: u64,
+    /// Of those, checked by the hash of an earlier op that read the same
+    /// bytes, unchanged since, with the same recorded fingerprint.
+    pub fingerprints_reused: u64,
+    /// Recorded fingerprints not checked (`--fingerprints sample|off`).
+    pub fingerprints_skipped: u64,
+    /// Bytes hashed to check fingerprints.
+    pub fingerprint_bytes: u64,
+    /// Bytes the trace's effects read and wrote (what Phase 1 moved).
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Bytes replay copied to apply them: memory ops done physically,
+    /// materialized aliases, operands decoded or gathered into buffers,
+    /// outputs written from buffers (an operand read where it lies and an
+    /// output computed in place count nothing).
+    pub bytes_copied: u64,
+    /// Memory ops applied as lazy copies (nothing copied).
+    pub copies_elided: u64,
+    /// Lazy copies done after all, because their source was about to be
+    /// overwritten or their destination cut by a strided write.
+    pub materialized: u64,
+    /// Memory ops whose read gathered their bytes for a later write:
+    /// something overwrote them first, or the write comes in a later
+    /// window.
+    pub captured: u64,
     /// 2mnk summed over gemm ops.
     pub gemm_flops: u64,
     /// Seconds spent applying effects.
     pub replay_seconds: f64,
+    /// Of those, seconds spent planning windows and building their
+    /// dependency graphs (serial work).
+    pub plan_seconds: f64,
+    /// Seconds spent decoding records and queueing their effects in seq
+    /// order (serial work, besides `replay_seconds`).
+    pub queue_seconds: f64,
     /// Windows applied, and the most effects one held.
     pub windows: u64,
     pub max_window_effects: u64,
@@ -184,37 +263,40 @@ pub struct Stats {
     /// Batched GEMM calls of two or more GEMMs, and the GEMMs in them.
     pub gemm_batches: u64,
     pub gemm_batched_ops: u64,
-    /// Ops whose write ran with their read, nothing lying between them
-    /// (engine::graph).
-    pub fused_ops: u64,
-    /// GEMMs computed with both effects where their matrices lie in TCM,
-    /// no byte copied.
+    /// GEMMs computed where their matrices lie: both operands read in
+    /// place (TCM, HBM or host data, strided) and the output accumulated
+    /// in its own bytes; no byte copied.
     pub gemm_in_place: u64,
+}
+
+impl Stats {
+    /// Bytes copied per GEMM flop (0 without GEMMs).
+    pub fn bytes_copied_per_gemm_flop(&self) -> f64 {
+        if self.gemm_flops == 0 {
+            0.0
+        } else {
+            self.bytes_copied as f64 / self.gemm_flops as f64
+        }
+    }
 }
 
 /// Counters a node adds to [`Stats`].
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Delta {
-    pub fingerprints: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
+    pub bytes_copied: u64,
     pub gemm_in_place: u64,
 }
 
 impl Stats {
     fn add(&mut self, d: Delta) {
-        self.fingerprints_checked += d.fingerprints;
-        self.bytes_read += d.bytes_read;
-        self.bytes_written += d.bytes_written;
+        self.bytes_copied += d.bytes_copied;
         self.gemm_in_place += d.gemm_in_place;
     }
 }
 
 impl Delta {
     fn add(&mut self, d: Delta) {
-        self.fingerprints += d.fingerprints;
-        self.bytes_read += d.bytes_read;
-        self.bytes_written += d.bytes_written;
+        self.bytes_copied += d.bytes_copied;
         self.gemm_in_place += d.gemm_in_place;
     }
 }
@@ -241,22 +323,14 @@ pub(crate) struct PendingOp {
 }
 
 /// What an op's read holds for its write: a compute op's output bytes, or
-/// a memory op's bytes as a snapshot of the pages they were read from
-/// (copied once, by the write).
+/// a memory op's bytes captured because something overwrote them before
+/// its write.
 #[derive(Debug)]
 pub(crate) enum Held {
     Bytes(Vec<u8>),
-    Snapshot {
-        snap: crate::plane::Snapshot,
-        /// The recorded fingerprint, when it is checked on the written
-        /// bytes: when the destination is in fewer pieces than the source
-        /// (a tile gathered from strided rows into TCM), hashing it is
-        /// faster, and it is in cache right after the write.
-        check: Option<u64>,
-    },
-    /// A computed GEMM, its output encoded straight into the pages by the
+    /// A computed GEMM, its output encoded straight into place by the
     /// write.
-    Gemm(crate::ops::gemm::Prepared),
+    Gemm(crate::ops::gemm::Prepared<'static>),
 }
 
 /// The smallest seq no effect has carried yet.
@@ -317,6 +391,7 @@ pub struct Replayer {
     frontier: Frontier,
     watermark: u64,
     stats: Stats,
+    planner: plan::Planner,
     /// Phase 1's input snapshots by (op id, operand), when checking.
     snapshots: std::collections::HashMap<(u64, u32), Vec<u8>>,
 }
@@ -337,6 +412,7 @@ impl Replayer {
             frontier: Frontier::default(),
             watermark: 0,
             stats: Stats::default(),
+            planner: plan::Planner::default(),
             snapshots: Default::default(),
         }
     }
@@ -459,10 +535,12 @@ impl Replayer {
     }
 
     pub fn push_chunk(&mut self, mut c: RecordChunk<'_>, exec: &Exec) -> Result<()> {
+        let start = Instant::now();
         let mut r = Record::default();
         while c.next_into(&mut r)? {
             self.push(std::mem::take(&mut r), c.strings())?;
         }
+        self.stats.queue_seconds += start.elapsed().as_secs_f64();
         // When kb-format gives records chunks a seq watermark:
         // self.set_watermark(c.watermark());
         self.step(c.strings(), exec)
@@ -491,6 +569,7 @@ impl Replayer {
 
     /// Move every queued effect below `bound` to the staged list.
     fn stage(&mut self, bound: u64) {
+        let start = Instant::now();
         while let Some(&Reverse(k)) = self.queue.peek() {
             if k.seq >= bound {
                 break;
@@ -499,6 +578,7 @@ impl Replayer {
             self.staged.push(k);
         }
         self.staged_below = self.staged_below.max(bound);
+        self.stats.queue_seconds += start.elapsed().as_secs_f64();
     }
 
     fn apply_staged(&mut self, strings: &Strings, exec: &Exec) -> Result<()> {
@@ -509,20 +589,24 @@ impl Replayer {
         let keys = std::mem::take(&mut self.staged);
         self.stats.windows += 1;
         self.stats.max_window_effects = self.stats.max_window_effects.max(keys.len() as u64);
-        // TCM regions cover the window's bytes before it runs (they only
-        // grow through `&mut`).
-        self.plane.reserve(keys.iter().flat_map(|k| {
-            let op = self.ops[k.slot as usize].as_ref().expect("live op");
-            let e = if k.write { &op.rec.write } else { &op.rec.read };
-            e.iter().flat_map(|e| &e.ranges)
-        }));
+        // Plan with `&mut` (aliases, regions grown), then run on a view.
+        let pcx = plan::PlanCx {
+            tensors: &self.tensors,
+            elide: self.opts.elide,
+            fingerprints: self.opts.fingerprints,
+        };
+        let mut nodes =
+            self.planner
+                .plan(&mut self.plane, &keys, &mut self.ops, &pcx, &mut self.stats);
+        nodes.retain(|n| !n.is_empty());
+        self.stats.plan_seconds += start.elapsed().as_secs_f64();
         // SAFETY: `run_window` never runs two nodes whose byte ranges
         // overlap, one of them writing, at the same time: with one thread
         // it runs them in order; with more, a node starts only after every
         // earlier node it conflicts with (RAW, WAW, WAR over spans that
         // contain each extent's bytes) has finished (engine::graph), and
         // the scheduler's lock orders a node's end before its successors'
-        // start. A node touches only its op's read and write ranges.
+        // start. A node touches only the physical ranges its action names.
         #[allow(unsafe_code)]
         let plane = unsafe { self.plane.shared() };
         let cx = exec::Cx {
@@ -531,12 +615,11 @@ impl Replayer {
             strings,
             backend: exec.backend,
             batch: self.opts.batch_gemms,
-            fuse: self.opts.fuse,
             lookahead: self.opts.lookahead,
             hold_budget: self.opts.hold_budget,
             snapshots: self.opts.check_intermediates.then_some(&self.snapshots),
         };
-        let res = exec::run_window(&cx, &keys, &mut self.ops, exec.pool, &mut self.stats);
+        let res = exec::run_window(&cx, &nodes, &mut self.ops, exec.pool, &mut self.stats);
         // Drop the records whose effects are all applied.
         for k in &keys {
             let slot = k.slot as usize;

@@ -25,12 +25,12 @@
 //! output. GEMMs with equal [`BatchKey`]s can share one batched call;
 //! [`execute`] does all three for one GEMM.
 
-use half::slice::HalfFloatSliceExt;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use kb_format::{Dtype, GemmParams, Layout};
 
 use crate::backend::{Dims, GemmArgs, GemmBackend};
+use crate::backend::{MatMut, MatRef, ViewArgs};
 use crate::dtype;
-use crate::plane::{Snapshot, SnapshotSlice};
 
 fn dims(p: &GemmParams) -> Option<(Dims, [usize; 3])> {
     let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
@@ -38,6 +38,12 @@ fn dims(p: &GemmParams) -> Option<(Dims, [usize; 3])> {
     let kn = k.checked_mul(n)?;
     let mn = m.checked_mul(n)?;
     Some((Dims { m, k, n }, [mk, kn, mn]))
+}
+
+/// Whether an operand stored with these flags is already the logical
+/// row-major matrix (row-major untransposed, or column-major transposed).
+pub fn stored_as_is(transpose: bool, layout: Layout) -> bool {
+    transpose == (layout == Layout::ColMajor)
 }
 
 /// Dims and element counts (a, b, output) of a GEMM that can run on its
@@ -112,7 +118,7 @@ pub fn batch_key(p: &GemmParams) -> BatchKey {
 }
 
 /// The logical `rows x cols` matrix, row-major, from its stored form.
-fn logical<T: Copy>(
+pub(crate) fn logical<T: Copy>(
     stored: Vec<T>,
     rows: usize,
     cols: usize,
@@ -150,58 +156,52 @@ fn store<T: Copy>(c: &[T], m: usize, n: usize, layout: Layout, mut f: impl FnMut
     }
 }
 
-/// Operands decoded for the backend: logical row-major matrices.
+/// Operands decoded for the backend: logical row-major matrices, some
+/// perhaps read where they lie (views borrowed for `'a`).
 #[derive(Debug, Clone)]
-pub struct Prepared {
+pub struct Prepared<'a> {
     d: Dims,
-    kind: Kind,
+    kind: Kind<'a>,
 }
 
-/// An f32 input matrix: decoded into a buffer, or, when the stored
-/// operand is already a row-major f32 matrix lying in one page, that
-/// page's bytes themselves (no copy).
+/// An f32 input matrix: decoded into a dense buffer, or, when the stored
+/// operand is already the row-major f32 matrix, a view of it where it
+/// lies (no copy; rows may be strided).
 #[derive(Debug, Clone)]
-enum Mat {
+enum Mat<'a> {
     Owned(Vec<f32>),
-    Page(SnapshotSlice),
+    View(MatRef<'a, f32>),
 }
 
-impl Mat {
-    /// The bytes of `s` as f32 values, when they can be used in place:
-    /// 4-byte aligned, on a little-endian machine.
-    fn borrow(s: SnapshotSlice) -> Option<Mat> {
-        (cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(s.bytes()).is_ok())
-            .then_some(Mat::Page(s))
-    }
-}
-
-impl std::ops::Deref for Mat {
-    type Target = [f32];
-
-    fn deref(&self) -> &[f32] {
+impl Mat<'_> {
+    /// As a view of `rows x cols`.
+    fn view(&self, rows: usize, cols: usize) -> MatRef<'_, f32> {
         match self {
-            Mat::Owned(v) => v,
-            // `borrow` checked the alignment and the length.
-            Mat::Page(s) => bytemuck::cast_slice(s.bytes()),
+            Mat::Owned(v) => MatRef::dense(v, rows, cols).expect("decoded to its size"),
+            Mat::View(v) => *v,
         }
     }
+
+    fn is_view(&self) -> bool {
+        matches!(self, Mat::View(_))
+    }
 }
 
-impl From<Vec<f32>> for Mat {
-    fn from(v: Vec<f32>) -> Mat {
+impl From<Vec<f32>> for Mat<'_> {
+    fn from(v: Vec<f32>) -> Self {
         Mat::Owned(v)
     }
 }
 
 #[derive(Debug, Clone)]
-enum Kind {
+enum Kind<'a> {
     /// Float arithmetic in f32; `c` starts as the accumulator.
-    F32 { a: Mat, b: Mat, c: Vec<f32> },
+    F32 { a: Mat<'a>, b: Mat<'a>, c: Vec<f32> },
     /// Exact integer products in f32 (`c` starts at zero); `acc` is added
     /// in wrapping i32 afterwards.
     IntF32 {
-        a: Mat,
-        b: Mat,
+        a: Mat<'a>,
+        b: Mat<'a>,
         c: Vec<f32>,
         acc: Option<Vec<i32>>,
     },
@@ -225,7 +225,7 @@ fn max_abs(v: &[i32]) -> u64 {
 }
 
 /// Decode a GEMM's concatenated operand bytes; an error says what does not fit.
-pub fn prepare(p: &GemmParams, input: &[u8]) -> Result<Prepared, String> {
+pub fn prepare(p: &GemmParams, input: &[u8]) -> Result<Prepared<'static>, String> {
     let (d, [mk, kn, mn]) = dims(p).ok_or("gemm sizes overflow")?;
     let want = input_len(p).ok_or("gemm sizes overflow")?;
     if want != input.len() as u64 {
@@ -345,8 +345,24 @@ fn float_size(d: Dtype) -> Option<usize> {
 }
 
 /// Append the f32 values of whole `d` elements in `b` to `out`.
-fn decode_f32(d: Dtype, b: &[u8], out: &mut Vec<f32>) {
+pub(crate) fn decode_f32(d: Dtype, b: &[u8], out: &mut Vec<f32>) {
     match d {
+        // Straight into `out` (F16C where the CPU has it).
+        Dtype::F16 if cfg!(target_endian = "little") => {
+            let n = b.len() / 2;
+            let at = out.len();
+            out.resize(at + n, 0.0);
+            match bytemuck::try_cast_slice::<u8, u16>(&b[..2 * n]) {
+                Ok(bits) => bits
+                    .reinterpret_cast::<half::f16>()
+                    .convert_to_f32_slice(&mut out[at..]),
+                Err(_) => {
+                    for (o, w) in out[at..].iter_mut().zip(b.chunks_exact(2)) {
+                        *o = half::f16::from_bits(u16::from_le_bytes([w[0], w[1]])).to_f32();
+                    }
+                }
+            }
+        }
         Dtype::F32 => match bytemuck::try_cast_slice::<u8, f32>(b) {
             Ok(v) if cfg!(target_endian = "little") => out.extend_from_slice(v),
             _ => out.extend(
@@ -362,12 +378,51 @@ fn decode_f32(d: Dtype, b: &[u8], out: &mut Vec<f32>) {
     }
 }
 
+/// Operand `which` (0: a, 1: b) of a float GEMM as its logical row-major
+/// f32 matrix, decoded from its stored bytes fed piece by piece through
+/// `feed` (which calls its argument with each piece, in order).
+pub fn decode_operand(
+    p: &GemmParams,
+    which: usize,
+    feed: impl FnOnce(&mut dyn FnMut(&[u8])),
+) -> Vec<f32> {
+    let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
+    let (rows, cols, transpose, layout) = if which == 0 {
+        (m, k, p.transpose_a, p.layout_a)
+    } else {
+        (k, n, p.transpose_b, p.layout_b)
+    };
+    let es = p.dtype_in.size();
+    let mut out = Vec::with_capacity(rows * cols);
+    let mut carry = [0u8; 4];
+    let mut carried = 0;
+    feed(&mut |mut b: &[u8]| {
+        if carried > 0 {
+            let take = (es - carried).min(b.len());
+            carry[carried..carried + take].copy_from_slice(&b[..take]);
+            carried += take;
+            b = &b[take..];
+            if carried < es {
+                return;
+            }
+            decode_f32(p.dtype_in, &carry[..es], &mut out);
+            carried = 0;
+        }
+        let whole = b.len() / es * es;
+        decode_f32(p.dtype_in, &b[..whole], &mut out);
+        carry[..b.len() - whole].copy_from_slice(&b[whole..]);
+        carried = b.len() - whole;
+    });
+    out.resize(rows * cols, 0.0);
+    logical(out, rows, cols, transpose, layout)
+}
+
 /// Decodes a GEMM's operand bytes as they are gathered, piece by piece,
 /// straight into the f32 matrices [`compute`] needs: one pass over the
 /// bytes instead of a copy and a decode. For float inputs accumulating in
 /// a float dtype; other GEMMs gather their bytes and use [`prepare`].
 #[derive(Debug)]
-pub struct Decoder<'p> {
+pub struct Decoder<'p, 'a> {
     p: &'p GemmParams,
     d: Dims,
     /// Bytes of a, b and acc.
@@ -377,9 +432,11 @@ pub struct Decoder<'p> {
     part: usize,
     seen: usize,
     vals: [Vec<f32>; 3],
-    /// Operands used in place ([`Decoder::from_snapshot`]); their bytes
-    /// are skipped, not decoded.
-    borrowed: [Option<Mat>; 2],
+    /// Operands used where they lie ([`Decoder::with_views`]); their
+    /// bytes are skipped, not decoded.
+    borrowed: [Option<Mat<'a>>; 2],
+    /// The accumulator is the output's own bytes ([`Decoder::acc_in_place`]).
+    acc_here: bool,
     /// A partial element split across pieces.
     carry: [u8; 4],
     carry_len: usize,
@@ -387,13 +444,34 @@ pub struct Decoder<'p> {
     extra: usize,
 }
 
-impl<'p> Decoder<'p> {
+impl<'p, 'a> Decoder<'p, 'a> {
     /// A decoder, when this GEMM can use one.
-    pub fn new(p: &'p GemmParams) -> Option<Decoder<'p>> {
+    pub fn new(p: &'p GemmParams) -> Option<Decoder<'p, 'a>> {
         Decoder::with_borrowed(p, [None, None])
     }
 
-    fn with_borrowed(p: &'p GemmParams, borrowed: [Option<Mat>; 2]) -> Option<Decoder<'p>> {
+    /// A decoder that takes `a` and/or `b` as given: the logical
+    /// row-major f32 matrices (m x k and k x n), read where they lie (an
+    /// f32 operand stored as the logical matrix, see [`stored_as_is`]) or
+    /// decoded once for several GEMMs. Their bytes are then skipped
+    /// ([`Decoder::skip`]), not fed.
+    pub fn with_views(
+        p: &'p GemmParams,
+        a: Option<MatRef<'a, f32>>,
+        b: Option<MatRef<'a, f32>>,
+    ) -> Option<Decoder<'p, 'a>> {
+        let (d, _) = dims(p)?;
+        let fits =
+            |v: &MatRef<'a, f32>, rows: usize, cols: usize| v.rows() == rows && v.cols() == cols;
+        if a.as_ref().is_some_and(|v| !fits(v, d.m, d.k))
+            || b.as_ref().is_some_and(|v| !fits(v, d.k, d.n))
+        {
+            return None;
+        }
+        Decoder::with_borrowed(p, [a.map(Mat::View), b.map(Mat::View)])
+    }
+
+    fn with_borrowed(p: &'p GemmParams, borrowed: [Option<Mat<'a>>; 2]) -> Option<Decoder<'p, 'a>> {
         let si = float_size(p.dtype_in)?;
         let sa = float_size(p.dtype_acc)?;
         let (d, [mk, kn, mn]) = dims(p)?;
@@ -424,32 +502,38 @@ impl<'p> Decoder<'p> {
             seen: 0,
             vals,
             borrowed,
+            acc_here: false,
             carry: [0; 4],
             carry_len: 0,
             extra: 0,
         })
     }
 
-    /// Operands from a snapshot of their bytes: `a` and `b` used in place
-    /// when each is a row-major f32 matrix within one page (the common
-    /// case of a tile in TCM), the rest decoded. `None` when this GEMM
-    /// needs the generic path (as [`Decoder::new`]).
-    pub fn from_snapshot(p: &'p GemmParams, snap: &Snapshot) -> Option<Result<Prepared, String>> {
-        let (_, [mk, kn, _]) = dims(p)?;
-        let in_place = |start: usize, elems: usize, transpose: bool, layout: Layout| {
-            let len = elems.checked_mul(4)?;
-            // A stored matrix is the logical row-major one when `logical`
-            // would return it as it is.
-            (p.dtype_in == Dtype::F32 && transpose == (layout == Layout::ColMajor))
-                .then(|| snap.contiguous(start, len))
-                .flatten()
-                .and_then(Mat::borrow)
-        };
-        let a = in_place(0, mk, p.transpose_a, p.layout_a);
-        let b = in_place(mk.checked_mul(4)?, kn, p.transpose_b, p.layout_b);
-        let mut dec = Decoder::with_borrowed(p, [a, b])?;
-        snap.pieces().for_each(|piece| dec.feed(piece));
-        Some(dec.finish())
+    /// The accumulator stays where it lies (the output, computed in
+    /// place): its bytes are not fed, and the result holds no `c`.
+    pub fn acc_in_place(&mut self) {
+        self.lens[2] = 0;
+        self.acc_here = true;
+        crate::pool::F32.give(std::mem::take(&mut self.vals[2]));
+    }
+
+    /// Pass over the next `n` bytes of the operands without decoding
+    /// them (they belong to operands taken as views).
+    pub fn skip(&mut self, mut n: usize) {
+        while n > 0 {
+            while self.part < 3 && self.seen == self.lens[self.part] {
+                self.part += 1;
+                self.seen = 0;
+            }
+            if self.part == 3 {
+                self.extra += n;
+                return;
+            }
+            debug_assert!(self.part < 2 && self.borrowed[self.part].is_some());
+            let take = (self.lens[self.part] - self.seen).min(n);
+            self.seen += take;
+            n -= take;
+        }
     }
 
     /// The next bytes of the operands, in order.
@@ -498,7 +582,7 @@ impl<'p> Decoder<'p> {
 
     /// The decoded operands; an error when the bytes fed were not exactly
     /// the operands.
-    pub fn finish(self) -> Result<Prepared, String> {
+    pub fn finish(self) -> Result<Prepared<'a>, String> {
         let fed = self.lens[..self.part].iter().sum::<usize>()
             + if self.part < 3 { self.seen } else { 0 }
             + self.extra;
@@ -513,7 +597,7 @@ impl<'p> Decoder<'p> {
         let d = self.d;
         let [a, b, mut c] = self.vals;
         let [ba, bb] = self.borrowed;
-        if p.acc.is_none() {
+        if p.acc.is_none() && !self.acc_here {
             c.resize(d.m * d.n, 0.0);
         }
         Ok(Prepared {
@@ -521,7 +605,11 @@ impl<'p> Decoder<'p> {
             kind: Kind::F32 {
                 a: ba.unwrap_or_else(|| logical(a, d.m, d.k, p.transpose_a, p.layout_a).into()),
                 b: bb.unwrap_or_else(|| logical(b, d.k, d.n, p.transpose_b, p.layout_b).into()),
-                c: logical(c, d.m, d.n, false, p.layout_out),
+                c: if self.acc_here {
+                    c
+                } else {
+                    logical(c, d.m, d.n, false, p.layout_out)
+                },
             },
         })
     }
@@ -543,7 +631,7 @@ enum OutSrc<'a> {
 }
 
 impl<'a> Output<'a> {
-    pub fn new(p: &GemmParams, x: &'a Prepared) -> Output<'a> {
+    pub fn new(p: &GemmParams, x: &'a Prepared<'_>) -> Output<'a> {
         let src = match &x.kind {
             Kind::F32 { c, .. }
                 if p.dtype_out == Dtype::F32
@@ -602,10 +690,10 @@ impl<'a> Output<'a> {
     }
 }
 
-impl Prepared {
+impl<'a> Prepared<'a> {
     /// A GEMM computed on its operands where they lie (see
     /// [`in_place_dims`]): its row-major f32 result, for the write.
-    pub fn computed(d: Dims, c: Vec<f32>) -> Prepared {
+    pub fn computed(d: Dims, c: Vec<f32>) -> Prepared<'a> {
         Prepared {
             d,
             kind: Kind::F32 {
@@ -613,6 +701,72 @@ impl Prepared {
                 b: Mat::Owned(Vec::new()),
                 c,
             },
+        }
+    }
+
+    /// The dims.
+    pub fn dims(&self) -> Dims {
+        self.d
+    }
+
+    /// Operands taken as views (not decoded).
+    pub fn views(&self) -> usize {
+        match &self.kind {
+            Kind::F32 { a, b, .. } => a.is_view() as usize + b.is_view() as usize,
+            _ => 0,
+        }
+    }
+
+    /// The result alone, after computing: inputs given back to the pool,
+    /// views let go.
+    pub fn detach(mut self) -> Prepared<'static> {
+        self.release_inputs();
+        let kind = match self.kind {
+            Kind::F32 { c, .. } => Kind::F32 {
+                a: Mat::Owned(Vec::new()),
+                b: Mat::Owned(Vec::new()),
+                c,
+            },
+            Kind::IntF32 { c, acc, .. } => Kind::IntF32 {
+                a: Mat::Owned(Vec::new()),
+                b: Mat::Owned(Vec::new()),
+                c,
+                acc,
+            },
+            Kind::IntF64 { a, b, c, acc } => Kind::IntF64 { a, b, c, acc },
+            Kind::I32 { a, b, c } => Kind::I32 { a, b, c },
+        };
+        Prepared { d: self.d, kind }
+    }
+
+    /// The operands as views, when this GEMM computes in f32.
+    pub fn ab(&self) -> Option<(MatRef<'_, f32>, MatRef<'_, f32>)> {
+        let d = self.d;
+        match &self.kind {
+            Kind::F32 { a, b, .. } => Some((a.view(d.m, d.k), b.view(d.k, d.n))),
+            _ => None,
+        }
+    }
+
+    /// The decoded accumulator (logical, row-major), for an f32 GEMM.
+    pub fn acc_view(&self) -> Option<MatRef<'_, f32>> {
+        match &self.kind {
+            Kind::F32 { c, .. } => MatRef::dense(c, self.d.m, self.d.n),
+            _ => None,
+        }
+    }
+
+    /// The f32 multiply to run, when this GEMM computes in f32 (as
+    /// [`compute`] would).
+    pub fn f32_args(&mut self) -> Option<ViewArgs<'_>> {
+        let d = self.d;
+        match &mut self.kind {
+            Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } => Some(ViewArgs {
+                a: a.view(d.m, d.k),
+                b: b.view(d.k, d.n),
+                c: MatMut::dense(c, d.m, d.n).expect("sized at decode"),
+            }),
+            _ => None,
         }
     }
 
@@ -639,15 +793,14 @@ impl Prepared {
 
 /// Run one prepared GEMM on the backend, with the pool's threads when
 /// `share_pool` (else on the calling thread alone).
-pub fn compute(x: &mut Prepared, backend: &dyn GemmBackend, share_pool: bool) {
+pub fn compute(x: &mut Prepared<'_>, backend: &dyn GemmBackend, share_pool: bool) {
     let d = x.d;
+    if let Some(g) = x.f32_args() {
+        backend.gemm_f32_view(d, g.a, g.b, g.c, share_pool);
+        return;
+    }
     match &mut x.kind {
-        Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } if share_pool => {
-            backend.gemm_f32(d, a, b, c)
-        }
-        Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } => {
-            backend.gemm_f32_one_thread(d, a, b, c)
-        }
+        Kind::F32 { .. } | Kind::IntF32 { .. } => unreachable!("f32 args above"),
         Kind::IntF64 { a, b, c, .. } if share_pool => backend.gemm_f64(d, a, b, c),
         Kind::IntF64 { a, b, c, .. } => backend.gemm_f64_one_thread(d, a, b, c),
         Kind::I32 { a, b, c } => backend.gemm_i32(d, a, b, c),
@@ -657,7 +810,7 @@ pub fn compute(x: &mut Prepared, backend: &dyn GemmBackend, share_pool: bool) {
 /// Run prepared GEMMs of one [`BatchKey`] as batched backend calls (one
 /// per arithmetic; integer GEMMs can differ in it). Each gets the bits
 /// [`compute`] would give it.
-pub fn compute_batch(xs: &mut [Prepared], backend: &dyn GemmBackend) {
+pub fn compute_batch(xs: &mut [Prepared<'_>], backend: &dyn GemmBackend) {
     let Some(d) = xs.first().map(|x| x.d) else {
         return;
     };
@@ -667,13 +820,17 @@ pub fn compute_batch(xs: &mut [Prepared], backend: &dyn GemmBackend) {
     for x in xs.iter_mut() {
         assert_eq!(x.d, d, "a gemm batch has one shape");
         match &mut x.kind {
-            Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } => f32s.push(GemmArgs { a, b, c }),
+            Kind::F32 { a, b, c } | Kind::IntF32 { a, b, c, .. } => f32s.push(ViewArgs {
+                a: a.view(d.m, d.k),
+                b: b.view(d.k, d.n),
+                c: MatMut::dense(c, d.m, d.n).expect("sized at decode"),
+            }),
             Kind::IntF64 { a, b, c, .. } => f64s.push(GemmArgs { a, b, c }),
             Kind::I32 { a, b, c } => i32s.push(GemmArgs { a, b, c }),
         }
     }
     if !f32s.is_empty() {
-        backend.gemm_f32_batch(d, &mut f32s);
+        backend.gemm_f32_view_batch(d, &mut f32s);
     }
     if !f64s.is_empty() {
         backend.gemm_f64_batch(d, &mut f64s);
@@ -690,7 +847,7 @@ fn int_out(v: i64, acc: Option<&Vec<i32>>, i: usize) -> i64 {
 }
 
 /// Encode a computed GEMM's output bytes.
-pub fn finish(p: &GemmParams, x: &Prepared) -> Vec<u8> {
+pub fn finish(p: &GemmParams, x: &Prepared<'_>) -> Vec<u8> {
     let Dims { m, n, .. } = x.d;
     let mut out = Vec::with_capacity(m * n * p.dtype_out.size());
     match &x.kind {
@@ -883,52 +1040,54 @@ mod tests {
             .collect()
     }
 
+    /// Operands taken as strided views where they lie give the bits of
+    /// the operands decoded from their bytes.
     #[test]
-    fn operands_in_one_page_are_used_in_place_with_the_same_bits() {
-        use crate::plane::{DataPlane, PAGE};
-        use kb_format::{Extent, Space, pa::Pa};
-        // HBM: paged (TCM is a contiguous region, tested in the engine).
-        let hbm = |offset: u64| {
-            Pa {
-                space: Space::Hbm,
-                sip: 0,
-                cube: 0,
-                pe: 0,
-                offset,
-            }
-            .encode()
-            .unwrap()
-        };
-        let (m, k, n) = (8u32, 16u32, 8u32);
-        let mut p = params(m, k, n);
+    fn operands_read_as_strided_views_give_the_same_bits() {
+        let (m, k, n) = (8usize, 16usize, 12usize);
+        let mut p = params(m as u32, k as u32, n as u32);
         p.acc = Some(Addr::default());
-        let a = bytes_of(Dtype::F32, &ints((m * k) as usize, 9, 1));
-        let b = bytes_of(Dtype::F32, &ints((k * n) as usize, 9, 2));
-        let c = bytes_of(Dtype::F32, &ints((m * n) as usize, 9, 3));
-        let bytes = [a.clone(), b.clone(), c.clone()].concat();
+        let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32 / 7.0).collect::<Vec<f32>>();
+        let (a, b, c) = (
+            f(ints(m * k, 9, 1)),
+            f(ints(k * n, 9, 2)),
+            f(ints(m * n, 9, 3)),
+        );
+        let bytes = [f32s(&a), f32s(&b), f32s(&c)].concat();
         let want = execute(&p, &bytes, &GemmCrate).unwrap();
-        let mut plane = DataPlane::new(&[], crate::plane::DEFAULT_MAX_BYTES);
-        // a and b each inside a page; then a across a page boundary.
-        for (at_a, borrowed_a) in [(0u64, true), (PAGE as u64 - 64, false)] {
-            let (at_b, at_c) = (2 * PAGE as u64, 3 * PAGE as u64);
-            plane.write(hbm(at_a), &a).unwrap();
-            plane.write(hbm(at_b), &b).unwrap();
-            plane.write(hbm(at_c), &c).unwrap();
-            let ranges = [
-                Extent::contiguous(hbm(at_a), a.len() as u64),
-                Extent::contiguous(hbm(at_b), b.len() as u64),
-                Extent::contiguous(hbm(at_c), c.len() as u64),
-            ];
-            let snap = plane.snapshot(&ranges).unwrap();
-            let mut x = Decoder::from_snapshot(&p, &snap).unwrap().unwrap();
-            let Kind::F32 { a: ma, b: mb, .. } = &x.kind else {
-                panic!("f32 gemm")
-            };
-            assert_eq!(matches!(ma, Mat::Page(_)), borrowed_a);
-            assert!(matches!(mb, Mat::Page(_)));
-            compute(&mut x, &GemmCrate, borrowed_a);
-            assert_eq!(finish(&p, &x), want);
+        // a and b inside larger matrices (row strides 21 and 40).
+        let embed = |v: &[f32], rows: usize, cols: usize, stride: usize| {
+            let mut big = vec![f32::NAN; (rows - 1) * stride + cols];
+            for r in 0..rows {
+                big[r * stride..r * stride + cols].copy_from_slice(&v[r * cols..(r + 1) * cols]);
+            }
+            big
+        };
+        let (ba, bb) = (embed(&a, m, k, 21), embed(&b, k, n, 40));
+        for (use_a, use_b) in [(true, true), (true, false), (false, true)] {
+            let va = use_a.then(|| MatRef::new(&ba, m, k, 21).unwrap());
+            let vb = use_b.then(|| MatRef::new(&bb, k, n, 40).unwrap());
+            let mut dec = Decoder::with_views(&p, va, vb).unwrap();
+            for (part, used) in [(f32s(&a), use_a), (f32s(&b), use_b)] {
+                if used {
+                    dec.skip(part.len());
+                } else {
+                    dec.feed(&part);
+                }
+            }
+            dec.feed(&f32s(&c));
+            let mut x = dec.finish().unwrap();
+            assert_eq!(x.views(), use_a as usize + use_b as usize);
+            for share in [true, false] {
+                let mut y = x.clone();
+                compute(&mut y, &GemmCrate, share);
+                assert_eq!(finish(&p, &y), want, "{use_a} {use_b} {share}");
+            }
+            compute(&mut x, &GemmCrate, true);
+            assert_eq!(finish(&p, &x.detach()), want);
         }
+        // A view of the wrong shape is refused.
+        assert!(Decoder::with_views(&p, Some(MatRef::new(&bb, k, n, 40).unwrap()), None).is_none());
     }
 
     #[test]

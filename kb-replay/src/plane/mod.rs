@@ -1,37 +1,45 @@
 //! The data plane: byte-addressable memory keyed by the 51-bit PA of
-//! [`kb_format::pa`], stored as a sparse map of 64 KiB pages, except TCM
-//! (one contiguous region per PE, below).
+//! [`kb_format::pa`].
+//!
+//! # Memories
+//!
+//! Each *memory* (one PE's TCM or HBM partition, one cube's SRAM, one host
+//! tensor's input data) is kept as one contiguous, zero-initialised
+//! buffer (a `region`) from its offset 0, grown by doubling to cover what
+//! is written (up to [`TCM_REGION_MAX`] bytes of TCM and [`REGION_MAX`] of
+//! any other memory; offsets beyond are kept in sparse 64 KiB pages, as
+//! is anything a region could not be allocated for). A tile of a matrix
+//! in HBM is then a strided view of one buffer ([`Shared::f32_view`]):
+//! a GEMM reads it where it lies.
 //!
 //! Device memory that nothing wrote reads as zero. Host space
-//! (`pa::host(tensor, offset)`) holds the trace's tensor data: it is kept in
-//! its own sparse page map ([`DataPlane::load_host`]) that replay never
-//! changes, so the reference evaluation can read the inputs as the trace
-//! gave them even if an op writes to host space (a device-to-host copy);
-//! such writes go to the ordinary page map, which shadows the input pages.
+//! (`pa::host(tensor, offset)`) holds the trace's tensor data
+//! ([`DataPlane::load_host`]), which replay never changes, so the
+//! reference evaluation reads the inputs as the trace gave them even if an
+//! op writes to host space (a device-to-host copy); such writes go to the
+//! page map, whose pages shadow the input from then on.
 //!
-//! Host data is paged rather than held as one `Vec` of `TensorMeta::nbytes`
-//! per tensor so that memory grows with the bytes the trace actually holds,
-//! never with sizes it merely claims.
+//! # Physical and logical bytes
 //!
-//! The plane knows nothing of ops: it reads and writes byte ranges
-//! ([`DataPlane::gather`] / [`DataPlane::scatter`] over [`Extent`]s).
+//! A memory op that the engine's planner does not apply leaves an alias
+//! ([`lazy`]): the logical bytes of its destination are the physical
+//! bytes of its source. Everything outside the engine sees logical bytes:
+//! [`DataPlane::read`], [`DataPlane::gather`] and
+//! [`DataPlane::fingerprint`] resolve aliases, and [`DataPlane::write`] and
+//! [`DataPlane::scatter`] materialize what they would otherwise disturb.
+//! The engine plans with the aliases ([`DataPlane::lazy_mut`]) and moves
+//! physical bytes through [`Shared`].
 //!
-//! TCM is not paged: each PE's TCM is one contiguous buffer (a
-//! `region`), grown before a window runs ([`DataPlane::reserve`]) to
-//! cover every TCM byte the window touches (up to [`REGION_MAX`] bytes;
-//! offsets beyond stay paged). Its bytes are written in place, so a GEMM
-//! reads its operands and accumulates its output where they lie
-//! ([`Shared::f32s`]), and a tile loaded into TCM is one piece to hash.
+//! # Sharing
 //!
-//! Sharing: `&self` only reads. The engine writes from several threads at
-//! once through a [`Shared`] view, which [`DataPlane::shared`] makes
-//! (`unsafe`) under one contract: no two accesses to overlapping bytes,
-//! one of them a write, run at the same time. The engine's dependency
-//! graph orders every such pair (engine::graph). Device pages live in
-//! [`SHARDS`] hash maps, each behind its own `RwLock` (a page's shard is
-//! its page number modulo `SHARDS`), so the maps themselves are safe to
-//! change from several threads; region bytes rely on the contract alone.
-//! Host input pages change only through `&mut self` ([`DataPlane::load_host`]).
+//! `&self` only reads. The engine writes from several threads at once
+//! through a [`Shared`] view, which [`DataPlane::shared`] makes (`unsafe`)
+//! under one contract: no two accesses to overlapping bytes, one of them a
+//! write, run at the same time. The engine's dependency graph orders every
+//! such pair (engine::graph). Pages live in [`SHARDS`] hash maps, each
+//! behind its own `RwLock`, so the maps themselves are safe to change from
+//! several threads; region bytes rely on the contract alone. Regions grow,
+//! and host input is loaded, only through `&mut self`.
 
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -40,7 +48,11 @@ use rustc_hash::FxHashMap;
 use kb_format::pa::{self, MAX_HOST_TENSORS, OFFSET_BITS, PA_BITS, Pa};
 use kb_format::{Extent, Space, TensorMeta};
 
+use crate::backend::{MatMut, MatRef};
+
+pub mod lazy;
 mod region;
+use lazy::{Alias, Lazy};
 use region::Region;
 
 /// log2 of the page size.
@@ -50,18 +62,19 @@ pub const PAGE: usize = 1 << PAGE_BITS;
 const PAGE_MASK: u64 = PAGE as u64 - 1;
 /// Number of independently locked page maps.
 pub const SHARDS: usize = 64;
-/// Most bytes of one TCM kept as a contiguous region; TCM offsets beyond
-/// are paged (a corrupt extent must not drive a huge allocation).
-pub const REGION_MAX: u64 = 64 << 20;
+/// Most bytes of one TCM kept as a region; offsets beyond are paged.
+pub const TCM_REGION_MAX: u64 = 64 << 20;
+/// Most bytes of any other memory kept as a region (a corrupt extent must
+/// not drive a huge allocation); offsets beyond are paged.
+pub const REGION_MAX: u64 = 1 << 30;
 /// Smallest region (regions grow by doubling).
 const REGION_MIN: u64 = PAGE as u64;
 const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
+/// Bits of a host address's byte offset (`kb_format::pa::host`).
+const HOST_BITS: u32 = 36;
+const HOST_MASK: u64 = (1 << HOST_BITS) - 1;
 
-/// A page's bytes, shared copy-on-write: a memory op that moves whole,
-/// page-aligned pages shares them instead of copying
-/// ([`DataPlane::scatter_snapshot`]), a [`Snapshot`] holds the pages it
-/// read, and a later write to a shared page clones it first
-/// (`Arc::make_mut`).
+/// A page's bytes.
 pub type PageBuf = Arc<Box<[u8]>>;
 
 type Pages = FxHashMap<u64, PageBuf>;
@@ -73,6 +86,31 @@ fn zero_page() -> PageBuf {
 /// Bytes one op (or one gathered tensor) may hold unless configured
 /// otherwise: a corrupt extent must not drive a huge allocation.
 pub const DEFAULT_MAX_BYTES: u64 = 16 << 30;
+
+/// The memory an address lies in: one key per PE's TCM or HBM partition,
+/// per cube's SRAM and per host tensor.
+pub fn mem_key(addr: u64) -> u64 {
+    match pa::space_of(addr) {
+        Some(Space::Host) => 1 << 63 | addr >> HOST_BITS,
+        _ => addr >> OFFSET_BITS,
+    }
+}
+
+/// The offset of an address within its memory.
+fn mem_offset(addr: u64) -> u64 {
+    match pa::space_of(addr) {
+        Some(Space::Host) => addr & HOST_MASK,
+        _ => addr & OFFSET_MASK,
+    }
+}
+
+/// Most bytes a region of this memory may hold.
+fn region_cap(addr: u64) -> u64 {
+    match pa::space_of(addr) {
+        Some(Space::Tcm) => TCM_REGION_MAX,
+        _ => REGION_MAX,
+    }
+}
 
 /// Why a data-plane access failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,13 +165,19 @@ struct HostTensor {
 /// Sparse byte-addressable memory over every space of the 51-bit PA.
 #[derive(Debug)]
 pub struct DataPlane {
-    /// Written pages, by page number, in `SHARDS` locked maps.
+    /// Pages beyond the regions (and host-space writes), by page number,
+    /// in `SHARDS` locked maps.
     pages: Box<[RwLock<Pages>]>,
-    /// Contiguous memories (each PE's TCM), by `addr >> OFFSET_BITS`.
+    /// Contiguous memories, by [`mem_key`]: device memories as written,
+    /// host tensors' input data.
     regions: FxHashMap<u64, Region>,
-    /// The trace's host tensor data, by page number; never written by ops.
+    /// Host input data beyond its region, by page number.
     host_input: Pages,
     host: Vec<HostTensor>,
+    /// Some op writes host space: its pages shadow the input, so host
+    /// bytes are looked up page by page and never viewed in place.
+    host_written: bool,
+    lazy: Lazy,
     max_bytes: u64,
 }
 
@@ -160,6 +204,8 @@ impl DataPlane {
                     loaded: 0,
                 })
                 .collect(),
+            host_written: false,
+            lazy: Lazy::default(),
             max_bytes,
         }
     }
@@ -169,7 +215,7 @@ impl DataPlane {
         self.max_bytes
     }
 
-    /// Device pages written so far (for statistics).
+    /// Pages written so far (for statistics and tests).
     pub fn page_count(&self) -> usize {
         self.pages
             .iter()
@@ -177,12 +223,33 @@ impl DataPlane {
             .sum()
     }
 
+    /// The aliases (lazy copies) now.
+    pub fn lazy(&self) -> &Lazy {
+        &self.lazy
+    }
+
+    /// The aliases, to change: the engine's planner keeps them (see the
+    /// invariants in [`lazy`]).
+    pub fn lazy_mut(&mut self) -> &mut Lazy {
+        &mut self.lazy
+    }
+
     /// Store host-provided bytes of `tensor` at byte `offset` (a tensor chunk).
     pub fn load_host(&mut self, tensor: u32, offset: u64, data: &[u8]) -> Result<(), PlaneError> {
         let addr = self.host_range(tensor, offset, data.len() as u64)?;
         self.host[tensor as usize].loaded += data.len() as u64;
+        // Aliases of these bytes keep the bytes they had.
+        self.materialize_sourced(&[Extent::contiguous(addr, data.len() as u64)]);
+        self.grow_region(addr, offset + data.len() as u64);
+        let (region, rest, left) = self.split_run(addr, data.len());
         let mut pos = 0;
-        for (page, off, n) in page_spans(addr, data.len()) {
+        if let Some((r, off, n)) = region {
+            // SAFETY: `&mut self`: no other slice of the region is live.
+            #[allow(unsafe_code)]
+            unsafe { r.bytes_mut(off, n) }.copy_from_slice(&data[..n]);
+            pos = n;
+        }
+        for (page, off, n) in page_spans(rest, left) {
             let p = Arc::make_mut(self.host_input.entry(page).or_insert_with(zero_page));
             p[off..off + n].copy_from_slice(&data[pos..pos + n]);
             pos += n;
@@ -205,13 +272,10 @@ impl DataPlane {
     ) -> Result<(), PlaneError> {
         let addr = self.host_range(tensor, offset, out.len() as u64)?;
         let mut pos = 0;
-        for (page, off, n) in page_spans(addr, out.len()) {
-            match self.host_input.get(&page) {
-                Some(p) => out[pos..pos + n].copy_from_slice(&p[off..off + n]),
-                None => out[pos..pos + n].fill(0),
-            }
-            pos += n;
-        }
+        self.input_pieces(addr, out.len(), &mut |b| {
+            out[pos..pos + b.len()].copy_from_slice(b);
+            pos += b.len();
+        });
         Ok(())
     }
 
@@ -231,7 +295,7 @@ impl DataPlane {
         })?;
         let end = offset.checked_add(len);
         match end {
-            Some(end) if end <= nbytes && end < 1 << 36 => Ok(pa::host(tensor, offset)),
+            Some(end) if end <= nbytes && end < 1 << HOST_BITS => Ok(pa::host(tensor, offset)),
             _ => Err(PlaneError::HostOutOfRange {
                 name: h.name.clone(),
                 offset,
@@ -265,15 +329,41 @@ impl DataPlane {
         Ok(space)
     }
 
-    /// Read `out.len()` bytes at `addr`. Unwritten device bytes read as zero;
-    /// host bytes read as the trace's tensor data unless an op overwrote them.
+    /// Check every run of `extents` (addresses, spaces, host bounds) and
+    /// their total against the limit; returns the total.
+    pub fn validate(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
+        let total = self.extent_bytes(extents)?;
+        for e in extents {
+            for (addr, len) in runs(e)? {
+                self.check(addr, len)?;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Read `out.len()` bytes at `addr` (logical bytes). Unwritten device
+    /// bytes read as zero; host bytes read as the trace's tensor data
+    /// unless an op overwrote them.
     pub fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), PlaneError> {
         let mut pos = 0;
-        self.for_each_piece(&[Extent::contiguous(addr, out.len() as u64)], |src| {
-            let n = src.len();
-            out[pos..pos + n].copy_from_slice(src.bytes());
-            pos += n;
-        })
+        self.gather_each(&[Extent::contiguous(addr, out.len() as u64)], |src| {
+            out[pos..pos + src.len()].copy_from_slice(src);
+            pos += src.len();
+        })?;
+        Ok(())
+    }
+
+    /// The physical extents that hold the logical bytes of `extents`, in
+    /// order (the extents themselves where no alias covers them).
+    pub fn resolve(&self, extents: &[Extent]) -> Vec<Extent> {
+        if self.lazy.is_empty() {
+            return extents.iter().filter(|e| e.bytes() > 0).copied().collect();
+        }
+        let mut out = Vec::with_capacity(extents.len());
+        for e in extents {
+            self.lazy.resolve_into(e, &mut out);
+        }
+        out
     }
 
     /// Write `data` at `addr`.
@@ -281,21 +371,56 @@ impl DataPlane {
         self.scatter(&[Extent::contiguous(addr, data.len() as u64)], data)
     }
 
-    /// Write `data` to `extents` in order; `data` must hold exactly their bytes.
+    /// Write `data` to `extents` in order (logical bytes); `data` must hold
+    /// exactly their bytes.
     pub fn scatter(&mut self, extents: &[Extent], data: &[u8]) -> Result<(), PlaneError> {
-        self.reserve(extents);
+        self.validate(extents)?;
+        self.prepare_write(extents);
         self.scatter_shared(extents, data)
     }
 
-    /// Write the bytes of `snap` to `extents` in order (see
-    /// [`Shared::scatter_snapshot`]).
-    pub fn scatter_snapshot(
-        &mut self,
-        extents: &[Extent],
-        snap: &Snapshot,
-    ) -> Result<(), PlaneError> {
+    /// Make `extents` ready to be written physically now: aliases of their
+    /// bytes materialized, aliases onto them trimmed, regions grown.
+    pub fn prepare_write(&mut self, extents: &[Extent]) {
+        self.materialize_sourced(extents);
+        for e in extents {
+            for a in self.lazy.clear_target(e) {
+                self.materialize(a);
+            }
+        }
         self.reserve(extents);
-        self.scatter_snapshot_shared(extents, snap)
+    }
+
+    /// Materialize every alias whose source covers bytes of `extents`.
+    fn materialize_sourced(&mut self, extents: &[Extent]) {
+        for e in extents {
+            for a in self.lazy.take_sourced(e) {
+                self.materialize(a);
+            }
+        }
+    }
+
+    /// Copy an alias's source to its target (after the aliases that need
+    /// the target's old bytes).
+    fn materialize(&mut self, a: Alias) {
+        let t = [a.target()];
+        self.prepare_write(&t);
+        let mut buf = Vec::new();
+        if self.gather_phys(&a.src, &mut buf).is_ok() {
+            let _ = self.scatter_shared(&t, &buf);
+        }
+    }
+
+    /// Write every alias's bytes to its target.
+    pub fn materialize_all(&mut self) {
+        for a in self.lazy.drain() {
+            let t = [a.target()];
+            let mut buf = Vec::new();
+            if self.gather_phys(&a.src, &mut buf).is_ok() {
+                self.reserve(&t);
+                let _ = self.scatter_shared(&t, &buf);
+            }
+        }
     }
 
     /// A view that writes through `&self`, for running ops on several
@@ -304,58 +429,67 @@ impl DataPlane {
     /// # Safety
     /// While the view (or a copy of it) is in use, no two accesses through
     /// it to overlapping bytes may run at the same time unless both only
-    /// read, and at most one slice from [`Shared::f32s_mut`] may cover a
-    /// byte while any other slice of that byte is live. Region bytes are
-    /// not locked: breaking this is a data race.
+    /// read, and no slice from [`Shared::f32_view_mut`] may be live while
+    /// any other access to its bytes runs. Region bytes are not locked:
+    /// breaking this is a data race.
     #[allow(unsafe_code)]
     pub unsafe fn shared(&mut self) -> Shared<'_> {
         Shared { plane: self }
     }
 
-    /// Grow the TCM regions to cover every TCM byte `extents` touch (up to
-    /// [`REGION_MAX`] bytes each). Every write reserves its bytes first,
-    /// so TCM bytes are paged only beyond `REGION_MAX`: a region never
-    /// grows over pages.
+    /// Note that host space is written (its pages shadow the input from
+    /// now on): before any host-space write.
+    pub fn note_host_write(&mut self) {
+        self.host_written = true;
+    }
+
+    /// Grow the regions to cover every device byte `extents` touch (up to
+    /// their caps). Every write reserves its bytes first, so bytes are
+    /// paged only beyond a region's cap: a region never grows over pages.
     pub fn reserve<'e>(&mut self, extents: impl IntoIterator<Item = &'e Extent>) {
-        let mut need: Vec<(u64, u64)> = Vec::new();
         for e in extents {
             let Some((start, end)) = span(e) else {
                 continue;
             };
-            if pa::space_of(start) != Some(Space::Tcm)
-                || (end - 1) >> OFFSET_BITS != start >> OFFSET_BITS
-            {
-                continue;
-            }
-            let key = start >> OFFSET_BITS;
-            let end = ((end - 1) & OFFSET_MASK) + 1;
-            let have = self.regions.get(&key).map_or(0, |r| r.len() as u64);
-            if end > have && have < REGION_MAX {
-                match need.iter_mut().find(|(k, _)| *k == key) {
-                    Some((_, n)) => *n = (*n).max(end),
-                    None => need.push((key, end)),
+            match pa::space_of(start) {
+                Some(Space::Host) => self.host_written = true,
+                Some(_) if mem_key(end - 1) == mem_key(start) => {
+                    self.grow_region(start, mem_offset(end - 1) + 1)
                 }
+                _ => {}
             }
-        }
-        for (key, end) in need {
-            self.grow_region(key, end);
         }
     }
 
+    /// Grow the region of the memory at `addr` to hold `end` bytes (its
+    /// cap at most), copying what it held. A region that cannot be
+    /// allocated stays as it is (its bytes beyond are paged).
     #[allow(unsafe_code)]
-    fn grow_region(&mut self, key: u64, end: u64) {
+    fn grow_region(&mut self, addr: u64, end: u64) {
+        let key = mem_key(addr);
+        let cap = region_cap(addr);
         let old = self.regions.get(&key).map_or(0, |r| r.len());
-        let len = end.next_power_of_two().clamp(REGION_MIN, REGION_MAX) as usize;
-        if len <= old {
+        if end <= old as u64 || old as u64 >= cap || mem_offset(addr) >= cap {
+            if let Some(r) = self.regions.get_mut(&key) {
+                r.note_written(end.min(r.len() as u64) as usize);
+            }
             return;
         }
-        let region = Region::zeroed(len);
-        // SAFETY: `&mut self`: no other slice of either region is live.
-        unsafe {
-            if let Some(prev) = self.regions.get(&key) {
-                region.bytes_mut(0, old).copy_from_slice(prev.bytes(0, old));
+        let len = end.next_power_of_two().clamp(REGION_MIN, cap) as usize;
+        let Some(mut region) = Region::zeroed(len) else {
+            return;
+        };
+        if let Some(prev) = self.regions.get(&key) {
+            let used = prev.written();
+            // SAFETY: `&mut self`: no other slice of either region is live.
+            unsafe {
+                region
+                    .bytes_mut(0, used)
+                    .copy_from_slice(prev.bytes(0, used));
             }
+            region.note_written(used);
         }
+        region.note_written(end.min(len as u64) as usize);
         self.regions.insert(key, region);
     }
 
@@ -374,46 +508,44 @@ impl DataPlane {
 
     /// The region holding the byte at `addr`, and its offset there.
     fn region_at(&self, addr: u64) -> Option<(&Region, usize)> {
-        if pa::space_of(addr) != Some(Space::Tcm) {
-            return None;
-        }
-        let r = self.regions.get(&(addr >> OFFSET_BITS))?;
-        let off = (addr & OFFSET_MASK) as usize;
+        let r = self.regions.get(&mem_key(addr))?;
+        let off = mem_offset(addr) as usize;
         (off < r.len()).then_some((r, off))
     }
 
-    /// A page to write: created from the host input (host space) or zeros,
-    /// and unshared.
+    /// Host input bytes `[addr, addr + len)` piece by piece: the region,
+    /// then input pages (or zeros).
+    fn input_pieces(&self, addr: u64, len: usize, f: &mut dyn FnMut(&[u8])) {
+        let (region, rest, left) = self.split_run(addr, len);
+        if let Some((r, off, n)) = region {
+            // SAFETY: host input changes only through `&mut self`.
+            #[allow(unsafe_code)]
+            f(unsafe { r.bytes(off, n) });
+        }
+        for (page, off, n) in page_spans(rest, left) {
+            match self.host_input.get(&page) {
+                Some(p) => f(&p[off..off + n]),
+                None => f(&ZEROS[..n]),
+            }
+        }
+    }
+
+    /// A page to write: created from the host input (host space) or zeros.
     fn page_mut<'a>(&self, shard: &'a mut Pages, page: u64, host: bool) -> &'a mut [u8] {
         let p = shard.entry(page).or_insert_with(|| {
-            match self.host_input.get(&page).filter(|_| host) {
-                Some(orig) => orig.clone(),
-                None => zero_page(),
+            if !host {
+                return zero_page();
             }
+            let mut v = vec![0u8; PAGE];
+            let mut pos = 0;
+            self.input_pieces(page << PAGE_BITS, PAGE, &mut |b| {
+                v[pos..pos + b.len()].copy_from_slice(b);
+                pos += b.len();
+            });
+            Arc::new(v.into_boxed_slice())
         });
         let b: &mut Box<[u8]> = Arc::make_mut(p);
         &mut b[..]
-    }
-
-    /// A page's current bytes: written, or (in host space) the input.
-    fn page_or_input<'a>(&'a self, shard: &'a Pages, page: u64, host: bool) -> Option<&'a PageBuf> {
-        shard
-            .get(&page)
-            .or_else(|| self.host_input.get(&page).filter(|_| host))
-    }
-
-    /// Into how many contiguous pieces of memory (page parts, region
-    /// parts) the bytes of `extents` fall, at most; invalid extents count
-    /// as none.
-    pub fn piece_count(&self, extents: &[Extent]) -> usize {
-        extents
-            .iter()
-            .flat_map(|e| runs(e).into_iter().flatten())
-            .map(|(addr, len)| match self.region_at(addr) {
-                Some((r, off)) if len <= (r.len() - off) as u64 => 1,
-                _ => ((addr & PAGE_MASK) + len).div_ceil(PAGE as u64) as usize,
-            })
-            .sum()
     }
 
     /// Total bytes of `extents`, checked against the limit.
@@ -432,112 +564,83 @@ impl DataPlane {
         Ok(total)
     }
 
-    /// Append the bytes of `extents`, in order, to `out`.
+    /// Append the (logical) bytes of `extents`, in order, to `out`.
     pub fn gather(&self, extents: &[Extent], out: &mut Vec<u8>) -> Result<(), PlaneError> {
-        let total = self.extent_bytes(extents)?;
-        out.reserve(total as usize);
-        self.gather_each(extents, |piece| out.extend_from_slice(piece))?;
-        Ok(())
+        self.validate(extents)?;
+        self.gather_phys(&self.resolve(extents), out)
     }
 
-    /// Call `f` with the bytes of `extents`, in order, a piece at a time
-    /// (at most a page; unwritten device memory as zeros); returns their
-    /// total. `f` runs under a page lock: it must not use the plane.
-    pub fn gather_each(
-        &self,
-        extents: &[Extent],
-        mut f: impl FnMut(&[u8]),
-    ) -> Result<u64, PlaneError> {
+    fn gather_phys(&self, extents: &[Extent], out: &mut Vec<u8>) -> Result<(), PlaneError> {
         let total = self.extent_bytes(extents)?;
-        self.for_each_piece(extents, |src| f(src.bytes()))?;
+        out.reserve(total as usize);
+        self.for_each_piece(extents, |piece| out.extend_from_slice(piece))
+    }
+
+    /// Call `f` with the (logical) bytes of `extents`, in order, a piece at
+    /// a time (unwritten device memory as zeros); returns their total. `f`
+    /// may run under a page lock: it must not use the plane.
+    pub fn gather_each(&self, extents: &[Extent], f: impl FnMut(&[u8])) -> Result<u64, PlaneError> {
+        let total = self.validate(extents)?;
+        self.for_each_piece(&self.resolve(extents), f)?;
         Ok(total)
     }
 
-    /// [`kb_format::fingerprint`] of the bytes of `extents`, in order,
-    /// without gathering them (one pass when they are one piece, as a tile
-    /// in TCM is).
+    /// [`kb_format::fingerprint`] of the (logical) bytes of `extents`, in
+    /// order, without gathering them.
     pub fn fingerprint(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
+        self.validate(extents)?;
+        self.fingerprint_phys(&self.resolve(extents))
+    }
+
+    fn fingerprint_phys(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
         let mut h = PieceHasher::new(self.extent_bytes(extents)?);
-        self.for_each_piece(extents, |src| h.feed(src.bytes()))?;
+        self.for_each_piece(extents, |b| h.feed(b))?;
         Ok(h.digest())
     }
 
-    /// The bytes of `extents`, in order, without copying them: references
-    /// to the pages that hold them (see [`Snapshot`]); bytes in a region
-    /// are copied.
-    pub fn snapshot(&self, extents: &[Extent]) -> Result<Snapshot, PlaneError> {
-        let len = self.extent_bytes(extents)?;
-        let mut snap = Snapshot {
-            len,
-            ..Snapshot::default()
-        };
-        // The page of the previous piece: (page number, index in `pages`).
-        let mut last: Option<(u64, u32)> = None;
-        self.for_each_piece(extents, |src| {
-            let (page, buf, off, n) = match src {
-                Src::Page { page, buf, off, n } => (page, buf, off, n),
-                Src::Region(bytes) => {
-                    // Copied: region bytes change in place once the read
-                    // is over.
-                    for chunk in bytes.chunks(PAGE) {
-                        snap.pages.push(Arc::new(chunk.into()));
-                        snap.pieces.push(PieceRef {
-                            page: (snap.pages.len() - 1) as u32,
-                            off: 0,
-                            len: chunk.len(),
-                        });
-                    }
-                    last = None;
-                    return;
-                }
-            };
-            let index = match last {
-                Some((p, i)) if p == page => i,
-                _ => {
-                    let i = match buf {
-                        Some(buf) => {
-                            snap.pages.push(buf.clone());
-                            (snap.pages.len() - 1) as u32
-                        }
-                        None => ZERO_PIECE,
-                    };
-                    last = Some((page, i));
-                    i
-                }
-            };
-            // Back-to-back pieces of one page (rows that touch) are one.
-            match snap.pieces.last_mut() {
-                Some(prev) if prev.page == index && prev.off + prev.len == off => prev.len += n,
-                _ => snap.pieces.push(PieceRef {
-                    page: index,
-                    off,
-                    len: n,
-                }),
-            }
-        })?;
-        Ok(snap)
-    }
-
-    /// Call `f` with each piece of `extents`, in order: a part of a page
-    /// (under that page's shard read lock, kept from one piece to the next
-    /// in the same shard: a strided tile's rows would otherwise take the
-    /// lock once a row) or of a region.
+    /// Call `f` with each piece of the physical bytes of `extents`, in
+    /// order: a part of a region or of a page (under that page's shard
+    /// read lock, kept from one piece to the next in the same shard).
     #[allow(unsafe_code)]
     fn for_each_piece(
         &self,
         extents: &[Extent],
-        mut f: impl FnMut(Src<'_>),
+        mut f: impl FnMut(&[u8]),
     ) -> Result<(), PlaneError> {
         let mut held: Option<(usize, std::sync::RwLockReadGuard<'_, Pages>)> = None;
         for e in extents {
             for (addr, len) in runs(e)? {
-                let space = self.check(addr, len)?;
-                let host = space == Space::Host;
-                let (region, addr, len) = self.split_run(addr, len as usize);
+                // Callers validated the extents (`validate`, or the engine's
+                // bounds check of every record).
+                let space = pa::space_of(addr).ok_or(PlaneError::BadAddress { addr })?;
+                let len = len as usize;
+                if space == Space::Host && !self.host_written {
+                    self.input_pieces(addr, len, &mut f);
+                    continue;
+                }
+                if space == Space::Host {
+                    // Page by page: a written page shadows the input.
+                    for (page, off, n) in page_spans(addr, len) {
+                        let s = shard_of(page);
+                        if held.as_ref().is_none_or(|(h, _)| *h != s) {
+                            drop(held.take());
+                            let guard =
+                                self.pages[s].read().unwrap_or_else(PoisonError::into_inner);
+                            held = Some((s, guard));
+                        }
+                        let (_, shard) = held.as_ref().expect("just taken");
+                        match shard.get(&page) {
+                            Some(p) => f(&p[off..off + n]),
+                            None => self.input_pieces((page << PAGE_BITS) + off as u64, n, &mut f),
+                        }
+                    }
+                    continue;
+                }
+                let (region, addr, len) = self.split_run(addr, len);
                 if let Some((r, off, n)) = region {
                     // SAFETY: a read; the plane's contract (`shared`) rules
                     // out a write to these bytes while it runs.
-                    f(Src::Region(unsafe { r.bytes(off, n) }));
+                    f(unsafe { r.bytes(off, n) });
                 }
                 for (page, off, n) in page_spans(addr, len) {
                     let s = shard_of(page);
@@ -548,12 +651,10 @@ impl DataPlane {
                         held = Some((s, guard));
                     }
                     let (_, shard) = held.as_ref().expect("just taken");
-                    f(Src::Page {
-                        page,
-                        buf: self.page_or_input(shard, page, host),
-                        off,
-                        n,
-                    });
+                    match shard.get(&page) {
+                        Some(p) => f(&p[off..off + n]),
+                        None => f(&ZEROS[..n]),
+                    }
                 }
             }
         }
@@ -568,66 +669,14 @@ impl DataPlane {
         })
     }
 
+    /// The writing loop: `fill` writes each destination piece (a region
+    /// part or a page part) in order; `total` must be the extents' size.
+    #[allow(unsafe_code)]
     fn scatter_each_shared(
         &self,
         extents: &[Extent],
         total: u64,
-        mut f: impl FnMut(&mut [u8]),
-    ) -> Result<(), PlaneError> {
-        self.scatter_pages(extents, total, |_, _| None, |_, dst| f(dst))
-    }
-
-    fn scatter_snapshot_shared(
-        &self,
-        extents: &[Extent],
-        snap: &Snapshot,
-    ) -> Result<(), PlaneError> {
-        // The snapshot piece holding byte `at` of the data, and its start
-        // (`at` only grows).
-        let cursor = std::cell::Cell::new((0usize, 0usize));
-        let seek = |at: usize| {
-            let (mut i, mut start) = cursor.get();
-            while start + snap.pieces[i].len <= at {
-                start += snap.pieces[i].len;
-                i += 1;
-            }
-            cursor.set((i, start));
-            (i, start)
-        };
-        self.scatter_pages(
-            extents,
-            snap.len,
-            |at, n| {
-                let (i, start) = seek(at);
-                let p = &snap.pieces[i];
-                (start == at && n == PAGE && p.len == PAGE)
-                    .then(|| snap.page(p).cloned())
-                    .flatten()
-            },
-            |at, dst| {
-                let mut done = 0;
-                while done < dst.len() {
-                    let (i, start) = seek(at + done);
-                    let piece = snap.bytes(&snap.pieces[i]);
-                    let from = &piece[at + done - start..];
-                    let k = from.len().min(dst.len() - done);
-                    dst[done..done + k].copy_from_slice(&from[..k]);
-                    done += k;
-                }
-            },
-        )
-    }
-
-    /// The writing loop: for each destination piece at byte `at` of the
-    /// data, `share(at, len)` may give a whole page to put there; else
-    /// `fill(at, piece)` writes the piece (a page part or a region part).
-    #[allow(unsafe_code)]
-    fn scatter_pages(
-        &self,
-        extents: &[Extent],
-        total: u64,
-        mut share: impl FnMut(usize, usize) -> Option<PageBuf>,
-        mut fill: impl FnMut(usize, &mut [u8]),
+        mut fill: impl FnMut(&mut [u8]),
     ) -> Result<(), PlaneError> {
         let ranges = self.extent_bytes(extents)?;
         if total != ranges {
@@ -636,19 +685,22 @@ impl DataPlane {
                 ranges,
             });
         }
-        let mut at = 0usize;
         let mut held: Option<(usize, std::sync::RwLockWriteGuard<'_, Pages>)> = None;
         for e in extents {
             for (addr, len) in runs(e)? {
-                let space = self.check(addr, len)?;
+                let space = pa::space_of(addr).ok_or(PlaneError::BadAddress { addr })?;
                 let host = space == Space::Host;
-                let (region, addr, len) = self.split_run(addr, len as usize);
+                debug_assert!(!host || self.host_written, "host writes are noted first");
+                let (region, addr, len) = if host {
+                    (None, addr, len as usize)
+                } else {
+                    self.split_run(addr, len as usize)
+                };
                 if let Some((r, off, n)) = region {
                     // SAFETY: the plane's contract (`shared`) rules out any
                     // other access to these bytes while this write runs, and
                     // the slice lives only for this call.
-                    fill(at, unsafe { r.bytes_mut(off, n) });
-                    at += n;
+                    fill(unsafe { r.bytes_mut(off, n) });
                 }
                 for (page, off, n) in page_spans(addr, len) {
                     // The lock is kept across pieces in one shard.
@@ -662,17 +714,90 @@ impl DataPlane {
                         held = Some((s, guard));
                     }
                     let (_, shard) = held.as_mut().expect("just taken");
-                    match share(at, n) {
-                        Some(p) if off == 0 => {
-                            shard.insert(page, p);
-                        }
-                        _ => fill(at, &mut self.page_mut(shard, page, host)[off..off + n]),
-                    }
-                    at += n;
+                    fill(&mut self.page_mut(shard, page, host)[off..off + n]);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Copy the physical bytes of `src` to `dst` (the same size, not
+    /// overlapping): straight into regions when `dst` lies in them, else
+    /// through a buffer. Returns the bytes copied.
+    #[allow(unsafe_code)]
+    fn copy_phys(&self, src: &[Extent], dst: &[Extent]) -> Result<u64, PlaneError> {
+        let n = self.extent_bytes(src)?;
+        let m = self.extent_bytes(dst)?;
+        if n != m {
+            return Err(PlaneError::LengthMismatch { data: n, ranges: m });
+        }
+        let mut dst_runs: Vec<(u64, u64)> = Vec::with_capacity(dst.len());
+        let mut direct = true;
+        for e in dst {
+            for (addr, len) in runs(e)? {
+                let space = pa::space_of(addr).ok_or(PlaneError::BadAddress { addr })?;
+                direct &= space != Space::Host
+                    && self
+                        .region_at(addr)
+                        .is_some_and(|(r, off)| len <= (r.len() - off) as u64);
+                dst_runs.push((addr, len));
+            }
+        }
+        if !direct {
+            let mut buf = crate::pool::BYTES.take(n as usize);
+            self.gather_phys(src, &mut buf)?;
+            let res = self.scatter_shared(dst, &buf);
+            crate::pool::BYTES.give(buf);
+            return res.map(|_| n);
+        }
+        let mut next = dst_runs.into_iter();
+        let mut cur: Option<(u64, u64)> = None;
+        self.for_each_piece(src, |mut piece| {
+            while !piece.is_empty() {
+                let (addr, left) = match cur.take() {
+                    Some(c) if c.1 > 0 => c,
+                    _ => next.next().expect("sizes checked"),
+                };
+                let k = (left as usize).min(piece.len());
+                let (r, off) = self.region_at(addr).expect("checked: in a region");
+                // SAFETY: the destination lies in a region (checked above)
+                // and, by the plane's contract, nothing else touches it
+                // while this copy runs; the source does not overlap it (the
+                // caller's promise). The slice lives for this statement.
+                unsafe { r.bytes_mut(off, k) }.copy_from_slice(&piece[..k]);
+                piece = &piece[k..];
+                cur = Some((addr + k as u64, left - k as u64));
+            }
+        })?;
+        Ok(n)
+    }
+
+    /// Where a matrix of `rows` rows of `row_bytes` lies when `pieces`
+    /// (physical extents, in order) hold it as rows at one stride inside
+    /// one region: the region, the offset of its first byte, the stride
+    /// in bytes and the bytes from the first to the last.
+    fn matrix_at(
+        &self,
+        pieces: &[Extent],
+        rows: usize,
+        row_bytes: usize,
+    ) -> Option<(&Region, usize, usize, usize)> {
+        let (rows64, rb) = (rows as u64, row_bytes as u64);
+        let (base, stride) = match pieces {
+            [e] if e.bytes() == rows64 * rb && (e.rows <= 1 || e.stride == e.len) => (e.pa, rb),
+            [e] if e.len == rb && e.rows as u64 == rows64 && e.stride >= rb => (e.pa, e.stride),
+            _ => return None,
+        };
+        let stride = if rows <= 1 { rb } else { stride };
+        let span = (rows64.max(1) - 1).checked_mul(stride)?.checked_add(rb)?;
+        if pa::space_of(base)? == Space::Host && self.host_written {
+            return None;
+        }
+        if mem_key(base) != mem_key(base + span.max(1) - 1) {
+            return None;
+        }
+        let (r, off) = self.region_at(base)?;
+        (span <= (r.len() - off) as u64).then_some((r, off, stride as usize, span as usize))
     }
 }
 
@@ -681,43 +806,9 @@ fn shard_of(page: u64) -> usize {
     page as usize % SHARDS
 }
 
-/// Where one piece of an access lies.
-enum Src<'a> {
-    /// Part of a page; `buf` is `None` for unwritten memory (zeros).
-    Page {
-        page: u64,
-        buf: Option<&'a PageBuf>,
-        off: usize,
-        n: usize,
-    },
-    /// Bytes of a region.
-    Region(&'a [u8]),
-}
-
-impl Src<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Src::Page { n, .. } => *n,
-            Src::Region(b) => b.len(),
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Src::Page {
-                buf: Some(p),
-                off,
-                n,
-                ..
-            } => &p[*off..*off + *n],
-            Src::Page { buf: None, n, .. } => &ZEROS[..*n],
-            Src::Region(b) => b,
-        }
-    }
-}
-
 /// The plane as several threads write it at once (made by the `unsafe`
-/// [`DataPlane::shared`], whose contract every use relies on).
+/// [`DataPlane::shared`], whose contract every use relies on). It moves
+/// physical bytes: the engine has resolved aliases when it planned.
 #[derive(Debug, Clone, Copy)]
 pub struct Shared<'a> {
     plane: &'a DataPlane,
@@ -729,24 +820,19 @@ impl<'a> Shared<'a> {
         self.plane.extent_bytes(extents)
     }
 
-    /// See [`DataPlane::piece_count`].
-    pub fn piece_count(&self, extents: &[Extent]) -> usize {
-        self.plane.piece_count(extents)
-    }
-
-    /// See [`DataPlane::gather`].
+    /// Append the physical bytes of `extents`, in order, to `out`.
     pub fn gather(&self, extents: &[Extent], out: &mut Vec<u8>) -> Result<(), PlaneError> {
-        self.plane.gather(extents, out)
+        self.plane.gather_phys(extents, out)
     }
 
-    /// See [`DataPlane::fingerprint`].
+    /// Call `f` with the physical bytes of `extents`, a piece at a time.
+    pub fn gather_each(&self, extents: &[Extent], f: impl FnMut(&[u8])) -> Result<(), PlaneError> {
+        self.plane.for_each_piece(extents, f)
+    }
+
+    /// [`kb_format::fingerprint`] of the physical bytes of `extents`.
     pub fn fingerprint(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
-        self.plane.fingerprint(extents)
-    }
-
-    /// See [`DataPlane::snapshot`].
-    pub fn snapshot(&self, extents: &[Extent]) -> Result<Snapshot, PlaneError> {
-        self.plane.snapshot(extents)
+        self.plane.fingerprint_phys(extents)
     }
 
     /// Write `data` to `extents` in order; `data` must hold exactly their
@@ -768,59 +854,70 @@ impl<'a> Shared<'a> {
         self.plane.scatter_each_shared(extents, total, f)
     }
 
-    /// Write the bytes of `snap` to `extents` in order, copying each byte
-    /// once, and sharing instead of copying every whole, page-aligned
-    /// destination page that a whole page of the snapshot fills.
-    pub fn scatter_snapshot(&self, extents: &[Extent], snap: &Snapshot) -> Result<(), PlaneError> {
-        self.plane.scatter_snapshot_shared(extents, snap)
+    /// Copy the bytes of `src` to `dst` (equal sizes; they must not
+    /// overlap); returns the bytes copied.
+    pub fn copy(&self, src: &[Extent], dst: &[Extent]) -> Result<u64, PlaneError> {
+        self.plane.copy_phys(src, dst)
     }
 
-    /// The address of bytes `start..start + len` of the data of `extents`
-    /// when they lie back to back in one region (a tile in TCM).
-    pub fn region_addr(&self, extents: &[Extent], start: u64, len: u64) -> Option<u64> {
-        let mut at = 0u64;
-        for e in extents {
-            for (addr, n) in runs(e).ok()? {
-                if start < at + n {
-                    let addr = addr + (start - at);
-                    let (r, off) = self.plane.region_at(addr)?;
-                    return (start + len <= at + n && len <= (r.len() - off) as u64)
-                        .then_some(addr);
-                }
-                at += n;
-            }
-        }
-        None
-    }
-
-    /// `n` f32 values at `addr`, read in place from a region (`None`
-    /// unless [`Shared::region_addr`] would give `addr` for these bytes
-    /// and they are 4-byte aligned).
+    /// The f32 matrix of `rows` rows of `row_bytes` that `pieces` hold,
+    /// read where it lies, when they are its rows at one stride (a
+    /// multiple of 4) inside one region, 4-byte aligned (`None` otherwise).
     ///
     /// # Safety
-    /// No slice from [`Shared::f32s_mut`] that overlaps these bytes may be
-    /// live at the same time, and no write to them may run meanwhile.
+    /// No write to these bytes may run, and no slice from
+    /// [`Shared::f32_view_mut`] over them may be live, while the view is.
     #[allow(unsafe_code)]
-    pub unsafe fn f32s(&self, addr: u64, n: usize) -> Option<&'a [f32]> {
-        let (r, off) = self.plane.region_at(addr)?;
-        let len = n.checked_mul(4).filter(|&l| l <= r.len() - off)?;
-        // SAFETY: the caller rules out writers of these bytes.
-        bytemuck::try_cast_slice(unsafe { r.bytes(off, len) }).ok()
+    pub unsafe fn f32_view(
+        &self,
+        pieces: &[Extent],
+        rows: usize,
+        row_bytes: usize,
+    ) -> Option<MatRef<'a, f32>> {
+        if !cfg!(target_endian = "little") || !row_bytes.is_multiple_of(4) {
+            return None;
+        }
+        let (r, off, stride, span) = self.plane.matrix_at(pieces, rows, row_bytes)?;
+        if !stride.is_multiple_of(4) {
+            return None;
+        }
+        // SAFETY: in bounds (`matrix_at` checked); the caller rules out
+        // writers of these bytes.
+        let bytes = unsafe { r.bytes(off, span) };
+        let data = bytemuck::try_cast_slice(bytes).ok()?;
+        MatRef::new(data, rows, row_bytes / 4, stride / 4)
     }
 
-    /// As [`Shared::f32s`], to write in place.
+    /// As [`Shared::f32_view`], to write in place.
     ///
     /// # Safety
-    /// No other slice of these bytes may be live at the same time (from
-    /// this call or any other), and no other access to them may run
-    /// meanwhile.
-    #[allow(unsafe_code, clippy::mut_from_ref)]
-    pub unsafe fn f32s_mut(&self, addr: u64, n: usize) -> Option<&'a mut [f32]> {
-        let (r, off) = self.plane.region_at(addr)?;
-        let len = n.checked_mul(4).filter(|&l| l <= r.len() - off)?;
-        // SAFETY: the caller guarantees this is the only slice of these
-        // bytes while it lives.
-        bytemuck::try_cast_slice_mut(unsafe { r.bytes_mut(off, len) }).ok()
+    /// No other access to these bytes may run, and no other slice of them
+    /// may be live, while the view is.
+    #[allow(unsafe_code)]
+    pub unsafe fn f32_view_mut(
+        &self,
+        pieces: &[Extent],
+        rows: usize,
+        row_bytes: usize,
+    ) -> Option<MatMut<'a, f32>> {
+        if !cfg!(target_endian = "little") || !row_bytes.is_multiple_of(4) {
+            return None;
+        }
+        if pieces
+            .iter()
+            .any(|e| pa::space_of(e.pa) == Some(Space::Host))
+        {
+            return None;
+        }
+        let (r, off, stride, span) = self.plane.matrix_at(pieces, rows, row_bytes)?;
+        if !stride.is_multiple_of(4) {
+            return None;
+        }
+        // SAFETY: in bounds (`matrix_at` checked); the caller guarantees
+        // this is the only access to these bytes while the view lives.
+        let bytes = unsafe { r.bytes_mut(off, span) };
+        let data = bytemuck::try_cast_slice_mut(bytes).ok()?;
+        MatMut::new(data, rows, row_bytes / 4, stride / 4)
     }
 }
 
@@ -844,7 +941,7 @@ static ZEROS: [u8; PAGE] = [0; PAGE];
 
 /// [`kb_format::fingerprint`] of bytes fed piece by piece, `total` in
 /// all: one pass when a single piece holds them all; otherwise the
-/// streaming hasher (slower on small pieces, and it allocates).
+/// streaming hasher.
 struct PieceHasher {
     total: u64,
     whole: Option<u64>,
@@ -877,104 +974,6 @@ impl PieceHasher {
     }
 }
 
-/// A piece's page index for unwritten memory (zeros).
-const ZERO_PIECE: u32 = u32::MAX;
-
-/// Part of one page of a [`Snapshot`]: an index into its pages, or
-/// [`ZERO_PIECE`].
-#[derive(Debug, Clone, Copy)]
-struct PieceRef {
-    page: u32,
-    off: usize,
-    len: usize,
-}
-
-/// Bytes read from the plane without copying them: references to the
-/// pages that held them, piece by piece in data order. A page a snapshot
-/// refers to is shared, so a later write to it copies it first
-/// (`Arc::make_mut`): the snapshot keeps the bytes as they were read.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    /// Each page once (a strided tile's rows share their page).
-    pages: Vec<PageBuf>,
-    pieces: Vec<PieceRef>,
-    len: u64,
-}
-
-impl Snapshot {
-    /// Bytes in all.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Contiguous pieces of memory the bytes are in.
-    pub fn piece_count(&self) -> usize {
-        self.pieces.len()
-    }
-
-    /// The bytes, piece by piece, in order.
-    pub fn pieces(&self) -> impl Iterator<Item = &[u8]> {
-        self.pieces.iter().map(|p| self.bytes(p))
-    }
-
-    fn page(&self, p: &PieceRef) -> Option<&PageBuf> {
-        self.pages.get(p.page as usize)
-    }
-
-    fn bytes(&self, p: &PieceRef) -> &[u8] {
-        match self.page(p) {
-            Some(buf) => &buf[p.off..p.off + p.len],
-            None => &ZEROS[..p.len],
-        }
-    }
-
-    /// The fingerprint of the bytes ([`kb_format::fingerprint`] of their
-    /// concatenation), without concatenating them.
-    pub fn fingerprint(&self) -> u64 {
-        let mut h = PieceHasher::new(self.len);
-        self.pieces().for_each(|p| h.feed(p));
-        h.digest()
-    }
-
-    /// Bytes `start..start + len`, when one piece holds them all.
-    pub fn contiguous(&self, start: usize, len: usize) -> Option<SnapshotSlice> {
-        let mut at = 0usize;
-        for p in &self.pieces {
-            if start < at + p.len {
-                return (start + len <= at + p.len).then(|| SnapshotSlice {
-                    page: self.page(p).cloned(),
-                    off: p.off + (start - at),
-                    len,
-                });
-            }
-            at += p.len;
-        }
-        None
-    }
-}
-
-/// Contiguous bytes of a [`Snapshot`], holding their page (`None`:
-/// unwritten memory).
-#[derive(Debug, Clone)]
-pub struct SnapshotSlice {
-    page: Option<PageBuf>,
-    off: usize,
-    len: usize,
-}
-
-impl SnapshotSlice {
-    pub fn bytes(&self) -> &[u8] {
-        match &self.page {
-            Some(p) => &p[self.off..self.off + self.len],
-            None => &ZEROS[..self.len],
-        }
-    }
-}
-
 /// The runs of an extent as (address, length), validated not to overflow;
 /// back-to-back rows (stride equal to length) come as one run.
 pub fn runs(e: &Extent) -> Result<impl Iterator<Item = (u64, u64)> + use<>, PlaneError> {
@@ -999,8 +998,6 @@ pub fn runs(e: &Extent) -> Result<impl Iterator<Item = (u64, u64)> + use<>, Plan
             return Err(overflow);
         }
     }
-    // Rows that follow each other with no gap are one run (so that whole
-    // pages in them can be shared).
     let (rows, stride, len) = if rows > 1 && stride == e.len {
         (1, 0, e.len * rows)
     } else {
@@ -1065,349 +1062,4 @@ pub fn fmt_extents(es: &[Extent], tensors: &[TensorMeta]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use kb_format::Dtype;
-
-    fn dev(space: Space, offset: u64) -> u64 {
-        Pa {
-            space,
-            sip: 1,
-            cube: 2,
-            pe: 3,
-            offset,
-        }
-        .encode()
-        .expect("valid PA")
-    }
-
-    fn tensor(name: &str, n: u64) -> TensorMeta {
-        TensorMeta {
-            name: name.into(),
-            dtype: Dtype::U8,
-            shape: vec![n],
-            address: 0,
-            host_data: true,
-            shards: vec![],
-        }
-    }
-
-    fn plane() -> DataPlane {
-        DataPlane::new(&[tensor("x", 100_000), tensor("y", 8)], DEFAULT_MAX_BYTES)
-    }
-
-    fn read(p: &DataPlane, addr: u64, n: usize) -> Vec<u8> {
-        let mut v = vec![0xaa; n];
-        p.read(addr, &mut v).unwrap();
-        v
-    }
-
-    #[test]
-    fn unwritten_device_memory_reads_zero() {
-        let p = plane();
-        assert_eq!(read(&p, dev(Space::Hbm, 12345), 5), vec![0; 5]);
-    }
-
-    #[test]
-    fn partial_and_overlapping_writes_keep_the_latest_bytes() {
-        let mut p = plane();
-        let base = dev(Space::Tcm, 100);
-        p.write(base, &[1, 2, 3, 4, 5, 6]).unwrap();
-        p.write(base + 2, &[9, 9]).unwrap();
-        p.write(base + 5, &[7, 8]).unwrap();
-        assert_eq!(read(&p, base - 1, 9), vec![0, 1, 2, 9, 9, 5, 7, 8, 0]);
-        // A read inside a written range.
-        assert_eq!(read(&p, base + 3, 2), vec![9, 5]);
-    }
-
-    #[test]
-    fn writes_and_reads_cross_page_boundaries() {
-        let mut p = plane();
-        let base = dev(Space::Hbm, PAGE as u64 * 3 - 3);
-        let data: Vec<u8> = (0..PAGE as u32 + 10).map(|i| (i % 251) as u8).collect();
-        p.write(base, &data).unwrap();
-        assert_eq!(read(&p, base, data.len()), data);
-        assert_eq!(p.page_count(), 3);
-        // Different spaces with the same offset do not alias.
-        assert_eq!(
-            read(&p, dev(Space::Tcm, PAGE as u64 * 3 - 3), 4),
-            vec![0; 4]
-        );
-    }
-
-    #[test]
-    fn strided_gather_and_scatter() {
-        let mut p = plane();
-        let src = dev(Space::Hbm, 0);
-        p.write(src, &(0u8..32).collect::<Vec<_>>()).unwrap();
-        // 3 rows of 2 bytes, 8 apart, then one contiguous run of 3.
-        let ex = [
-            Extent {
-                pa: src + 1,
-                len: 2,
-                rows: 3,
-                stride: 8,
-            },
-            Extent::contiguous(src + 30, 2),
-        ];
-        let mut got = Vec::new();
-        p.gather(&ex, &mut got).unwrap();
-        assert_eq!(got, vec![1, 2, 9, 10, 17, 18, 30, 31]);
-
-        let dst = dev(Space::Tcm, 0);
-        let out = [Extent {
-            pa: dst,
-            len: 4,
-            rows: 2,
-            stride: 6,
-        }];
-        p.scatter(&out, &got).unwrap();
-        assert_eq!(read(&p, dst, 10), vec![1, 2, 9, 10, 0, 0, 17, 18, 30, 31]);
-        // Wrong byte count is an error, not a partial write.
-        assert!(p.scatter(&out, &got[..7]).is_err());
-    }
-
-    #[test]
-    fn snapshots_copy_once_and_keep_the_bytes_they_read() {
-        let mut p = plane();
-        let src = dev(Space::Hbm, PAGE as u64 - 8);
-        let data: Vec<u8> = (0..3 * PAGE as u32).map(|i| (i % 253) as u8).collect();
-        p.write(src, &data).unwrap();
-        // Strided rows across page boundaries, then a whole aligned page.
-        let ex = [
-            Extent {
-                pa: src,
-                len: 16,
-                rows: 3,
-                stride: 40,
-            },
-            Extent::contiguous(dev(Space::Hbm, PAGE as u64), PAGE as u64),
-        ];
-        let mut gathered = Vec::new();
-        p.gather(&ex, &mut gathered).unwrap();
-        let snap = p.snapshot(&ex).unwrap();
-        assert_eq!(snap.len(), gathered.len() as u64);
-        assert_eq!(snap.pieces().collect::<Vec<_>>().concat(), gathered);
-        assert_eq!(snap.fingerprint(), kb_format::fingerprint(&gathered));
-        // Row 0 crosses into the second page; rows 1 and 2 lie apart in
-        // it; then the whole page: five pieces.
-        assert_eq!(snap.piece_count(), 5);
-        assert_eq!(snap.contiguous(16, 16).unwrap().bytes(), &gathered[16..32]);
-        assert_eq!(snap.contiguous(36, 8).unwrap().bytes(), &gathered[36..44]);
-        assert!(snap.contiguous(8, 16).is_none(), "spans two pieces");
-        assert!(snap.contiguous(40, 16).is_none(), "spans two pieces");
-        // Writing the source after the snapshot does not change it.
-        p.write(src, &[0xff; 64]).unwrap();
-        p.write(dev(Space::Hbm, PAGE as u64 + 100), &[0xee; 8])
-            .unwrap();
-        assert_eq!(snap.pieces().collect::<Vec<_>>().concat(), gathered);
-        // Scatter: strided destination, then a page-aligned whole page,
-        // which is shared rather than copied.
-        let dst = dev(Space::Tcm, PAGE as u64 - 20);
-        let out = [
-            Extent {
-                pa: dst,
-                len: 24,
-                rows: 2,
-                stride: 30,
-            },
-            Extent::contiguous(dev(Space::Tcm, 2 * PAGE as u64), PAGE as u64),
-        ];
-        p.scatter_snapshot(&out, &snap).unwrap();
-        let mut back = Vec::new();
-        p.gather(&out, &mut back).unwrap();
-        assert_eq!(back, gathered);
-        // A write to the shared page leaves the other side as it was.
-        p.write(dev(Space::Tcm, 2 * PAGE as u64), &[1, 2, 3])
-            .unwrap();
-        assert_eq!(snap.pieces().collect::<Vec<_>>().concat(), gathered);
-        assert_eq!(
-            read(&p, dev(Space::Tcm, 2 * PAGE as u64), 4),
-            vec![1, 2, 3, gathered[51]]
-        );
-        // A destination of the wrong size is refused.
-        assert!(matches!(
-            p.scatter_snapshot(&out[..1], &snap),
-            Err(PlaneError::LengthMismatch { .. })
-        ));
-    }
-
-    #[test]
-    fn tcm_regions_grow_keeping_their_bytes_and_page_what_lies_beyond() {
-        let mut p = plane();
-        let at = |o| dev(Space::Tcm, o);
-        p.write(at(10), &[1, 2, 3]).unwrap();
-        assert_eq!(
-            p.regions[&(at(0) >> OFFSET_BITS)].len(),
-            REGION_MIN as usize
-        );
-        // Growing copies what the region held.
-        p.write(at(3 << 20), &[4, 5]).unwrap();
-        assert_eq!(p.regions[&(at(0) >> OFFSET_BITS)].len(), 4 << 20);
-        assert_eq!(read(&p, at(9), 5), [0, 1, 2, 3, 0]);
-        // Past REGION_MAX bytes are paged; a run across the end is split.
-        let end = REGION_MAX;
-        p.write(at(end - 2), &[6, 7, 8, 9]).unwrap();
-        assert_eq!(
-            p.regions[&(at(0) >> OFFSET_BITS)].len(),
-            REGION_MAX as usize
-        );
-        assert_eq!(p.page_count(), 1);
-        assert_eq!(read(&p, at(end - 3), 6), [0, 6, 7, 8, 9, 0]);
-        assert_eq!(read(&p, at(3 << 20), 2), [4, 5]);
-        // Another PE's TCM is a region of its own.
-        let other = Pa {
-            pe: 4,
-            ..Pa::decode(at(0)).unwrap()
-        }
-        .encode()
-        .unwrap();
-        assert_eq!(read(&p, other + 10, 3), [0, 0, 0]);
-        p.write(other + 10, &[7]).unwrap();
-        assert_eq!(read(&p, at(10), 1), [1]);
-        assert_eq!(p.regions.len(), 2);
-    }
-
-    #[test]
-    fn fingerprints_match_the_gathered_bytes_in_one_piece_or_many() {
-        let mut p = plane();
-        let data: Vec<u8> = (0..3 * PAGE as u32).map(|i| (i % 241) as u8).collect();
-        for space in [Space::Hbm, Space::Tcm] {
-            p.write(dev(space, 100), &data).unwrap();
-            let cases = [
-                vec![Extent::contiguous(dev(space, 100), 3 * PAGE as u64)],
-                vec![Extent {
-                    pa: dev(space, 100),
-                    len: 700,
-                    rows: 90,
-                    stride: 2000,
-                }],
-                vec![
-                    Extent::contiguous(dev(space, 5), 50),
-                    Extent::contiguous(dev(space, PAGE as u64 - 7), 20),
-                ],
-                vec![],
-            ];
-            for ex in cases {
-                let mut want = Vec::new();
-                p.gather(&ex, &mut want).unwrap();
-                assert_eq!(
-                    p.fingerprint(&ex).unwrap(),
-                    kb_format::fingerprint(&want),
-                    "{space:?} {ex:?}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn piece_counts_follow_pages_regions_and_runs() {
-        let mut p = plane();
-        let page = PAGE as u64;
-        for space in [Space::Hbm, Space::Tcm] {
-            let at = |o| dev(space, o);
-            let one_page = [Extent::contiguous(at(0), page)];
-            let straddling = [Extent::contiguous(at(8), page)];
-            // Touching rows are one run.
-            let rows = Extent {
-                pa: at(0),
-                len: 64,
-                rows: 16,
-                stride: 64,
-            };
-            let strided = Extent {
-                stride: 128,
-                ..rows
-            };
-            p.reserve(&straddling);
-            assert_eq!(p.piece_count(&one_page), 1);
-            // In a region, a run is one piece even across a page boundary.
-            let across = if space == Space::Tcm { 1 } else { 2 };
-            assert_eq!(p.piece_count(&straddling), across, "{space:?}");
-            assert_eq!(p.piece_count(&[rows]), 1);
-            assert_eq!(p.piece_count(&[strided]), 16);
-        }
-    }
-
-    #[test]
-    fn host_space_reads_tensor_data_and_keeps_the_input_pristine() {
-        let mut p = plane();
-        p.load_host(1, 0, &[1, 2, 3, 4]).unwrap();
-        p.load_host(1, 4, &[5, 6, 7, 8]).unwrap();
-        let h = pa::host(1, 2);
-        assert_eq!(read(&p, h, 4), vec![3, 4, 5, 6]);
-        p.write(h, &[0xee]).unwrap();
-        assert_eq!(read(&p, pa::host(1, 0), 8), vec![1, 2, 0xee, 4, 5, 6, 7, 8]);
-        let mut orig = [0u8; 8];
-        p.read_host_input(1, 0, &mut orig).unwrap();
-        assert_eq!(orig, [1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(p.host_coverage(1), Some((8, Some(8))));
-    }
-
-    #[test]
-    fn bad_addresses_are_errors() {
-        let mut p = plane();
-        // Past the tensor's bytes.
-        assert!(matches!(
-            p.read(pa::host(1, 6), &mut [0; 4]),
-            Err(PlaneError::HostOutOfRange { .. })
-        ));
-        // A tensor the trace does not have.
-        assert!(matches!(
-            p.read(pa::host(7, 0), &mut [0; 1]),
-            Err(PlaneError::UnknownTensor { tensor: 7, .. })
-        ));
-        // Beyond 51 bits.
-        assert!(p.write(1 << 51, &[1]).is_err());
-        // Running from one space into the next.
-        let end_of_hbm = (2u64 << 48) - 2;
-        assert!(matches!(
-            p.write(end_of_hbm, &[1, 2, 3]),
-            Err(PlaneError::CrossesSpace { .. })
-        ));
-        assert!(p.load_host(1, 7, &[1, 2]).is_err());
-    }
-
-    #[test]
-    fn absurd_extents_are_refused_before_allocating() {
-        let p = DataPlane::new(&[], 1 << 20);
-        let huge = [Extent {
-            pa: dev(Space::Hbm, 0),
-            len: 1 << 30,
-            rows: 1 << 20,
-            stride: 1 << 30,
-        }];
-        let mut v = Vec::new();
-        assert!(matches!(
-            p.gather(&huge, &mut v),
-            Err(PlaneError::TooLarge { .. })
-        ));
-        let overflow = Extent {
-            pa: dev(Space::Hbm, 0),
-            len: 1,
-            rows: 3,
-            stride: u64::MAX / 2,
-        };
-        assert!(matches!(
-            runs(&overflow).map(|_| ()),
-            Err(PlaneError::ExtentOverflow { .. })
-        ));
-    }
-
-    #[test]
-    fn addresses_format_readably() {
-        let ts = [tensor("x", 4)];
-        assert_eq!(
-            fmt_addr(dev(Space::Tcm, 0x40), &ts),
-            "sip1.cube2.pe3.tcm+0x40"
-        );
-        assert_eq!(fmt_addr(pa::host(0, 16), &ts), "host:x+0x10");
-        let e = Extent {
-            pa: pa::host(0, 0),
-            len: 2,
-            rows: 2,
-            stride: 4,
-        };
-        assert_eq!(fmt_extent(&e, &ts), "host:x+0x0 [2 x 2 B, stride 4]");
-    }
-}
+mod tests;

@@ -1,6 +1,6 @@
-//! A memory kept as one contiguous, zero-initialised buffer (a PE's TCM),
-//! written in place rather than page by page copy-on-write: a GEMM then
-//! reads its operands and accumulates its output where they lie.
+//! A memory kept as one contiguous, zero-initialised buffer (a PE's TCM or
+//! HBM partition, a cube's SRAM, a host tensor's input), written in place:
+//! a GEMM reads its operands and accumulates its output where they lie.
 //!
 //! Writing takes `&self`, so the buffer lives behind a raw pointer; the
 //! plane hands out slices of it only under its sharing contract (see
@@ -20,6 +20,9 @@ const ALIGN: usize = 16;
 pub(super) struct Region {
     ptr: NonNull<u8>,
     len: usize,
+    /// Bytes from the start that may have been written (what growing
+    /// copies); the rest is still zero.
+    written: usize,
 }
 
 // SAFETY: a `Region` owns its buffer (like a `Box<[u8]>`); the plane only
@@ -30,20 +33,32 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    /// `len` zero bytes (`len` > 0). Large buffers come from the system
-    /// zeroed and are touched only where written.
-    pub(super) fn zeroed(len: usize) -> Region {
-        let layout = Layout::from_size_align(len.max(1), ALIGN).expect("region size fits isize");
+    /// `len` zero bytes (`len` > 0), or `None` when the system refuses
+    /// them. Large buffers come from the system zeroed and are touched
+    /// only where written.
+    pub(super) fn zeroed(len: usize) -> Option<Region> {
+        let layout = Layout::from_size_align(len.max(1), ALIGN).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(ptr) else {
-            alloc::handle_alloc_error(layout)
-        };
-        Region { ptr, len }
+        Some(Region {
+            ptr: NonNull::new(ptr)?,
+            len,
+            written: 0,
+        })
     }
 
     pub(super) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Bytes from the start that may have been written.
+    pub(super) fn written(&self) -> usize {
+        self.written
+    }
+
+    /// Bytes up to `end` may be written.
+    pub(super) fn note_written(&mut self, end: usize) {
+        self.written = self.written.max(end.min(self.len));
     }
 
     /// The address of byte `off`.
@@ -98,7 +113,7 @@ mod tests {
 
     #[test]
     fn regions_start_zeroed_and_keep_what_is_written() {
-        let r = Region::zeroed(3 << 20);
+        let r = Region::zeroed(3 << 20).unwrap();
         assert_eq!(r.len(), 3 << 20);
         assert_eq!(r.addr_of(0) % ALIGN, 0);
         // SAFETY: one slice at a time, in this thread.
@@ -112,7 +127,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "out of bounds")]
     fn slices_past_the_end_panic() {
-        let r = Region::zeroed(64);
+        let r = Region::zeroed(64).unwrap();
         // SAFETY: no other slice is live.
         let _ = unsafe { r.bytes(60, 8) };
     }

@@ -1,0 +1,878 @@
+//! Planning a window: what each effect does to physical bytes.
+//!
+//! The planner walks a window's effects in order, with the plane's aliases
+//! ([`crate::plane::lazy`]) as they stand before it, and turns each into
+//! nodes that touch physical bytes only:
+//!
+//! - a memory op's read resolves its ranges to where their bytes lie and,
+//!   when its fingerprint is checked, hashes them there ([`Action::Hash`]);
+//! - its write, when the destination is one contiguous range and the bytes
+//!   read are still where they were, copies nothing: the destination
+//!   becomes an alias of them (a *lazy copy*). Otherwise it copies
+//!   ([`Action::Copy`]), or writes what its read captured
+//!   ([`Action::Capture`], [`Action::Release`]) when something changed the
+//!   bytes in between;
+//! - a compute op reads its operands where they lie (resolved ranges,
+//!   strided views of HBM or host data) and writes its output;
+//! - before any physical write, the aliases whose sources it would change
+//!   are materialized (their sources copied to their targets, nodes of
+//!   their own before the write), and the aliases onto the written bytes
+//!   are trimmed.
+//!
+//! So the plane ends with the bytes Phase 1 described: a logical byte is
+//! its physical byte unless an alias says where it is, and every alias's
+//! source holds the bytes it had when the alias was made.
+//!
+//! Fingerprints: a memory op whose resolved bytes and recorded fingerprint
+//! are those of an earlier op whose fingerprint is (or will be, earlier
+//! in effect order) checked, with no physical write to those bytes since,
+//! has its fingerprint checked by that one hash: the bytes are the same
+//! bytes, so the hash is too. [`Fingerprints`] chooses which are checked.
+
+use kb_format::{Extent, OpKind, Params, TensorMeta};
+use rustc_hash::{FxHashMap, FxHasher};
+
+use super::{EffKey, Fingerprints, PendingOp, Stats};
+use crate::error::fmt_ns;
+use crate::ops::Plan;
+use crate::plane::lazy::{SpanIndex, overlaps};
+use crate::plane::{DataPlane, PlaneError, fmt_extents, mem_key, span};
+
+/// What a node does, on physical bytes.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Nothing left to do (a lazy copy, a read whose check is implied).
+    None,
+    /// Stop with this error about the node's op (found while planning).
+    Fail(String),
+    /// Check a memory op's fingerprint on the bytes it reads.
+    Hash { src: Vec<Extent>, fp: u64 },
+    /// Gather a memory op's bytes for its later write (and check them).
+    Capture { src: Vec<Extent>, fp: Option<u64> },
+    /// Copy bytes (a memory op done physically, or a materialized alias),
+    /// checking the fingerprint when given.
+    Copy {
+        src: Vec<Extent>,
+        dst: Vec<Extent>,
+        fp: Option<u64>,
+    },
+    /// Write what the op's read held (captured bytes, a computed output).
+    Release { dst: Vec<Extent> },
+    /// A compute op on its operands' physical bytes (in operand order),
+    /// writing `dst`, or holding the output for its write when `None`.
+    /// A GEMM's `a` and `b` may come decoded once for several GEMMs.
+    Compute {
+        reads: Vec<Extent>,
+        dst: Option<Vec<Extent>>,
+        dense: [Option<Dense>; 2],
+    },
+}
+
+/// A GEMM operand decoded once into its logical row-major f32 matrix (by
+/// the first GEMM that runs with it), shared by every GEMM planned to read
+/// the same unchanged bytes the same way: an f16 or bf16 tile, a
+/// transposed one, or an f32 tile whose rows lie apart. Filled once, read
+/// by many.
+pub(crate) type Dense = std::sync::Arc<std::sync::OnceLock<Vec<f32>>>;
+
+/// How a [`Dense`] operand is read from its bytes: dtype, logical rows and
+/// columns, transposed, stored column-major.
+type DenseHow = (u8, usize, usize, bool, bool);
+
+/// One node of a planned window.
+#[derive(Debug)]
+pub(crate) struct PNode {
+    /// The op it belongs to (a materialization: the op whose write needed it).
+    pub slot: u32,
+    pub action: Action,
+    /// A node of its op (chained to the op's other nodes and dependencies),
+    /// not a materialization.
+    pub of_op: bool,
+    /// Bytes it holds for a later node of its op, and bytes it releases.
+    pub hold: u64,
+    pub release: u64,
+}
+
+impl PNode {
+    /// Physical extents it reads and writes.
+    pub fn accesses(&self) -> (&[Extent], &[Extent]) {
+        match &self.action {
+            Action::None | Action::Fail(_) => (&[], &[]),
+            Action::Hash { src, .. } | Action::Capture { src, .. } => (src, &[]),
+            Action::Copy { src, dst, .. } => (src, dst),
+            Action::Release { dst } => (&[], dst),
+            Action::Compute { reads, dst, .. } => (reads, dst.as_deref().unwrap_or(&[])),
+        }
+    }
+
+    /// Whether it has anything to run.
+    pub fn is_empty(&self) -> bool {
+        matches!(self.action, Action::None)
+    }
+}
+
+/// Something true of the bytes of `src` until a physical write changes
+/// any of them (it is in `memo` under `hash`).
+#[derive(Debug)]
+struct Watch {
+    hash: u64,
+    src: Vec<Extent>,
+    what: Watched,
+}
+
+#[derive(Debug)]
+enum Watched {
+    /// Their fingerprint is checked: it is this.
+    Fp(u64),
+    /// They are decoded, read this way, in this slot.
+    Dense(DenseHow, Dense),
+}
+
+/// An op whose read is planned and whose write is not (a memory op's
+/// bytes must still be where they were at its write, or its read
+/// captures them; a compute op's read holds its output).
+#[derive(Debug)]
+struct Pending {
+    node: usize,
+    src: Vec<Extent>,
+    /// How many physical writes the window had planned at the read.
+    writes_then: usize,
+    captured: bool,
+}
+
+/// Most fingerprint checks and decoded operands remembered.
+const MEMO_MAX: usize = 1 << 16;
+/// Most bytes of decoded operands remembered.
+const DENSE_MAX: usize = 256 << 20;
+
+/// The planner: its memory of checked fingerprints outlives a window.
+#[derive(Debug, Default)]
+pub(crate) struct Planner {
+    watches: Vec<Option<Watch>>,
+    free: Vec<u32>,
+    index: SpanIndex,
+    /// Fingerprint checks by hash of (extents, fingerprint).
+    memo: FxHashMap<u64, Vec<u32>>,
+    memo_len: usize,
+    /// Bytes of the decoded operands in `memo`.
+    dense_bytes: usize,
+    /// This window's reads waiting for their writes, by op slot.
+    pending: FxHashMap<u32, Pending>,
+    /// This window's physical writes so far, per memory: (the count of
+    /// writes before it, the extent).
+    writes: FxHashMap<u64, Vec<(usize, Extent)>>,
+    write_count: usize,
+}
+
+/// What planning needs besides the planner.
+pub(crate) struct PlanCx<'a> {
+    pub tensors: &'a [TensorMeta],
+    pub elide: bool,
+    pub fingerprints: Fingerprints,
+}
+
+/// Which recorded fingerprints `sample` checks: about one in 16, by op id.
+pub fn sampled(op_id: u64) -> bool {
+    op_id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60 == 0
+}
+
+fn memo_hash(src: &[Extent], tag: impl std::hash::Hash) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = FxHasher::default();
+    src.hash(&mut h);
+    tag.hash(&mut h);
+    h.finish()
+}
+
+/// One planning pass over a window.
+struct Pass<'p, 'c> {
+    pl: &'p mut Planner,
+    plane: &'p mut DataPlane,
+    cx: &'p PlanCx<'c>,
+    ops: &'p mut [Option<PendingOp>],
+    stats: &'p mut Stats,
+    nodes: Vec<PNode>,
+    /// Planning stopped at an error (its node is the last).
+    failed: bool,
+}
+
+impl Planner {
+    fn watch(&mut self, w: Watch, src: &[Extent]) -> u32 {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.watches.push(None);
+                (self.watches.len() - 1) as u32
+            }
+        };
+        for (i, e) in src.iter().enumerate() {
+            self.index.insert(e, id, i as u32);
+        }
+        self.watches[id as usize] = Some(w);
+        id
+    }
+
+    fn unwatch(&mut self, id: u32) -> Option<Watch> {
+        let w = self.watches[id as usize].take()?;
+        self.index.remove_id(id, &w.src);
+        self.free.push(id);
+        if let Watched::Dense((_, rows, cols, ..), _) = &w.what {
+            self.dense_bytes -= rows * cols * 4;
+        }
+        if let Some(v) = self.memo.get_mut(&w.hash) {
+            v.retain(|&x| x != id);
+            if v.is_empty() {
+                self.memo.remove(&w.hash);
+            }
+        }
+        self.memo_len -= 1;
+        Some(w)
+    }
+
+    /// Whether these bytes' fingerprint `fp` is checked already.
+    fn memo_has(&self, src: &[Extent], fp: u64) -> bool {
+        self.memo.get(&memo_hash(src, fp)).is_some_and(|ids| {
+            ids.iter().any(|&id| {
+                matches!(&self.watches[id as usize],
+                    Some(Watch { src: s, what: Watched::Fp(f), .. }) if *f == fp && s == src)
+            })
+        })
+    }
+
+    fn memo_insert(&mut self, src: &[Extent], hash: u64, what: Watched) {
+        if self.memo_len >= MEMO_MAX || self.dense_bytes >= DENSE_MAX {
+            let ids: Vec<u32> = self.memo.values().flatten().copied().collect();
+            for id in ids {
+                self.unwatch(id);
+            }
+        }
+        if let Watched::Dense((_, rows, cols, ..), _) = &what {
+            self.dense_bytes += rows * cols * 4;
+        }
+        let id = self.watch(
+            Watch {
+                hash,
+                src: src.to_vec(),
+                what,
+            },
+            src,
+        );
+        self.memo.entry(hash).or_default().push(id);
+        self.memo_len += 1;
+    }
+
+    fn memo_add(&mut self, src: &[Extent], fp: u64) {
+        self.memo_insert(src, memo_hash(src, fp), Watched::Fp(fp));
+    }
+
+    /// The slot of these bytes decoded `how`, shared with the GEMMs
+    /// before that read them so (a new one if none did since they last
+    /// changed).
+    fn dense(&mut self, src: &[Extent], how: DenseHow) -> Dense {
+        let hash = memo_hash(src, how);
+        if let Some(ids) = self.memo.get(&hash) {
+            for &id in ids {
+                if let Some(Watch {
+                    src: s,
+                    what: Watched::Dense(h, slot),
+                    ..
+                }) = &self.watches[id as usize]
+                    && *h == how
+                    && s == src
+                {
+                    return slot.clone();
+                }
+            }
+        }
+        let slot = Dense::default();
+        self.memo_insert(src, hash, Watched::Dense(how, slot.clone()));
+        slot
+    }
+
+    /// Plan a window: `keys` sorted. Returns its nodes in effect order.
+    /// Bytes counts, fingerprints and lazy copies are counted here.
+    pub fn plan(
+        &mut self,
+        plane: &mut DataPlane,
+        keys: &[EffKey],
+        ops: &mut [Option<PendingOp>],
+        cx: &PlanCx,
+        stats: &mut Stats,
+    ) -> Vec<PNode> {
+        let mut pass = Pass {
+            pl: self,
+            plane,
+            cx,
+            ops,
+            stats,
+            nodes: Vec::with_capacity(keys.len()),
+            failed: false,
+        };
+        let mut i = 0;
+        while i < keys.len() && !pass.failed {
+            let k = keys[i];
+            let both = !k.write && keys.get(i + 1).is_some_and(|n| n.slot == k.slot && n.write);
+            pass.effect(k.slot, k.write, both);
+            i += 1 + both as usize;
+        }
+        // Reads whose writes come in a later window hold their bytes.
+        let left: Vec<u32> = pass.pl.pending.keys().copied().collect();
+        for slot in left {
+            let p = pass.pl.pending.remove(&slot).expect("pending");
+            // (A compute op's read holds its output already.)
+            if !p.captured {
+                pass.capture(p.node, p.src);
+            }
+        }
+        pass.pl.writes.clear();
+        pass.pl.write_count = 0;
+        pass.nodes
+    }
+
+    /// Whether a physical write planned after the first `since` of the
+    /// window touched any byte of `src`.
+    fn written_since(&self, since: usize, src: &[Extent]) -> bool {
+        if self.write_count == since {
+            return false;
+        }
+        src.iter().any(|e| {
+            self.writes.get(&mem_key(e.pa)).is_some_and(|log| {
+                let from = log.partition_point(|w| w.0 < since);
+                log[from..].iter().any(|(_, w)| overlaps(w, e))
+            })
+        })
+    }
+}
+
+impl Pass<'_, '_> {
+    fn op(&self, slot: u32) -> &PendingOp {
+        self.ops[slot as usize].as_ref().expect("live op")
+    }
+
+    fn err(&self, _slot: u32, detail: String) -> String {
+        detail
+    }
+
+    fn push(&mut self, slot: u32, action: Action) -> usize {
+        self.nodes.push(PNode {
+            slot,
+            action,
+            of_op: true,
+            hold: 0,
+            release: 0,
+        });
+        self.nodes.len() - 1
+    }
+
+    fn fail(&mut self, slot: u32, detail: String) {
+        self.push(slot, Action::Fail(detail));
+        self.failed = true;
+    }
+
+    /// The effects an op applies here.
+    fn applied(&mut self, slot: u32, n: u8) {
+        let op = self.ops[slot as usize].as_mut().expect("live op");
+        op.left -= n;
+    }
+
+    fn effect(&mut self, slot: u32, write: bool, both: bool) {
+        let plan = self.op(slot).plan;
+        self.applied(slot, 1 + both as u8);
+        match plan {
+            Plan::Skip => {
+                if !write {
+                    self.skip_read(slot);
+                }
+            }
+            Plan::Move => {
+                if !write {
+                    self.mem_read(slot);
+                }
+                if (write || both) && !self.failed {
+                    self.mem_write(slot);
+                }
+            }
+            Plan::Compute { .. } => {
+                if write {
+                    self.compute_write(slot);
+                } else {
+                    self.compute_read(slot, both);
+                }
+            }
+        }
+    }
+
+    fn reading_error(&self, slot: u32, x: PlaneError) -> String {
+        let r = self.op(slot).rec.read.as_ref().expect("a read");
+        self.err(
+            slot,
+            format!("reading {}: {x}", fmt_extents(&r.ranges, self.cx.tensors)),
+        )
+    }
+
+    fn writing_error(&self, slot: u32, x: PlaneError) -> String {
+        let w = self.op(slot).rec.write.as_ref().expect("a write");
+        self.err(
+            slot,
+            format!("writing {}: {x}", fmt_extents(&w.ranges, self.cx.tensors)),
+        )
+    }
+
+    /// A write's error as the scatter reports it (with its time).
+    fn scatter_error(&self, slot: u32, x: PlaneError) -> String {
+        let w = self.op(slot).rec.write.as_ref().expect("a write");
+        let what = match x {
+            PlaneError::LengthMismatch { data, ranges } => {
+                format!("has {data} bytes to write, but its write ranges hold {ranges}")
+            }
+            x => x.to_string(),
+        };
+        self.err(
+            slot,
+            format!(
+                "writing {} at {}: {what}",
+                fmt_extents(&w.ranges, self.cx.tensors),
+                fmt_ns(w.time)
+            ),
+        )
+    }
+
+    fn skip_read(&mut self, slot: u32) {
+        let r = self.op(slot).rec.read.as_ref().expect("a read");
+        match self.plane.extent_bytes(&r.ranges) {
+            Ok(n) => self.stats.bytes_read += n,
+            Err(x) => {
+                let e = self.reading_error(slot, x);
+                self.fail(slot, e);
+            }
+        }
+    }
+
+    /// The fingerprint this op's read checks, if any (by the mode).
+    fn checked_fp(&mut self, slot: u32) -> Option<u64> {
+        let r = &self.op(slot).rec;
+        let fp = r.fingerprint?;
+        let on = match self.cx.fingerprints {
+            Fingerprints::All => true,
+            Fingerprints::Sample => sampled(r.op_id),
+            Fingerprints::Off => false,
+        };
+        if !on {
+            self.stats.fingerprints_skipped += 1;
+        }
+        on.then_some(fp)
+    }
+
+    fn mem_read(&mut self, slot: u32) {
+        // (Ranges lie in their memories: `Bounds` checked every record.)
+        let checked = {
+            let r = &self.ops[slot as usize].as_ref().expect("live op").rec;
+            let read = r.read.as_ref().expect("a read");
+            match self.plane.extent_bytes(&read.ranges) {
+                Err(x) => Err(format!(
+                    "reading {}: {x}",
+                    fmt_extents(&read.ranges, self.cx.tensors)
+                )),
+                Ok(n) => match r
+                    .write
+                    .as_ref()
+                    .map(|w| (w, self.plane.extent_bytes(&w.ranges)))
+                {
+                    Some((w, Err(x))) => Err(format!(
+                        "writing {}: {x}",
+                        fmt_extents(&w.ranges, self.cx.tensors)
+                    )),
+                    Some((w, Ok(wl))) if wl != n => Err(format!(
+                        "reads {n} bytes ({}) but writes {wl} bytes ({})",
+                        fmt_extents(&read.ranges, self.cx.tensors),
+                        fmt_extents(&w.ranges, self.cx.tensors)
+                    )),
+                    w => Ok((n, self.plane.resolve(&read.ranges), w.is_some())),
+                },
+            }
+        };
+        let (n, src, has_write) = match checked {
+            Ok(x) => x,
+            Err(e) => return self.fail(slot, e),
+        };
+        self.stats.bytes_read += n;
+        let fp = self.checked_fp(slot);
+        let mut action = Action::None;
+        if let Some(fp) = fp {
+            self.stats.fingerprints_checked += 1;
+            if self.pl.memo_has(&src, fp) {
+                self.stats.fingerprints_reused += 1;
+            } else {
+                self.pl.memo_add(&src, fp);
+                self.stats.fingerprint_bytes += n;
+                action = Action::Hash {
+                    src: src.clone(),
+                    fp,
+                };
+            }
+        }
+        let node = self.push(slot, action);
+        if has_write {
+            let writes_then = self.pl.write_count;
+            self.pl.pending.insert(
+                slot,
+                Pending {
+                    node,
+                    src,
+                    writes_then,
+                    captured: false,
+                },
+            );
+        }
+    }
+
+    /// Turn the read node `node` into a capture of `src`.
+    fn capture(&mut self, node: usize, src: Vec<Extent>) {
+        self.stats.captured += 1;
+        let n = &mut self.nodes[node];
+        let fp = match std::mem::replace(&mut n.action, Action::None) {
+            Action::Hash { fp, .. } => Some(fp),
+            Action::Capture { fp, .. } => fp,
+            _ => None,
+        };
+        n.hold = src.iter().map(Extent::bytes).sum();
+        n.action = Action::Capture { src, fp };
+    }
+
+    fn mem_write(&mut self, slot: u32) {
+        let Some(mut p) = self.pl.pending.remove(&slot) else {
+            // The read was in an earlier window (it captured), or there is
+            // no read (nothing to write: an error unless the ranges are
+            // empty).
+            let w = self.op(slot).rec.write.clone().expect("a write");
+            match self.plane.extent_bytes(&w.ranges) {
+                Ok(n) => self.stats.bytes_written += n,
+                Err(x) => {
+                    let e = self.scatter_error(slot, x);
+                    return self.fail(slot, e);
+                }
+            }
+            self.phys_write(&w.ranges, slot);
+            self.push(slot, Action::Release { dst: w.ranges });
+            return;
+        };
+        let n: u64 = p.src.iter().map(Extent::bytes).sum();
+        self.stats.bytes_written += n;
+        if !p.captured && self.pl.written_since(p.writes_then, &p.src) {
+            p.captured = true;
+            self.capture(p.node, p.src.clone());
+        }
+        let target = match self.op(slot).rec.write.as_ref().map(|w| &w.ranges[..]) {
+            Some([e]) if e.rows <= 1 || e.stride == e.len => {
+                Some(Extent::contiguous(e.pa, e.bytes()))
+            }
+            _ => None,
+        };
+        let lazy_ok = |pass: &Pass, t: &Extent| {
+            pass.cx.elide
+                && !p.captured
+                && span(t).is_some()
+                && aliasable(t)
+                && !p.src.iter().any(|s| overlaps(s, t))
+                && !pass.plane.lazy().any_target(&p.src)
+        };
+        if let Some(t) = target.filter(|t| lazy_ok(self, t)) {
+            self.plane.lazy_mut().set(t.pa, t.len, p.src);
+            self.stats.copies_elided += 1;
+            return;
+        }
+        let w = self.op(slot).rec.write.clone().expect("a write");
+        // Done physically: what the write disturbs goes first (which may
+        // change the bytes read, making the read capture them).
+        let before = self.pl.write_count;
+        self.phys_write(&w.ranges, slot);
+        if !p.captured && self.pl.written_since(before, &p.src) {
+            p.captured = true;
+            self.capture(p.node, p.src.clone());
+        }
+        let overlap = p
+            .src
+            .iter()
+            .any(|s| w.ranges.iter().any(|d| overlaps(s, d)));
+        if p.captured || overlap {
+            if !p.captured {
+                self.capture(p.node, p.src);
+            }
+            let hold = self.nodes[p.node].hold;
+            let i = self.push(slot, Action::Release { dst: w.ranges });
+            self.nodes[i].release = hold;
+            return;
+        }
+        // The read node is the last: one node copies (and checks).
+        if p.node == self.nodes.len() - 1 {
+            let fp = match std::mem::replace(&mut self.nodes[p.node].action, Action::None) {
+                Action::Hash { fp, .. } => Some(fp),
+                _ => None,
+            };
+            self.nodes[p.node].action = Action::Copy {
+                src: p.src,
+                dst: w.ranges,
+                fp,
+            };
+        } else {
+            self.push(
+                slot,
+                Action::Copy {
+                    src: p.src,
+                    dst: w.ranges,
+                    fp: None,
+                },
+            );
+        }
+    }
+
+    /// `extents` are about to be written physically: materialize the
+    /// aliases that need their bytes, trim those onto them, drop the
+    /// fingerprint checks of their bytes, make pending reads of them
+    /// capture, grow regions.
+    fn phys_write(&mut self, extents: &[Extent], slot: u32) {
+        for e in extents {
+            let taken = self.plane.lazy_mut().take_sourced(e);
+            for a in taken {
+                self.materialize(a, slot);
+            }
+            let cut = self.plane.lazy_mut().clear_target(e);
+            for a in cut {
+                self.materialize(a, slot);
+            }
+            if let Some((s, end)) = span(e) {
+                let mut hit = Vec::new();
+                self.pl.index.query(s, end, |id, part| hit.push((id, part)));
+                hit.sort_unstable();
+                hit.dedup_by_key(|h| h.0);
+                for (id, _) in hit {
+                    let meets = self.pl.watches[id as usize]
+                        .as_ref()
+                        .is_some_and(|w| w.src.iter().any(|x| overlaps(x, e)));
+                    if meets {
+                        self.pl.unwatch(id);
+                    }
+                }
+            }
+            let count = self.pl.write_count;
+            self.pl
+                .writes
+                .entry(mem_key(e.pa))
+                .or_default()
+                .push((count, *e));
+            self.pl.write_count += 1;
+        }
+        self.plane.reserve(extents);
+    }
+
+    /// Copy an alias's source to its target, after what that disturbs.
+    fn materialize(&mut self, a: crate::plane::lazy::Alias, slot: u32) {
+        let t = [a.target()];
+        self.phys_write(&t, slot);
+        self.stats.materialized += 1;
+        self.nodes.push(PNode {
+            slot,
+            action: Action::Copy {
+                src: a.src,
+                dst: t.to_vec(),
+                fp: None,
+            },
+            of_op: false,
+            hold: 0,
+            release: 0,
+        });
+    }
+
+    fn compute_read(&mut self, slot: u32, both: bool) {
+        let Plan::Compute { input, output } = self.op(slot).plan else {
+            unreachable!("a compute op");
+        };
+        let checked = {
+            let r = &self.ops[slot as usize].as_ref().expect("live op").rec;
+            let read = r.read.as_ref().expect("a read");
+            let wl = r
+                .write
+                .as_ref()
+                .map(|w| (w, self.plane.extent_bytes(&w.ranges)));
+            match (wl, self.plane.extent_bytes(&read.ranges)) {
+                (Some((w, Err(x))), _) => Err(format!(
+                    "writing {}: {x}",
+                    fmt_extents(&w.ranges, self.cx.tensors)
+                )),
+                (_, Err(x)) => Err(format!(
+                    "reading {}: {x}",
+                    fmt_extents(&read.ranges, self.cx.tensors)
+                )),
+                (_, Ok(total)) if total != input => Err(format!(
+                    "its operands take {input} bytes, but its read ranges ({}) hold {total}",
+                    fmt_extents(&read.ranges, self.cx.tensors)
+                )),
+                (Some((_, Ok(wl))), _) if wl != output => Err(format!(
+                    "its output takes {output} bytes, but its write ranges hold {wl}"
+                )),
+                (w, Ok(total)) => {
+                    Ok((total, w.is_some().then(|| self.plane.resolve(&read.ranges))))
+                }
+            }
+        };
+        let (total, reads) = match checked {
+            Ok(x) => x,
+            Err(e) => return self.fail(slot, e),
+        };
+        self.stats.bytes_read += total;
+        let Some(reads) = reads else {
+            // No write: nothing computed, nobody sees the output.
+            return;
+        };
+        let dense = self.dense_operands(slot, &reads);
+        if both {
+            let w = self.op(slot).rec.write.clone().expect("a write");
+            self.stats.bytes_written += output;
+            self.phys_write(&w.ranges, slot);
+            self.push(
+                slot,
+                Action::Compute {
+                    reads,
+                    dst: Some(w.ranges),
+                    dense,
+                },
+            );
+        } else {
+            let i = self.push(
+                slot,
+                Action::Compute {
+                    reads,
+                    dst: None,
+                    dense,
+                },
+            );
+            self.nodes[i].hold = output;
+            self.pl.pending.insert(
+                slot,
+                Pending {
+                    node: i,
+                    src: Vec::new(),
+                    writes_then: 0,
+                    captured: true,
+                },
+            );
+        }
+    }
+
+    /// Which of a GEMM's `a` and `b` to decode once for every GEMM that
+    /// reads the same bytes the same way (see [`Dense`]): those not f32,
+    /// not stored as the logical matrix, or whose rows lie apart (a tile
+    /// of a larger matrix: the kernels read dense tiles a third faster,
+    /// measured, and tiled GEMMs read each tile many times).
+    fn dense_operands(&mut self, slot: u32, reads: &[Extent]) -> [Option<Dense>; 2] {
+        use kb_format::Dtype;
+        let op = self.ops[slot as usize].as_ref().expect("live op");
+        let Params::Gemm(p) = &op.rec.params else {
+            return [None, None];
+        };
+        let floats = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16);
+        if !is_gemm(op) || !floats(p.dtype_in) || !floats(p.dtype_acc) {
+            return [None, None];
+        }
+        let p = *p;
+        let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
+        let si = p.dtype_in.size() as u64;
+        let (la, lb) = ((m * k) as u64 * si, (k * n) as u64 * si);
+        let mut out = [None, None];
+        for (i, (off, len, rows, cols, transpose, layout)) in [
+            (0, la, m, k, p.transpose_a, p.layout_a),
+            (la, lb, k, n, p.transpose_b, p.layout_b),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut pieces = Vec::new();
+            crate::plane::lazy::slice_into(reads, off, len, &mut pieces);
+            let as_is =
+                p.dtype_in == Dtype::F32 && crate::ops::gemm::stored_as_is(transpose, layout);
+            let apart = matches!(pieces.as_slice(), [e] if e.rows > 1 && e.stride > e.len);
+            if !as_is || apart {
+                let how = (
+                    p.dtype_in as u8,
+                    rows,
+                    cols,
+                    transpose,
+                    layout == kb_format::Layout::ColMajor,
+                );
+                out[i] = Some(self.pl.dense(&pieces, how));
+            }
+        }
+        out
+    }
+
+    fn compute_write(&mut self, slot: u32) {
+        let r = &self.op(slot).rec;
+        let Plan::Compute { input, output } = self.op(slot).plan else {
+            unreachable!("a compute op");
+        };
+        let w = r.write.clone().expect("a write");
+        let had_read = r.read.is_some();
+        let held_here = self.pl.pending.remove(&slot);
+        if let Err(x) = self.plane.extent_bytes(&w.ranges) {
+            let e = self.writing_error(slot, x);
+            return self.fail(slot, e);
+        }
+        if !had_read {
+            if input != 0 {
+                let e = self.err(
+                    slot,
+                    format!("its operands take {input} bytes, but it has no read effect"),
+                );
+                return self.fail(slot, e);
+            }
+            let wl = self.plane.extent_bytes(&w.ranges).unwrap_or(0);
+            if wl != output {
+                let e = self.err(
+                    slot,
+                    format!("its output takes {output} bytes, but its write ranges hold {wl}"),
+                );
+                return self.fail(slot, e);
+            }
+            self.stats.bytes_written += output;
+            self.phys_write(&w.ranges, slot);
+            self.push(
+                slot,
+                Action::Compute {
+                    reads: Vec::new(),
+                    dst: Some(w.ranges),
+                    dense: [None, None],
+                },
+            );
+            return;
+        }
+        self.stats.bytes_written += output;
+        self.phys_write(&w.ranges, slot);
+        let i = self.push(slot, Action::Release { dst: w.ranges });
+        self.nodes[i].release = held_here.map_or(0, |p| self.nodes[p.node].hold);
+    }
+}
+
+/// Spaces a lazy copy may target: device memories (host space writes
+/// shadow the input page by page).
+fn aliasable(t: &Extent) -> bool {
+    !matches!(
+        kb_format::pa::space_of(t.pa),
+        Some(kb_format::Space::Host) | None
+    )
+}
+
+/// Memory keys a window's nodes write physically.
+pub(crate) fn written_memories(nodes: &[PNode]) -> rustc_hash::FxHashSet<u64> {
+    let mut set = rustc_hash::FxHashSet::default();
+    for n in nodes {
+        for e in n.accesses().1 {
+            set.insert(crate::plane::mem_key(e.pa));
+        }
+    }
+    set
+}
+
+/// Whether an op is a GEMM with GEMM params.
+pub(crate) fn is_gemm(op: &PendingOp) -> bool {
+    op.rec.kind == OpKind::Gemm && matches!(op.rec.params, Params::Gemm(_))
+}

@@ -1,0 +1,687 @@
+//! Lazy copies: where the logical bytes of a range are not its own.
+//!
+//! An *alias* says that the logical bytes of a contiguous range (its
+//! target) are the physical bytes of a list of extents (its source): a
+//! memory op whose copy replay has not done (`engine::plan` makes them:
+//! a DMA into TCM, a host write into HBM). Resolving a logical range gives
+//! the physical extents that hold its bytes ([`Lazy::resolve_into`]), so
+//! an op reads its operands where they are, and a chain of copies resolves
+//! to the first source.
+//!
+//! Invariants, kept by the callers ([`super::DataPlane`] and the engine's
+//! planner):
+//!
+//! - targets are disjoint, and a source never overlaps its own target;
+//! - a source's physical bytes stay as they were when the alias was made:
+//!   before anything writes physical bytes that a source covers, the alias
+//!   is materialized (its source copied to its target,
+//!   [`Lazy::take_sourced`]); a logical write to a target trims or drops
+//!   the alias ([`Lazy::clear_target`]);
+//! - when an alias is made its source overlaps no live target, so the
+//!   aliases that must be materialized before another can be form no
+//!   cycle (each depends only on older ones).
+
+use kb_format::Extent;
+use rustc_hash::FxHashMap;
+
+use super::{mem_key, span};
+
+/// One lazy copy: `len` bytes at `start` are, logically, the bytes of
+/// `src` (in order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alias {
+    pub start: u64,
+    pub len: u64,
+    pub src: Vec<Extent>,
+}
+
+impl Alias {
+    /// The target as an extent.
+    pub fn target(&self) -> Extent {
+        Extent::contiguous(self.start, self.len)
+    }
+}
+
+/// Spans of extents by memory, to find those overlapping a range: per
+/// memory an unsorted list, entries removed lazily (an entry whose id's
+/// generation moved on is stale and skipped, and dropped when the list
+/// has more stale entries than live ones). Adding and removing cost
+/// nothing much; a query scans the memory's list, and queries come with
+/// physical writes, which most memories that hold sources rarely see.
+#[derive(Debug, Default)]
+pub(crate) struct SpanIndex {
+    maps: FxHashMap<u64, SpanList>,
+    /// Generation of each id: entries of older generations are stale.
+    gens: Vec<u32>,
+}
+
+#[derive(Debug, Default)]
+struct SpanList {
+    /// (start, end, id, part, generation)
+    entries: Vec<(u64, u64, u32, u32, u32)>,
+    live: usize,
+}
+
+impl SpanIndex {
+    fn gen_of(&mut self, id: u32) -> u32 {
+        if self.gens.len() <= id as usize {
+            self.gens.resize(id as usize + 1, 0);
+        }
+        self.gens[id as usize]
+    }
+
+    /// Index part `part` of id `id`.
+    pub(crate) fn insert(&mut self, e: &Extent, id: u32, part: u32) {
+        let Some((s, end)) = span(e) else { return };
+        let g = self.gen_of(id);
+        let list = self.maps.entry(mem_key(s)).or_default();
+        list.entries.push((s, end, id, part, g));
+        list.live += 1;
+    }
+
+    /// Forget every part of `id` (its entries become stale); `parts`
+    /// says in which memories they lie.
+    pub(crate) fn remove_id(&mut self, id: u32, parts: &[Extent]) {
+        self.gen_of(id);
+        self.gens[id as usize] = self.gens[id as usize].wrapping_add(1);
+        for e in parts {
+            let Some((s, _)) = span(e) else { continue };
+            let gens = &self.gens;
+            if let Some(list) = self.maps.get_mut(&mem_key(s)) {
+                list.live = list.live.saturating_sub(1);
+                if list.entries.len() > 2 * list.live + 64 {
+                    list.entries
+                        .retain(|&(_, _, id, _, g)| gens.get(id as usize) == Some(&g));
+                    list.live = list.entries.len();
+                }
+            }
+        }
+    }
+
+    /// Call `f(id, part)` for every live entry whose span overlaps `[s, e)`.
+    pub(crate) fn query(&self, s: u64, e: u64, mut f: impl FnMut(u32, u32)) {
+        let Some(list) = self.maps.get(&mem_key(s)) else {
+            return;
+        };
+        for &(start, end, id, part, g) in &list.entries {
+            if end > s && start < e && self.gens.get(id as usize) == Some(&g) {
+                f(id, part);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.maps.values().all(|l| {
+            l.entries
+                .iter()
+                .all(|&(_, _, id, _, g)| self.gens.get(id as usize) != Some(&g))
+        })
+    }
+}
+
+/// The rows of `e` (first, last; inclusive) that meet `[lo, hi)`; a
+/// contiguous extent is one row.
+fn rows_meeting(e: &Extent, lo: u64, hi: u64) -> Option<(u64, u64)> {
+    if e.len == 0 || e.rows == 0 || lo >= hi {
+        return None;
+    }
+    if e.rows <= 1 || e.stride == 0 {
+        return (e.pa < hi && lo < e.pa + e.len).then_some((0, 0));
+    }
+    // Rows j with pa + j*stride < hi and pa + j*stride + len > lo.
+    let (pa, st, len) = (e.pa as i128, e.stride as i128, e.len as i128);
+    let (lo, hi) = (lo as i128, hi as i128);
+    let first = if lo - len - pa < 0 {
+        0
+    } else {
+        (lo - len - pa) / st + 1
+    };
+    if hi - 1 - pa < 0 {
+        return None;
+    }
+    let last = ((hi - 1 - pa) / st).min(e.rows as i128 - 1);
+    (first <= last).then_some((first as u64, last as u64))
+}
+
+/// Whether two extents share a byte (exactly, row by row).
+pub fn overlaps(a: &Extent, b: &Extent) -> bool {
+    let (Some((as_, ae)), Some((bs, be))) = (span(a), span(b)) else {
+        return false;
+    };
+    if as_ >= be || bs >= ae {
+        return false;
+    }
+    // Walk the rows of the one with fewer, asking the other.
+    let (x, y) = if a.rows <= b.rows { (a, b) } else { (b, a) };
+    let rows = if x.rows <= 1 { 1 } else { x.rows as u64 };
+    let stride = if x.rows <= 1 { 0 } else { x.stride };
+    (0..rows).any(|r| {
+        let lo = x.pa + r * stride;
+        rows_meeting(y, lo, lo + x.len).is_some()
+    })
+}
+
+/// Append the run `[addr, addr + len)` to `out`, joining it to the last
+/// extent when it continues it in the same memory (back to back, or the
+/// next row at the same stride).
+pub fn push_run(out: &mut Vec<Extent>, addr: u64, len: u64) {
+    if len == 0 {
+        return;
+    }
+    if let Some(last) = out.last_mut()
+        && mem_key(last.pa) == mem_key(addr)
+    {
+        if last.rows <= 1 && last.pa + last.len == addr {
+            last.len += len;
+            return;
+        }
+        if last.len == len {
+            let next = if last.rows <= 1 {
+                // A second row of the same length starts a stride.
+                (addr > last.pa + last.len).then(|| addr - last.pa)
+            } else {
+                (last.pa + last.rows as u64 * last.stride == addr).then_some(last.stride)
+            };
+            if let Some(stride) = next
+                && last.rows < u32::MAX
+            {
+                if last.rows <= 1 {
+                    last.rows = 2;
+                    last.stride = stride;
+                } else {
+                    last.rows += 1;
+                }
+                return;
+            }
+        }
+    }
+    out.push(Extent::contiguous(addr, len));
+}
+
+/// Append bytes `off..off + len` of the data of `src` (in order) to `out`.
+pub fn slice_into(src: &[Extent], off: u64, len: u64, out: &mut Vec<Extent>) {
+    let (mut at, end) = (0u64, off + len);
+    for e in src {
+        let n = e.bytes();
+        if at + n <= off {
+            at += n;
+            continue;
+        }
+        if at >= end {
+            break;
+        }
+        let (lo, hi) = (off.max(at) - at, end.min(at + n) - at);
+        let dense = e.rows <= 1 || e.stride == e.len;
+        if dense {
+            push_run(out, e.pa + lo, hi - lo);
+        } else {
+            let (r0, c0) = (lo / e.len, lo % e.len);
+            let (r1, c1) = (hi / e.len, hi % e.len);
+            let row = |r: u64| e.pa + r * e.stride;
+            if r0 == r1 {
+                push_run(out, row(r0) + c0, c1 - c0);
+            } else {
+                let mut first = r0;
+                if c0 > 0 {
+                    push_run(out, row(r0) + c0, e.len - c0);
+                    first += 1;
+                }
+                let full = r1 - first;
+                if full == 1 {
+                    push_run(out, row(first), e.len);
+                } else if full > 1 {
+                    // Whole rows in one strided extent, unless the
+                    // previous piece continues into them.
+                    match out.last() {
+                        Some(l) if l.pa + l.len == row(first) || l.len == e.len => {
+                            for r in first..r1 {
+                                push_run(out, row(r), e.len);
+                            }
+                        }
+                        _ => out.push(Extent {
+                            pa: row(first),
+                            len: e.len,
+                            rows: full as u32,
+                            stride: e.stride,
+                        }),
+                    }
+                }
+                if c1 > 0 {
+                    push_run(out, row(r1), c1);
+                }
+            }
+        }
+        at += n;
+    }
+}
+
+/// The aliases of a plane.
+#[derive(Debug, Default)]
+pub struct Lazy {
+    slab: Vec<Option<Alias>>,
+    free: Vec<u32>,
+    /// Targets per memory as (start, end, id), sorted (they are disjoint).
+    targets: FxHashMap<u64, Vec<(u64, u64, u32)>>,
+    /// Source extents (id, index in `src`).
+    sources: SpanIndex,
+    live: usize,
+}
+
+impl Lazy {
+    /// Aliases now.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    fn insert(&mut self, a: Alias) {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.slab.push(None);
+                (self.slab.len() - 1) as u32
+            }
+        };
+        for (i, e) in a.src.iter().enumerate() {
+            self.sources.insert(e, id, i as u32);
+        }
+        let t = self.targets.entry(mem_key(a.start)).or_default();
+        let at = t.partition_point(|x| x.0 < a.start);
+        t.insert(at, (a.start, a.start + a.len, id));
+        self.slab[id as usize] = Some(a);
+        self.live += 1;
+    }
+
+    fn remove(&mut self, id: u32) -> Alias {
+        let a = self.slab[id as usize].take().expect("live alias");
+        self.sources.remove_id(id, &a.src);
+        if let Some(t) = self.targets.get_mut(&mem_key(a.start)) {
+            let at = t.partition_point(|x| x.0 < a.start);
+            debug_assert_eq!(t.get(at).map(|x| x.2), Some(id));
+            t.remove(at);
+        }
+        self.free.push(id);
+        self.live -= 1;
+        a
+    }
+
+    /// The targets that overlap `[s, e)`, in address order: an index range
+    /// of the memory's sorted list.
+    fn targets_in(&self, s: u64, e: u64) -> &[(u64, u64, u32)] {
+        let Some(t) = self.targets.get(&mem_key(s)) else {
+            return &[];
+        };
+        // The first whose end is past `s` (ends are sorted too).
+        let from = t.partition_point(|x| x.1 <= s);
+        let to = from + t[from..].partition_point(|x| x.0 < e);
+        &t[from..to]
+    }
+
+    /// Ids of the targets that overlap `[s, e)`, in address order.
+    fn target_ids(&self, s: u64, e: u64) -> Vec<u32> {
+        self.targets_in(s, e).iter().map(|x| x.2).collect()
+    }
+
+    /// Whether a target overlaps any byte of `extents`.
+    pub fn any_target(&self, extents: &[Extent]) -> bool {
+        if self.live == 0 {
+            return false;
+        }
+        extents.iter().any(|e| match span(e) {
+            Some((s, end)) => self
+                .targets_in(s, end)
+                .iter()
+                .any(|&(ts, te, _)| overlaps(&Extent::contiguous(ts, te - ts), e)),
+            None => false,
+        })
+    }
+
+    /// Append the physical extents that hold the logical bytes of `q`, in
+    /// order, to `out`.
+    pub fn resolve_into(&self, q: &Extent, out: &mut Vec<Extent>) {
+        let Some((s, e)) = span(q) else {
+            if q.bytes() > 0 {
+                out.push(*q);
+            }
+            return;
+        };
+        let ids = if self.live == 0 {
+            &[][..]
+        } else {
+            self.targets_in(s, e)
+        };
+        if ids.is_empty() {
+            out.push(*q);
+            return;
+        }
+        // One target holds the whole span, and its source is one
+        // contiguous run: the same extent, moved.
+        if let [(_, _, id)] = ids[..] {
+            let a = self.slab[id as usize].as_ref().expect("live alias");
+            if a.start <= s
+                && e <= a.start + a.len
+                && let [src] = a.src[..]
+                && (src.rows <= 1 || src.stride == src.len)
+            {
+                let shifted = Extent {
+                    pa: src.pa + (s - a.start),
+                    ..*q
+                };
+                out.push(shifted);
+                return;
+            }
+        }
+        // Run by run, piece by piece.
+        let rows = if q.rows <= 1 { 1 } else { q.rows as u64 };
+        let (stride, len) = if q.rows <= 1 {
+            (0, q.len)
+        } else {
+            (q.stride, q.len)
+        };
+        for r in 0..rows {
+            let (rs, re) = (q.pa + r * stride, q.pa + r * stride + len);
+            let mut cursor = rs;
+            for &(_, _, id) in ids {
+                let a = self.slab[id as usize].as_ref().expect("live alias");
+                let (ts, te) = (a.start.max(rs), (a.start + a.len).min(re));
+                if ts >= te {
+                    continue;
+                }
+                if ts > cursor {
+                    push_run(out, cursor, ts - cursor);
+                }
+                slice_into(&a.src, ts - a.start, te - ts, out);
+                cursor = te;
+            }
+            if cursor < re {
+                push_run(out, cursor, re - cursor);
+            }
+        }
+    }
+
+    /// Make `[start, start + len)` logically the bytes of `src`, trimming
+    /// the aliases it overlaps. `src` must be physical (it overlaps no
+    /// target) and must not overlap the target; the caller checks both.
+    pub fn set(&mut self, start: u64, len: u64, src: Vec<Extent>) {
+        let t = Extent::contiguous(start, len);
+        let dropped = self.clear_target(&t);
+        debug_assert!(dropped.is_empty(), "a contiguous write only trims");
+        debug_assert!(
+            !src.iter().any(|x| overlaps(x, &t)),
+            "a source overlaps its target"
+        );
+        if len > 0 {
+            self.insert(Alias { start, len, src });
+        }
+    }
+
+    /// The bytes of `e` are about to be written: trim the aliases whose
+    /// targets they overlap. A target that `e` cuts into strided pieces
+    /// is returned whole for the caller to materialize first.
+    pub fn clear_target(&mut self, e: &Extent) -> Vec<Alias> {
+        let mut out = Vec::new();
+        if self.live == 0 {
+            return out;
+        }
+        let Some((s, end)) = span(e) else { return out };
+        let dense = e.rows <= 1 || e.stride <= e.len;
+        for id in self.target_ids(s, end) {
+            let a = self.slab[id as usize].as_ref().expect("live alias");
+            if !overlaps(&a.target(), e) {
+                continue;
+            }
+            let (as_, ae) = (a.start, a.start + a.len);
+            // One run of `e` over the target, or `e` dense: a trim.
+            let run = if dense {
+                Some((s, end))
+            } else {
+                match rows_meeting(e, as_, ae) {
+                    Some((r0, r1)) if r0 == r1 => {
+                        let lo = e.pa + r0 * e.stride;
+                        Some((lo, lo + e.len))
+                    }
+                    _ => None,
+                }
+            };
+            let a = self.remove(id);
+            match run {
+                Some((lo, hi)) => {
+                    if as_ < lo {
+                        let mut src = Vec::new();
+                        slice_into(&a.src, 0, lo - as_, &mut src);
+                        self.insert(Alias {
+                            start: as_,
+                            len: lo - as_,
+                            src,
+                        });
+                    }
+                    if hi < ae {
+                        let mut src = Vec::new();
+                        slice_into(&a.src, hi - as_, ae - hi, &mut src);
+                        self.insert(Alias {
+                            start: hi,
+                            len: ae - hi,
+                            src,
+                        });
+                    }
+                }
+                None => out.push(a),
+            }
+        }
+        out
+    }
+
+    /// The physical bytes of `e` are about to change: remove and return
+    /// every alias whose source covers any of them (in creation order is
+    /// not needed: the caller materializes each after those it depends
+    /// on, see the module docs).
+    pub fn take_sourced(&mut self, e: &Extent) -> Vec<Alias> {
+        if self.live == 0 {
+            return Vec::new();
+        }
+        let Some((s, end)) = span(e) else {
+            return Vec::new();
+        };
+        let mut ids = Vec::new();
+        self.sources.query(s, end, |id, part| {
+            let a = self.slab[id as usize].as_ref().expect("live alias");
+            if overlaps(&a.src[part as usize], e) {
+                ids.push(id);
+            }
+        });
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter().map(|id| self.remove(id)).collect()
+    }
+
+    /// Every alias, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Alias> {
+        self.slab.iter().flatten()
+    }
+
+    /// Remove every alias, returning them.
+    pub fn drain(&mut self) -> Vec<Alias> {
+        let ids: Vec<u32> = (0..self.slab.len() as u32)
+            .filter(|&i| self.slab[i as usize].is_some())
+            .collect();
+        ids.into_iter().map(|id| self.remove(id)).collect()
+    }
+
+    /// Debug check of the invariants: disjoint targets, no source over its
+    /// own target, indexes in step with the slab.
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        let mut all: Vec<&Alias> = self.iter().collect();
+        all.sort_by_key(|a| a.start);
+        for w in all.windows(2) {
+            assert!(
+                w[0].start + w[0].len <= w[1].start,
+                "targets overlap: {w:?}"
+            );
+        }
+        for a in &all {
+            assert!(!a.src.iter().any(|x| overlaps(x, &a.target())));
+            let n: u64 = a.src.iter().map(Extent::bytes).sum();
+            assert_eq!(n, a.len, "source and target sizes: {a:?}");
+        }
+        assert_eq!(all.len(), self.live);
+        let indexed: usize = self.targets.values().map(Vec::len).sum();
+        assert_eq!(indexed, self.live);
+        if self.live == 0 {
+            assert!(self.sources.is_empty());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strided(pa: u64, len: u64, rows: u32, stride: u64) -> Extent {
+        Extent {
+            pa,
+            len,
+            rows,
+            stride,
+        }
+    }
+
+    /// The byte addresses of extents, in data order.
+    fn bytes(es: &[Extent]) -> Vec<u64> {
+        es.iter()
+            .flat_map(|e| {
+                let rows = e.rows.max(1) as u64;
+                (0..rows).flat_map(move |r| {
+                    let st = if e.rows <= 1 { 0 } else { e.stride };
+                    (0..e.len).map(move |c| e.pa + r * st + c)
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_join_into_strided_extents() {
+        let mut v = Vec::new();
+        for r in 0..4 {
+            push_run(&mut v, 100 + r * 10, 4);
+        }
+        assert_eq!(v, [strided(100, 4, 4, 10)]);
+        push_run(&mut v, 200, 4);
+        push_run(&mut v, 204, 4);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1], Extent::contiguous(200, 8));
+    }
+
+    #[test]
+    fn slices_of_strided_sources_keep_their_bytes() {
+        let src = [strided(1000, 8, 5, 20), Extent::contiguous(5000, 13)];
+        let all = bytes(&src);
+        for off in 0..all.len() as u64 {
+            for len in 0..=(all.len() as u64 - off) {
+                let mut out = Vec::new();
+                slice_into(&src, off, len, &mut out);
+                assert_eq!(
+                    bytes(&out),
+                    all[off as usize..(off + len) as usize],
+                    "{off}+{len}: {out:?}"
+                );
+            }
+        }
+        let mut out = Vec::new();
+        slice_into(&src, 8, 24, &mut out);
+        assert_eq!(out, [strided(1020, 8, 3, 20)]);
+    }
+
+    #[test]
+    fn exact_overlap_of_strided_extents() {
+        let a = strided(0, 4, 10, 16);
+        assert!(overlaps(&a, &Extent::contiguous(3, 1)));
+        assert!(!overlaps(&a, &Extent::contiguous(4, 12)));
+        assert!(overlaps(&a, &Extent::contiguous(4, 13)));
+        assert!(!overlaps(&a, &strided(4, 4, 10, 16)));
+        assert!(overlaps(&a, &strided(8, 4, 10, 8)));
+        assert!(!overlaps(&a, &Extent::contiguous(200, 4)));
+        // Brute force against byte sets.
+        let cases = [
+            strided(0, 3, 7, 5),
+            strided(2, 2, 9, 6),
+            strided(11, 4, 3, 4),
+            Extent::contiguous(17, 6),
+            strided(1, 1, 12, 3),
+        ];
+        for x in &cases {
+            for y in &cases {
+                let bx = bytes(std::slice::from_ref(x));
+                let by = bytes(std::slice::from_ref(y));
+                let want = bx.iter().any(|b| by.contains(b));
+                assert_eq!(overlaps(x, y), want, "{x:?} {y:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn resolution_follows_aliases_and_trims() {
+        let mut l = Lazy::default();
+        // 64 bytes at 1000 are the strided rows of 8 at 5000 (stride 32).
+        l.set(1000, 64, vec![strided(5000, 8, 8, 32)]);
+        l.check();
+        let mut out = Vec::new();
+        l.resolve_into(&Extent::contiguous(1000, 64), &mut out);
+        assert_eq!(out, [strided(5000, 8, 8, 32)]);
+        // Bytes before, inside and after.
+        out.clear();
+        l.resolve_into(&Extent::contiguous(990, 30), &mut out);
+        let want: Vec<u64> = (990..1000)
+            .chain(5000..5008)
+            .chain(5032..5040)
+            .chain(5064..5068)
+            .collect();
+        assert_eq!(bytes(&out), want);
+        // A write into the middle trims it into two.
+        assert!(l.clear_target(&Extent::contiguous(1010, 20)).is_empty());
+        l.check();
+        assert_eq!(l.len(), 2);
+        out.clear();
+        l.resolve_into(&Extent::contiguous(1000, 64), &mut out);
+        let want: Vec<u64> = (5000..5008)
+            .chain(5032..5034)
+            .chain(1010..1030)
+            .chain(5102..5104)
+            .chain((4..8).flat_map(|r| 5000 + r * 32..5008 + r * 32))
+            .collect();
+        assert_eq!(bytes(&out), want);
+        // A strided write cutting through the second piece: materialize it.
+        let cut = l.clear_target(&strided(1040, 2, 3, 8));
+        assert_eq!(cut.len(), 1);
+        assert_eq!(cut[0].start, 1030);
+        l.check();
+        // A strided write whose one row covers the first piece: trimmed.
+        assert!(l.clear_target(&strided(1004, 8, 2, 100)).is_empty());
+        l.check();
+        out.clear();
+        l.resolve_into(&Extent::contiguous(1000, 4), &mut out);
+        assert_eq!(out, [Extent::contiguous(5000, 4)]);
+    }
+
+    #[test]
+    fn writes_to_a_source_take_its_aliases() {
+        let mut l = Lazy::default();
+        l.set(1000, 16, vec![strided(5000, 4, 4, 16)]);
+        l.set(2000, 16, vec![Extent::contiguous(6000, 16)]);
+        // Bytes between the strided rows: nothing.
+        assert!(l.take_sourced(&Extent::contiguous(5004, 12)).is_empty());
+        let got = l.take_sourced(&Extent::contiguous(5035, 1));
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].start, 1000);
+        l.check();
+        assert_eq!(l.len(), 1);
+        assert!(l.any_target(&[Extent::contiguous(2015, 4)]));
+        assert!(!l.any_target(&[Extent::contiguous(2016, 4)]));
+        assert_eq!(l.drain().len(), 1);
+        l.check();
+    }
+}

@@ -1,0 +1,384 @@
+//! The plane's tests: pages, regions, host data, and aliases seen from
+//! outside (logical reads and writes).
+
+use super::*;
+use kb_format::Dtype;
+
+fn dev(space: Space, offset: u64) -> u64 {
+    Pa {
+        space,
+        sip: 1,
+        cube: 2,
+        pe: 3,
+        offset,
+    }
+    .encode()
+    .expect("valid PA")
+}
+
+fn tensor(name: &str, n: u64) -> TensorMeta {
+    TensorMeta {
+        name: name.into(),
+        dtype: Dtype::U8,
+        shape: vec![n],
+        address: 0,
+        host_data: true,
+        shards: vec![],
+    }
+}
+
+fn plane() -> DataPlane {
+    DataPlane::new(&[tensor("x", 100_000), tensor("y", 8)], DEFAULT_MAX_BYTES)
+}
+
+fn read(p: &DataPlane, addr: u64, n: usize) -> Vec<u8> {
+    let mut v = vec![0xaa; n];
+    p.read(addr, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn unwritten_device_memory_reads_zero() {
+    let p = plane();
+    assert_eq!(read(&p, dev(Space::Hbm, 12345), 5), vec![0; 5]);
+}
+
+#[test]
+fn partial_and_overlapping_writes_keep_the_latest_bytes() {
+    let mut p = plane();
+    let base = dev(Space::Tcm, 100);
+    p.write(base, &[1, 2, 3, 4, 5, 6]).unwrap();
+    p.write(base + 2, &[9, 9]).unwrap();
+    p.write(base + 5, &[7, 8]).unwrap();
+    assert_eq!(read(&p, base - 1, 9), vec![0, 1, 2, 9, 9, 5, 7, 8, 0]);
+    // A read inside a written range.
+    assert_eq!(read(&p, base + 3, 2), vec![9, 5]);
+}
+
+#[test]
+fn writes_and_reads_cross_page_boundaries() {
+    let mut p = plane();
+    // Beyond the largest region HBM is paged.
+    let base = dev(Space::Hbm, REGION_MAX + PAGE as u64 * 3 - 3);
+    let data: Vec<u8> = (0..PAGE as u32 + 10).map(|i| (i % 251) as u8).collect();
+    p.write(base, &data).unwrap();
+    assert_eq!(read(&p, base, data.len()), data);
+    assert_eq!(p.page_count(), 3);
+    assert!(p.regions.is_empty());
+    // Below it, in a region.
+    let low = dev(Space::Hbm, PAGE as u64 * 3 - 3);
+    p.write(low, &data).unwrap();
+    assert_eq!(read(&p, low, data.len()), data);
+    assert_eq!((p.page_count(), p.regions.len()), (3, 1));
+    // Different spaces with the same offset do not alias.
+    assert_eq!(
+        read(&p, dev(Space::Tcm, PAGE as u64 * 3 - 3), 4),
+        vec![0; 4]
+    );
+}
+
+#[test]
+fn strided_gather_and_scatter() {
+    let mut p = plane();
+    let src = dev(Space::Hbm, 0);
+    p.write(src, &(0u8..32).collect::<Vec<_>>()).unwrap();
+    // 3 rows of 2 bytes, 8 apart, then one contiguous run of 3.
+    let ex = [
+        Extent {
+            pa: src + 1,
+            len: 2,
+            rows: 3,
+            stride: 8,
+        },
+        Extent::contiguous(src + 30, 2),
+    ];
+    let mut got = Vec::new();
+    p.gather(&ex, &mut got).unwrap();
+    assert_eq!(got, vec![1, 2, 9, 10, 17, 18, 30, 31]);
+
+    let dst = dev(Space::Tcm, 0);
+    let out = [Extent {
+        pa: dst,
+        len: 4,
+        rows: 2,
+        stride: 6,
+    }];
+    p.scatter(&out, &got).unwrap();
+    assert_eq!(read(&p, dst, 10), vec![1, 2, 9, 10, 0, 0, 17, 18, 30, 31]);
+    // Wrong byte count is an error, not a partial write.
+    assert!(p.scatter(&out, &got[..7]).is_err());
+}
+
+#[test]
+fn tcm_regions_grow_keeping_their_bytes_and_page_what_lies_beyond() {
+    let mut p = plane();
+    let at = |o| dev(Space::Tcm, o);
+    p.write(at(10), &[1, 2, 3]).unwrap();
+    assert_eq!(
+        p.regions[&(at(0) >> OFFSET_BITS)].len(),
+        super::REGION_MIN as usize
+    );
+    // Growing copies what the region held.
+    p.write(at(3 << 20), &[4, 5]).unwrap();
+    assert_eq!(p.regions[&(at(0) >> OFFSET_BITS)].len(), 4 << 20);
+    assert_eq!(read(&p, at(9), 5), [0, 1, 2, 3, 0]);
+    // Past REGION_MAX bytes are paged; a run across the end is split.
+    let end = TCM_REGION_MAX;
+    p.write(at(end - 2), &[6, 7, 8, 9]).unwrap();
+    assert_eq!(
+        p.regions[&(at(0) >> OFFSET_BITS)].len(),
+        TCM_REGION_MAX as usize
+    );
+    assert_eq!(p.page_count(), 1);
+    assert_eq!(read(&p, at(end - 3), 6), [0, 6, 7, 8, 9, 0]);
+    assert_eq!(read(&p, at(3 << 20), 2), [4, 5]);
+    // Another PE's TCM is a region of its own.
+    let other = Pa {
+        pe: 4,
+        ..Pa::decode(at(0)).unwrap()
+    }
+    .encode()
+    .unwrap();
+    assert_eq!(read(&p, other + 10, 3), [0, 0, 0]);
+    p.write(other + 10, &[7]).unwrap();
+    assert_eq!(read(&p, at(10), 1), [1]);
+    assert_eq!(p.regions.len(), 2);
+}
+
+#[test]
+fn fingerprints_match_the_gathered_bytes_in_one_piece_or_many() {
+    let mut p = plane();
+    let data: Vec<u8> = (0..3 * PAGE as u32).map(|i| (i % 241) as u8).collect();
+    for space in [Space::Hbm, Space::Tcm] {
+        p.write(dev(space, 100), &data).unwrap();
+        let cases = [
+            vec![Extent::contiguous(dev(space, 100), 3 * PAGE as u64)],
+            vec![Extent {
+                pa: dev(space, 100),
+                len: 700,
+                rows: 90,
+                stride: 2000,
+            }],
+            vec![
+                Extent::contiguous(dev(space, 5), 50),
+                Extent::contiguous(dev(space, PAGE as u64 - 7), 20),
+            ],
+            vec![],
+        ];
+        for ex in cases {
+            let mut want = Vec::new();
+            p.gather(&ex, &mut want).unwrap();
+            assert_eq!(
+                p.fingerprint(&ex).unwrap(),
+                kb_format::fingerprint(&want),
+                "{space:?} {ex:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn host_space_reads_tensor_data_and_keeps_the_input_pristine() {
+    let mut p = plane();
+    p.load_host(1, 0, &[1, 2, 3, 4]).unwrap();
+    p.load_host(1, 4, &[5, 6, 7, 8]).unwrap();
+    let h = pa::host(1, 2);
+    assert_eq!(read(&p, h, 4), vec![3, 4, 5, 6]);
+    p.write(h, &[0xee]).unwrap();
+    assert_eq!(read(&p, pa::host(1, 0), 8), vec![1, 2, 0xee, 4, 5, 6, 7, 8]);
+    let mut orig = [0u8; 8];
+    p.read_host_input(1, 0, &mut orig).unwrap();
+    assert_eq!(orig, [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(p.host_coverage(1), Some((8, Some(8))));
+}
+
+#[test]
+fn bad_addresses_are_errors() {
+    let mut p = plane();
+    // Past the tensor's bytes.
+    assert!(matches!(
+        p.read(pa::host(1, 6), &mut [0; 4]),
+        Err(PlaneError::HostOutOfRange { .. })
+    ));
+    // A tensor the trace does not have.
+    assert!(matches!(
+        p.read(pa::host(7, 0), &mut [0; 1]),
+        Err(PlaneError::UnknownTensor { tensor: 7, .. })
+    ));
+    // Beyond 51 bits.
+    assert!(p.write(1 << 51, &[1]).is_err());
+    // Running from one space into the next.
+    let end_of_hbm = (2u64 << 48) - 2;
+    assert!(matches!(
+        p.write(end_of_hbm, &[1, 2, 3]),
+        Err(PlaneError::CrossesSpace { .. })
+    ));
+    assert!(p.load_host(1, 7, &[1, 2]).is_err());
+}
+
+#[test]
+fn absurd_extents_are_refused_before_allocating() {
+    let p = DataPlane::new(&[], 1 << 20);
+    let huge = [Extent {
+        pa: dev(Space::Hbm, 0),
+        len: 1 << 30,
+        rows: 1 << 20,
+        stride: 1 << 30,
+    }];
+    let mut v = Vec::new();
+    assert!(matches!(
+        p.gather(&huge, &mut v),
+        Err(PlaneError::TooLarge { .. })
+    ));
+    let overflow = Extent {
+        pa: dev(Space::Hbm, 0),
+        len: 1,
+        rows: 3,
+        stride: u64::MAX / 2,
+    };
+    assert!(matches!(
+        runs(&overflow).map(|_| ()),
+        Err(PlaneError::ExtentOverflow { .. })
+    ));
+}
+
+#[test]
+fn addresses_format_readably() {
+    let ts = [tensor("x", 4)];
+    assert_eq!(
+        fmt_addr(dev(Space::Tcm, 0x40), &ts),
+        "sip1.cube2.pe3.tcm+0x40"
+    );
+    assert_eq!(fmt_addr(pa::host(0, 16), &ts), "host:x+0x10");
+    let e = Extent {
+        pa: pa::host(0, 0),
+        len: 2,
+        rows: 2,
+        stride: 4,
+    };
+    assert_eq!(fmt_extent(&e, &ts), "host:x+0x0 [2 x 2 B, stride 4]");
+}
+
+/// Bytes at `addr` through the raw (physical) path, ignoring aliases.
+fn read_phys(p: &DataPlane, addr: u64, n: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    p.gather_phys(&[Extent::contiguous(addr, n as u64)], &mut v)
+        .unwrap();
+    v
+}
+
+#[test]
+fn aliases_are_read_through_and_materialized_before_their_sources_change() {
+    let mut p = plane();
+    let data: Vec<u8> = (0..64).collect();
+    p.load_host(0, 0, &data).unwrap();
+    let hbm = dev(Space::Hbm, 0x100);
+    let tcm = dev(Space::Tcm, 0);
+    // HBM := host[0..64] (lazily), TCM := rows 1 and 3 of HBM (8 bytes each,
+    // 16 apart), resolved through HBM to host.
+    let src = p.resolve(&[Extent::contiguous(pa::host(0, 0), 64)]);
+    p.lazy_mut().set(hbm, 64, src);
+    let rows = p.resolve(&[Extent {
+        pa: hbm + 16,
+        len: 8,
+        rows: 2,
+        stride: 32,
+    }]);
+    assert_eq!(
+        rows,
+        [Extent {
+            pa: pa::host(0, 16),
+            len: 8,
+            rows: 2,
+            stride: 32
+        }]
+    );
+    p.lazy_mut().set(tcm, 16, rows);
+    p.lazy().check();
+    let want: Vec<u8> = (16..24).chain(48..56).collect();
+    assert_eq!(read(&p, tcm, 16), want);
+    assert_eq!(read(&p, hbm, 64), data);
+    // Physically nothing moved.
+    assert_eq!(read_phys(&p, hbm, 4), [0; 4]);
+    // A write into the middle of HBM: the TCM alias keeps its bytes (its
+    // source is host data), the HBM alias is trimmed around the write.
+    p.write(hbm + 20, &[0xee; 4]).unwrap();
+    p.lazy().check();
+    assert_eq!(read(&p, tcm, 16), want);
+    let mut now = data.clone();
+    now[20..24].fill(0xee);
+    assert_eq!(read(&p, hbm, 64), now);
+    // New host data for those bytes: the aliases of the old are
+    // materialized first.
+    p.load_host(0, 16, &[0xaa; 8]).unwrap();
+    p.lazy().check();
+    assert_eq!(read(&p, tcm, 16), want);
+    assert_eq!(read_phys(&p, tcm, 16), want);
+    assert_eq!(read(&p, hbm, 64), now);
+    // Everything materialized: physical is logical.
+    p.materialize_all();
+    assert!(p.lazy().is_empty());
+    assert_eq!(read_phys(&p, hbm, 64), now);
+    assert_eq!(read_phys(&p, tcm, 16), want);
+    assert_eq!(
+        p.fingerprint(&[Extent::contiguous(hbm, 64)]).unwrap(),
+        kb_format::fingerprint(&now)
+    );
+}
+
+#[test]
+fn copies_and_views_move_physical_bytes() {
+    let mut p = plane();
+    let hbm = dev(Space::Hbm, 0);
+    let vals: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    p.write(hbm, bytemuck::cast_slice(&vals)).unwrap();
+    let tcm = dev(Space::Tcm, 0);
+    p.reserve(&[Extent::contiguous(tcm, 1024)]);
+    // SAFETY: nothing else uses the plane while the view lives.
+    #[allow(unsafe_code)]
+    let shared = unsafe { p.shared() };
+    // Column block 2..6 of the 8 x 8 matrix: 8 rows of 16 bytes, 32 apart.
+    let block = Extent {
+        pa: hbm + 8,
+        len: 16,
+        rows: 8,
+        stride: 32,
+    };
+    #[allow(unsafe_code)]
+    let v = unsafe { shared.f32_view(&[block], 8, 16) }.unwrap();
+    assert_eq!((v.rows(), v.cols(), v.stride()), (8, 4, 8));
+    assert_eq!(v.row(3), [26.0, 27.0, 28.0, 29.0]);
+    // Copied into TCM straight (a region), then written in place.
+    let dst = [Extent::contiguous(tcm, 128)];
+    assert_eq!(shared.copy(&[block], &dst).unwrap(), 128);
+    #[allow(unsafe_code)]
+    let mut w = unsafe { shared.f32_view_mut(&dst, 8, 16) }.unwrap();
+    assert_eq!(w.row_mut(7), [58.0, 59.0, 60.0, 61.0]);
+    w.row_mut(0).fill(-1.0);
+    // Views need one region, whole rows, 4-byte strides.
+    #[allow(unsafe_code)]
+    unsafe {
+        assert!(shared.f32_view(&[block], 8, 12).is_none());
+        assert!(shared.f32_view(&[block, block], 16, 16).is_none());
+        let odd = Extent {
+            stride: 30,
+            ..block
+        };
+        assert!(shared.f32_view(&[odd], 8, 16).is_none());
+        let far = Extent::contiguous(dev(Space::Hbm, REGION_MAX + 64), 64);
+        assert!(shared.f32_view(&[far], 1, 64).is_none());
+    }
+    let mut back = vec![0u8; 16];
+    p.read(tcm, &mut back).unwrap();
+    assert_eq!(back, bytemuck::cast_slice::<f32, u8>(&[-1.0; 4]));
+    // Into pages (beyond the region): through a buffer, the same bytes.
+    let paged = [Extent::contiguous(dev(Space::Hbm, REGION_MAX + 4096), 128)];
+    #[allow(unsafe_code)]
+    let shared = unsafe { p.shared() };
+    shared.copy(&[block], &paged).unwrap();
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    p.gather(&[block], &mut a).unwrap();
+    p.gather(&paged, &mut b).unwrap();
+    assert_eq!(a, b);
+}
