@@ -183,6 +183,13 @@ struct RunArgs {
     /// ops, no trace written), `off` does not look (a little faster).
     #[arg(long, default_value = "warn", value_parser = parse_races)]
     races: RacePolicy,
+    /// Refuse the run (exit 2, with the estimate) when the host memory it
+    /// needs, estimated at setup (tensors' host data, their data-plane
+    /// pages with replicas shared, the TCM of the PEs launches use),
+    /// passes SIZE (512M, 4G, 1.5GiB...). Default: the memory this
+    /// machine has available now.
+    #[arg(long, value_name = "SIZE", value_parser = crate::memory::parse_size)]
+    max_memory: Option<u64>,
     /// Write the trace here ("-" for stdout). Default: stdout, unless it is a terminal.
     #[arg(short, long)]
     output: Option<PathBuf>,
@@ -315,6 +322,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         capture_inputs: a.capture_inputs,
         races: a.races,
         command_line: recorded_command_line(&a, workload.name()),
+        max_memory: a.max_memory.or_else(crate::memory::available),
     };
     let wall = Instant::now();
     let to_stdout = match &a.output {

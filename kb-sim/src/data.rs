@@ -4,8 +4,15 @@
 //! Phase 2 knows. A strict read of a pending byte is refused, naming its
 //! writer; a partial read (a DMA moving the bytes) reports which bytes are
 //! unknown and who wrote them, and the destination inherits that writer.
+//!
+//! Pages are shared, copy-on-write: [`PageImage`] lays bytes out in whole
+//! pages once, and [`DataPlane::write_image`] puts the same pages at every
+//! PA with the image's in-page offset (a replicated tensor's copies are
+//! one set of pages until a PE writes its copy). A write to a shared page
+//! copies that page first, so sharing never shows in the bytes.
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 
@@ -14,7 +21,68 @@ use kb_format::Extent;
 use crate::program::{Unknown, Writer};
 
 const PAGE_BITS: u32 = 16;
-const PAGE: usize = 1 << PAGE_BITS;
+/// Bytes per data-plane page.
+pub const PAGE: usize = 1 << PAGE_BITS;
+
+/// A page: shared by every PA range holding the same bytes (copy on write).
+type Page = Rc<Box<[u8]>>;
+
+fn zero_page() -> Page {
+    Rc::new(vec![0u8; PAGE].into_boxed_slice())
+}
+
+/// Bytes laid out in whole pages as they would sit at a PA whose in-page
+/// offset is `offset`, ready to be shared by [`DataPlane::write_image`].
+#[derive(Debug)]
+pub struct PageImage {
+    offset: usize,
+    len: u64,
+    pages: Vec<Page>,
+}
+
+impl PageImage {
+    /// The concatenation of `rows`, `len` bytes in all, at in-page offset
+    /// `offset` (the bytes around it in the first and last page are zero
+    /// and never written to a plane).
+    pub fn new<'a>(offset: usize, len: u64, rows: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let offset = offset % PAGE;
+        let n = (offset as u64 + len).div_ceil(PAGE as u64) as usize;
+        let mut pages: Vec<Box<[u8]>> =
+            (0..n).map(|_| vec![0u8; PAGE].into_boxed_slice()).collect();
+        let mut at = offset;
+        for row in rows {
+            let mut done = 0;
+            while done < row.len() {
+                let (p, o) = (at / PAGE, at % PAGE);
+                let k = (PAGE - o).min(row.len() - done);
+                pages[p][o..o + k].copy_from_slice(&row[done..done + k]);
+                done += k;
+                at += k;
+            }
+        }
+        assert_eq!((at - offset) as u64, len, "rows add up to len");
+        PageImage {
+            offset,
+            len,
+            pages: pages.into_iter().map(Rc::new).collect(),
+        }
+    }
+
+    /// In-page offset of the first byte.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The bytes, page piece by page piece, in order.
+    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
+        let end = self.offset as u64 + self.len;
+        self.pages.iter().enumerate().map(move |(i, p)| {
+            let lo = if i == 0 { self.offset } else { 0 };
+            let hi = (end - (i * PAGE) as u64).min(PAGE as u64) as usize;
+            &p[lo..hi]
+        })
+    }
+}
 
 /// A read that touched bytes whose last writer is still pending.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,7 +97,7 @@ pub struct PendingRead {
 
 #[derive(Debug, Default)]
 pub struct DataPlane {
-    pages: FxHashMap<u64, Box<[u8]>>,
+    pages: FxHashMap<u64, Page>,
     /// start -> (end, writer op id); disjoint intervals.
     pending: BTreeMap<u64, (u64, u64)>,
     /// Who each writer named in `pending` is, with the number of pending
@@ -93,13 +161,42 @@ impl DataPlane {
             let at = pa + done as u64;
             let off = (at as usize) & (PAGE - 1);
             let n = (PAGE - off).min(data.len() - done);
-            let page = self
-                .pages
-                .entry(at >> PAGE_BITS)
-                .or_insert_with(|| vec![0u8; PAGE].into_boxed_slice());
-            page[off..off + n].copy_from_slice(&data[done..done + n]);
+            let page = self.pages.entry(at >> PAGE_BITS).or_insert_with(zero_page);
+            Rc::make_mut(page)[off..off + n].copy_from_slice(&data[done..done + n]);
             done += n;
         }
+    }
+
+    /// Write `img` at `pa` (whose in-page offset must be the image's):
+    /// whole pages are shared with the image, partial ones copied. Clears
+    /// any pending mark on those bytes.
+    pub fn write_image(&mut self, pa: u64, img: &PageImage) {
+        assert_eq!(
+            pa as usize % PAGE,
+            img.offset,
+            "image laid out for this offset"
+        );
+        self.clear_pending(pa, img.len);
+        let first = pa >> PAGE_BITS;
+        let mut at = pa;
+        for (i, (page, bytes)) in img.pages.iter().zip(img.chunks()).enumerate() {
+            if bytes.len() == PAGE {
+                self.pages.insert(first + i as u64, Rc::clone(page));
+            } else {
+                self.write_bytes(at, bytes);
+            }
+            at += bytes.len() as u64;
+        }
+    }
+
+    /// Pages held, and how many of them are shared with another holder.
+    pub fn page_counts(&self) -> (usize, usize) {
+        let shared = self
+            .pages
+            .values()
+            .filter(|p| Rc::strong_count(p) > 1)
+            .count();
+        (self.pages.len(), shared)
     }
 
     /// Append the bytes of `x` (all its rows) to `out`.
@@ -345,6 +442,53 @@ impl DataPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn images_share_whole_pages_and_a_write_copies_only_its_page() {
+        // Bytes i % 251 over two rows, at in-page offset 100: the image
+        // spans 4 pages, the middle two whole.
+        let len = 3 * PAGE;
+        let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let (r0, r1) = src.split_at(PAGE + 7);
+        let img = PageImage::new(100, len as u64, [r0, r1]);
+        assert_eq!(img.chunks().map(<[u8]>::len).sum::<usize>(), len);
+        assert_eq!(img.chunks().flatten().copied().collect::<Vec<_>>(), src);
+        let mut d = DataPlane::new();
+        // A neighbour's bytes in the first and last page must survive.
+        let (a, b) = (100u64, 100 + 8 * PAGE as u64);
+        d.write(a - 2, &[7, 7]);
+        d.write(b + len as u64, &[8, 8]);
+        d.mark_pending(b + 10, 20, 3);
+        d.write_image(a, &img);
+        d.write_image(b, &img);
+        assert_eq!(d.page_counts(), (8, 4), "2 x 2 whole pages shared");
+        let read = |d: &DataPlane, pa: u64, n: usize| {
+            let mut out = vec![0u8; n];
+            d.read(pa, &mut out).unwrap();
+            out
+        };
+        assert_eq!(read(&d, a, len), src);
+        assert_eq!(read(&d, b, len), src, "the pending mark is cleared");
+        assert_eq!(read(&d, a - 2, 2), [7, 7]);
+        assert_eq!(read(&d, b + len as u64, 2), [8, 8]);
+        // A PE writes its copy: only that page is copied, the other copy
+        // keeps the image's bytes.
+        let at = a + PAGE as u64;
+        d.write(at, &[0xee; 4]);
+        assert_eq!(read(&d, at, 4), [0xee; 4]);
+        let off = (at - a) as usize;
+        assert_eq!(read(&d, b + off as u64, 4), src[off..off + 4]);
+        // a's page is its own now; b's still shares with the image.
+        assert_eq!(d.page_counts(), (8, 3));
+        // Without the image, b's copy of that page is b's alone; the
+        // other whole page stays shared between the two copies.
+        drop(img);
+        assert_eq!(d.page_counts(), (8, 2));
+        assert_eq!(
+            read(&d, a + 2 * PAGE as u64, 100),
+            src[2 * PAGE..2 * PAGE + 100]
+        );
+    }
 
     #[test]
     fn partial_overlapping_and_cross_page_access() {

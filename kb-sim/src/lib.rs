@@ -28,6 +28,7 @@ pub mod event;
 pub mod input;
 pub mod kernel;
 pub mod machine;
+pub mod memory;
 pub mod overrides;
 pub mod program;
 pub mod race;

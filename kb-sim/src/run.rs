@@ -13,6 +13,7 @@ use kb_format::{Meta, TopologyMeta, TraceWriter};
 use crate::engine::{Engine, RacePolicy, RunStats, SimError};
 use crate::kernel::Executor;
 use crate::machine::Machine;
+use crate::memory::MemoryEstimate;
 use crate::topology::Topology;
 use crate::workload::{Params, Program, Workload, WorkloadError};
 
@@ -36,6 +37,9 @@ pub struct RunConfig {
     pub races: RacePolicy,
     /// Recorded in the trace metadata.
     pub command_line: Vec<String>,
+    /// Refuse the run when its estimated host memory
+    /// ([`crate::memory::MemoryEstimate`]) passes this many bytes.
+    pub max_memory: Option<u64>,
 }
 
 /// Why a run failed.
@@ -47,6 +51,16 @@ pub enum RunError {
     /// The simulation failed (a kernel error, a deadlock, an address).
     #[error(transparent)]
     Sim(#[from] SimError),
+    /// The run would need more host memory than `--max-memory`.
+    #[error(
+        "this run needs about {estimate} of host memory, more than --max-memory {limit}: use a smaller problem or machine, or raise --max-memory if the machine has the memory"
+    )]
+    Memory {
+        /// The estimate and its parts.
+        estimate: String,
+        /// The limit.
+        limit: String,
+    },
     /// The trace could not be written.
     #[error("writing the trace: {0}")]
     Trace(#[from] kb_format::FormatError),
@@ -77,8 +91,18 @@ pub fn run<W: Write>(
         cfg.executor,
         cfg.inputs.clone(),
     );
+    prog.limit_memory(cfg.max_memory);
     workload.build(&params, &mut prog)?;
     let built = prog.finish()?;
+    let need = MemoryEstimate::of(&built.rt.tensors, &built.steps, cfg.topology.tcm_bytes());
+    if let Some(limit) = cfg.max_memory
+        && need.total() > limit
+    {
+        return Err(RunError::Memory {
+            estimate: need.describe(),
+            limit: crate::memory::human(limit),
+        });
+    }
     let meta = Meta {
         tool: "kb-sim".into(),
         tool_version: env!("CARGO_PKG_VERSION").into(),

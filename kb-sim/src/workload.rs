@@ -88,6 +88,20 @@ pub enum WorkloadError {
         /// What is wrong (file, dtype, shape).
         message: String,
     },
+    /// The tensors' host data alone would pass `--max-memory`.
+    #[error(
+        "workload {workload}: tensor {tensor} would bring the run's host data to {needed}, more than --max-memory {limit}"
+    )]
+    Memory {
+        /// The workload's name.
+        workload: String,
+        /// The tensor being declared.
+        tensor: String,
+        /// Host data with it.
+        needed: String,
+        /// The limit.
+        limit: String,
+    },
     /// The host program is inconsistent (an unknown tensor, a bad step).
     #[error("workload {workload}: {message}")]
     Program {
@@ -223,6 +237,9 @@ pub struct Program<'m> {
     steps: Vec<Step>,
     launches: usize,
     verify: VerifySpec,
+    /// `--max-memory`, for host data; and the host data declared so far.
+    host_limit: Option<u64>,
+    host_bytes: u64,
 }
 
 /// What a built program hands the engine.
@@ -256,7 +273,34 @@ impl<'m> Program<'m> {
             steps: Vec::new(),
             launches: 0,
             verify: VerifySpec::default(),
+            host_limit: None,
+            host_bytes: 0,
         }
+    }
+
+    /// Refuse tensors whose host data would bring the total past `limit`
+    /// bytes (`--max-memory`), before allocating it.
+    pub fn limit_memory(&mut self, limit: Option<u64>) {
+        self.host_limit = limit;
+    }
+
+    /// Count `n` elements of `dtype` of host data for tensor `name`.
+    fn host_data(&mut self, name: &str, n: usize, dtype: Dtype) -> Result<(), WorkloadError> {
+        let needed = self
+            .host_bytes
+            .saturating_add((n as u64).saturating_mul(dtype.size() as u64));
+        if let Some(limit) = self.host_limit
+            && needed > limit
+        {
+            return Err(WorkloadError::Memory {
+                workload: self.workload.clone(),
+                tensor: name.into(),
+                needed: crate::memory::human(needed),
+                limit: crate::memory::human(limit),
+            });
+        }
+        self.host_bytes = needed;
+        Ok(())
     }
 
     /// The machine the program runs on.
@@ -361,6 +405,7 @@ impl<'m> Program<'m> {
         placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
         let n = self.elements(name, shape)?;
+        self.host_data(name, n, dtype)?;
         let data = random_data(&mut self.rng, dtype, n);
         self.declare(name, dtype, shape, Some(data), placement.into())
     }
@@ -388,6 +433,7 @@ impl<'m> Program<'m> {
         placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
         let n = self.elements(name, shape)?;
+        self.host_data(name, n, dtype)?;
         let data = crate::kernel::encode(dtype, value).repeat(n);
         self.declare(name, dtype, shape, Some(data), placement.into())
     }
@@ -408,6 +454,7 @@ impl<'m> Program<'m> {
                 bytes.len()
             )));
         }
+        self.host_data(name, n, dtype)?;
         self.declare(name, dtype, shape, Some(bytes), placement.into())
     }
 

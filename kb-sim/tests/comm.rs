@@ -43,6 +43,7 @@ fn simulate(topo: &str, races: RacePolicy, build: Build) -> Result<(Records, Run
         capture_inputs: false,
         races,
         command_line: Vec::new(),
+        max_memory: None,
     };
     let (bytes, report) = run(&cfg, &Test(build), Vec::new())?;
     Ok((common::named_records(&bytes), report))
@@ -510,6 +511,7 @@ fn a_ring_allreduce_moves_2_p_minus_1_over_p_of_the_buffer_per_pe_at_link_speed(
         capture_inputs: false,
         races: RacePolicy::Error,
         command_line: Vec::new(),
+        max_memory: None,
     };
     let (bytes, report) = run(&cfg, &Test(ring_in_tcm), Vec::new()).unwrap();
     assert_eq!(report.stats.races, 0);

@@ -245,6 +245,7 @@ fn useful_flops_count_the_data_and_not_the_padding() {
         capture_inputs: false,
         races: Default::default(),
         command_line: vec![],
+        max_memory: None,
     };
     let (bytes, report) = kb_sim::run::run(&cfg, &PaddedMath, Vec::new()).unwrap();
     let l = &report.launches[0];

@@ -82,6 +82,7 @@ fn copy_run() {
         capture_inputs: false,
         races: Default::default(),
         command_line: vec![],
+        max_memory: None,
     };
     let t = Instant::now();
     let stats = run(&cfg, &kb_workloads::Copy, std::io::sink())

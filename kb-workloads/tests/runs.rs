@@ -20,6 +20,7 @@ fn config(topo: &str, executor: Executor) -> RunConfig {
         capture_inputs: false,
         races: Default::default(),
         command_line: vec!["kb-sim".into()],
+        max_memory: None,
     }
 }
 
@@ -51,6 +52,7 @@ fn records_chunks_carry_a_seq_watermark_that_later_chunks_respect() {
         capture_inputs: false,
         races: Default::default(),
         command_line: vec![],
+        max_memory: None,
     };
     let (bytes, _) = run(&cfg, &VectorAdd, Vec::new()).unwrap();
     let mut r = kb_format::StreamReader::open(&bytes[..]).unwrap();

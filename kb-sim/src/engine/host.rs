@@ -9,7 +9,9 @@ use kb_format::{Addr, Extent, MemoryParams, OpKind, Params, Space};
 
 use super::{Act, Arrive, CONTROL_BYTES, Engine, OpenOp, SimError};
 use crate::component::Request;
+use crate::data::PageImage;
 use crate::machine::NodeKind;
+use crate::memory::ShardKey;
 use crate::program::DataOp;
 use crate::runtime::Tensor;
 
@@ -45,8 +47,16 @@ pub(super) struct HostWrite {
     pub(super) tensor: u32,
     pub(super) shard: u32,
     pub(super) op: Option<OpenOp>,
-    pub(super) data: Vec<u8>,
     pub(super) read: Option<kb_format::Effect>,
+}
+
+/// A shard image in use: the pages, the bytes' fingerprint and how many
+/// shards still have to be written from it (dropped at zero).
+#[derive(Debug)]
+pub(super) struct SharedImage {
+    image: PageImage,
+    fingerprint: u64,
+    left: usize,
 }
 
 /// The host's write of one shard of a tensor into HBM.
@@ -160,12 +170,6 @@ impl<W: Write> Engine<'_, W> {
                     },
                     op_id,
                 );
-                let host = t.data.as_deref().expect("deployed tensors have host data");
-                let mut data = Vec::with_capacity((s.rows * s.row_bytes) as usize);
-                for r in 0..s.rows {
-                    let at = (s.tensor_offset + r * s.tensor_row_stride) as usize;
-                    data.extend_from_slice(&host[at..at + s.row_bytes as usize]);
-                }
                 let read = self.effect(vec![Extent {
                     pa: pa::host(tensor, s.tensor_offset),
                     len: s.row_bytes,
@@ -184,7 +188,6 @@ impl<W: Write> Engine<'_, W> {
                 );
                 let j = self.host_writes.get(job);
                 j.op = Some(op);
-                j.data = data;
                 j.read = Some(read);
                 self.at(end, HostAct::HostWriteDone(job));
             }
@@ -214,7 +217,6 @@ impl<W: Write> Engine<'_, W> {
                         tensor,
                         shard: k as u32,
                         op: None,
-                        data: Vec::new(),
                         read: None,
                     });
                     self.send(
@@ -231,9 +233,36 @@ impl<W: Write> Engine<'_, W> {
                 let t = &tensors[j.tensor as usize];
                 let s = &t.meta.shards[j.shard as usize];
                 let pe = t.shard_pes[j.shard as usize];
-                self.data.write(s.pa, &j.data);
+                // The host's bytes go into pages once per distinct shard
+                // (host data is immutable during the run, so reading it at
+                // arrival is reading it at send).
+                let key = ShardKey::of(t, j.shard as usize);
+                let img = self.shard_images.entry(key).or_insert_with(|| {
+                    let host = t.data.as_deref().expect("deployed tensors have host data");
+                    let rows = (0..s.rows).map(|r| {
+                        let at = (s.tensor_offset + r * s.tensor_row_stride) as usize;
+                        &host[at..at + s.row_bytes as usize]
+                    });
+                    let image = PageImage::new(key.page_offset(), s.rows * s.row_bytes, rows);
+                    let mut f = kb_format::Fingerprinter::new();
+                    for c in image.chunks() {
+                        f.update(c);
+                    }
+                    SharedImage {
+                        fingerprint: f.digest(),
+                        image,
+                        left: (0..t.meta.shards.len())
+                            .filter(|&k| ShardKey::of(t, k) == key)
+                            .count(),
+                    }
+                });
+                self.data.write_image(s.pa, &img.image);
+                let fp = img.fingerprint;
+                img.left -= 1;
+                if img.left == 0 {
+                    self.shard_images.remove(&key);
+                }
                 let write = self.effect(vec![Extent::contiguous(s.pa, s.rows * s.row_bytes)]);
-                let fp = kb_format::fingerprint(&j.data);
                 let decl = ShardWrite {
                     tensor: t,
                     shard: j.shard as usize,

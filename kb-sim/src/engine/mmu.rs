@@ -4,6 +4,7 @@
 //! hold target PEs, with their latency measured end to end; translation of
 //! DMA addresses page by page, with PA fallback on a page fault.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use kb_format::pa::Pa;
@@ -150,14 +151,8 @@ impl<W: Write> Engine<'_, W> {
                         table.push(seg.clone());
                     }
                 } else {
-                    let table = &mut self.mmus[pe as usize];
-                    for &(va, pa) in &mapping.pages {
-                        if msg.unmap {
-                            table.remove(&va);
-                        } else {
-                            table.insert(va, pa);
-                        }
-                    }
+                    let page = self.m.topo.pe_mmu.page_bytes;
+                    self.mmus[pe as usize].apply(&mapping.pages, page, msg.unmap);
                 }
                 let latency = now - msg.sent;
                 let s = &mut self.stats.mmu;
@@ -235,14 +230,15 @@ impl<W: Write> Engine<'_, W> {
         let mut done = 0;
         while done < len {
             let at = va + done;
-            let base = at & !(page - 1);
-            let n = (page - (at - base)).min(len - done);
-            let pa = match table.get(&base) {
-                Some(&pa_page) => pa_page + (at - base),
+            let (pa, n) = match table.get(at) {
+                // A whole run of contiguous pages at once.
+                Some((pa, end)) => (pa, (end - at).min(len - done)),
+                // A fault is counted per page, as the MMU would take them.
                 None => match Pa::decode(at) {
                     Some(p) if p.space == Space::Hbm => {
                         self.stats.mmu.page_faults += 1;
-                        at
+                        let base = at & !(page - 1);
+                        (at, (page - (at - base)).min(len - done))
                     }
                     _ => {
                         return Err(format!(
@@ -258,6 +254,92 @@ impl<W: Write> Engine<'_, W> {
             done += n;
         }
         Ok(())
+    }
+}
+
+/// A PE_MMU's page table as runs of pages mapped to contiguous PAs: a
+/// tensor's VA range is a few runs (one per contiguous PA part), so
+/// memory and lookups follow runs, not pages. Behaves exactly as a table
+/// of pages: a later mapping of a page replaces the earlier one, and an
+/// unmap removes the pages it names whatever they map to.
+#[derive(Debug, Clone, Default)]
+pub(super) struct PageRuns {
+    /// VA start -> (VA end, PA of the start); disjoint, page-aligned.
+    runs: BTreeMap<u64, (u64, u64)>,
+}
+
+impl PageRuns {
+    /// Map (or unmap) `pages` (VA page, PA page), in order, each `page`
+    /// bytes long.
+    pub(super) fn apply(&mut self, pages: &[(u64, u64)], page: u64, unmap: bool) {
+        // (VA start, VA end, PA of the start) of the run being gathered.
+        let mut run: Option<(u64, u64, u64)> = None;
+        for &(va, pa) in pages {
+            if let Some((s, e, p)) = &mut run
+                && *e == va
+                && (unmap || *p + (*e - *s) == pa)
+            {
+                *e += page;
+                continue;
+            }
+            if let Some(r) = run.replace((va, va + page, pa)) {
+                self.put(r, unmap);
+            }
+        }
+        if let Some(r) = run {
+            self.put(r, unmap);
+        }
+    }
+
+    fn put(&mut self, (va, end, pa): (u64, u64, u64), unmap: bool) {
+        self.cut(va, end);
+        if unmap {
+            return;
+        }
+        let (mut start, mut stop, mut pa0) = (va, end, pa);
+        // Join a neighbour that continues the same contiguous PA range.
+        if let Some((&s, &(e, p))) = self.runs.range(..va).next_back()
+            && e == va
+            && p + (e - s) == pa
+        {
+            self.runs.remove(&s);
+            (start, pa0) = (s, p);
+        }
+        if let Some(&(e, p)) = self.runs.get(&end)
+            && p == pa + (end - va)
+        {
+            self.runs.remove(&end);
+            stop = e;
+        }
+        self.runs.insert(start, (stop, pa0));
+    }
+
+    /// Unmap `[lo, hi)`: trim or split the runs overlapping it.
+    fn cut(&mut self, lo: u64, hi: u64) {
+        let first = self
+            .runs
+            .range(..lo)
+            .next_back()
+            .filter(|(_, (e, _))| *e > lo)
+            .map(|(&s, _)| s)
+            .unwrap_or(lo);
+        let hit: Vec<(u64, (u64, u64))> =
+            self.runs.range(first..hi).map(|(&s, &v)| (s, v)).collect();
+        for (s, (e, p)) in hit {
+            self.runs.remove(&s);
+            if s < lo {
+                self.runs.insert(s, (lo, p));
+            }
+            if e > hi {
+                self.runs.insert(hi, (e, p + (hi - s)));
+            }
+        }
+    }
+
+    /// The PA of mapped `va` and the end of its run, or `None`.
+    fn get(&self, va: u64) -> Option<(u64, u64)> {
+        let (&s, &(e, p)) = self.runs.range(..=va).next_back()?;
+        (va < e).then_some((p + (va - s), e))
     }
 }
 
@@ -287,6 +369,61 @@ pub(super) fn fold_rows(pieces: Vec<Extent>) -> Vec<Extent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Page runs answer every lookup as a table of pages does, after
+        /// any sequence of maps and unmaps (overlapping, out of order,
+        /// contiguous or not).
+        #[test]
+        fn page_runs_behave_as_a_page_table(
+            groups in prop::collection::vec(
+                (any::<bool>(), prop::collection::vec((0u64..24, 0u64..40), 1..12)),
+                1..12,
+            )
+        ) {
+            const PAGE: u64 = 4096;
+            let mut runs = PageRuns::default();
+            let mut model = std::collections::HashMap::new();
+            for (unmap, pages) in groups {
+                // Mostly ascending, contiguous pages, as tensors map them,
+                // with jumps where the random values say so.
+                let pages: Vec<(u64, u64)> = pages
+                    .iter()
+                    .scan((0u64, 0u64), |(va, pa), &(dv, dp)| {
+                        *va = if dv < 16 { *va + 1 } else { dv };
+                        *pa = if dp < 30 { *pa + 1 } else { dp * 7 };
+                        Some((*va * PAGE, *pa * PAGE))
+                    })
+                    .collect();
+                runs.apply(&pages, PAGE, unmap);
+                for &(va, pa) in &pages {
+                    if unmap {
+                        model.remove(&va);
+                    } else {
+                        model.insert(va, pa);
+                    }
+                }
+                for va in 0..48u64 {
+                    for off in [0, 1, PAGE - 1] {
+                        let at = va * PAGE + off;
+                        let want = model.get(&(va * PAGE)).map(|&pa| pa + off);
+                        let got = runs.get(at);
+                        prop_assert_eq!(got.map(|g| g.0), want, "va {:#x}", at);
+                        if let Some((pa, end)) = got {
+                            // The run's end is where contiguity stops.
+                            let page_pa = pa - off;
+                            let mut v = va * PAGE;
+                            while v < end {
+                                prop_assert_eq!(model.get(&v).copied(), Some(page_pa + (v - va * PAGE)));
+                                v += PAGE;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn equally_spaced_pieces_fold_into_one_extent() {

@@ -226,7 +226,7 @@ pub struct Engine<'m, W: Write> {
     engines: Vec<DmaEngines>,
     dma_setup_ps: Ps,
     /// Per PE (dense index): VA page -> PA page (VA model).
-    mmus: Vec<rustc_hash::FxHashMap<u64, u64>>,
+    mmus: Vec<mmu::PageRuns>,
     /// Per PE (dense index): the BAAW segment table in its PE_DMA (LA model).
     baaw: Vec<Vec<crate::runtime::Segment>>,
     /// Added to a DMA per translated side (VA model).
@@ -256,6 +256,8 @@ pub struct Engine<'m, W: Write> {
     host_pending: usize,
     /// Per (tensor, SIP): shard writes not yet in HBM.
     deploy_left: Vec<u32>,
+    /// Shard images of deploys in flight, shared by equal shards.
+    shard_images: HashMap<crate::memory::ShardKey, host::SharedImage>,
     data: DataPlane,
     log: OpLog<W>,
     tensors: &'m [Tensor],
@@ -466,6 +468,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 }
                 v
             },
+            shard_images: HashMap::default(),
             data: DataPlane::new(),
             log: OpLog {
                 writer,

@@ -1,0 +1,208 @@
+//! The host memory a run needs, estimated at setup, and the budget it is
+//! checked against (`--max-memory`), so that a run too big for the machine
+//! is refused with the estimate instead of being killed.
+//!
+//! What the estimate counts, in the data plane's terms ([`crate::data`]):
+//! - **host data**: every tensor's host bytes (the workload's inputs), held
+//!   for the whole run;
+//! - **device data**: the data-plane pages of every shard. Shards with the
+//!   same bytes at the same in-page offset (a replicated tensor's copies,
+//!   [`ShardKey`]) share their whole pages, so they count once, plus the
+//!   two partial pages at their ends each; shards written by kernels (no
+//!   host data) count in full;
+//! - **TCM**: each PE a launch uses may fill its TCM, so its size counts
+//!   once per such PE (an upper bound: kernels often use less);
+//! - a fixed [`BASELINE`] for the engine, its queues and the trace writer.
+//!
+//! What it does not count: a kernel's own Rust allocations, and the host's
+//! copies of tensors a kernel writes to the host (none of the built-in
+//! workloads does).
+
+use std::collections::BTreeSet;
+
+use crate::data::PAGE;
+use crate::engine::Step;
+use crate::runtime::Tensor;
+
+/// The engine, its event queues and the trace writer's buffers.
+pub const BASELINE: u64 = 64 << 20;
+
+/// Which bytes of its tensor a shard holds and where they sit in a page:
+/// shards with equal keys hold the same bytes laid out the same way, so
+/// the data plane keeps one set of whole pages for all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShardKey {
+    tensor: u32,
+    tensor_offset: u64,
+    rows: u64,
+    row_bytes: u64,
+    stride: u64,
+    page_offset: usize,
+}
+
+impl ShardKey {
+    /// The key of shard `shard` of `t`.
+    pub fn of(t: &Tensor, shard: usize) -> ShardKey {
+        let s = &t.meta.shards[shard];
+        ShardKey {
+            tensor: t.id,
+            tensor_offset: s.tensor_offset,
+            rows: s.rows,
+            row_bytes: s.row_bytes,
+            stride: s.tensor_row_stride,
+            page_offset: s.pa as usize % PAGE,
+        }
+    }
+
+    /// The shard's bytes.
+    pub fn bytes(&self) -> u64 {
+        self.rows.saturating_mul(self.row_bytes)
+    }
+
+    /// In-page offset of the shard's first byte.
+    pub fn page_offset(&self) -> usize {
+        self.page_offset
+    }
+
+    /// Data-plane pages the shard's bytes span.
+    fn pages(&self) -> u64 {
+        (self.page_offset as u64)
+            .saturating_add(self.bytes())
+            .div_ceil(PAGE as u64)
+    }
+}
+
+/// The estimate, by part (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryEstimate {
+    /// Tensors' host data.
+    pub host_data: u64,
+    /// Data-plane pages of the tensors' shards.
+    pub device_data: u64,
+    /// TCM of the PEs launches use.
+    pub tcm: u64,
+}
+
+impl MemoryEstimate {
+    /// Everything, with [`BASELINE`].
+    pub fn total(&self) -> u64 {
+        BASELINE
+            .saturating_add(self.host_data)
+            .saturating_add(self.device_data)
+            .saturating_add(self.tcm)
+    }
+
+    /// The estimate of a built program: its tensors and the PEs its
+    /// launches run on, with `tcm_bytes` of TCM each.
+    pub fn of(tensors: &[Tensor], steps: &[Step], tcm_bytes: u64) -> MemoryEstimate {
+        let page = PAGE as u64;
+        let mut e = MemoryEstimate::default();
+        let mut seen = BTreeSet::new();
+        for t in tensors {
+            let shared = t.data.is_some();
+            if let Some(d) = &t.data {
+                e.host_data = e.host_data.saturating_add(d.len() as u64);
+            }
+            for k in 0..t.meta.shards.len() {
+                let key = ShardKey::of(t, k);
+                let pages = if !shared || seen.insert(key) {
+                    key.pages()
+                } else {
+                    key.pages().min(2)
+                };
+                e.device_data = e.device_data.saturating_add(pages.saturating_mul(page));
+            }
+        }
+        let pes: BTreeSet<_> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Launch(l) => Some(l.pes.iter().map(|p| (p.sip, p.cube, p.pe))),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        e.tcm = (pes.len() as u64).saturating_mul(tcm_bytes.next_multiple_of(page));
+        e
+    }
+
+    /// One line for an error or a log: the total and its parts.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (host data {}, device data {}, TCM of the launches' PEs {}, engine {})",
+            human(self.total()),
+            human(self.host_data),
+            human(self.device_data),
+            human(self.tcm),
+            human(BASELINE)
+        )
+    }
+}
+
+/// `--max-memory`'s value: a byte count with an optional unit (`512M`,
+/// `4GiB`, `1.5G`; K/M/G/T are binary multiples, as `free` and `top` use).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .map_err(|e| format!("{s:?} is not a size such as 512M or 4G ({e})"))
+}
+
+/// The memory this machine has available now (Linux: `MemAvailable` in
+/// /proc/meminfo), or `None` when it cannot tell.
+pub fn available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut parts = line.split_whitespace().skip(1);
+    let kib: u64 = parts.next()?.parse().ok()?;
+    (parts.next() == Some("kB")).then(|| kib.saturating_mul(1024))
+}
+
+/// Bytes for people: `1.5 GiB`, `64 MiB`, `512 B`.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else if v >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units_and_bad_ones_are_errors() {
+        assert_eq!(parse_size("100M"), Ok(100 << 20));
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        for bad in ["", "ten", "-1G", "5X"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(64 << 20), "64 MiB");
+        assert_eq!(human(3 << 29), "1.5 GiB");
+        assert_eq!(human(1000 << 20), "1000 MiB");
+    }
+
+    #[test]
+    fn this_machine_reports_its_available_memory() {
+        if cfg!(target_os = "linux") {
+            let a = available().expect("MemAvailable on Linux");
+            assert!(a > 1 << 20, "{a}");
+        }
+    }
+}
