@@ -81,7 +81,7 @@ value (a column named by its key), status, sim_ns (simulated time), kernel_start
 kernel_ns (first launch start to last launch end), records, bytes and kernel_bytes (moved in
 the kernel window), achieved_gbs (kernel_bytes / kernel_ns), flops (executed) and
 useful_flops (padding of edge tiles left out), achieved_gflops (useful) and executed_gflops
-(per kernel ns), per unit kind K (pe_dma, pe_gemm, pe_math, hbm_ctrl...) K_units, K_busy_ns
+(per kernel ns), per unit kind K (pe_dma, pe_gemm, pe_math, hbm_channel...) K_units, K_busy_ns
 (union of each unit's op intervals in the kernel window, summed) and K_util
 (busy / (units x kernel_ns)), verdict (with --verify: PASS, FAIL or ERROR from kb-replay),
 trace (with --traces) and wall_s. A point that fails keeps its row (status error: ...,

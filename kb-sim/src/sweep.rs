@@ -193,6 +193,13 @@ pub fn unit_counts(machine: &Machine) -> BTreeMap<String, u64> {
     for n in &machine.nodes {
         *counts.entry(unit_kind(&n.name).to_string()).or_default() += 1;
     }
+    // HBM pseudo channels are not nodes: the trace's channels chunk times
+    // them (`hbm_channel_*` columns).
+    let c = machine.topo.counts;
+    counts.insert(
+        "hbm_channel".into(),
+        u64::from(c.sips * c.cubes_per_sip) * u64::from(machine.topo.hbm.pseudo_channels),
+    );
     counts
 }
 
@@ -259,6 +266,17 @@ pub fn analyze(trace: &Path, counts: &BTreeMap<String, u64>) -> Result<PointStat
         if let Some(&n) = counts.get(k) {
             s.units.entry(k.to_string()).or_insert((0, n));
         }
+    }
+    // HBM channels: their busy intervals in the kernel window.
+    if let Some(&n) = counts.get("hbm_channel") {
+        let (k0, k1) = window.unwrap_or((0, u64::MAX));
+        let busy = t
+            .channels()
+            .iter()
+            .flat_map(|c| c.busy.iter())
+            .map(|&(a, b)| b.min(k1).saturating_sub(a.max(k0)))
+            .fold(0u64, u64::saturating_add);
+        s.units.insert("hbm_channel".into(), (busy, n));
     }
     // Op-name strings are not components: drop kinds no node has.
     s.units

@@ -135,6 +135,32 @@ fn a_2x2_sweep_writes_rows_that_match_four_separate_runs() {
         assert_eq!(col("pe_gemm_units").text(i), "4");
         let u = col("pe_gemm_util").f64(i).unwrap();
         assert!(u > 0.0 && u <= 1.0, "{u}");
+        // HBM channels: 1 cube x 32 pseudo channels on small, busy as the
+        // timeline's channel slices say, clipped to the kernel window.
+        assert_eq!(col("hbm_channel_units").text(i), "32");
+        let tl = d.path().join(format!("timeline-{i}.json"));
+        let r = run(
+            "kb-inspect",
+            &["timeline", t.to_str().unwrap(), "-o", tl.to_str().unwrap()],
+            b"",
+        );
+        assert!(r.status.success(), "{}", stderr(&r));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&tl).unwrap()).unwrap();
+        let busy: u64 = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["cat"] == "hbm_channel")
+            .map(|e| {
+                let (a, b) = (
+                    e["args"]["start_ps"].as_u64().unwrap(),
+                    e["args"]["end_ps"].as_u64().unwrap(),
+                );
+                b.min(k1).saturating_sub(a.max(k0))
+            })
+            .sum();
+        assert!(busy > 0);
+        assert_eq!(col("hbm_channel_busy_ns").f64(i), Some(busy as f64 / 1000.0));
         sims.push(sim_ps);
     }
     // More HBM bandwidth is never slower here, and a bigger M takes longer.
