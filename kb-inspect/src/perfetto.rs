@@ -8,7 +8,7 @@
 //! `TracePacket`), so packets are written as they are made: memory is the
 //! interning tables, not the trace. All packets are on one sequence
 //! (`trusted_packet_sequence_id` 1): the first clears the incremental
-//! state, the rest say they need it. Event names, categories, annotation
+//! state, those that refer to interned data say they need it. Event names, categories, annotation
 //! names and annotation string values are interned (`InternedData`,
 //! emitted in the packet that first uses them).
 
@@ -180,8 +180,9 @@ impl<W: Write> PerfettoWriter<W> {
         }
     }
 
-    /// Frame `self.packet` (with the pending interned data) as a Trace.packet.
-    fn emit(&mut self) -> io::Result<()> {
+    /// Frame `self.packet` (with the pending interned data) as a
+    /// Trace.packet; `interned`: whether it refers to interned data.
+    fn emit(&mut self, interned: bool) -> io::Result<()> {
         if !self.interned.is_empty() {
             let d = std::mem::take(&mut self.interned);
             put_bytes(&mut self.packet, f::INTERNED_DATA, &d);
@@ -189,13 +190,23 @@ impl<W: Write> PerfettoWriter<W> {
             self.interned.clear();
         }
         put_u64(&mut self.packet, f::TRUSTED_SEQ, 1);
-        let flags = if self.first {
-            SEQ_INCREMENTAL_STATE_CLEARED
-        } else {
-            SEQ_NEEDS_INCREMENTAL_STATE
-        };
+        // Only packets that refer to interned data need the incremental
+        // state (Perfetto drops those while the state is invalid); slice
+        // ends, counters and descriptors do not, and save the two bytes.
+        if self.first {
+            put_u64(
+                &mut self.packet,
+                f::SEQUENCE_FLAGS,
+                SEQ_INCREMENTAL_STATE_CLEARED,
+            );
+        } else if interned {
+            put_u64(
+                &mut self.packet,
+                f::SEQUENCE_FLAGS,
+                SEQ_NEEDS_INCREMENTAL_STATE,
+            );
+        }
         self.first = false;
-        put_u64(&mut self.packet, f::SEQUENCE_FLAGS, flags);
         let mut head = Vec::with_capacity(6);
         tag(&mut head, f::TRACE_PACKET, LEN);
         varint(&mut head, self.packet.len() as u64);
@@ -220,7 +231,7 @@ impl<W: Write> PerfettoWriter<W> {
         let td = std::mem::take(&mut self.event);
         put_bytes(&mut self.packet, f::TRACK_DESCRIPTOR, &td);
         self.event = td;
-        self.emit()
+        self.emit(false)
     }
 
     /// A child track of `parent` (a slice track, or a counter track when
@@ -249,7 +260,7 @@ impl<W: Write> PerfettoWriter<W> {
         let td = std::mem::take(&mut self.event);
         put_bytes(&mut self.packet, f::TRACK_DESCRIPTOR, &td);
         self.event = td;
-        self.emit()
+        self.emit(false)
     }
 
     /// Begin building a track event of `kind` on `track` at `ts_ns`.
@@ -305,11 +316,11 @@ impl<W: Write> PerfettoWriter<W> {
         }
     }
 
-    fn event_tail(&mut self) -> io::Result<()> {
+    fn event_tail(&mut self, interned: bool) -> io::Result<()> {
         let e = std::mem::take(&mut self.event);
         put_bytes(&mut self.packet, f::TRACK_EVENT, &e);
         self.event = e;
-        self.emit()
+        self.emit(interned)
     }
 
     /// A slice `[t0, t1]` ns on `track`: a BEGIN (name, category, args,
@@ -331,9 +342,9 @@ impl<W: Write> PerfettoWriter<W> {
         for &id in flows_in {
             put_fixed64(&mut self.event, f::TE_TERMINATING_FLOW_IDS, id);
         }
-        self.event_tail()?;
+        self.event_tail(true)?;
         self.event_head(t1, SLICE_END, track);
-        self.event_tail()
+        self.event_tail(false)
     }
 
     /// An instant on `track` at `ts` that starts flow `id`.
@@ -341,14 +352,14 @@ impl<W: Write> PerfettoWriter<W> {
         self.event_head(ts, INSTANT, track);
         self.event_name("dep", "dep");
         put_fixed64(&mut self.event, f::TE_FLOW_IDS, id);
-        self.event_tail()
+        self.event_tail(true)
     }
 
     /// A counter value.
     pub fn counter(&mut self, track: u64, ts: u64, value: f64) -> io::Result<()> {
         self.event_head(ts, COUNTER, track);
         put_f64(&mut self.event, f::TE_DOUBLE_COUNTER, value);
-        self.event_tail()
+        self.event_tail(false)
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
