@@ -60,6 +60,24 @@ const UNIQUE_COLUMNS: &[&str] = &[
     "deps.list.item",
 ];
 
+/// The text columns.
+const TEXT_COLUMNS: &[&str] = &[
+    "component",
+    "unit",
+    "kind",
+    "name",
+    "fingerprint",
+    "dtype",
+    "dtype_acc",
+    "dtype_out",
+    "math_op",
+    "src_space",
+    "dst_space",
+    "route_src",
+    "route_dst",
+    "kernel",
+];
+
 /// Output format of `export`, from the file name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -740,6 +758,12 @@ pub fn write<W: Write + Send>(
             for c in ["op_id", "start_ps", "end_ps", "deps.list.item"] {
                 props =
                     props.set_column_encoding(ColumnPath::from(c), Encoding::DELTA_BINARY_PACKED);
+            }
+            // Min/max of the text columns cost a string comparison per
+            // row and prune little: the numeric columns keep theirs.
+            for c in TEXT_COLUMNS {
+                props = props
+                    .set_column_statistics_enabled(ColumnPath::from(*c), EnabledStatistics::None);
             }
             // Random bits snappy cannot shrink: not worth its time.
             for c in ["fingerprint", "src_addr", "read_pa"] {
