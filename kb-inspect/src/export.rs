@@ -8,23 +8,33 @@
 //! trace. The file is written under a temporary name and renamed into
 //! place only when complete; binary output to a terminal is refused.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
+use std::thread::JoinHandle;
 
 use arrow_array::builder::{
     Float64Builder, ListBuilder, StringBuilder, UInt32Builder, UInt64Builder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use kb_format::{Launch, Meta, Record, Strings};
+use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
+use kb_format::{Launch, Meta, OpKind, Record, Strings};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
+use parquet::arrow::arrow_writer::{
+    ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves,
+};
+use parquet::basic::{Compression, Encoding};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::ColumnPath;
 
 use crate::columns::{Flat, Launches, Places};
 use crate::ops::{Filter, Matcher};
-use crate::render::kind_name;
+use crate::render::{Endpoint, kind_name};
 use crate::source::{self, End, Flow, Input, Visitor};
 use crate::{Error, Result};
 
@@ -32,6 +42,41 @@ use crate::{Error, Result};
 pub const BATCH: usize = 64 * 1024;
 /// Rows per Parquet row group.
 pub const ROW_GROUP: usize = 256 * 1024;
+
+/// Columns written without dictionary encoding: ids, times, addresses
+/// and fingerprints, distinct (or nearly) from row to row. Parquet paths
+/// (`deps` is a list: its values are `deps.list.item`).
+const UNIQUE_COLUMNS: &[&str] = &[
+    "op_id",
+    "start_ns",
+    "end_ns",
+    "start_ps",
+    "end_ps",
+    "fingerprint",
+    "src_addr",
+    "dst_addr",
+    "read_pa",
+    "write_pa",
+    "deps.list.item",
+];
+
+/// The text columns.
+const TEXT_COLUMNS: &[&str] = &[
+    "component",
+    "unit",
+    "kind",
+    "name",
+    "fingerprint",
+    "dtype",
+    "dtype_acc",
+    "dtype_out",
+    "math_op",
+    "src_space",
+    "dst_space",
+    "route_src",
+    "route_dst",
+    "kernel",
+];
 
 /// Output format of `export`, from the file name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,8 +229,8 @@ impl Builders {
             name: sb(),
             bytes: u64b(),
             flops: u64b(),
-            fingerprint: sb(),
-            dtype: sb(),
+            fingerprint: StringBuilder::with_capacity(BATCH, BATCH * 18),
+            dtype: StringBuilder::with_capacity(BATCH, BATCH * 4),
             dtype_acc: sb(),
             dtype_out: sb(),
             m: u32b(),
@@ -196,19 +241,22 @@ impl Builders {
             rows: u32b(),
             cols: u64b(),
             row_bytes: u64b(),
-            in_shapes: ListBuilder::new(ListBuilder::new(UInt64Builder::new())),
-            out_shape: ListBuilder::new(UInt64Builder::new()),
+            in_shapes: ListBuilder::with_capacity(
+                ListBuilder::with_capacity(UInt64Builder::with_capacity(BATCH * 4), BATCH),
+                BATCH,
+            ),
+            out_shape: ListBuilder::with_capacity(UInt64Builder::with_capacity(BATCH * 2), BATCH),
             src_space: sb(),
             src_addr: u64b(),
             dst_space: sb(),
             dst_addr: u64b(),
             read_pa: u64b(),
             write_pa: u64b(),
-            route_src: sb(),
-            route_dst: sb(),
-            deps: ListBuilder::new(UInt64Builder::with_capacity(BATCH)),
+            route_src: StringBuilder::with_capacity(BATCH, BATCH * 20),
+            route_dst: StringBuilder::with_capacity(BATCH, BATCH * 20),
+            deps: ListBuilder::with_capacity(UInt64Builder::with_capacity(BATCH), BATCH),
             launch: u32b(),
-            kernel: sb(),
+            kernel: StringBuilder::with_capacity(BATCH, BATCH * 16),
             len: 0,
         }
     }
@@ -223,6 +271,7 @@ impl Builders {
         kind: &str,
         name: &str,
         kernel: Option<&str>,
+        route: Option<(&str, &str)>,
     ) {
         let dur = r.t_end.saturating_sub(r.t_start);
         self.op_id.append_value(r.op_id);
@@ -242,7 +291,7 @@ impl Builders {
         self.bytes.append_value(f.bytes);
         self.flops.append_value(f.flops);
         match f.fingerprint {
-            Some(x) => self.fingerprint.append_value(format!("{x:#018x}")),
+            Some(x) => self.fingerprint.append_value(hex18(x, &mut [0; 18])),
             None => self.fingerprint.append_null(),
         }
         self.dtype.append_option(f.dtype);
@@ -274,10 +323,10 @@ impl Builders {
         self.dst_addr.append_option(f.dst_addr);
         self.read_pa.append_option(f.read_pa);
         self.write_pa.append_option(f.write_pa);
-        match f.route {
-            Some(rt) => {
-                self.route_src.append_value(rt.src.to_string());
-                self.route_dst.append_value(rt.dst.to_string());
+        match route {
+            Some((src, dst)) => {
+                self.route_src.append_value(src);
+                self.route_dst.append_value(dst);
             }
             None => {
                 self.route_src.append_null();
@@ -335,7 +384,9 @@ impl Builders {
             Arc::new(self.launch.finish()),
             Arc::new(self.kernel.finish()),
         ];
-        self.len = 0;
+        // Fresh builders at full capacity: a finished builder restarts
+        // empty and would regrow (copying) through the next batch.
+        *self = Builders::new();
         RecordBatch::try_new(schema.clone(), cols)
             .map_err(|e| Error::usage(format!("building the export batch: {e}")))
     }
@@ -345,8 +396,177 @@ fn perr(e: parquet::errors::ParquetError) -> Error {
     Error::io("writing the Parquet export", std::io::Error::other(e))
 }
 
+fn stopped() -> Error {
+    Error::io(
+        "writing the Parquet export",
+        std::io::Error::other("a column encoder thread stopped"),
+    )
+}
+
+/// Work for a column encoder thread.
+enum Msg {
+    /// The thread's column writers for a new row group, by leaf index.
+    Writers(Vec<(usize, ArrowColumnWriter)>),
+    /// One batch's values of column `.0` (one leaf each: no structs).
+    Column(usize, FieldRef, ArrayRef),
+    /// Close the row group: send back the encoded chunks.
+    Close,
+}
+
+type Chunks = parquet::errors::Result<Vec<(usize, ArrowColumnChunk)>>;
+
+/// A column encoder thread: encodes (dictionary, levels, snappy) the
+/// columns it owns, a row group at a time.
+fn encoder(rx: Receiver<Msg>, done: Sender<Chunks>) {
+    let mut ws: Vec<(usize, ArrowColumnWriter)> = Vec::new();
+    let mut err = None;
+    for msg in rx {
+        match msg {
+            Msg::Writers(w) => ws = w,
+            Msg::Column(i, field, col) => {
+                if err.is_none()
+                    && let Some((_, w)) = ws.iter_mut().find(|(j, _)| *j == i)
+                    && let Err(e) = compute_leaves(&field, &col)
+                        .and_then(|ls| ls.iter().try_for_each(|l| w.write(l)))
+                {
+                    err = Some(e);
+                }
+            }
+            Msg::Close => {
+                let r = match err.take() {
+                    Some(e) => Err(e),
+                    None => ws
+                        .drain(..)
+                        .map(|(i, w)| w.close().map(|c| (i, c)))
+                        .collect(),
+                };
+                ws.clear();
+                if done.send(r).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The Parquet file written with its columns encoded on worker threads
+/// (Arrow's `ArrowColumnWriter`s, one per leaf column, shared out among
+/// them) while this thread decodes records and builds the next batch; the
+/// row groups, their order and their bytes are those `ArrowWriter` would
+/// write (same properties, same Arrow schema metadata).
+struct Parallel<W: Write + Send> {
+    file: SerializedFileWriter<W>,
+    factory: ArrowRowGroupWriterFactory,
+    schema: SchemaRef,
+    workers: Vec<(SyncSender<Msg>, JoinHandle<()>)>,
+    done: Receiver<Chunks>,
+    /// Row groups closed; rows in the open one (None: none open).
+    groups: usize,
+    open: Option<usize>,
+    /// Rows per row group (at least; whole batches go in).
+    row_group: usize,
+}
+
+impl<W: Write + Send> Parallel<W> {
+    fn new(w: ArrowWriter<W>, schema: SchemaRef) -> Result<Self> {
+        let (file, factory) = w.into_serialized_writer().map_err(perr)?;
+        let n = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 4);
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let mut workers = Vec::with_capacity(n);
+        for i in 0..n {
+            let (tx, rx) = std::sync::mpsc::sync_channel(64);
+            let d = done_tx.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("parquet-{i}"))
+                .spawn(move || encoder(rx, d))
+                .map_err(|e| Error::io("starting a Parquet encoder thread", e))?;
+            workers.push((tx, h));
+        }
+        Ok(Parallel {
+            file,
+            factory,
+            schema,
+            workers,
+            done,
+            groups: 0,
+            open: None,
+            row_group: ROW_GROUP,
+        })
+    }
+
+    fn send(&self, leaf: usize, msg: Msg) -> Result<()> {
+        let (tx, _) = &self.workers[leaf % self.workers.len()];
+        tx.send(msg).map_err(|_| stopped())
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.open.is_none() {
+            let writers = self
+                .factory
+                .create_column_writers(self.groups)
+                .map_err(perr)?;
+            // Column i is leaf i: the schema has no structs.
+            if writers.len() != self.schema.fields().len() {
+                return Err(Error::usage("export schema: a column per leaf expected"));
+            }
+            let mut per: Vec<Vec<(usize, ArrowColumnWriter)>> =
+                (0..self.workers.len()).map(|_| Vec::new()).collect();
+            let k = per.len();
+            for (i, w) in writers.into_iter().enumerate() {
+                per[i % k].push((i, w));
+            }
+            for (j, ws) in per.into_iter().enumerate() {
+                self.send(j, Msg::Writers(ws))?;
+            }
+            self.open = Some(0);
+        }
+        for (i, (field, col)) in self.schema.fields().iter().zip(batch.columns()).enumerate() {
+            self.send(i, Msg::Column(i, field.clone(), col.clone()))?;
+        }
+        let rows = self.open.unwrap_or(0) + batch.num_rows();
+        self.open = Some(rows);
+        if rows >= self.row_group {
+            self.close_group()?;
+        }
+        Ok(())
+    }
+
+    fn close_group(&mut self) -> Result<()> {
+        if self.open.take().is_none() {
+            return Ok(());
+        }
+        for j in 0..self.workers.len() {
+            self.send(j, Msg::Close)?;
+        }
+        let mut chunks = Vec::new();
+        for _ in 0..self.workers.len() {
+            chunks.extend(self.done.recv().map_err(|_| stopped())?.map_err(perr)?);
+        }
+        chunks.sort_by_key(|c| c.0);
+        let mut rg = self.file.next_row_group().map_err(perr)?;
+        for (_, c) in chunks {
+            c.append_to_row_group(&mut rg).map_err(perr)?;
+        }
+        rg.close().map_err(perr)?;
+        self.groups += 1;
+        Ok(())
+    }
+
+    /// Close the last row group, stop the threads, write the footer.
+    fn finish(mut self) -> Result<W> {
+        self.close_group()?;
+        for (tx, h) in std::mem::take(&mut self.workers) {
+            drop(tx);
+            h.join().map_err(|_| stopped())?;
+        }
+        self.file.into_inner().map_err(perr)
+    }
+}
+
 enum Sink<'w, W: Write + Send> {
-    Parquet(Box<ArrowWriter<W>>, Box<Builders>, SchemaRef),
+    Parquet(Box<Parallel<W>>, Box<Builders>, SchemaRef),
     Csv(&'w mut dyn Write, String),
 }
 
@@ -355,7 +575,51 @@ struct Exporter<'w, W: Write + Send> {
     sink: Option<Sink<'w, W>>,
     places: Places,
     launches: Option<Launches>,
+    /// Route endpoint names, made once per endpoint (not per row).
+    endpoints: HashMap<Endpoint, String, BuildHasherDefault<Fx>>,
     rows: u64,
+}
+
+/// A multiply-rotate hasher (rustc's FxHash) for the few small keys of
+/// the endpoint cache, looked up twice per memory op: SipHash showed in
+/// the profile.
+#[derive(Debug, Default)]
+struct Fx(u64);
+
+impl std::hash::Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    fn write_isize(&mut self, i: isize) {
+        self.write_u64(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// `{x:#018x}` (`0x` and 16 lower-case hex digits) into `buf`, without
+/// the formatting machinery: one per memory op.
+fn hex18(x: u64, buf: &mut [u8; 18]) -> &str {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    buf[0] = b'0';
+    buf[1] = b'x';
+    for (i, b) in buf[2..].iter_mut().enumerate() {
+        *b = HEX[((x >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    // ASCII by construction.
+    std::str::from_utf8(buf).unwrap_or_default()
 }
 
 impl<W: Write + Send> Exporter<'_, W> {
@@ -364,7 +628,7 @@ impl<W: Write + Send> Exporter<'_, W> {
             && b.len > 0
         {
             let batch = b.finish(schema)?;
-            w.write(&batch).map_err(perr)?;
+            w.write(&batch)?;
         }
         Ok(())
     }
@@ -391,26 +655,46 @@ impl<W: Write + Send> Visitor for Exporter<'_, W> {
             return Ok(Flow::Continue);
         }
         self.rows += 1;
-        let place = self.places.get(r.component, s).clone();
-        let f = Flat::of(r, &place, self.launches.as_ref());
-        let kernel = f
-            .launch
-            .and_then(|i| self.launches.as_ref().and_then(|l| l.kernel(i)));
-        match self.sink.as_mut().expect("open until the end") {
+        let Exporter {
+            sink,
+            places,
+            launches,
+            endpoints,
+            ..
+        } = self;
+        let place = places.get(r.component, s);
+        let mut full = false;
+        match sink.as_mut().expect("open until the end") {
             Sink::Csv(w, line) => {
                 line.clear();
-                crate::columns::push_csv(line, r, s, &place, self.launches.as_ref());
+                crate::columns::push_csv(line, r, s, place, launches.as_ref());
                 w.write_all(line.as_bytes()).map_err(crate::out_err)?;
             }
             Sink::Parquet(_, b, _) => {
-                let kind = kind_name(r.kind);
+                let f = Flat::of(r, place, launches.as_ref());
+                let kernel = f
+                    .launch
+                    .and_then(|i| launches.as_ref().and_then(|l| l.kernel(i)));
+                let kind = match r.kind {
+                    OpKind::Unknown(_) => Cow::Owned(kind_name(r.kind)),
+                    k => Cow::Borrowed(k.name()),
+                };
                 let comp = s.name(r.component);
                 let name = s.name(r.op_name);
-                b.push(r, &f, &comp, &place, &kind, &name, kernel);
-                if b.len >= BATCH {
-                    self.flush()?;
+                if let Some(rt) = f.route {
+                    for e in [rt.src, rt.dst] {
+                        endpoints.entry(e).or_insert_with(|| e.to_string());
+                    }
                 }
+                let route = f
+                    .route
+                    .map(|rt| (endpoints[&rt.src].as_str(), endpoints[&rt.dst].as_str()));
+                b.push(r, &f, &comp, place, &kind, &name, kernel, route);
+                full = b.len >= BATCH;
             }
+        }
+        if full {
+            self.flush()?;
         }
         Ok(Flow::Continue)
     }
@@ -445,6 +729,7 @@ pub fn write<W: Write + Send>(
                 sink: Some(Sink::Csv(&mut bw, String::new())),
                 places: Places::default(),
                 launches: None,
+                endpoints: HashMap::default(),
                 rows: 0,
             };
             source::visit(input, &mut e)?;
@@ -459,12 +744,35 @@ pub fn write<W: Write + Send>(
         }
         Format::Parquet => {
             let schema = schema();
-            let props = WriterProperties::builder()
+            let mut props = WriterProperties::builder()
                 .set_compression(Compression::SNAPPY)
                 .set_max_row_group_row_count(Some(ROW_GROUP))
-                .set_statistics_enabled(EnabledStatistics::Chunk)
-                .build();
+                .set_statistics_enabled(EnabledStatistics::Chunk);
+            // Columns with (nearly) a distinct value per row: dictionary
+            // encoding only hashes every value until the dictionary page
+            // overflows and the writer falls back to plain.
+            for c in UNIQUE_COLUMNS {
+                props = props.set_column_dictionary_enabled(ColumnPath::from(*c), false);
+            }
+            // Increasing integers: deltas, bit-packed (a few bits a row).
+            for c in ["op_id", "start_ps", "end_ps", "deps.list.item"] {
+                props =
+                    props.set_column_encoding(ColumnPath::from(c), Encoding::DELTA_BINARY_PACKED);
+            }
+            // Min/max of the text columns cost a string comparison per
+            // row and prune little: the numeric columns keep theirs.
+            for c in TEXT_COLUMNS {
+                props = props
+                    .set_column_statistics_enabled(ColumnPath::from(*c), EnabledStatistics::None);
+            }
+            // Random bits snappy cannot shrink: not worth its time.
+            for c in ["fingerprint", "src_addr", "read_pa"] {
+                props =
+                    props.set_column_compression(ColumnPath::from(c), Compression::UNCOMPRESSED);
+            }
+            let props = props.build();
             let writer = ArrowWriter::try_new(w, schema.clone(), Some(props)).map_err(perr)?;
+            let writer = Parallel::new(writer, schema.clone())?;
             let mut e: Exporter<'_, W> = Exporter {
                 m,
                 sink: Some(Sink::Parquet(
@@ -474,6 +782,7 @@ pub fn write<W: Write + Send>(
                 )),
                 places: Places::default(),
                 launches: None,
+                endpoints: HashMap::default(),
                 rows: 0,
             };
             source::visit(input, &mut e)?;
@@ -484,7 +793,7 @@ pub fn write<W: Write + Send>(
             let Some(Sink::Parquet(writer, _, _)) = e.sink.take() else {
                 unreachable!("a Parquet sink")
             };
-            let w = writer.into_inner().map_err(perr)?;
+            let w = writer.finish()?;
             Ok((w, info))
         }
     }
@@ -738,6 +1047,47 @@ mod tests {
     }
 
     #[test]
+    fn parallel_encoding_writes_what_arrow_writer_writes_over_many_row_groups() {
+        // The sample's rows, re-written in batches of 2 and row groups of
+        // 4 through the threaded writer and through ArrowWriter.
+        let (batches, _, _) = export_parquet(&testutil::sample_trace(), &Filter::default());
+        let all = arrow_select::concat::concat_batches(&schema(), &batches).unwrap();
+        let n = all.num_rows();
+        assert!(n >= 7);
+        let props = || {
+            WriterProperties::builder()
+                .set_max_row_group_row_count(Some(4))
+                .build()
+        };
+        let mut p = Parallel::new(
+            ArrowWriter::try_new(Vec::new(), schema(), Some(props())).unwrap(),
+            schema(),
+        )
+        .unwrap();
+        p.row_group = 4;
+        let mut a = ArrowWriter::try_new(Vec::new(), schema(), Some(props())).unwrap();
+        for i in (0..n).step_by(2) {
+            let b = all.slice(i, 2.min(n - i));
+            p.write(&b).unwrap();
+            a.write(&b).unwrap();
+        }
+        let threaded = p.finish().unwrap();
+        let plain = a.into_inner().unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let read = |bytes: Vec<u8>| {
+            let path = d.path().join("x.parquet");
+            std::fs::write(&path, bytes).unwrap();
+            let f = std::fs::File::open(&path).unwrap();
+            let r = ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
+            assert_eq!(r.metadata().num_row_groups(), n.div_ceil(4));
+            let got: Vec<RecordBatch> = r.build().unwrap().map(|b| b.unwrap()).collect();
+            arrow_select::concat::concat_batches(&schema(), &got).unwrap()
+        };
+        assert_eq!(read(threaded), all);
+        assert_eq!(read(plain), all);
+    }
+
+    #[test]
     fn stdin_exports_have_no_launch_columns_but_the_same_rest() {
         let bytes = testutil::sample_trace();
         let mut e: Exporter<'_, Vec<u8>> = Exporter {
@@ -745,6 +1095,7 @@ mod tests {
             sink: None,
             places: Places::default(),
             launches: None,
+            endpoints: HashMap::default(),
             rows: 0,
         };
         let mut csv = Vec::new();

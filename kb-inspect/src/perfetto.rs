@@ -8,11 +8,15 @@
 //! `TracePacket`), so packets are written as they are made: memory is the
 //! interning tables, not the trace. All packets are on one sequence
 //! (`trusted_packet_sequence_id` 1): the first clears the incremental
-//! state, the rest say they need it. Event names, categories, annotation
+//! state, those that refer to interned data say they need it. Event names, categories, annotation
 //! names and annotation string values are interned (`InternedData`,
-//! emitted in the packet that first uses them).
+//! emitted in the packet that first uses them). Track uuids are small
+//! (a track's tid). Op slices are held back for [`DEFER`] later ones, so
+//! a flow out of an op goes on the op's own BEGIN (`flow_ids`) instead of
+//! an instant packet of its own; the packets that refer to interned data
+//! are written in the order their names were interned.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 
 /// Wire types.
@@ -157,13 +161,36 @@ pub struct PerfettoWriter<W: Write> {
     ann: Vec<u8>,
     packet: Vec<u8>,
     scratch: Vec<u8>,
+    /// Op slices not yet written (see [`PerfettoWriter::op_slice`]), in
+    /// order; the first is number `deferred_base`.
+    deferred: VecDeque<Deferred>,
+    deferred_base: u64,
+    /// Spent buffers of written slices, for reuse.
+    pool: Vec<Vec<u8>>,
     pub packets: u64,
     pub bytes: u64,
 }
 
+/// An op slice held back so flows out of it can still be added.
+#[derive(Debug)]
+struct Deferred {
+    track: u64,
+    t0: u64,
+    t1: u64,
+    /// The BEGIN TrackEvent's fields, flows out excepted.
+    event: Vec<u8>,
+    /// InternedData entries its names first used.
+    interned: Vec<u8>,
+    flows_out: Vec<u64>,
+}
+
+/// Op slices held back at most (a flow out of an older one gets an
+/// instant of its own, as before deferral).
+pub const DEFER: usize = 1 << 14;
+
 impl<W: Write> PerfettoWriter<W> {
     pub fn new(w: W) -> Self {
-        PerfettoWriter {
+        let mut p = PerfettoWriter {
             w,
             first: true,
             names: Table::default(),
@@ -175,13 +202,25 @@ impl<W: Write> PerfettoWriter<W> {
             ann: Vec::new(),
             packet: Vec::new(),
             scratch: Vec::new(),
+            deferred: VecDeque::new(),
+            deferred_base: 0,
+            pool: Vec::new(),
             packets: 0,
             bytes: 0,
-        }
+        };
+        // Flow instants (written at once) name themselves `dep`: interned
+        // up front, in the first packet, so that an op named `dep` held
+        // back never defines it after an instant used it.
+        p.names
+            .iid("dep", f::ID_EVENT_NAMES, &mut p.interned, &mut p.scratch);
+        p.cats
+            .iid("dep", f::ID_CATEGORIES, &mut p.interned, &mut p.scratch);
+        p
     }
 
-    /// Frame `self.packet` (with the pending interned data) as a Trace.packet.
-    fn emit(&mut self) -> io::Result<()> {
+    /// Frame `self.packet` (with the pending interned data) as a
+    /// Trace.packet; `interned`: whether it refers to interned data.
+    fn emit(&mut self, interned: bool) -> io::Result<()> {
         if !self.interned.is_empty() {
             let d = std::mem::take(&mut self.interned);
             put_bytes(&mut self.packet, f::INTERNED_DATA, &d);
@@ -189,13 +228,23 @@ impl<W: Write> PerfettoWriter<W> {
             self.interned.clear();
         }
         put_u64(&mut self.packet, f::TRUSTED_SEQ, 1);
-        let flags = if self.first {
-            SEQ_INCREMENTAL_STATE_CLEARED
-        } else {
-            SEQ_NEEDS_INCREMENTAL_STATE
-        };
+        // Only packets that refer to interned data need the incremental
+        // state (Perfetto drops those while the state is invalid); slice
+        // ends, counters and descriptors do not, and save the two bytes.
+        if self.first {
+            put_u64(
+                &mut self.packet,
+                f::SEQUENCE_FLAGS,
+                SEQ_INCREMENTAL_STATE_CLEARED,
+            );
+        } else if interned {
+            put_u64(
+                &mut self.packet,
+                f::SEQUENCE_FLAGS,
+                SEQ_NEEDS_INCREMENTAL_STATE,
+            );
+        }
         self.first = false;
-        put_u64(&mut self.packet, f::SEQUENCE_FLAGS, flags);
         let mut head = Vec::with_capacity(6);
         tag(&mut head, f::TRACE_PACKET, LEN);
         varint(&mut head, self.packet.len() as u64);
@@ -220,7 +269,7 @@ impl<W: Write> PerfettoWriter<W> {
         let td = std::mem::take(&mut self.event);
         put_bytes(&mut self.packet, f::TRACK_DESCRIPTOR, &td);
         self.event = td;
-        self.emit()
+        self.emit(false)
     }
 
     /// A child track of `parent` (a slice track, or a counter track when
@@ -249,7 +298,7 @@ impl<W: Write> PerfettoWriter<W> {
         let td = std::mem::take(&mut self.event);
         put_bytes(&mut self.packet, f::TRACK_DESCRIPTOR, &td);
         self.event = td;
-        self.emit()
+        self.emit(false)
     }
 
     /// Begin building a track event of `kind` on `track` at `ts_ns`.
@@ -305,11 +354,11 @@ impl<W: Write> PerfettoWriter<W> {
         }
     }
 
-    fn event_tail(&mut self) -> io::Result<()> {
+    fn event_tail(&mut self, interned: bool) -> io::Result<()> {
         let e = std::mem::take(&mut self.event);
         put_bytes(&mut self.packet, f::TRACK_EVENT, &e);
         self.event = e;
-        self.emit()
+        self.emit(interned)
     }
 
     /// A slice `[t0, t1]` ns on `track`: a BEGIN (name, category, args,
@@ -331,9 +380,104 @@ impl<W: Write> PerfettoWriter<W> {
         for &id in flows_in {
             put_fixed64(&mut self.event, f::TE_TERMINATING_FLOW_IDS, id);
         }
-        self.event_tail()?;
+        self.event_tail(true)?;
         self.event_head(t1, SLICE_END, track);
-        self.event_tail()
+        self.event_tail(false)
+    }
+
+    /// An op slice, as [`PerfettoWriter::slice`], held back for up to
+    /// [`DEFER`] later op slices so that flows out of it go on its own
+    /// BEGIN ([`PerfettoWriter::flow_out`]) rather than on an instant
+    /// packet of their own. Returns its number for `flow_out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn op_slice(
+        &mut self,
+        track: u64,
+        t0: u64,
+        t1: u64,
+        name: &str,
+        cat: &str,
+        args: &[(&str, Val<'_>)],
+        flows_in: &[u64],
+    ) -> io::Result<u64> {
+        if self.deferred.len() >= DEFER {
+            self.write_deferred()?;
+        }
+        self.event.clear();
+        put_u64(&mut self.event, f::TE_TYPE, SLICE_BEGIN);
+        put_u64(&mut self.event, f::TE_TRACK, track);
+        self.event_name(name, cat);
+        self.annotations(args);
+        for &id in flows_in {
+            put_fixed64(&mut self.event, f::TE_TERMINATING_FLOW_IDS, id);
+        }
+        let mut event = self.pool.pop().unwrap_or_default();
+        event.clear();
+        event.extend_from_slice(&self.event);
+        let interned = if self.interned.is_empty() {
+            Vec::new()
+        } else {
+            let i = self.interned.clone();
+            self.interned.clear();
+            i
+        };
+        self.deferred.push_back(Deferred {
+            track,
+            t0,
+            t1,
+            event,
+            interned,
+            flows_out: Vec::new(),
+        });
+        Ok(self.deferred_base + self.deferred.len() as u64 - 1)
+    }
+
+    /// Start flow `id` on held-back op slice `n`; false when it has been
+    /// written already.
+    pub fn flow_out(&mut self, n: u64, id: u64) -> bool {
+        match n
+            .checked_sub(self.deferred_base)
+            .and_then(|i| self.deferred.get_mut(i as usize))
+        {
+            Some(d) => {
+                d.flows_out.push(id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Write the oldest held-back op slice.
+    fn write_deferred(&mut self) -> io::Result<()> {
+        let Some(mut d) = self.deferred.pop_front() else {
+            return Ok(());
+        };
+        self.deferred_base += 1;
+        for &id in &d.flows_out {
+            put_fixed64(&mut d.event, f::TE_FLOW_IDS, id);
+        }
+        // Its interned names go before any pending for later packets.
+        if !d.interned.is_empty() {
+            d.interned.extend_from_slice(&self.interned);
+            std::mem::swap(&mut self.interned, &mut d.interned);
+        }
+        put_u64(&mut self.packet, f::TIMESTAMP, d.t0);
+        put_bytes(&mut self.packet, f::TRACK_EVENT, &d.event);
+        self.emit(true)?;
+        self.event_head(d.t1, SLICE_END, d.track);
+        self.event_tail(false)?;
+        if self.pool.len() < 64 {
+            self.pool.push(d.event);
+        }
+        Ok(())
+    }
+
+    /// Write every held-back op slice.
+    pub fn write_all_deferred(&mut self) -> io::Result<()> {
+        while !self.deferred.is_empty() {
+            self.write_deferred()?;
+        }
+        Ok(())
     }
 
     /// An instant on `track` at `ts` that starts flow `id`.
@@ -341,17 +485,18 @@ impl<W: Write> PerfettoWriter<W> {
         self.event_head(ts, INSTANT, track);
         self.event_name("dep", "dep");
         put_fixed64(&mut self.event, f::TE_FLOW_IDS, id);
-        self.event_tail()
+        self.event_tail(true)
     }
 
     /// A counter value.
     pub fn counter(&mut self, track: u64, ts: u64, value: f64) -> io::Result<()> {
         self.event_head(ts, COUNTER, track);
         put_f64(&mut self.event, f::TE_DOUBLE_COUNTER, value);
-        self.event_tail()
+        self.event_tail(false)
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
+        self.write_all_deferred()?;
         self.w.flush()
     }
 }

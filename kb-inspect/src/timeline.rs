@@ -250,6 +250,8 @@ struct Recent {
     comp: u32,
     tid: u32,
     t0: u64,
+    /// Protobuf: its held-back slice's number (flows out go on it).
+    slice: u64,
 }
 
 enum Out<W: Write> {
@@ -663,7 +665,11 @@ impl<W: Write> Writer<W> {
                             slot.t0 % 1000
                         )?;
                     }
-                    Out::Pb(pb) => pb.flow_source(track_uuid(slot.tid), slot.t0, id)?,
+                    Out::Pb(pb) => {
+                        if !pb.flow_out(slot.slice, id) {
+                            pb.flow_source(track_uuid(slot.tid), slot.t0, id)?;
+                        }
+                    }
                 }
             }
         }
@@ -673,6 +679,7 @@ impl<W: Write> Writer<W> {
             comp: r.component,
             tid,
             t0,
+            slice: 0,
         };
         let (shape, dtype) = shape_and_dtype(r);
         let bytes = render::bytes_moved(r);
@@ -760,7 +767,8 @@ impl<W: Write> Writer<W> {
                     args.push(("launch", Val::U(u64::from(i))));
                     args.push(("kernel", Val::S(k)));
                 }
-                pb.slice(track_uuid(tid), t0, t1, name, kind, &args, &self.flow_in)?;
+                let n = pb.op_slice(track_uuid(tid), t0, t1, name, kind, &args, &self.flow_in)?;
+                self.recent[r.op_id as usize % DEP_WINDOW].slice = n;
             }
         }
         self.counters(r)
@@ -1083,8 +1091,10 @@ fn proc_uuid(pid: u32) -> u64 {
     (1 << 40) | u64::from(pid)
 }
 
+/// A track's uuid is its tid: small, so a varint of a byte or two in
+/// every event (process uuids are above 2^40 and never collide).
 fn track_uuid(tid: u32) -> u64 {
-    (2 << 40) | u64::from(tid)
+    u64::from(tid)
 }
 
 impl<W: Write> Visitor for Writer<W> {
@@ -1112,6 +1122,9 @@ impl<W: Write> Visitor for Writer<W> {
     }
 
     fn end(&mut self, end: &End<'_>) -> Result<()> {
+        if let Out::Pb(pb) = &mut self.out {
+            pb.write_all_deferred().map_err(wio)?;
+        }
         self.channel_tracks(end.channels).map_err(wio)?;
         self.finish_extras(end.launches).map_err(wio)?;
         self.metadata().map_err(wio)
@@ -1740,8 +1753,20 @@ mod tests {
             let mut seen = Seen::default();
             for (i, p) in packets.iter().enumerate() {
                 assert_eq!(p["trusted_packet_sequence_id"], 1, "{p}");
-                let flags = if i == 0 { 1 } else { 2 };
-                assert_eq!(p["sequence_flags"], flags, "packet {i}");
+                // The first packet clears the incremental state; those
+                // that use interned names say they need it; the rest
+                // (descriptors, slice ends, counters) carry no flags.
+                let interned = p["track_event"].get("name_iid").is_some();
+                let flags = match (i, interned) {
+                    (0, _) => json!(1),
+                    (_, true) => json!(2),
+                    _ => Value::Null,
+                };
+                assert_eq!(
+                    p.get("sequence_flags").cloned().unwrap_or(Value::Null),
+                    flags,
+                    "packet {i}"
+                );
                 if let Some(d) = p.get("interned_data") {
                     for (field, map) in [
                         ("event_names", &mut names),
@@ -1804,6 +1829,11 @@ mod tests {
                                     a["double_value"].clone()
                                 };
                                 args.insert(k, v);
+                            }
+                            // Flows out of an op held back start on its BEGIN.
+                            for id in te["flow_ids"].as_array().into_iter().flatten() {
+                                seen.flow_sources
+                                    .push((track.clone(), ts, id.as_u64().unwrap()));
                             }
                             for id in te["terminating_flow_ids"].as_array().into_iter().flatten() {
                                 seen.flow_ends
@@ -1975,9 +2005,13 @@ mod tests {
             assert!(!pb.counters.is_empty());
             assert_eq!(pb.flow_ends, js.flow_ends);
             assert_eq!(pb.flow_sources.len(), 3);
-            // Protobuf flow sources are instants on the producer's track at its start.
-            let src: Vec<(String, u64)> =
-                pb.flow_sources.iter().map(|f| (f.0.clone(), f.1)).collect();
+            // Protobuf flows start on the producer's slice (or an instant
+            // on its track at its start), written when the producer is:
+            // by id they are the JSON's.
+            let mut pbs = pb.flow_sources.clone();
+            pbs.sort_by_key(|f| f.2);
+            assert_eq!(pbs, js.flow_sources);
+            let src: Vec<(String, u64)> = pbs.iter().map(|f| (f.0.clone(), f.1)).collect();
             let jsrc: Vec<(String, u64)> =
                 js.flow_sources.iter().map(|f| (f.0.clone(), f.1)).collect();
             assert_eq!(src, jsrc);
@@ -2000,6 +2034,60 @@ mod tests {
             assert_eq!(pb.slices.len(), js.slices.len());
             same_counters(&pb.counters, &js.counters);
             assert_eq!(pb.flow_ends.len() as u64, info.flows);
+            assert_eq!(pb.flow_sources.len() as u64, info.flows);
+        }
+
+        #[test]
+        fn flows_out_of_slices_already_written_get_an_instant() {
+            // Op slices are held back for DEFER later ones: a flow out of a
+            // held one goes on its BEGIN; out of one written, on an instant.
+            let n = crate::perfetto::DEFER as u64 + 8;
+            let mut ops = Vec::new();
+            for i in 0..n {
+                let mut op = mem(i, i * 700, i * 700 + 500, testutil::PE_DMA, "dma_read", 64);
+                op.rec.deps.clear();
+                ops.push(op);
+            }
+            let mut last = mem(
+                n,
+                n * 700,
+                n * 700 + 500,
+                "sip0.cube0.pe1.pe_dma",
+                "dma_read",
+                64,
+            );
+            last.rec.deps = vec![0, n - 1];
+            ops.push(last);
+            let bytes = testutil::build(&testutil::sample_meta(), &[], &ops, &Default::default());
+            let (_d, p) = testutil::write_temp(&bytes);
+            let mut pbytes = Vec::new();
+            let info = write(
+                &Input::Path(p),
+                &Filter::default(),
+                Format::Perfetto,
+                &mut pbytes,
+            )
+            .unwrap();
+            assert_eq!(info.flows, 2);
+            let packets = decode(&pbytes);
+            let instants: Vec<&Value> = packets
+                .iter()
+                .filter(|p| p["track_event"]["type"] == "TYPE_INSTANT")
+                .collect();
+            assert_eq!(instants.len(), 1, "op 0 was written before op {n}");
+            assert_eq!(instants[0]["timestamp"], 0);
+            let on_begin: Vec<&Value> = packets
+                .iter()
+                .filter(|p| p["track_event"].get("flow_ids").is_some())
+                .filter(|p| p["track_event"]["type"] == "TYPE_SLICE_BEGIN")
+                .collect();
+            assert_eq!(on_begin.len(), 1);
+            assert_eq!(on_begin[0]["timestamp"], ((n - 1) * 700 + 500) / 1000);
+            let seen = interpret(&packets);
+            let mut ids: Vec<u64> = seen.flow_sources.iter().map(|f| f.2).collect();
+            ids.sort_unstable();
+            assert_eq!(ids, [1, 2]);
+            assert_eq!(seen.flow_ends.len(), 2);
         }
     }
 }
