@@ -160,7 +160,10 @@ fn a_2x2_sweep_writes_rows_that_match_four_separate_runs() {
             })
             .sum();
         assert!(busy > 0);
-        assert_eq!(col("hbm_channel_busy_ns").f64(i), Some(busy as f64 / 1000.0));
+        assert_eq!(
+            col("hbm_channel_busy_ns").f64(i),
+            Some(busy as f64 / 1000.0)
+        );
         sims.push(sim_ps);
     }
     // More HBM bandwidth is never slower here, and a bigger M takes longer.
