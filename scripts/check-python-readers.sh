@@ -30,7 +30,7 @@ done
     --verify -o "$work/sweep" 2> "$work/sweep.log"
 "$venv/bin/python" - "$work" <<'EOF'
 import json, sys
-import duckdb, pandas as pd, polars as pl, pyarrow.parquet as pq
+import duckdb, pandas as pd, polars as pl, pyarrow, pyarrow.parquet as pq
 
 work = sys.argv[1]
 passed = failed = 0
@@ -63,14 +63,14 @@ for t in ["tiled", "copy"]:
     pl_df = pl.read_parquet(pf)
     check(f"{t}: polars rows", pl_df.height == len(ref))
     check(f"{t}: polars bytes", pl_df["bytes"].sum() == sum(r["bytes"] for r in ref))
-    n, f, b = duckdb.sql(f"select count(*), sum(flops), sum(bytes) from '{pf}'").fetchone()
+    n, f, b = duckdb.sql(f"select count(*), sum(flops), sum(bytes) from '{pf}'").fetchall()[0]
     check(f"{t}: duckdb sums", (n, f, b) == (len(ref), sum(r["flops"] for r in ref), sum(r["bytes"] for r in ref)),
           f"{(n, f, b)}")
-    nd = duckdb.sql(f"select count(*) from '{pf}' where len(deps) > 0").fetchone()[0]
+    nd = duckdb.sql(f"select count(*) from '{pf}' where len(deps) > 0").fetchall()[0][0]
     check(f"{t}: duckdb deps list", nd == sum(1 for r in ref if r["deps"]))
     c = pd.read_csv(f"{work}/{t}.csv")
     check(f"{t}: csv rows", len(c) == len(ref))
-    check(f"{t}: csv deps are text", c.deps.dtype == object and all(json.loads(d) == r["deps"] for d, r in zip(c.deps, ref)))
+    check(f"{t}: csv deps are text", pd.api.types.is_string_dtype(c.deps) and all(json.loads(d) == r["deps"] for d, r in zip(c.deps, ref)))
     check(f"{t}: csv times", list(c.start_ps) == [r["t_start_ps"] for r in ref] and str(c.start_ns.dtype) == "float64")
     cn = pd.read_csv(f"{work}/{t}.csv", dtype_backend="numpy_nullable")
     check(f"{t}: csv nullable m is Int", str(cn.m.dtype) in ("Int64", "UInt64"), str(cn.m.dtype))
@@ -89,9 +89,9 @@ check("sweep sim_ns", s.sim_ns.dtype == "float64" and (s.sim_ns > 0).all())
 sc = pd.read_csv(f"{work}/sweep.csv")
 check("sweep csv = parquet", list(sc.sim_ns) == list(s.sim_ns) and list(sc.m) == list(s.m))
 check("sweep polars", pl.read_parquet(f"{work}/sweep.parquet").height == 4)
-best = duckdb.sql(f"select \"hbm.channel_bw_gbs\", m, sim_ns from '{work}/sweep.parquet' order by sim_ns limit 1").fetchone()
+best = duckdb.sql(f"select \"hbm.channel_bw_gbs\", m, sim_ns from '{work}/sweep.parquet' order by sim_ns limit 1").fetchall()[0]
 check("sweep duckdb", best is not None)
-print(f"pandas {pd.__version__}, pyarrow {pq.pa.__version__ if hasattr(pq, 'pa') else ''}, polars {pl.__version__}, duckdb {duckdb.__version__}")
+print(f"pandas {pd.__version__}, pyarrow {pyarrow.__version__}, polars {pl.__version__}, duckdb {duckdb.__version__}")
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 EOF
