@@ -12,7 +12,7 @@ cargo build --release --locked -q -p kb-workloads
 sim=target/release/kb-sim
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-args=(sweep -t default -b gemm_tiled --set hbm.channel_bw_gbs=16,32,64,128 -p m=256,512,768,1024 -p n=256 -p k=256)
+args=(sweep -t default -b gemm_tiled --set hbm.channel_bw_gbs=16,32,64,128 -p m=1024,2048,3072,4096 -p n=1024 -p k=1024)
 t() { local s=$(date +%s.%N); "$@" 2> "$work/log"; local e=$(date +%s.%N); echo "$e - $s" | bc; }
 seq_s=$(t "$sim" "${args[@]}" -j 1 -o "$work/seq")
 par_s=$(t "$sim" "${args[@]}" -j "$jobs" -o "$work/par")
