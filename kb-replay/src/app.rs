@@ -299,11 +299,9 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
                     .into(),
             ));
         }
-        Some(verify::verify(
-            loaded.replayer.plane(),
-            &loaded.meta,
-            &checks,
-        )?)
+        // References evaluate on the replay's threads (results do not
+        // depend on how many).
+        Some(pool.install(|| verify::verify(loaded.replayer.plane(), &loaded.meta, &checks))?)
     } else {
         None
     };

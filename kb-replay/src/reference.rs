@@ -293,16 +293,9 @@ impl Evaluator<'_> {
                 a.rows, a.cols, b.rows, b.cols
             ));
         }
-        let n = self.alloc_check(a.rows, b.cols)?;
-        let mut c = vec![0.0; n];
-        for i in 0..a.rows {
-            for p in 0..a.cols {
-                let av = a.get(i, p);
-                for j in 0..b.cols {
-                    c[i * b.cols + j] += av * b.get(p, j);
-                }
-            }
-        }
+        let len = self.alloc_check(a.rows, b.cols)?;
+        let mut c = vec![0.0; len];
+        matmul_into(&a.data, &b.data, a.cols, b.cols, &mut c);
         Ok(Matrix {
             rows: a.rows,
             cols: b.cols,
@@ -513,9 +506,82 @@ fn softmax(mut m: Matrix, axis: u8) -> Result<Matrix, String> {
     Ok(m)
 }
 
+/// `c += a @ b` for row-major `a` (m x k), `b` (k x n), `c` (m x n).
+/// Every element sums its products in ascending k, one rounding each, as
+/// the textbook triple loop does, so the result is the same bits however
+/// the loops are blocked and whichever threads (the current rayon pool)
+/// take which rows; the blocking only keeps a block of B in cache while
+/// the rows of C stream over it.
+fn matmul_into(a: &[f64], b: &[f64], k: usize, n: usize, c: &mut [f64]) {
+    use rayon::prelude::*;
+    const ROWS: usize = 16;
+    const COLS: usize = 512;
+    const DEPTH: usize = 128;
+    if n == 0 || k == 0 {
+        return;
+    }
+    c.par_chunks_mut(ROWS * n)
+        .enumerate()
+        .for_each(|(blk, block)| {
+            let i0 = blk * ROWS;
+            for j0 in (0..n).step_by(COLS) {
+                let j1 = (j0 + COLS).min(n);
+                for p0 in (0..k).step_by(DEPTH) {
+                    let p1 = (p0 + DEPTH).min(k);
+                    for (r, crow) in block.chunks_exact_mut(n).enumerate() {
+                        let crow = &mut crow[j0..j1];
+                        let arow = &a[(i0 + r) * k..(i0 + r + 1) * k];
+                        for p in p0..p1 {
+                            let av = arow[p];
+                            let brow = &b[p * n + j0..p * n + j1];
+                            for (cv, &bv) in crow.iter_mut().zip(brow) {
+                                *cv += av * bv;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocked_parallel_matmul_is_the_triple_loop_bit_for_bit() {
+        // Shapes that cut every block edge, values whose sums round.
+        let (m, k, n) = (37, 301, 523);
+        let val = |i: usize| ((i * 7919 % 1013) as f64 - 506.0) / 97.0 + 1e-9 * i as f64;
+        let a: Vec<f64> = (0..m * k).map(val).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| val(i + 17)).collect();
+        let mut want = vec![0.0; m * n];
+        for i in 0..m {
+            for p in 0..k {
+                for j in 0..n {
+                    want[i * n + j] += a[i * k + p] * b[p * n + j];
+                }
+            }
+        }
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut got = vec![0.0; m * n];
+            pool.install(|| matmul_into(&a, &b, k, n, &mut got));
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{threads} threads"
+            );
+        }
+        // Degenerate shapes leave C as it was.
+        let mut c = vec![1.0; 3];
+        matmul_into(&[], &[], 0, 3, &mut c);
+        assert_eq!(c, [1.0; 3]);
+    }
 
     fn t(name: &str) -> Box<Expr> {
         Box::new(Expr::Tensor(name.into()))
