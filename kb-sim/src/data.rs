@@ -190,7 +190,8 @@ impl DataPlane {
     }
 
     /// Pages held, and how many of them are shared with another holder.
-    pub fn page_counts(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn page_counts(&self) -> (usize, usize) {
         let shared = self
             .pages
             .values()
