@@ -116,6 +116,9 @@ pub struct HbmController {
     scratch: Vec<u64>,
     /// Per channel: bytes and busy intervals, for the trace.
     usage: Vec<ChannelUsage>,
+    /// Per channel: the busy interval still growing (empty: none), kept
+    /// here so that extending it does not touch the interval lists.
+    open: Vec<(Ps, Ps)>,
 }
 
 impl HbmController {
@@ -129,6 +132,7 @@ impl HbmController {
             interleave: t.hbm.interleave_bytes as u64,
             hashed: t.hbm.hash_channels,
             scratch: vec![0; n],
+            open: vec![(0, 0); n],
             usage: (0..n as u32)
                 .map(|channel| ChannelUsage {
                     sip,
@@ -145,8 +149,19 @@ impl HbmController {
     fn occupy(&mut self, ch: usize, start: Ps, bytes: u64, write: bool) -> Ps {
         let end = start.saturating_add(ser(bytes, self.channel_bw_gbs));
         self.channel_free[ch] = end;
+        // As ChannelUsage::serve: back-to-back service is one interval.
+        let open = &mut self.open[ch];
         let u = &mut self.usage[ch];
-        u.serve(start, end);
+        if end > start {
+            if open.1 > open.0 && start <= open.1 {
+                open.1 = open.1.max(end);
+            } else {
+                if open.1 > open.0 {
+                    u.busy.push(*open);
+                }
+                *open = (start, end);
+            }
+        }
         if write {
             u.bytes_written += bytes;
         } else {
@@ -277,6 +292,12 @@ impl Component for HbmController {
     }
 
     fn take_channel_usage(&mut self) -> Vec<ChannelUsage> {
+        for (u, open) in self.usage.iter_mut().zip(&mut self.open) {
+            if open.1 > open.0 {
+                u.busy.push(*open);
+            }
+            *open = (0, 0);
+        }
         std::mem::take(&mut self.usage)
             .into_iter()
             .filter(|u| u.bytes_read + u.bytes_written > 0)
@@ -379,6 +400,7 @@ mod tests {
             interleave: 256,
             hashed: false,
             scratch: vec![0; 4],
+            open: vec![(0, 0); 4],
             usage: (0..4)
                 .map(|channel| ChannelUsage {
                     channel,

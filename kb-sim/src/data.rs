@@ -95,6 +95,15 @@ pub struct PendingRead {
     pub writer: u64,
 }
 
+/// `(rows, len, stride)` of `x`, touching rows merged into one.
+fn rows_of(x: &Extent) -> (u64, u64, u64) {
+    if x.rows > 1 && x.stride == x.len {
+        (1, x.bytes(), x.bytes())
+    } else {
+        (x.rows as u64, x.len, x.stride)
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct DataPlane {
     pages: FxHashMap<u64, Page>,
@@ -301,32 +310,58 @@ impl DataPlane {
     /// (offsets into what this call appended), each with its writer as
     /// registered now: the source may be overwritten before the bytes land.
     pub fn read_partial(&self, pieces: &[Extent], out: &mut Vec<u8>, unknown: &mut Vec<Unknown>) {
-        let base = out.len() as u64;
+        self.unknown_in(pieces, unknown);
         for x in pieces {
-            let (rows, len, stride) = if x.rows > 1 && x.stride == x.len {
-                (1, x.bytes(), x.bytes())
-            } else {
-                (x.rows as u64, x.len, x.stride)
-            };
+            let (rows, len, stride) = rows_of(x);
+            for r in 0..rows {
+                self.append_unchecked(x.pa + r * stride, len, out);
+            }
+        }
+    }
+
+    /// List the pending bytes of `pieces` (in order) in `unknown`, as
+    /// [`DataPlane::read_partial`] does, without reading any byte.
+    pub fn unknown_in(&self, pieces: &[Extent], unknown: &mut Vec<Unknown>) {
+        let mut at = 0u64;
+        for x in pieces {
+            let (rows, len, stride) = rows_of(x);
+            // One search for the whole extent's span first: most moves
+            // touch no pending byte at all.
+            if rows == 0
+                || self
+                    .first_pending(x.pa, (rows - 1) * stride + len)
+                    .is_none()
+            {
+                at += rows * len;
+                continue;
+            }
             for r in 0..rows {
                 let pa = x.pa + r * stride;
-                let at = out.len() as u64 - base;
-                if !self.pending.is_empty() {
-                    self.pending_in(pa, len, |s, e, w| {
-                        let (offset, n) = ((at + (s - pa)) as usize, (e - s) as usize);
-                        match unknown.last_mut() {
-                            Some(u) if u.writer.op_id == w && u.offset + u.len == offset => {
-                                u.len += n
-                            }
-                            _ => unknown.push(Unknown {
-                                offset,
-                                len: n,
-                                writer: self.writers[&w].0,
-                            }),
-                        }
-                    });
-                }
-                self.append_unchecked(pa, len, out);
+                self.pending_in(pa, len, |s, e, w| {
+                    let (offset, n) = ((at + (s - pa)) as usize, (e - s) as usize);
+                    match unknown.last_mut() {
+                        Some(u) if u.writer.op_id == w && u.offset + u.len == offset => u.len += n,
+                        _ => unknown.push(Unknown {
+                            offset,
+                            len: n,
+                            writer: self.writers[&w].0,
+                        }),
+                    }
+                });
+                at += len;
+            }
+        }
+    }
+
+    /// Clear the pending marks on every byte of `pieces`, leaving the bytes
+    /// as they are: for a move whose every byte is unknown, which marks
+    /// them all again ([`DataPlane::mark_unknown`]) and so never shows
+    /// what the pages hold under the marks.
+    pub fn clear_extents(&mut self, pieces: &[Extent]) {
+        for x in pieces {
+            let (rows, len, stride) = rows_of(x);
+            for r in 0..rows {
+                self.clear_pending(x.pa + r * stride, len);
             }
         }
     }
@@ -565,6 +600,57 @@ mod tests {
         let mut u2 = Vec::new();
         d.read_partial(&dst, &mut again, &mut u2);
         assert_eq!(u2, unknown, "same range, same writer");
+    }
+
+    #[test]
+    fn an_all_unknown_move_marks_as_the_copying_move_does() {
+        // Source: two strided rows all pending (writers 3 and 4); the
+        // destination holds older marks (writer 5) and known bytes.
+        let setup = || {
+            let mut d = DataPlane::new();
+            d.write(0, &[7; 256]);
+            for w in [3, 4, 5] {
+                d.register_writer(writer(w));
+            }
+            d.mark_pending(0, 16, 3);
+            d.mark_pending(32, 16, 4);
+            d.mark_pending(130, 40, 5);
+            d
+        };
+        let src = [Extent {
+            pa: 0,
+            len: 16,
+            rows: 2,
+            stride: 32,
+        }];
+        let dst = [Extent::contiguous(120, 8), Extent::contiguous(140, 24)];
+        let mut unknown = Vec::new();
+        let d0 = setup();
+        d0.unknown_in(&src, &mut unknown);
+        let (mut bytes, mut u_read) = (Vec::new(), Vec::new());
+        d0.read_partial(&src, &mut bytes, &mut u_read);
+        assert_eq!(unknown, u_read, "unknown_in lists what read_partial does");
+        assert_eq!(unknown.iter().map(|u| u.len).sum::<usize>(), 32);
+        // The copying move, and the move that copies nothing.
+        let mut copied = setup();
+        let mut at = 0;
+        for x in &dst {
+            at += copied.write_extent(x, &bytes[at..]);
+        }
+        copied.mark_unknown(&dst, &unknown);
+        let mut marked = setup();
+        marked.clear_extents(&dst);
+        marked.mark_unknown(&dst, &unknown);
+        assert_eq!(copied.pending, marked.pending);
+        assert_eq!(marked.pending[&120], (128, 3));
+        // The second piece's 24 bytes: 8 more of 3's, then 16 of 4's.
+        assert_eq!(marked.pending[&140], (148, 3));
+        assert_eq!(marked.pending[&148], (164, 4));
+        // Writer 5's mark survives where neither move wrote (128..130 is
+        // not pending: 130..140 and 164..170 are 5's).
+        assert_eq!(marked.pending[&130], (140, 5));
+        assert_eq!(marked.pending[&164], (170, 5));
+        assert!(marked.read(128, &mut [0u8; 2]).is_ok());
     }
 
     #[test]

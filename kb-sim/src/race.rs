@@ -155,12 +155,156 @@ struct Entry {
 
 const BUCKET_BITS: u32 = 14;
 
+/// The accesses that touch one bucket: writes, and reads grouped by
+/// thread. A read never races with a read, so a read access only needs
+/// the writes (for races) and the reads it is ordered after and covers
+/// (to replace them). A covered read starts inside the access, so it is
+/// found in the bucket of its first byte (`heads`) alone; and a group
+/// whose every label is past what the reader's clock has seen of its
+/// thread is skipped whole. Without that, PEs reading many tiles of the
+/// same rows would visit every one of them in every bucket.
+#[derive(Debug, Default)]
+struct Bucket {
+    writes: Vec<u32>,
+    /// Per read group: (thread, at most its least label; not raised on
+    /// removal), apart from the ids so that skipping groups reads little.
+    read_keys: Vec<(u32, u32)>,
+    reads: Vec<ReadGroup>,
+}
+
+#[derive(Debug, Default)]
+struct ReadGroup {
+    /// Reads whose first byte is in this bucket.
+    heads: Vec<u32>,
+    /// Reads that start in an earlier bucket.
+    rest: Vec<u32>,
+}
+
+/// Remove `id` from `ids` if it is there; whether it was.
+fn take_id(ids: &mut Vec<u32>, id: u32) -> bool {
+    match ids.iter().position(|&i| i == id) {
+        Some(k) => {
+            ids.swap_remove(k);
+            true
+        }
+        None => false,
+    }
+}
+
+impl Bucket {
+    fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.reads.is_empty()
+    }
+
+    /// Add entry `id` (`e`), which starts in this bucket when `head`.
+    fn push(&mut self, id: u32, e: &Entry, head: bool) {
+        if e.write {
+            self.writes.push(id);
+            return;
+        }
+        let gi = match self.read_keys.iter().position(|k| k.0 == e.thread) {
+            Some(gi) => gi,
+            None => {
+                self.read_keys.push((e.thread, e.label));
+                self.reads.push(ReadGroup::default());
+                self.reads.len() - 1
+            }
+        };
+        let key = &mut self.read_keys[gi];
+        key.1 = key.1.min(e.label);
+        let g = &mut self.reads[gi];
+        if head {
+            g.heads.push(id);
+        } else {
+            g.rest.push(id);
+        }
+    }
+
+    fn remove(&mut self, id: u32, e: &Entry) {
+        if e.write {
+            take_id(&mut self.writes, id);
+            return;
+        }
+        if let Some(gi) = self.read_keys.iter().position(|k| k.0 == e.thread) {
+            let g = &mut self.reads[gi];
+            if !take_id(&mut g.heads, id) {
+                take_id(&mut g.rest, id);
+            }
+            if g.heads.is_empty() && g.rest.is_empty() {
+                self.reads.swap_remove(gi);
+                self.read_keys.swap_remove(gi);
+            }
+        }
+    }
+}
+
+const BLOCK_BITS: u32 = 6;
+
+/// Buckets by number, in blocks of 64 neighbours: the rows of a tile fall
+/// in a few blocks, so an access costs a hash lookup per block, not per
+/// bucket.
+#[derive(Debug, Default)]
+struct Buckets {
+    blocks: FxHashMap<u64, Block>,
+}
+
+#[derive(Debug)]
+struct Block {
+    /// Buckets in use; the block goes when none is.
+    used: u32,
+    buckets: Box<[Bucket]>,
+}
+
+impl Block {
+    /// Bucket `b` of this block, if in use.
+    fn bucket(&self, b: u64) -> Option<&Bucket> {
+        let bucket = &self.buckets[(b & ((1 << BLOCK_BITS) - 1)) as usize];
+        (!bucket.is_empty()).then_some(bucket)
+    }
+}
+
+impl Buckets {
+    fn get_or_insert(&mut self, b: u64) -> &mut Bucket {
+        let block = self.blocks.entry(b >> BLOCK_BITS).or_insert_with(|| Block {
+            used: 0,
+            buckets: (0..1 << BLOCK_BITS).map(|_| Bucket::default()).collect(),
+        });
+        let bucket = &mut block.buckets[(b & ((1 << BLOCK_BITS) - 1)) as usize];
+        if bucket.is_empty() {
+            block.used += 1;
+        }
+        bucket
+    }
+
+    /// Remove entry `id` (`e`) from bucket `b`.
+    fn remove(&mut self, b: u64, id: u32, e: &Entry) {
+        let Some(block) = self.blocks.get_mut(&(b >> BLOCK_BITS)) else {
+            return;
+        };
+        let bucket = &mut block.buckets[(b & ((1 << BLOCK_BITS) - 1)) as usize];
+        if bucket.is_empty() {
+            return;
+        }
+        bucket.remove(id, e);
+        if bucket.is_empty() {
+            block.used -= 1;
+            if block.used == 0 {
+                self.blocks.remove(&(b >> BLOCK_BITS));
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.blocks.clear();
+    }
+}
+
 /// Accesses by physical range, bucketed by 16 KiB.
 #[derive(Debug, Default)]
 pub struct Shadow {
     entries: Vec<Option<Entry>>,
     free: Vec<u32>,
-    buckets: FxHashMap<u64, Vec<u32>>,
+    buckets: Buckets,
     /// Per entry: the query that last visited it.
     stamp: Vec<u32>,
     query: u32,
@@ -253,54 +397,58 @@ impl Shadow {
     }
 
     /// Check `acc` on `x` against earlier accesses and record it. Returns
-    /// the races it makes (at most one per earlier op).
+    /// the races it makes (at most one per earlier op), in the order of
+    /// the earlier ops' ids.
     pub fn access(&mut self, x: &Extent, acc: &Access, races: &mut Vec<Race>) {
         self.query = self.query.wrapping_add(1);
         let mut buckets = std::mem::take(&mut self.bucket_list);
         Self::buckets_of(x, &mut buckets);
         self.replaced.clear();
-        for b in &buckets {
-            let Some(ids) = self.buckets.get(b) else {
+        let found = races.len();
+        let mut v = Visit {
+            entries: &self.entries,
+            stamp: &mut self.stamp,
+            query: self.query,
+            replaced: &mut self.replaced,
+            x,
+            acc,
+            races,
+        };
+        let mut block: Option<(u64, Option<&Block>)> = None;
+        for &b in &buckets {
+            let key = b >> BLOCK_BITS;
+            if block.is_none_or(|(k, _)| k != key) {
+                block = Some((key, self.buckets.blocks.get(&key)));
+            }
+            let Some(bucket) = block.and_then(|(_, bl)| bl?.bucket(b)) else {
                 continue;
             };
-            for &id in ids {
-                if self.stamp[id as usize] == self.query {
+            for &id in &bucket.writes {
+                v.visit(id);
+            }
+            for (gi, &(thread, min_label)) in bucket.read_keys.iter().enumerate() {
+                let seen = if thread == acc.thread {
+                    u32::MAX
+                } else {
+                    acc.clock.get(thread as usize).copied().unwrap_or(0)
+                };
+                // A read races only with a write, and replaces only reads
+                // it is ordered after.
+                if !acc.write && seen < min_label {
                     continue;
                 }
-                self.stamp[id as usize] = self.query;
-                let e = self.entries[id as usize].as_ref().expect("live entry");
-                let Some((pa, len)) = overlap(&e.x, x) else {
-                    continue;
-                };
-                let ordered = e.thread == acc.thread
-                    || acc
-                        .clock
-                        .get(e.thread as usize)
-                        .is_some_and(|&c| c >= e.label);
-                if !ordered && (e.write || acc.write) {
-                    if !races.iter().any(|r| {
-                        r.first.op.op_id == e.op.op_id && r.second.op.op_id == acc.op.op_id
-                    }) {
-                        races.push(Race {
-                            first: Side {
-                                thread: e.thread,
-                                write: e.write,
-                                op: e.op,
-                            },
-                            second: Side {
-                                thread: acc.thread,
-                                write: acc.write,
-                                op: acc.op,
-                            },
-                            pa,
-                            len,
-                        });
+                let g = &bucket.reads[gi];
+                for &id in &g.heads {
+                    v.visit(id);
+                }
+                if acc.write {
+                    for &id in &g.rest {
+                        v.visit(id);
                     }
-                } else if ordered && (acc.write || !e.write) && contains(x, &e.x) {
-                    self.replaced.push(id);
                 }
             }
         }
+        races[found..].sort_by_key(|r| r.first.op.op_id);
         for i in 0..self.replaced.len() {
             let id = self.replaced[i];
             self.remove(id);
@@ -313,19 +461,17 @@ impl Shadow {
             op: acc.op,
         };
         let id = match self.free.pop() {
-            Some(id) => {
-                self.entries[id as usize] = Some(entry);
-                id
-            }
+            Some(id) => id,
             None => {
-                self.entries.push(Some(entry));
+                self.entries.push(None);
                 self.stamp.push(0);
                 (self.entries.len() - 1) as u32
             }
         };
-        for &b in &buckets {
-            self.buckets.entry(b).or_default().push(id);
+        for (i, &b) in buckets.iter().enumerate() {
+            self.buckets.get_or_insert(b).push(id, &entry, i == 0);
         }
+        self.entries[id as usize] = Some(entry);
         self.bucket_list = buckets;
     }
 
@@ -336,14 +482,7 @@ impl Shadow {
         let mut buckets = Vec::new();
         Self::buckets_of(&e.x, &mut buckets);
         for b in buckets {
-            if let Some(ids) = self.buckets.get_mut(&b) {
-                if let Some(k) = ids.iter().position(|&i| i == id) {
-                    ids.swap_remove(k);
-                }
-                if ids.is_empty() {
-                    self.buckets.remove(&b);
-                }
-            }
+            self.buckets.remove(b, id, &e);
         }
         self.free.push(id);
     }
@@ -365,6 +504,67 @@ impl Shadow {
     /// Whether no access is recorded.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// One access's walk over the entries it may meet.
+struct Visit<'a> {
+    entries: &'a [Option<Entry>],
+    stamp: &'a mut [u32],
+    query: u32,
+    replaced: &'a mut Vec<u32>,
+    x: &'a Extent,
+    acc: &'a Access,
+    races: &'a mut Vec<Race>,
+}
+
+impl Visit<'_> {
+    /// Check the access against entry `id` (once per access): a race, a
+    /// replacement, or nothing.
+    fn visit(&mut self, id: u32) {
+        if self.stamp[id as usize] == self.query {
+            return;
+        }
+        self.stamp[id as usize] = self.query;
+        let e = self.entries[id as usize].as_ref().expect("live entry");
+        let (x, acc) = (self.x, self.acc);
+        let ordered = e.thread == acc.thread
+            || acc
+                .clock
+                .get(e.thread as usize)
+                .is_some_and(|&c| c >= e.label);
+        if !ordered {
+            // Unordered reads never race: skip the (row by row) overlap.
+            if !(e.write || acc.write) {
+                return;
+            }
+            let Some((pa, len)) = overlap(&e.x, x) else {
+                return;
+            };
+            if !self
+                .races
+                .iter()
+                .any(|r| r.first.op.op_id == e.op.op_id && r.second.op.op_id == acc.op.op_id)
+            {
+                self.races.push(Race {
+                    first: Side {
+                        thread: e.thread,
+                        write: e.write,
+                        op: e.op,
+                    },
+                    second: Side {
+                        thread: acc.thread,
+                        write: acc.write,
+                        op: acc.op,
+                    },
+                    pa,
+                    len,
+                });
+            }
+        } else if (acc.write || !e.write) && e.x.bytes() > 0 && contains(x, &e.x) {
+            // Contained and not empty: they overlap.
+            self.replaced.push(id);
+        }
     }
 }
 
@@ -462,6 +662,91 @@ mod tests {
         assert!(races.is_empty());
         s.clear();
         assert!(s.is_empty());
+    }
+
+    /// The same decisions as [`Shadow`], by walking every access ever
+    /// recorded: no buckets, no groups, no skipping.
+    #[derive(Default)]
+    struct Naive {
+        entries: Vec<Entry>,
+    }
+
+    impl Naive {
+        fn access(&mut self, x: &Extent, acc: &Access, races: &mut Vec<Race>) {
+            let mut keep = Vec::new();
+            for e in self.entries.drain(..) {
+                let ordered = e.thread == acc.thread
+                    || acc
+                        .clock
+                        .get(e.thread as usize)
+                        .is_some_and(|&c| c >= e.label);
+                let meet = overlap(&e.x, x);
+                if let Some((pa, len)) = meet
+                    && !ordered
+                    && (e.write || acc.write)
+                {
+                    if !races.iter().any(|r| {
+                        r.first.op.op_id == e.op.op_id && r.second.op.op_id == acc.op.op_id
+                    }) {
+                        races.push(Race {
+                            first: Side {
+                                thread: e.thread,
+                                write: e.write,
+                                op: e.op,
+                            },
+                            second: Side {
+                                thread: acc.thread,
+                                write: acc.write,
+                                op: acc.op,
+                            },
+                            pa,
+                            len,
+                        });
+                    }
+                } else if meet.is_some() && ordered && (acc.write || !e.write) && contains(x, &e.x)
+                {
+                    continue;
+                }
+                keep.push(e);
+            }
+            keep.push(Entry {
+                x: *x,
+                thread: acc.thread,
+                label: acc.label,
+                write: acc.write,
+                op: acc.op,
+            });
+            self.entries = keep;
+        }
+    }
+
+    proptest::proptest! {
+        /// Buckets, blocks, read groups and the skips give the races and
+        /// the replacements of a walk over every recorded access (extents
+        /// across bucket and block boundaries, any clocks).
+        #[test]
+        fn shadow_decides_as_a_walk_over_every_access(
+            ops in proptest::collection::vec(
+                (0u64..96 * 1024, 1u64..20_000, 1u32..5, 0u64..40_000, 0u32..3, 0u32..4,
+                 proptest::collection::vec(0u32..4, 3), proptest::bool::ANY),
+                1..60,
+            )
+        ) {
+            let mut shadow = Shadow::default();
+            let mut naive = Naive::default();
+            for (i, (off, len, rows, gap, thread, label, clock, write)) in ops.into_iter().enumerate() {
+                // Around a block boundary (64 buckets of 16 KiB).
+                let pa = (1 << 20) - 48 * 1024 + off;
+                let ext = x(pa, len, rows, if rows > 1 { len + gap } else { 0 });
+                let a = acc(thread, label, &clock, write, i as u64);
+                let (mut got, mut want) = (Vec::new(), Vec::new());
+                shadow.access(&ext, &a, &mut got);
+                naive.access(&ext, &a, &mut want);
+                want.sort_by_key(|r| r.first.op.op_id);
+                proptest::prop_assert_eq!(&got, &want, "access {}", i);
+                proptest::prop_assert_eq!(shadow.len(), naive.entries.len(), "after access {}", i);
+            }
+        }
     }
 
     #[test]

@@ -201,8 +201,9 @@ impl<W: Write> Engine<'_, W> {
         }
         if self.m.topo.address_model == AddressModel::Va && a.space == Space::Hbm {
             let mut pieces = Vec::new();
+            let mut run = None;
             for r in 0..rows as u64 {
-                self.translate(pe, a.addr + r * stride, row_bytes, &mut pieces)
+                self.translate(pe, a.addr + r * stride, row_bytes, &mut run, &mut pieces)
                     .map_err(|e| format!("DMA {side}: {e}"))?;
             }
             for x in &pieces {
@@ -451,12 +452,26 @@ impl<W: Write> Engine<'_, W> {
     fn apply_at_issue(&mut self, d: u32) -> Result<(), SimError> {
         let (src, dst) = {
             let x = self.dmas.get(d);
-            (x.src_order.clone(), x.dst_order.clone())
+            // The source order's last use; the destination's is DstWrite.
+            (std::mem::take(&mut x.src_order), x.dst_order.clone())
         };
-        let (data, unknown) = self.read_moved(&src);
-        self.scatter(&dst, &data);
+        let mut unknown = Vec::new();
+        self.data.unknown_in(&src, &mut unknown);
+        let moved: u64 = src.iter().map(Extent::bytes).sum();
+        let fingerprint = if moved > 0 && unknown.iter().map(|u| u.len as u64).sum::<u64>() == moved
+        {
+            // Only unknown bytes (a compute result stored onward): nothing
+            // to copy, the destination is all marks.
+            self.data.clear_extents(&dst);
+            None
+        } else {
+            let mut data = Vec::with_capacity(moved as usize);
+            unknown.clear();
+            self.data.read_partial(&src, &mut data, &mut unknown);
+            self.scatter(&dst, &data);
+            unknown.is_empty().then(|| kb_format::fingerprint(&data))
+        };
         self.data.mark_unknown(&dst, &unknown);
-        let fingerprint = unknown.is_empty().then(|| kb_format::fingerprint(&data));
         self.dma_race_check(d, &src, false)?;
         let read = self.effect(src);
         self.dma_race_check(d, &dst, true)?;
@@ -480,7 +495,7 @@ impl<W: Write> Engine<'_, W> {
 
     /// The bytes a DMA moves and which of them are unknown in Phase 1.
     fn read_moved(&self, src: &[Extent]) -> (Vec<u8>, Vec<Unknown>) {
-        let mut data = Vec::new();
+        let mut data = Vec::with_capacity(src.iter().map(Extent::bytes).sum::<u64>() as usize);
         let mut unknown = Vec::new();
         self.data.read_partial(src, &mut data, &mut unknown);
         (data, unknown)
@@ -752,7 +767,7 @@ impl<W: Write> Engine<'_, W> {
                 if !self.dmas.get(d).at_issue {
                     // Compute results move without their value (ADR-0020:
                     // only reading them in Phase 1 is an error).
-                    let src = self.dmas.get(d).src_order.clone();
+                    let src = std::mem::take(&mut self.dmas.get(d).src_order);
                     let (data, unknown) = self.read_moved(&src);
                     self.dma_race_check(d, &src, false)?;
                     let read = self.effect(src);
@@ -780,7 +795,7 @@ impl<W: Write> Engine<'_, W> {
             }
             DmaAct::DstWrite(d) => {
                 let (_, dma) = self.dma_node(d);
-                let dst = self.dmas.get(d).dst_order.clone();
+                let dst = std::mem::take(&mut self.dmas.get(d).dst_order);
                 for x in &dst {
                     if Pa::decode(x.pa).is_some_and(|p| p.space == Space::Tcm) {
                         self.producers.remove(&x.pa);

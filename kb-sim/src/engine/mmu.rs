@@ -215,14 +215,16 @@ impl<W: Write> Engine<'_, W> {
         }
     }
 
-    /// Translate `len` bytes at virtual `va` for `pe`, page by page, into
+    /// Translate `len` bytes at virtual `va` for `pe`, run by run, into
     /// physical pieces; an unmapped page that is a valid HBM PA is used as
-    /// one (the PA fallback).
+    /// one (the PA fallback). `run` carries the last run used from one
+    /// call to the next (the rows of one transfer).
     pub(super) fn translate(
         &mut self,
         pe: PeCoord,
         va: u64,
         len: u64,
+        run: &mut Option<(u64, u64, u64)>,
         out: &mut Vec<Extent>,
     ) -> Result<(), String> {
         let page = self.m.topo.pe_mmu.page_bytes;
@@ -230,7 +232,15 @@ impl<W: Write> Engine<'_, W> {
         let mut done = 0;
         while done < len {
             let at = va + done;
-            let (pa, n) = match table.get(at) {
+            // Rows of a tile mostly fall in the run the previous row used.
+            let hit = match *run {
+                Some((s, e, p)) if s <= at && at < e => Some((p + (at - s), e)),
+                _ => table.run_at(at).map(|(s, e, p)| {
+                    *run = Some((s, e, p));
+                    (p + (at - s), e)
+                }),
+            };
+            let (pa, n) = match hit {
                 // A whole run of contiguous pages at once.
                 Some((pa, end)) => (pa, (end - at).min(len - done)),
                 // A fault is counted per page, as the MMU would take them.
@@ -337,9 +347,15 @@ impl PageRuns {
     }
 
     /// The PA of mapped `va` and the end of its run, or `None`.
+    #[cfg(test)]
     fn get(&self, va: u64) -> Option<(u64, u64)> {
+        self.run_at(va).map(|(s, e, p)| (p + (va - s), e))
+    }
+
+    /// The run holding `va`: (VA start, VA end, PA of the start).
+    pub(super) fn run_at(&self, va: u64) -> Option<(u64, u64, u64)> {
         let (&s, &(e, p)) = self.runs.range(..=va).next_back()?;
-        (va < e).then_some((p + (va - s), e))
+        (va < e).then_some((s, e, p))
     }
 }
 
