@@ -12,7 +12,7 @@
 //! copies that page first, so sharing never shows in the bytes.
 
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -25,10 +25,10 @@ const PAGE_BITS: u32 = 16;
 pub const PAGE: usize = 1 << PAGE_BITS;
 
 /// A page: shared by every PA range holding the same bytes (copy on write).
-type Page = Rc<Box<[u8]>>;
+type Page = Arc<Box<[u8]>>;
 
 fn zero_page() -> Page {
-    Rc::new(vec![0u8; PAGE].into_boxed_slice())
+    Arc::new(vec![0u8; PAGE].into_boxed_slice())
 }
 
 /// Bytes laid out in whole pages as they would sit at a PA whose in-page
@@ -64,7 +64,7 @@ impl PageImage {
         PageImage {
             offset,
             len,
-            pages: pages.into_iter().map(Rc::new).collect(),
+            pages: pages.into_iter().map(Arc::new).collect(),
         }
     }
 
@@ -93,6 +93,136 @@ pub struct PendingRead {
     pub pa: u64,
     pub end: u64,
     pub writer: u64,
+}
+
+/// Bytes as they were when taken, by reference to the pages that held
+/// them (copy on write keeps them: a later write to such a page copies
+/// it first): a load's bytes, from its source read to the kernel, with no
+/// copy on the way. Absent pages read as zero.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// (page, or `None` for zeros; offset in it; length), in order.
+    parts: Vec<(Option<Page>, u32, u32)>,
+    len: usize,
+}
+
+static ZEROS: [u8; PAGE] = [0; PAGE];
+
+/// Equal bytes (however they are held).
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Snapshot) -> bool {
+        self.len == other.len && self.to_vec() == other.to_vec()
+    }
+}
+
+impl Eq for Snapshot {}
+
+impl Snapshot {
+    /// A snapshot of bytes that lie in no plane (a kernel's own).
+    pub fn from_vec(bytes: Vec<u8>) -> Snapshot {
+        let len = bytes.len();
+        let mut snap = Snapshot::default();
+        if len > 0 {
+            let n = u32::try_from(len).expect("a tile is under 4 GiB");
+            snap.parts
+                .push((Some(Arc::new(bytes.into_boxed_slice())), 0, n));
+            snap.len = len;
+        }
+        snap
+    }
+
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, piece by piece, in order.
+    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
+        self.parts.iter().map(|(p, off, n)| {
+            let (off, n) = (*off as usize, *n as usize);
+            match p {
+                Some(p) => &p[off..off + n],
+                None => &ZEROS[..n],
+            }
+        })
+    }
+
+    /// All the bytes in one slice when they lie in one page (no copy).
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        match self.parts.as_slice() {
+            [] => Some(&[]),
+            [_] => self.chunks().next(),
+            _ => None,
+        }
+    }
+
+    /// Append bytes `[at, at+len)` to `out`.
+    pub fn append_range(&self, mut at: usize, mut len: usize, out: &mut Vec<u8>) {
+        assert!(at + len <= self.len, "range within the snapshot");
+        for c in self.chunks() {
+            if len == 0 {
+                break;
+            }
+            if at >= c.len() {
+                at -= c.len();
+                continue;
+            }
+            let n = (c.len() - at).min(len);
+            out.extend_from_slice(&c[at..at + n]);
+            at = 0;
+            len -= n;
+        }
+    }
+
+    /// The bytes as one vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len);
+        self.append_range(0, self.len, &mut v);
+        v
+    }
+
+    /// The fingerprint of the bytes (as `kb_format::fingerprint` of
+    /// their concatenation).
+    pub fn fingerprint(&self) -> u64 {
+        if let Some(b) = self.as_slice() {
+            return kb_format::fingerprint(b);
+        }
+        // The streaming hasher buffers small pieces (a tile's rows) byte
+        // by byte; gathering them first and hashing once is faster.
+        thread_local! {
+            static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        GATHER.with(|g| {
+            let mut g = g.borrow_mut();
+            g.clear();
+            self.append_range(0, self.len, &mut g);
+            kb_format::fingerprint(&g)
+        })
+    }
+
+    fn push(&mut self, page: Option<&Page>, off: usize, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.len += n;
+        if let Some((last, lo, ln)) = self.parts.last_mut()
+            && (*lo + *ln) as usize == off
+            && match (&*last, page) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+        {
+            *ln += n as u32;
+            return;
+        }
+        self.parts.push((page.cloned(), off as u32, n as u32));
+    }
 }
 
 /// `(rows, len, stride)` of `x`, touching rows merged into one.
@@ -171,7 +301,7 @@ impl DataPlane {
             let off = (at as usize) & (PAGE - 1);
             let n = (PAGE - off).min(data.len() - done);
             let page = self.pages.entry(at >> PAGE_BITS).or_insert_with(zero_page);
-            Rc::make_mut(page)[off..off + n].copy_from_slice(&data[done..done + n]);
+            Arc::make_mut(page)[off..off + n].copy_from_slice(&data[done..done + n]);
             done += n;
         }
     }
@@ -190,7 +320,7 @@ impl DataPlane {
         let mut at = pa;
         for (i, (page, bytes)) in img.pages.iter().zip(img.chunks()).enumerate() {
             if bytes.len() == PAGE {
-                self.pages.insert(first + i as u64, Rc::clone(page));
+                self.pages.insert(first + i as u64, Arc::clone(page));
             } else {
                 self.write_bytes(at, bytes);
             }
@@ -204,7 +334,7 @@ impl DataPlane {
         let shared = self
             .pages
             .values()
-            .filter(|p| Rc::strong_count(p) > 1)
+            .filter(|p| Arc::strong_count(p) > 1)
             .count();
         (self.pages.len(), shared)
     }
@@ -315,6 +445,87 @@ impl DataPlane {
             let (rows, len, stride) = rows_of(x);
             for r in 0..rows {
                 self.append_unchecked(x.pa + r * stride, len, out);
+            }
+        }
+    }
+
+    /// The bytes of `pieces` (in order) as a [`Snapshot`], listing the
+    /// pending ones in `unknown` as [`DataPlane::read_partial`] does.
+    pub fn snapshot(&self, pieces: &[Extent], unknown: &mut Vec<Unknown>) -> Snapshot {
+        self.unknown_in(pieces, unknown);
+        let mut snap = Snapshot::default();
+        // Rows of a tile share pages: look each page up once in a row.
+        let mut last: Option<(u64, Option<&Page>)> = None;
+        for x in pieces {
+            let (rows, len, stride) = rows_of(x);
+            for r in 0..rows {
+                let pa = x.pa + r * stride;
+                let mut done = 0u64;
+                while done < len {
+                    let at = pa + done;
+                    let off = (at as usize) & (PAGE - 1);
+                    let n = (PAGE - off).min((len - done) as usize);
+                    let key = at >> PAGE_BITS;
+                    let page = match last {
+                        Some((k, p)) if k == key => p,
+                        _ => {
+                            let p = self.pages.get(&key);
+                            last = Some((key, p));
+                            p
+                        }
+                    };
+                    snap.push(page, off, n);
+                    done += n as u64;
+                }
+            }
+        }
+        snap
+    }
+
+    /// Write the bytes of `snap` into the rows of `pieces` (in order);
+    /// clears any pending mark on them.
+    pub fn write_snapshot(&mut self, pieces: &[Extent], snap: &Snapshot) {
+        for x in pieces {
+            let (rows, len, stride) = rows_of(x);
+            for r in 0..rows {
+                self.clear_pending(x.pa + r * stride, len);
+            }
+        }
+        let mut chunks = snap.chunks();
+        let mut cur: &[u8] = &[];
+        let mut rows = pieces.iter().flat_map(|x| {
+            let (rows, len, stride) = rows_of(x);
+            (0..rows).map(move |r| (x.pa + r * stride, len as usize))
+        });
+        let (mut pa, mut left) = (0u64, 0usize);
+        'pages: loop {
+            while left == 0 {
+                match rows.next() {
+                    Some(row) => (pa, left) = row,
+                    None => break 'pages,
+                }
+            }
+            // The destination page, looked up once while the writes stay
+            // in it (a tile's rows mostly do).
+            let key = pa >> PAGE_BITS;
+            let dst = &mut Arc::make_mut(self.pages.entry(key).or_insert_with(zero_page))[..];
+            while left > 0 && pa >> PAGE_BITS == key {
+                if cur.is_empty() {
+                    cur = chunks.next().expect("the snapshot covers the pieces");
+                    continue;
+                }
+                let off = (pa as usize) & (PAGE - 1);
+                let n = cur.len().min(left).min(PAGE - off);
+                dst[off..off + n].copy_from_slice(&cur[..n]);
+                cur = &cur[n..];
+                pa += n as u64;
+                left -= n;
+                if left == 0 {
+                    match rows.next() {
+                        Some(row) => (pa, left) = row,
+                        None => break 'pages,
+                    }
+                }
             }
         }
     }
@@ -600,6 +811,78 @@ mod tests {
         let mut u2 = Vec::new();
         d.read_partial(&dst, &mut again, &mut u2);
         assert_eq!(u2, unknown, "same range, same writer");
+    }
+
+    fn plane_with(writes: &[(u64, u16, u8)]) -> DataPlane {
+        let mut d = DataPlane::new();
+        for &(pa, len, v) in writes {
+            d.write(pa, &vec![v; len as usize]);
+        }
+        d
+    }
+
+    proptest::proptest! {
+        /// A snapshot holds what a copying read returns (bytes,
+        /// fingerprint), keeps it when the source is overwritten after,
+        /// and writes the same bytes as writing the copy would.
+        #[test]
+        fn snapshots_read_and_write_as_copies_do(
+            writes in proptest::collection::vec((0u64..200_000, 1u16..5000, 1u8..255), 0..12),
+            src in proptest::collection::vec((0u64..200_000, 1u64..3000, 1u32..6, 0u64..70_000), 1..4),
+            dst_at in 0u64..300_000,
+        ) {
+            let src: Vec<Extent> = src
+                .into_iter()
+                .map(|(pa, len, rows, gap)| Extent { pa, len, rows, stride: if rows > 1 { len + gap } else { 0 } })
+                .collect();
+            let d = plane_with(&writes);
+            let (mut copy, mut u1, mut u2) = (Vec::new(), Vec::new(), Vec::new());
+            d.read_partial(&src, &mut copy, &mut u1);
+            let snap = d.snapshot(&src, &mut u2);
+            proptest::prop_assert_eq!(snap.len(), copy.len());
+            proptest::prop_assert!(snap.to_vec() == copy);
+            proptest::prop_assert_eq!(snap.fingerprint(), kb_format::fingerprint(&copy));
+            proptest::prop_assert_eq!(u1, u2);
+            // Two destination pieces: a strided one and the rest.
+            let total = copy.len() as u64;
+            let head = total / 2;
+            let dst = vec![
+                Extent { pa: dst_at, len: head.max(1).min(total), rows: 1, stride: 0 },
+                Extent::contiguous(dst_at + 2 * PAGE as u64, total - head.max(1).min(total)),
+            ];
+            let (mut a, mut b) = (plane_with(&writes), plane_with(&writes));
+            a.write_snapshot(&dst, &snap);
+            let mut at = 0;
+            for x in &dst {
+                at += b.write_extent(x, &copy[at..]);
+            }
+            let (mut ra, mut rb) = (vec![0u8; 600_000], vec![0u8; 600_000]);
+            a.read(0, &mut ra).unwrap();
+            b.read(0, &mut rb).unwrap();
+            proptest::prop_assert!(ra == rb);
+            // Overwriting the source leaves the snapshot as it was.
+            let mut d = d;
+            for x in &src {
+                d.write_extent(&Extent { rows: 1, stride: 0, len: x.bytes(), ..*x }, &vec![0xEE; x.bytes() as usize]);
+            }
+            proptest::prop_assert!(snap.to_vec() == copy);
+        }
+    }
+
+    #[test]
+    fn a_snapshot_inside_one_page_is_one_slice_and_absent_pages_read_zero() {
+        let mut d = DataPlane::new();
+        d.write(100, &[5; 64]);
+        let mut u = Vec::new();
+        let snap = d.snapshot(&[Extent::contiguous(90, 80)], &mut u);
+        let b = snap.as_slice().expect("one page, one piece");
+        assert_eq!(&b[..10], &[0; 10]);
+        assert_eq!(&b[10..74], &[5; 64]);
+        // Across a written page and an absent one: two pieces, zeros after.
+        let snap = d.snapshot(&[Extent::contiguous(PAGE as u64 - 8, 16)], &mut u);
+        assert!(snap.as_slice().is_none());
+        assert_eq!(snap.to_vec(), vec![0; 16]);
+        assert!(u.is_empty());
     }
 
     #[test]

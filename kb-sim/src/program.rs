@@ -43,7 +43,8 @@ pub struct Unknown {
 /// unknown in Phase 1 (results of compute ops, moved without their value).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Loaded {
-    pub bytes: Vec<u8>,
+    /// By reference to the pages they were read from (no copy).
+    pub bytes: crate::data::Snapshot,
     pub unknown: Vec<Unknown>,
 }
 

@@ -144,7 +144,7 @@ pub(super) struct Dma {
     /// The issuing PE's clock at issue, for race checks.
     hb: HbTag,
     op: Option<OpenOp>,
-    data: Vec<u8>,
+    data: crate::data::Snapshot,
     /// Bytes of `data` that are compute results unknown in Phase 1.
     unknown: Vec<Unknown>,
     fingerprint: Option<u64>,
@@ -427,7 +427,7 @@ impl<W: Write> Engine<'_, W> {
             notify,
             hb,
             op: None,
-            data: Vec::new(),
+            data: Default::default(),
             unknown: Vec::new(),
             fingerprint: None,
             read: None,
@@ -491,14 +491,6 @@ impl<W: Write> Engine<'_, W> {
             (x.pe, x.op_id, x.cmd.op_name(), x.hb.clone())
         };
         self.race_check(pe, ranges, write, op_id, name, &hb)
-    }
-
-    /// The bytes a DMA moves and which of them are unknown in Phase 1.
-    fn read_moved(&self, src: &[Extent]) -> (Vec<u8>, Vec<Unknown>) {
-        let mut data = Vec::with_capacity(src.iter().map(Extent::bytes).sum::<u64>() as usize);
-        let mut unknown = Vec::new();
-        self.data.read_partial(src, &mut data, &mut unknown);
-        (data, unknown)
     }
 
     fn scatter(&mut self, pieces: &[Extent], data: &[u8]) {
@@ -768,11 +760,12 @@ impl<W: Write> Engine<'_, W> {
                     // Compute results move without their value (ADR-0020:
                     // only reading them in Phase 1 is an error).
                     let src = std::mem::take(&mut self.dmas.get(d).src_order);
-                    let (data, unknown) = self.read_moved(&src);
+                    let mut unknown = Vec::new();
+                    let data = self.data.snapshot(&src, &mut unknown);
                     self.dma_race_check(d, &src, false)?;
                     let read = self.effect(src);
                     let x = self.dmas.get(d);
-                    x.fingerprint = unknown.is_empty().then(|| kb_format::fingerprint(&data));
+                    x.fingerprint = unknown.is_empty().then(|| data.fingerprint());
                     x.data = data;
                     x.unknown = unknown;
                     x.read = Some(read);
@@ -804,7 +797,7 @@ impl<W: Write> Engine<'_, W> {
                 if !self.dmas.get(d).at_issue {
                     let data = std::mem::take(&mut self.dmas.get(d).data);
                     let unknown = std::mem::take(&mut self.dmas.get(d).unknown);
-                    self.scatter(&dst, &data);
+                    self.data.write_snapshot(&dst, &data);
                     self.data.mark_unknown(&dst, &unknown);
                     let x = self.dmas.get(d);
                     x.data = data;

@@ -14,7 +14,7 @@ mod comm;
 pub mod composite;
 pub mod exec;
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -30,6 +30,7 @@ pub use exec::{Executor, KernelBody, Port};
 pub use crate::program::{Notify, SignalOp};
 
 use crate::alloc::FreeList;
+use crate::data::Snapshot;
 use crate::machine::PeCoord;
 use crate::program::{Command, DmaCmd, Labeled, Loaded, Reply, Unknown};
 
@@ -210,7 +211,10 @@ pub struct Tile {
     dtype: Dtype,
     /// The top-left rows x cols that hold data, not padding.
     valid: (u32, u32),
-    data: Vec<u8>,
+    /// The bytes, by reference to where the load read them.
+    data: Snapshot,
+    /// `data` in one piece, made on first need when it spans pages.
+    flat: OnceCell<Vec<u8>>,
     /// Byte ranges of `data` whose value only Phase 2 knows.
     unknown: Vec<Unknown>,
     tcm: Rc<RefCell<FreeList>>,
@@ -250,7 +254,14 @@ impl Tile {
     /// The raw little-endian bytes, row-major. Panics if any is unknown.
     pub fn bytes(&self) -> &[u8] {
         self.check_known(0, self.data.len(), "the bytes");
-        &self.data
+        self.flat_bytes()
+    }
+
+    fn flat_bytes(&self) -> &[u8] {
+        match self.data.as_slice() {
+            Some(b) => b,
+            None => self.flat.get_or_init(|| self.data.to_vec()),
+        }
     }
 
     /// Element (r, c) as f64. Panics if it is unknown in Phase 1.
@@ -264,7 +275,14 @@ impl Tile {
         let es = self.dtype.size();
         let at = (r * self.cols as usize + c) * es;
         self.check_known(at, es, &format!("element ({r}, {c})"));
-        decode(self.dtype, &self.data[at..at + es])
+        match self.data.as_slice() {
+            Some(b) => decode(self.dtype, &b[at..at + es]),
+            None => {
+                let mut b = Vec::with_capacity(es);
+                self.data.append_range(at, es, &mut b);
+                decode(self.dtype, &b)
+            }
+        }
     }
 
     /// The values as f64, row-major, as an ndarray. Panics if any is
@@ -273,7 +291,7 @@ impl Tile {
         self.check_known(0, self.data.len(), "the values");
         let es = self.dtype.size();
         let v: Vec<f64> = self
-            .data
+            .flat_bytes()
             .chunks_exact(es)
             .map(|b| decode(self.dtype, b))
             .collect();
@@ -284,6 +302,7 @@ impl Tile {
 impl Tile {
     fn fill(&mut self, loaded: Loaded) {
         self.data = loaded.bytes;
+        self.flat = OnceCell::new();
         self.unknown = loaded.unknown;
     }
 }
@@ -1100,7 +1119,8 @@ impl<'p> Tl<'p> {
             cols: src.cols,
             dtype: src.dtype,
             valid: (src.rows, src.cols),
-            data: Vec::new(),
+            data: Snapshot::default(),
+            flat: OnceCell::new(),
             unknown: Vec::new(),
             tcm: self.tcm.clone(),
         };
@@ -1192,7 +1212,8 @@ impl<'p> Tl<'p> {
             cols,
             dtype: src.dtype,
             valid: (src.rows, src.cols),
-            data: Vec::new(),
+            data: Snapshot::default(),
+            flat: OnceCell::new(),
             unknown: Vec::new(),
             tcm: self.tcm.clone(),
         };
@@ -1235,18 +1256,33 @@ impl<'p> Tl<'p> {
             Reply::Data(loaded) => loaded,
             other => panic!("load_masked: the simulation answered {other:?} instead of data"),
         };
-        let fill = encode(src.dtype, other);
-        let mut data = Vec::with_capacity((rows as u64 * cols as u64 * es) as usize);
         let (vr, tr) = (src.row_bytes() as usize, (cols as u64 * es) as usize);
-        for r in 0..rows as usize {
-            let row_start = data.len();
-            if r < src.rows as usize {
-                data.extend_from_slice(&valid.bytes[r * vr..(r + 1) * vr]);
+        let whole = vr == tr && src.rows == rows;
+        let data = if whole {
+            // Nothing masked: the loaded bytes are the tile's.
+            valid.bytes
+        } else {
+            let fill = encode(src.dtype, other);
+            let mut data = Vec::with_capacity((rows as u64 * cols as u64 * es) as usize);
+            let loaded_owned;
+            let loaded = match valid.bytes.as_slice() {
+                Some(b) => b,
+                None => {
+                    loaded_owned = valid.bytes.to_vec();
+                    &loaded_owned
+                }
+            };
+            for r in 0..rows as usize {
+                let row_start = data.len();
+                if r < src.rows as usize {
+                    data.extend_from_slice(&loaded[r * vr..(r + 1) * vr]);
+                }
+                while data.len() < row_start + tr {
+                    data.extend_from_slice(&fill);
+                }
             }
-            while data.len() < row_start + tr {
-                data.extend_from_slice(&fill);
-            }
-        }
+            Snapshot::from_vec(data)
+        };
         // Unknown bytes move with their rows into the wider tile.
         for u in valid.unknown {
             let (mut at, end) = (u.offset, u.offset + u.len);
