@@ -119,6 +119,9 @@ pub struct HbmController {
     /// Per channel: the busy interval still growing (empty: none), kept
     /// here so that extending it does not touch the interval lists.
     open: Vec<(Ps, Ps)>,
+    /// Service times by byte count, last two asked: a request's channels
+    /// mostly serve equal shares.
+    ser_memo: [(u64, Ps); 2],
 }
 
 impl HbmController {
@@ -133,6 +136,7 @@ impl HbmController {
             hashed: t.hbm.hash_channels,
             scratch: vec![0; n],
             open: vec![(0, 0); n],
+            ser_memo: [(u64::MAX, 0); 2],
             usage: (0..n as u32)
                 .map(|channel| ChannelUsage {
                     sip,
@@ -144,10 +148,22 @@ impl HbmController {
         }
     }
 
+    /// Time for one channel to move `bytes` (as `ser`).
+    fn channel_ser(&mut self, bytes: u64) -> Ps {
+        match self.ser_memo {
+            [(b, ps), _] | [_, (b, ps)] if b == bytes => ps,
+            [a, _] => {
+                let ps = ser(bytes, self.channel_bw_gbs);
+                self.ser_memo = [(bytes, ps), a];
+                ps
+            }
+        }
+    }
+
     /// Channel `ch` serves `bytes` from `start`: busy until the returned
     /// time.
     fn occupy(&mut self, ch: usize, start: Ps, bytes: u64, write: bool) -> Ps {
-        let end = start.saturating_add(ser(bytes, self.channel_bw_gbs));
+        let end = start.saturating_add(self.channel_ser(bytes));
         self.channel_free[ch] = end;
         // As ChannelUsage::serve: back-to-back service is one interval.
         let open = &mut self.open[ch];
@@ -258,7 +274,7 @@ impl Component for HbmController {
             if bytes > 0 {
                 let start = self.channel_free[ch].max(now);
                 let first = burst_share(bytes, burst, total);
-                head = head.max(start.saturating_add(ser(first, self.channel_bw_gbs)));
+                head = head.max(start.saturating_add(self.channel_ser(first)));
                 done = done.max(self.occupy(ch, start, bytes, false));
             }
         }
@@ -278,8 +294,8 @@ impl Component for HbmController {
         for ch in 0..self.scratch.len() {
             let bytes = self.scratch[ch];
             if bytes > 0 {
-                let busy = ser(bytes, self.channel_bw_gbs);
-                let last = ser(burst_share(bytes, burst, total), self.channel_bw_gbs);
+                let busy = self.channel_ser(bytes);
+                let last = self.channel_ser(burst_share(bytes, burst, total));
                 let just_in_time = (now + last).saturating_sub(busy);
                 let start = self.channel_free[ch].max(head).max(just_in_time);
                 done = done.max(self.occupy(ch, start, bytes, true));
@@ -401,6 +417,7 @@ mod tests {
             hashed: false,
             scratch: vec![0; 4],
             open: vec![(0, 0); 4],
+            ser_memo: [(u64::MAX, 0); 2],
             usage: (0..4)
                 .map(|channel| ChannelUsage {
                     channel,
