@@ -81,8 +81,10 @@ impl Wire {
     /// interval, or one past the end of time.
     pub(crate) fn usage(self) -> Result<ChannelUsage, String> {
         let mut prev: Ps = 0;
-        let mut busy = Vec::with_capacity(self.busy.len());
-        for (i, (gap, len)) in self.busy.into_iter().enumerate() {
+        // (gap, len) into (start, end) in place: no second vector.
+        let mut busy = self.busy;
+        for (i, iv) in busy.iter_mut().enumerate() {
+            let (gap, len) = *iv;
             let start = prev.checked_add(gap);
             let end = start.and_then(|s| s.checked_add(len));
             let (Some(start), Some(end)) = (start, end) else {
@@ -91,7 +93,7 @@ impl Wire {
             if len == 0 {
                 return Err(format!("busy interval {i} is empty"));
             }
-            busy.push((start, end));
+            *iv = (start, end);
             prev = end;
         }
         Ok(ChannelUsage {
