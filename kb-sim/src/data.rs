@@ -482,6 +482,21 @@ impl DataPlane {
         snap
     }
 
+    /// The bytes of `pieces` as one slice of a page, when they are one
+    /// contiguous range inside a page that is there.
+    pub fn as_one_slice(&self, pieces: &[Extent]) -> Option<&[u8]> {
+        let [x] = pieces else {
+            return None;
+        };
+        let (rows, len, _) = rows_of(x);
+        let off = (x.pa as usize) & (PAGE - 1);
+        if rows != 1 || off + len as usize > PAGE {
+            return None;
+        }
+        let page = self.pages.get(&(x.pa >> PAGE_BITS))?;
+        Some(&page[off..off + len as usize])
+    }
+
     /// Write the bytes of `snap` into the rows of `pieces` (in order);
     /// clears any pending mark on them.
     pub fn write_snapshot(&mut self, pieces: &[Extent], snap: &Snapshot) {

@@ -206,13 +206,19 @@ impl<W: Write> Engine<'_, W> {
                 self.translate(pe, a.addr + r * stride, row_bytes, &mut run, &mut pieces)
                     .map_err(|e| format!("DMA {side}: {e}"))?;
             }
-            for x in &pieces {
-                self.check_pa(pe, side, Space::Hbm, x)?;
+            let folded = super::mmu::fold_rows(pieces);
+            // A folded extent that passes has every row pass; only when
+            // one does not are its rows checked one by one (a tile can
+            // straddle partitions row by row), naming the row at fault.
+            for x in &folded {
+                if self.check_pa(pe, side, Space::Hbm, x).is_err() {
+                    for r in 0..x.rows.max(1) as u64 {
+                        let row = Extent::contiguous(x.pa + r * x.stride, x.len);
+                        self.check_pa(pe, side, Space::Hbm, &row)?;
+                    }
+                }
             }
-            return Ok(super::mmu::fold_rows(pieces)
-                .into_iter()
-                .map(|x| (x, None))
-                .collect());
+            return Ok(folded.into_iter().map(|x| (x, None)).collect());
         }
         let x = Extent {
             pa: a.addr,
@@ -765,7 +771,6 @@ impl<W: Write> Engine<'_, W> {
                     self.dma_race_check(d, &src, false)?;
                     let read = self.effect(src);
                     let x = self.dmas.get(d);
-                    x.fingerprint = unknown.is_empty().then(|| data.fingerprint());
                     x.data = data;
                     x.unknown = unknown;
                     x.read = Some(read);
@@ -798,8 +803,16 @@ impl<W: Write> Engine<'_, W> {
                     let data = std::mem::take(&mut self.dmas.get(d).data);
                     let unknown = std::mem::take(&mut self.dmas.get(d).unknown);
                     self.data.write_snapshot(&dst, &data);
+                    // The moved bytes, hashed where they now lie in one
+                    // piece (a TCM tile) rather than gathered from rows.
+                    let fingerprint = unknown.is_empty().then(|| {
+                        self.data
+                            .as_one_slice(&dst)
+                            .map_or_else(|| data.fingerprint(), kb_format::fingerprint)
+                    });
                     self.data.mark_unknown(&dst, &unknown);
                     let x = self.dmas.get(d);
+                    x.fingerprint = fingerprint;
                     x.data = data;
                     x.unknown = unknown;
                     self.dma_race_check(d, &dst, true)?;
