@@ -403,6 +403,9 @@ fn stopped() -> Error {
     )
 }
 
+/// Column messages queued per encoder thread at most.
+const QUEUE: usize = 24;
+
 /// Work for a column encoder thread.
 enum Msg {
     /// The thread's column writers for a new row group, by leaf index.
@@ -454,15 +457,22 @@ fn encoder(rx: Receiver<Msg>, done: Sender<Chunks>) {
 /// them) while this thread decodes records and builds the next batch; the
 /// row groups, their order and their bytes are those `ArrowWriter` would
 /// write (same properties, same Arrow schema metadata).
+///
+/// Closing a row group does not wait for its encoders: its chunks are
+/// collected and written when the next one closes (by then the encoders
+/// have long finished it), so neither this thread nor the encoders idle
+/// at row-group boundaries. At most one closed row group is in flight.
 struct Parallel<W: Write + Send> {
     file: SerializedFileWriter<W>,
     factory: ArrowRowGroupWriterFactory,
     schema: SchemaRef,
-    workers: Vec<(SyncSender<Msg>, JoinHandle<()>)>,
-    done: Receiver<Chunks>,
-    /// Row groups closed; rows in the open one (None: none open).
+    /// Per encoder thread: its work queue, its results and its handle.
+    workers: Vec<(SyncSender<Msg>, Receiver<Chunks>, JoinHandle<()>)>,
+    /// Row groups opened; rows in the open one (None: none open).
     groups: usize,
     open: Option<usize>,
+    /// Row groups closed whose chunks are not yet written (0 or 1).
+    in_flight: usize,
     /// Rows per row group (at least; whole batches go in).
     row_group: usize,
 }
@@ -473,31 +483,33 @@ impl<W: Write + Send> Parallel<W> {
         let n = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, 4);
-        let (done_tx, done) = std::sync::mpsc::channel();
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
-            let (tx, rx) = std::sync::mpsc::sync_channel(64);
-            let d = done_tx.clone();
+            // About one batch's columns queued per encoder: the decoding
+            // thread waits when the encoders are behind rather than
+            // holding more batches in memory.
+            let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
+            let (done_tx, done) = std::sync::mpsc::channel();
             let h = std::thread::Builder::new()
                 .name(format!("parquet-{i}"))
-                .spawn(move || encoder(rx, d))
+                .spawn(move || encoder(rx, done_tx))
                 .map_err(|e| Error::io("starting a Parquet encoder thread", e))?;
-            workers.push((tx, h));
+            workers.push((tx, done, h));
         }
         Ok(Parallel {
             file,
             factory,
             schema,
             workers,
-            done,
             groups: 0,
             open: None,
+            in_flight: 0,
             row_group: ROW_GROUP,
         })
     }
 
     fn send(&self, leaf: usize, msg: Msg) -> Result<()> {
-        let (tx, _) = &self.workers[leaf % self.workers.len()];
+        let (tx, _, _) = &self.workers[leaf % self.workers.len()];
         tx.send(msg).map_err(|_| stopped())
     }
 
@@ -520,6 +532,7 @@ impl<W: Write + Send> Parallel<W> {
             for (j, ws) in per.into_iter().enumerate() {
                 self.send(j, Msg::Writers(ws))?;
             }
+            self.groups += 1;
             self.open = Some(0);
         }
         for (i, (field, col)) in self.schema.fields().iter().zip(batch.columns()).enumerate() {
@@ -533,31 +546,44 @@ impl<W: Write + Send> Parallel<W> {
         Ok(())
     }
 
+    /// Close the open row group: write the one closed before it, and
+    /// have the encoders finish this one.
     fn close_group(&mut self) -> Result<()> {
         if self.open.take().is_none() {
             return Ok(());
         }
+        self.write_closed()?;
         for j in 0..self.workers.len() {
             self.send(j, Msg::Close)?;
         }
-        let mut chunks = Vec::new();
-        for _ in 0..self.workers.len() {
-            chunks.extend(self.done.recv().map_err(|_| stopped())?.map_err(perr)?);
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Write the closed row group in flight, if any (waiting for its
+    /// encoders).
+    fn write_closed(&mut self) -> Result<()> {
+        while self.in_flight > 0 {
+            let mut chunks = Vec::new();
+            for (_, done, _) in &self.workers {
+                chunks.extend(done.recv().map_err(|_| stopped())?.map_err(perr)?);
+            }
+            chunks.sort_by_key(|c| c.0);
+            let mut rg = self.file.next_row_group().map_err(perr)?;
+            for (_, c) in chunks {
+                c.append_to_row_group(&mut rg).map_err(perr)?;
+            }
+            rg.close().map_err(perr)?;
+            self.in_flight -= 1;
         }
-        chunks.sort_by_key(|c| c.0);
-        let mut rg = self.file.next_row_group().map_err(perr)?;
-        for (_, c) in chunks {
-            c.append_to_row_group(&mut rg).map_err(perr)?;
-        }
-        rg.close().map_err(perr)?;
-        self.groups += 1;
         Ok(())
     }
 
     /// Close the last row group, stop the threads, write the footer.
     fn finish(mut self) -> Result<W> {
         self.close_group()?;
-        for (tx, h) in std::mem::take(&mut self.workers) {
+        self.write_closed()?;
+        for (tx, _, h) in std::mem::take(&mut self.workers) {
             drop(tx);
             h.join().map_err(|_| stopped())?;
         }
@@ -1073,6 +1099,7 @@ mod tests {
         }
         let threaded = p.finish().unwrap();
         let plain = a.into_inner().unwrap();
+        assert!(threaded == plain, "the same bytes as ArrowWriter's");
         let d = tempfile::tempdir().unwrap();
         let read = |bytes: Vec<u8>| {
             let path = d.path().join("x.parquet");

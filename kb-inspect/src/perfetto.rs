@@ -6,15 +6,30 @@
 //!
 //! A trace is a sequence of `Trace.packet` fields (tag 1, length-delimited
 //! `TracePacket`), so packets are written as they are made: memory is the
-//! interning tables, not the trace. All packets are on one sequence
-//! (`trusted_packet_sequence_id` 1): the first clears the incremental
-//! state, those that refer to interned data say they need it. Event names, categories, annotation
+//! interning tables, not the trace. Event names, categories, annotation
 //! names and annotation string values are interned (`InternedData`,
-//! emitted in the packet that first uses them). Track uuids are small
-//! (a track's tid). Op slices are held back for [`DEFER`] later ones, so
-//! a flow out of an op goes on the op's own BEGIN (`flow_ids`) instead of
-//! an instant packet of its own; the packets that refer to interned data
-//! are written in the order their names were interned.
+//! emitted in the packet that first uses them on its sequence).
+//!
+//! Sequences (`trusted_packet_sequence_id`): op slices, nearly all of the
+//! bytes, go on a sequence of their own per track (ids from 2); everything
+//! else (descriptors, counters, launch, kernel and channel slices, flow
+//! instants) on sequence 1 with absolute timestamps and explicit track
+//! uuids. The first packet of an op track's sequence clears its
+//! incremental state and sets its defaults (`TracePacketDefaults`: the
+//! event's track, so events leave `track_uuid` out, and the timestamp
+//! clock, a sequence-scoped incremental clock defined by a
+//! `ClockSnapshot` against BOOTTIME, so each packet's timestamp is the
+//! delta from the previous packet's on that sequence: slices on a track
+//! never overlap, so the deltas are the gaps and the durations, a byte or
+//! two). Every packet that uses interned data, the defaults or the
+//! incremental clock says it needs the incremental state.
+//!
+//! Flow ids are varints (`flow_ids_old`, `terminating_flow_ids_old`:
+//! deprecated in the schema but read by trace processor as the fixed64
+//! fields are; ids are small counts, 3-4 bytes instead of 8). Track uuids
+//! are small (a track's tid). Op slices are held back for [`DEFER`] later
+//! ones, so a flow out of an op goes on the op's own BEGIN instead of an
+//! instant packet of its own.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
@@ -28,12 +43,24 @@ const LEN: u32 = 2;
 mod f {
     pub const TRACE_PACKET: u32 = 1;
     // TracePacket
+    pub const CLOCK_SNAPSHOT: u32 = 6;
     pub const TIMESTAMP: u32 = 8;
     pub const TRUSTED_SEQ: u32 = 10;
     pub const TRACK_EVENT: u32 = 11;
     pub const INTERNED_DATA: u32 = 12;
     pub const SEQUENCE_FLAGS: u32 = 13;
+    pub const TIMESTAMP_CLOCK_ID: u32 = 58;
+    pub const TRACE_PACKET_DEFAULTS: u32 = 59;
     pub const TRACK_DESCRIPTOR: u32 = 60;
+    // TracePacketDefaults (and its timestamp_clock_id = 58)
+    pub const TPD_TRACK_EVENT_DEFAULTS: u32 = 11;
+    // TrackEventDefaults
+    pub const TED_TRACK_UUID: u32 = 11;
+    // ClockSnapshot / ClockSnapshot.Clock
+    pub const CS_CLOCKS: u32 = 1;
+    pub const CLK_ID: u32 = 1;
+    pub const CLK_TIMESTAMP: u32 = 2;
+    pub const CLK_INCREMENTAL: u32 = 3;
     // TrackDescriptor
     pub const TD_UUID: u32 = 1;
     pub const TD_NAME: u32 = 2;
@@ -52,9 +79,9 @@ mod f {
     pub const TE_TYPE: u32 = 9;
     pub const TE_NAME_IID: u32 = 10;
     pub const TE_TRACK: u32 = 11;
+    pub const TE_FLOW_IDS_OLD: u32 = 36;
+    pub const TE_TERMINATING_FLOW_IDS_OLD: u32 = 42;
     pub const TE_DOUBLE_COUNTER: u32 = 44;
-    pub const TE_FLOW_IDS: u32 = 47;
-    pub const TE_TERMINATING_FLOW_IDS: u32 = 48;
     // DebugAnnotation
     pub const DA_NAME_IID: u32 = 1;
     pub const DA_UINT: u32 = 3;
@@ -80,6 +107,14 @@ pub const COUNTER: u64 = 4;
 const SEQ_INCREMENTAL_STATE_CLEARED: u64 = 1;
 const SEQ_NEEDS_INCREMENTAL_STATE: u64 = 2;
 
+/// Clock ids: BOOTTIME (the trace's clock; packets that name none use
+/// it) and the first sequence-scoped one, the op tracks' incremental clock.
+const CLOCK_BOOTTIME: u64 = 6;
+const CLOCK_INCREMENTAL: u64 = 64;
+
+/// The sequence of everything but op slices.
+const MAIN_SEQ: u32 = 1;
+
 /// CounterDescriptor.Unit.
 pub const UNIT_UNSPECIFIED: u64 = 0;
 pub const UNIT_SIZE_BYTES: u64 = 3;
@@ -101,6 +136,7 @@ fn put_u64(out: &mut Vec<u8>, field: u32, v: u64) {
     varint(out, v);
 }
 
+#[cfg(test)]
 fn put_fixed64(out: &mut Vec<u8>, field: u32, v: u64) {
     tag(out, field, I64);
     out.extend_from_slice(&v.to_le_bytes());
@@ -146,15 +182,90 @@ impl Table {
     }
 }
 
-/// Writes packets to `W`.
-#[derive(Debug)]
-pub struct PerfettoWriter<W: Write> {
-    w: W,
-    first: bool,
+/// A packet sequence's incremental state: its interning tables and, for
+/// an op track's sequence, its incremental clock.
+#[derive(Debug, Default)]
+struct Seq {
+    id: u32,
+    /// Its first packet (which clears the state) is written.
+    started: bool,
+    /// The incremental clock's value: the last timestamp written.
+    last: u64,
     names: Table,
     cats: Table,
     anames: Table,
     svalues: Table,
+}
+
+impl Seq {
+    fn new(id: u32) -> Self {
+        Seq {
+            id,
+            ..Default::default()
+        }
+    }
+}
+
+/// Name, category and args of a track event into `event`, interning on
+/// `seq` (new entries appended to `interned`).
+struct Encoder<'a> {
+    seq: &'a mut Seq,
+    event: &'a mut Vec<u8>,
+    interned: &'a mut Vec<u8>,
+    scratch: &'a mut Vec<u8>,
+    ann: &'a mut Vec<u8>,
+}
+
+impl Encoder<'_> {
+    fn name(&mut self, name: &str, cat: &str) {
+        let n = self
+            .seq
+            .names
+            .iid(name, f::ID_EVENT_NAMES, self.interned, self.scratch);
+        put_u64(self.event, f::TE_NAME_IID, n);
+        if !cat.is_empty() {
+            let c = self
+                .seq
+                .cats
+                .iid(cat, f::ID_CATEGORIES, self.interned, self.scratch);
+            put_u64(self.event, f::TE_CATEGORY_IIDS, c);
+        }
+    }
+
+    fn annotations(&mut self, args: &[(&str, Val<'_>)]) {
+        for (k, v) in args {
+            self.ann.clear();
+            let n = self
+                .seq
+                .anames
+                .iid(k, f::ID_ANNOTATION_NAMES, self.interned, self.scratch);
+            put_u64(self.ann, f::DA_NAME_IID, n);
+            match *v {
+                Val::U(x) => put_u64(self.ann, f::DA_UINT, x),
+                Val::F(x) => put_f64(self.ann, f::DA_DOUBLE, x),
+                Val::S(s) => {
+                    let i =
+                        self.seq
+                            .svalues
+                            .iid(s, f::ID_STRING_VALUES, self.interned, self.scratch);
+                    put_u64(self.ann, f::DA_STRING_IID, i);
+                }
+            }
+            put_bytes(self.event, f::TE_ANNOTATIONS, self.ann);
+        }
+    }
+}
+
+/// Writes packets to `W`.
+#[derive(Debug)]
+pub struct PerfettoWriter<W: Write> {
+    w: W,
+    /// Sequence 1: descriptors, counters, other slices, flow instants.
+    main: Seq,
+    /// Op tracks' sequences, by track uuid.
+    op_seqs: Vec<Option<Box<Seq>>>,
+    /// The id of the next op track's sequence.
+    next_seq: u32,
     /// InternedData entries for the packet being built.
     interned: Vec<u8>,
     event: Vec<u8>,
@@ -179,7 +290,7 @@ struct Deferred {
     t1: u64,
     /// The BEGIN TrackEvent's fields, flows out excepted.
     event: Vec<u8>,
-    /// InternedData entries its names first used.
+    /// InternedData entries its names first used on its track's sequence.
     interned: Vec<u8>,
     flows_out: Vec<u64>,
 }
@@ -192,11 +303,9 @@ impl<W: Write> PerfettoWriter<W> {
     pub fn new(w: W) -> Self {
         let mut p = PerfettoWriter {
             w,
-            first: true,
-            names: Table::default(),
-            cats: Table::default(),
-            anames: Table::default(),
-            svalues: Table::default(),
+            main: Seq::new(MAIN_SEQ),
+            op_seqs: Vec::new(),
+            next_seq: MAIN_SEQ + 1,
             interned: Vec::new(),
             event: Vec::new(),
             ann: Vec::new(),
@@ -208,49 +317,60 @@ impl<W: Write> PerfettoWriter<W> {
             packets: 0,
             bytes: 0,
         };
-        // Flow instants (written at once) name themselves `dep`: interned
-        // up front, in the first packet, so that an op named `dep` held
-        // back never defines it after an instant used it.
-        p.names
+        // Flow instants name themselves `dep`: interned up front.
+        p.main
+            .names
             .iid("dep", f::ID_EVENT_NAMES, &mut p.interned, &mut p.scratch);
-        p.cats
+        p.main
+            .cats
             .iid("dep", f::ID_CATEGORIES, &mut p.interned, &mut p.scratch);
         p
     }
 
     /// Frame `self.packet` (with the pending interned data) as a
-    /// Trace.packet; `interned`: whether it refers to interned data.
-    fn emit(&mut self, interned: bool) -> io::Result<()> {
+    /// Trace.packet of sequence 1; `needs`: whether it refers to interned
+    /// data.
+    fn emit(&mut self, needs: bool) -> io::Result<()> {
+        let flags = if !self.main.started {
+            self.main.started = true;
+            SEQ_INCREMENTAL_STATE_CLEARED
+        } else if needs {
+            SEQ_NEEDS_INCREMENTAL_STATE
+        } else {
+            0
+        };
+        self.emit_on(MAIN_SEQ, flags)
+    }
+
+    /// Frame `self.packet` (with the pending interned data) as a
+    /// Trace.packet of sequence `seq` with `flags` (0: none).
+    fn emit_on(&mut self, seq: u32, flags: u64) -> io::Result<()> {
         if !self.interned.is_empty() {
-            let d = std::mem::take(&mut self.interned);
-            put_bytes(&mut self.packet, f::INTERNED_DATA, &d);
-            self.interned = d;
+            put_bytes(&mut self.packet, f::INTERNED_DATA, &self.interned);
             self.interned.clear();
         }
-        put_u64(&mut self.packet, f::TRUSTED_SEQ, 1);
-        // Only packets that refer to interned data need the incremental
-        // state (Perfetto drops those while the state is invalid); slice
-        // ends, counters and descriptors do not, and save the two bytes.
-        if self.first {
-            put_u64(
-                &mut self.packet,
-                f::SEQUENCE_FLAGS,
-                SEQ_INCREMENTAL_STATE_CLEARED,
-            );
-        } else if interned {
-            put_u64(
-                &mut self.packet,
-                f::SEQUENCE_FLAGS,
-                SEQ_NEEDS_INCREMENTAL_STATE,
-            );
+        put_u64(&mut self.packet, f::TRUSTED_SEQ, u64::from(seq));
+        // Only packets that depend on the sequence's incremental state
+        // say so (Perfetto drops those while the state is invalid);
+        // descriptors and sequence 1's slice ends and counters do not,
+        // and save the two bytes.
+        if flags != 0 {
+            put_u64(&mut self.packet, f::SEQUENCE_FLAGS, flags);
         }
-        self.first = false;
-        let mut head = Vec::with_capacity(6);
-        tag(&mut head, f::TRACE_PACKET, LEN);
-        varint(&mut head, self.packet.len() as u64);
-        self.w.write_all(&head)?;
+        let mut head = [0u8; 11];
+        head[0] = (f::TRACE_PACKET << 3 | LEN) as u8;
+        let mut n = 1;
+        let mut len = self.packet.len() as u64;
+        while len >= 0x80 {
+            head[n] = (len as u8) | 0x80;
+            len >>= 7;
+            n += 1;
+        }
+        head[n] = len as u8;
+        n += 1;
+        self.w.write_all(&head[..n])?;
         self.w.write_all(&self.packet)?;
-        self.bytes += (head.len() + self.packet.len()) as u64;
+        self.bytes += (n + self.packet.len()) as u64;
         self.packets += 1;
         self.packet.clear();
         Ok(())
@@ -261,14 +381,10 @@ impl<W: Write> PerfettoWriter<W> {
         self.scratch.clear();
         put_u64(&mut self.scratch, f::PD_PID, u64::from(pid));
         put_bytes(&mut self.scratch, f::PD_NAME, name.as_bytes());
-        let pd = std::mem::take(&mut self.scratch);
         self.event.clear();
         put_u64(&mut self.event, f::TD_UUID, uuid);
-        put_bytes(&mut self.event, f::TD_PROCESS, &pd);
-        self.scratch = pd;
-        let td = std::mem::take(&mut self.event);
-        put_bytes(&mut self.packet, f::TRACK_DESCRIPTOR, &td);
-        self.event = td;
+        put_bytes(&mut self.event, f::TD_PROCESS, &self.scratch);
+        put_bytes(&mut self.packet, f::TRACK_DESCRIPTOR, &self.event);
         self.emit(false)
     }
 
@@ -291,17 +407,14 @@ impl<W: Write> PerfettoWriter<W> {
             if unit != UNIT_UNSPECIFIED {
                 put_u64(&mut self.scratch, f::CD_UNIT, unit);
             }
-            let cd = std::mem::take(&mut self.scratch);
-            put_bytes(&mut self.event, f::TD_COUNTER, &cd);
-            self.scratch = cd;
+            put_bytes(&mut self.event, f::TD_COUNTER, &self.scratch);
         }
-        let td = std::mem::take(&mut self.event);
-        put_bytes(&mut self.packet, f::TRACK_DESCRIPTOR, &td);
-        self.event = td;
+        put_bytes(&mut self.packet, f::TRACK_DESCRIPTOR, &self.event);
         self.emit(false)
     }
 
-    /// Begin building a track event of `kind` on `track` at `ts_ns`.
+    /// Begin building a sequence-1 track event of `kind` on `track` at
+    /// `ts_ns`.
     fn event_head(&mut self, ts_ns: u64, kind: u64, track: u64) {
         put_u64(&mut self.packet, f::TIMESTAMP, ts_ns);
         self.event.clear();
@@ -309,60 +422,24 @@ impl<W: Write> PerfettoWriter<W> {
         put_u64(&mut self.event, f::TE_TRACK, track);
     }
 
-    fn event_name(&mut self, name: &str, cat: &str) {
-        let n = self.names.iid(
-            name,
-            f::ID_EVENT_NAMES,
-            &mut self.interned,
-            &mut self.scratch,
-        );
-        put_u64(&mut self.event, f::TE_NAME_IID, n);
-        if !cat.is_empty() {
-            let c = self
-                .cats
-                .iid(cat, f::ID_CATEGORIES, &mut self.interned, &mut self.scratch);
-            put_u64(&mut self.event, f::TE_CATEGORY_IIDS, c);
-        }
-    }
-
-    fn annotations(&mut self, args: &[(&str, Val<'_>)]) {
-        for (k, v) in args {
-            self.ann.clear();
-            let n = self.anames.iid(
-                k,
-                f::ID_ANNOTATION_NAMES,
-                &mut self.interned,
-                &mut self.scratch,
-            );
-            put_u64(&mut self.ann, f::DA_NAME_IID, n);
-            match *v {
-                Val::U(x) => put_u64(&mut self.ann, f::DA_UINT, x),
-                Val::F(x) => put_f64(&mut self.ann, f::DA_DOUBLE, x),
-                Val::S(s) => {
-                    let i = self.svalues.iid(
-                        s,
-                        f::ID_STRING_VALUES,
-                        &mut self.interned,
-                        &mut self.scratch,
-                    );
-                    put_u64(&mut self.ann, f::DA_STRING_IID, i);
-                }
-            }
-            let a = std::mem::take(&mut self.ann);
-            put_bytes(&mut self.event, f::TE_ANNOTATIONS, &a);
-            self.ann = a;
+    /// An encoder of names and args on sequence 1.
+    fn main_encoder(&mut self) -> Encoder<'_> {
+        Encoder {
+            seq: &mut self.main,
+            event: &mut self.event,
+            interned: &mut self.interned,
+            scratch: &mut self.scratch,
+            ann: &mut self.ann,
         }
     }
 
     fn event_tail(&mut self, interned: bool) -> io::Result<()> {
-        let e = std::mem::take(&mut self.event);
-        put_bytes(&mut self.packet, f::TRACK_EVENT, &e);
-        self.event = e;
+        put_bytes(&mut self.packet, f::TRACK_EVENT, &self.event);
         self.emit(interned)
     }
 
-    /// A slice `[t0, t1]` ns on `track`: a BEGIN (name, category, args,
-    /// the flows it ends) and an END packet.
+    /// A slice `[t0, t1]` ns on `track` (sequence 1): a BEGIN (name,
+    /// category, args, the flows it ends) and an END packet.
     #[allow(clippy::too_many_arguments)]
     pub fn slice(
         &mut self,
@@ -375,20 +452,37 @@ impl<W: Write> PerfettoWriter<W> {
         flows_in: &[u64],
     ) -> io::Result<()> {
         self.event_head(t0, SLICE_BEGIN, track);
-        self.event_name(name, cat);
-        self.annotations(args);
+        let mut e = self.main_encoder();
+        e.name(name, cat);
+        e.annotations(args);
         for &id in flows_in {
-            put_fixed64(&mut self.event, f::TE_TERMINATING_FLOW_IDS, id);
+            put_u64(&mut self.event, f::TE_TERMINATING_FLOW_IDS_OLD, id);
         }
         self.event_tail(true)?;
         self.event_head(t1, SLICE_END, track);
         self.event_tail(false)
     }
 
-    /// An op slice, as [`PerfettoWriter::slice`], held back for up to
-    /// [`DEFER`] later op slices so that flows out of it go on its own
-    /// BEGIN ([`PerfettoWriter::flow_out`]) rather than on an instant
-    /// packet of their own. Returns its number for `flow_out`.
+    /// The sequence of op track `track`, made on first use (ids from 2,
+    /// in order of first use).
+    fn op_seq(&mut self, track: u64) -> &mut Seq {
+        let i = track as usize;
+        if i >= self.op_seqs.len() {
+            self.op_seqs.resize_with(i + 1, || None);
+        }
+        let next = &mut self.next_seq;
+        self.op_seqs[i].get_or_insert_with(|| {
+            *next += 1;
+            Box::new(Seq::new(*next - 1))
+        })
+    }
+
+    /// An op slice, as [`PerfettoWriter::slice`] but on its track's own
+    /// sequence, held back for up to [`DEFER`] later op slices so that
+    /// flows out of it go on its own BEGIN ([`PerfettoWriter::flow_out`])
+    /// rather than on an instant packet of their own. Returns its number
+    /// for `flow_out`. Op slices on one track must come in time order and
+    /// not overlap (`t0` at or after the previous one's `t1`).
     #[allow(clippy::too_many_arguments)]
     pub fn op_slice(
         &mut self,
@@ -403,24 +497,29 @@ impl<W: Write> PerfettoWriter<W> {
         if self.deferred.len() >= DEFER {
             self.write_deferred()?;
         }
-        self.event.clear();
-        put_u64(&mut self.event, f::TE_TYPE, SLICE_BEGIN);
-        put_u64(&mut self.event, f::TE_TRACK, track);
-        self.event_name(name, cat);
-        self.annotations(args);
-        for &id in flows_in {
-            put_fixed64(&mut self.event, f::TE_TERMINATING_FLOW_IDS, id);
-        }
         let mut event = self.pool.pop().unwrap_or_default();
         event.clear();
-        event.extend_from_slice(&self.event);
-        let interned = if self.interned.is_empty() {
-            Vec::new()
-        } else {
-            let i = self.interned.clone();
-            self.interned.clear();
-            i
-        };
+        put_u64(&mut event, f::TE_TYPE, SLICE_BEGIN);
+        let mut interned = Vec::new();
+        {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let mut ann = std::mem::take(&mut self.ann);
+            let seq = self.op_seq(track);
+            let mut e = Encoder {
+                seq,
+                event: &mut event,
+                interned: &mut interned,
+                scratch: &mut scratch,
+                ann: &mut ann,
+            };
+            e.name(name, cat);
+            e.annotations(args);
+            self.scratch = scratch;
+            self.ann = ann;
+        }
+        for &id in flows_in {
+            put_u64(&mut event, f::TE_TERMINATING_FLOW_IDS_OLD, id);
+        }
         self.deferred.push_back(Deferred {
             track,
             t0,
@@ -447,25 +546,73 @@ impl<W: Write> PerfettoWriter<W> {
         }
     }
 
-    /// Write the oldest held-back op slice.
+    /// The timestamp field of the next packet on op sequence `seq` at
+    /// `ts`: the delta from its last one, or (never for slices in time
+    /// order) an absolute BOOTTIME timestamp (`true`).
+    fn op_timestamp(seq: &mut Seq, ts: u64) -> (u64, bool) {
+        match ts.checked_sub(seq.last) {
+            Some(d) => {
+                seq.last = ts;
+                (d, false)
+            }
+            None => (ts, true),
+        }
+    }
+
+    fn put_op_timestamp(&mut self, track: u64, ts: u64) {
+        let (v, absolute) = Self::op_timestamp(self.op_seq(track), ts);
+        put_u64(&mut self.packet, f::TIMESTAMP, v);
+        if absolute {
+            put_u64(&mut self.packet, f::TIMESTAMP_CLOCK_ID, CLOCK_BOOTTIME);
+        }
+    }
+
+    /// Write the oldest held-back op slice on its track's sequence.
     fn write_deferred(&mut self) -> io::Result<()> {
         let Some(mut d) = self.deferred.pop_front() else {
             return Ok(());
         };
         self.deferred_base += 1;
         for &id in &d.flows_out {
-            put_fixed64(&mut d.event, f::TE_FLOW_IDS, id);
+            put_u64(&mut d.event, f::TE_FLOW_IDS_OLD, id);
         }
-        // Its interned names go before any pending for later packets.
+        let seq = self.op_seq(d.track);
+        let id = seq.id;
+        if !seq.started {
+            // Clear the state; defaults: this track, the incremental
+            // clock, which starts at the first slice's begin.
+            seq.started = true;
+            seq.last = d.t0;
+            let mut ted = Vec::with_capacity(4);
+            put_u64(&mut ted, f::TED_TRACK_UUID, d.track);
+            let mut tpd = Vec::with_capacity(8);
+            put_u64(&mut tpd, f::TIMESTAMP_CLOCK_ID, CLOCK_INCREMENTAL);
+            put_bytes(&mut tpd, f::TPD_TRACK_EVENT_DEFAULTS, &ted);
+            let mut snap = Vec::with_capacity(32);
+            let mut clk = Vec::with_capacity(16);
+            put_u64(&mut clk, f::CLK_ID, CLOCK_INCREMENTAL);
+            put_u64(&mut clk, f::CLK_TIMESTAMP, d.t0);
+            put_u64(&mut clk, f::CLK_INCREMENTAL, 1);
+            put_bytes(&mut snap, f::CS_CLOCKS, &clk);
+            clk.clear();
+            put_u64(&mut clk, f::CLK_ID, CLOCK_BOOTTIME);
+            put_u64(&mut clk, f::CLK_TIMESTAMP, d.t0);
+            put_bytes(&mut snap, f::CS_CLOCKS, &clk);
+            put_bytes(&mut self.packet, f::TRACE_PACKET_DEFAULTS, &tpd);
+            put_bytes(&mut self.packet, f::CLOCK_SNAPSHOT, &snap);
+            self.emit_on(id, SEQ_INCREMENTAL_STATE_CLEARED)?;
+        }
+        self.put_op_timestamp(d.track, d.t0);
         if !d.interned.is_empty() {
-            d.interned.extend_from_slice(&self.interned);
-            std::mem::swap(&mut self.interned, &mut d.interned);
+            put_bytes(&mut self.packet, f::INTERNED_DATA, &d.interned);
         }
-        put_u64(&mut self.packet, f::TIMESTAMP, d.t0);
         put_bytes(&mut self.packet, f::TRACK_EVENT, &d.event);
-        self.emit(true)?;
-        self.event_head(d.t1, SLICE_END, d.track);
-        self.event_tail(false)?;
+        self.emit_on(id, SEQ_NEEDS_INCREMENTAL_STATE)?;
+        self.put_op_timestamp(d.track, d.t1);
+        self.event.clear();
+        put_u64(&mut self.event, f::TE_TYPE, SLICE_END);
+        put_bytes(&mut self.packet, f::TRACK_EVENT, &self.event);
+        self.emit_on(id, SEQ_NEEDS_INCREMENTAL_STATE)?;
         if self.pool.len() < 64 {
             self.pool.push(d.event);
         }
@@ -480,11 +627,11 @@ impl<W: Write> PerfettoWriter<W> {
         Ok(())
     }
 
-    /// An instant on `track` at `ts` that starts flow `id`.
+    /// An instant on `track` at `ts` (sequence 1) that starts flow `id`.
     pub fn flow_source(&mut self, track: u64, ts: u64, id: u64) -> io::Result<()> {
         self.event_head(ts, INSTANT, track);
-        self.event_name("dep", "dep");
-        put_fixed64(&mut self.event, f::TE_FLOW_IDS, id);
+        self.main_encoder().name("dep", "dep");
+        put_u64(&mut self.event, f::TE_FLOW_IDS_OLD, id);
         self.event_tail(true)
     }
 

@@ -9,7 +9,11 @@
 //!   FLOPs, `shape` (gemm `MxK @ KxN -> MxN`, math its inputs and output,
 //!   memory `rows x cols` or `rows x bytes`), `dtype`, launch and kernel
 //!   (files; a stream's launches come at its end); the JSON also carries
-//!   the fingerprint. Times are rounded to the nearest nanosecond (half
+//!   the fingerprint. The protobuf carries op id, launch and kernel as
+//!   args of their own and the rest (route, bytes, FLOPs, shape, dtype:
+//!   the JSON's keys and values) as one `details` arg, a JSON object:
+//!   interned, ops share it, so an op costs a few bytes for all of it;
+//!   start/end ns are the slice's own times there. Times are rounded to the nearest nanosecond (half
 //!   up): Perfetto keeps integer ns, and sub-ns values would make
 //!   back-to-back ops overlap after its rounding.
 //! - **Processes**: one per `sipN.cubeM` (components `sipN.cubeM.*`), one
@@ -747,21 +751,34 @@ impl<W: Write> Writer<W> {
                 }
             }
             Out::Pb(pb) => {
-                let mut args: Vec<(&str, Val<'_>)> = vec![("op_id", Val::U(r.op_id))];
+                // The op's description (the JSON's args between the
+                // component and the fingerprint, the same keys and values)
+                // as one JSON object, interned: ops repeat a few of them,
+                // so an op pays a few bytes for all of it.
+                let d = &mut self.args_buf;
+                d.clear();
+                use std::fmt::Write as _;
                 if let Some(rt) = &route {
-                    args.push(("route", Val::S(rt)));
-                    args.push(("bytes", Val::U(bytes)));
+                    let _ = write!(d, ",\"route\":\"{rt}\",\"bytes\":{bytes}");
                 } else if bytes > 0 {
-                    args.push(("bytes", Val::U(bytes)));
+                    let _ = write!(d, ",\"bytes\":{bytes}");
                 }
                 if flops > 0 {
-                    args.push(("flops", Val::U(flops)));
+                    let _ = write!(d, ",\"flops\":{flops}");
                 }
                 if let Some(x) = &shape {
-                    args.push(("shape", Val::S(x)));
+                    let _ = write!(d, ",\"shape\":{}", json_str(x));
                 }
                 if let Some(x) = &dtype {
-                    args.push(("dtype", Val::S(x)));
+                    let _ = write!(d, ",\"dtype\":{}", json_str(x));
+                }
+                if !d.is_empty() {
+                    d.replace_range(..1, "{");
+                    d.push('}');
+                }
+                let mut args: Vec<(&str, Val<'_>)> = vec![("op_id", Val::U(r.op_id))];
+                if !d.is_empty() {
+                    args.push(("details", Val::S(d)));
                 }
                 if let (Some(i), Some(k)) = (launch, &kernel) {
                     args.push(("launch", Val::U(u64::from(i))));
@@ -1740,25 +1757,44 @@ mod tests {
             counters: Vec<(String, u64, f64)>,
             flow_sources: Vec<(String, u64, u64)>,
             flow_ends: Vec<(String, u64, u64)>,
+            /// The flow sources on an op's BEGIN (not an instant).
+            begin_flow_sources: Vec<(String, u64, u64)>,
             processes: BTreeSet<String>,
         }
 
+        /// A sequence's incremental state, as trace processor keeps it.
+        #[derive(Debug, Default)]
+        struct SeqState {
+            names: BTreeMap<u64, String>,
+            cats: BTreeMap<u64, String>,
+            anames: BTreeMap<u64, String>,
+            svals: BTreeMap<u64, String>,
+            /// TrackEventDefaults.track_uuid.
+            track: Option<u64>,
+            /// The incremental clock's value (set by the snapshot).
+            clock: Option<u64>,
+        }
+
         fn interpret(packets: &[Value]) -> Seen {
-            let mut names: BTreeMap<u64, String> = BTreeMap::new();
-            let mut cats: BTreeMap<u64, String> = BTreeMap::new();
-            let mut anames: BTreeMap<u64, String> = BTreeMap::new();
-            let mut svals: BTreeMap<u64, String> = BTreeMap::new();
+            let mut seqs: BTreeMap<u64, SeqState> = BTreeMap::new();
             let mut tracks: BTreeMap<u64, (String, bool)> = BTreeMap::new();
             let mut open: BTreeMap<u64, Vec<Open>> = BTreeMap::new();
             let mut seen = Seen::default();
             for (i, p) in packets.iter().enumerate() {
-                assert_eq!(p["trusted_packet_sequence_id"], 1, "{p}");
-                // The first packet clears the incremental state; those
-                // that use interned names say they need it; the rest
-                // (descriptors, slice ends, counters) carry no flags.
-                let interned = p["track_event"].get("name_iid").is_some();
-                let flags = match (i, interned) {
-                    (0, _) => json!(1),
+                let seq = p["trusted_packet_sequence_id"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("packet {i} has no sequence: {p}"));
+                let first = !seqs.contains_key(&seq);
+                let st = seqs.entry(seq).or_default();
+                // The first packet of a sequence clears its incremental
+                // state; those that use interned names, the sequence's
+                // defaults or its incremental clock (every packet of an op
+                // track's sequence) say they need it; the rest
+                // (descriptors, sequence 1's slice ends and counters)
+                // carry no flags.
+                let needs = p["track_event"].get("name_iid").is_some() || seq != 1;
+                let flags = match (first, needs) {
+                    (true, _) => json!(1),
                     (_, true) => json!(2),
                     _ => Value::Null,
                 };
@@ -1767,11 +1803,31 @@ mod tests {
                     flags,
                     "packet {i}"
                 );
+                if let Some(d) = p.get("trace_packet_defaults") {
+                    assert!(first && seq != 1, "defaults only open op sequences");
+                    // A sequence-scoped clock (64..127) and the track.
+                    assert_eq!(d["timestamp_clock_id"], 64);
+                    st.track = Some(d["track_event_defaults"]["track_uuid"].as_u64().unwrap());
+                }
+                if let Some(c) = p.get("clock_snapshot") {
+                    // The incremental clock against BOOTTIME, equal: its
+                    // values are trace times.
+                    let clocks = c["clocks"].as_array().unwrap();
+                    assert_eq!(clocks.len(), 2);
+                    let (inc, boot) = (&clocks[0], &clocks[1]);
+                    assert_eq!(inc["clock_id"], 64);
+                    assert_eq!(inc["is_incremental"], true);
+                    assert_eq!(boot["clock_id"], 6);
+                    assert!(boot.get("is_incremental").is_none());
+                    assert_eq!(inc["timestamp"], boot["timestamp"]);
+                    st.clock = Some(inc["timestamp"].as_u64().unwrap());
+                    assert!(p.get("track_event").is_none());
+                }
                 if let Some(d) = p.get("interned_data") {
                     for (field, map) in [
-                        ("event_names", &mut names),
-                        ("event_categories", &mut cats),
-                        ("debug_annotation_names", &mut anames),
+                        ("event_names", &mut st.names),
+                        ("event_categories", &mut st.cats),
+                        ("debug_annotation_names", &mut st.anames),
                     ] {
                         for e in d[field].as_array().into_iter().flatten() {
                             let iid = e["iid"].as_u64().unwrap();
@@ -1787,10 +1843,15 @@ mod tests {
                         .flatten()
                     {
                         let iid = e["iid"].as_u64().unwrap();
-                        svals.insert(iid, e["str"].as_str().unwrap().into());
+                        assert!(
+                            st.svals
+                                .insert(iid, e["str"].as_str().unwrap().into())
+                                .is_none()
+                        );
                     }
                 }
                 if let Some(td) = p.get("track_descriptor") {
+                    assert_eq!(seq, 1);
                     let uuid = td["uuid"].as_u64().unwrap();
                     if let Some(pd) = td.get("process") {
                         let name = pd["process_name"].as_str().unwrap().to_string();
@@ -1809,33 +1870,69 @@ mod tests {
                     }
                 }
                 if let Some(te) = p.get("track_event") {
-                    let ts = p["timestamp"].as_u64().unwrap();
-                    let uuid = te["track_uuid"].as_u64().unwrap();
+                    let raw = p["timestamp"].as_u64().unwrap();
+                    // Absolute on sequence 1 or with an explicit BOOTTIME
+                    // clock; else a delta on the sequence's clock.
+                    let ts = match (p.get("timestamp_clock_id"), st.clock.as_mut()) {
+                        (Some(c), _) => {
+                            assert_eq!(c, 6);
+                            raw
+                        }
+                        (None, Some(clock)) => {
+                            *clock += raw;
+                            *clock
+                        }
+                        (None, None) => {
+                            assert_eq!(seq, 1, "an op sequence without its clock");
+                            raw
+                        }
+                    };
+                    let uuid = match (te["track_uuid"].as_u64(), st.track) {
+                        (Some(u), None) => u,
+                        (None, Some(u)) => u,
+                        (Some(_), Some(_)) => panic!("track given on a sequence with a default"),
+                        (None, None) => panic!("no track: {p}"),
+                    };
                     let (track, counter) =
                         tracks.get(&uuid).expect("track described first").clone();
-                    let name = te["name_iid"].as_u64().map(|i| names[&i].clone());
+                    let name = te["name_iid"].as_u64().map(|i| st.names[&i].clone());
                     match te["type"].as_str().unwrap() {
                         "TYPE_SLICE_BEGIN" => {
                             assert!(!counter);
-                            let cat = cats[&te["category_iids"][0].as_u64().unwrap()].clone();
+                            let cat = st.cats[&te["category_iids"][0].as_u64().unwrap()].clone();
                             let mut args = BTreeMap::new();
                             for a in te["debug_annotations"].as_array().into_iter().flatten() {
-                                let k = anames[&a["name_iid"].as_u64().unwrap()].clone();
+                                let k = st.anames[&a["name_iid"].as_u64().unwrap()].clone();
                                 let v = if let Some(i) = a["string_value_iid"].as_u64() {
-                                    json!(svals[&i])
+                                    json!(st.svals[&i])
                                 } else if let Some(x) = a.get("uint_value") {
                                     x.clone()
                                 } else {
                                     a["double_value"].clone()
                                 };
-                                args.insert(k, v);
+                                if k == "details" {
+                                    // An op's description: a JSON object
+                                    // of the args it stands for.
+                                    let o: Value = serde_json::from_str(v.as_str().unwrap())
+                                        .expect("details are a JSON object");
+                                    for (k, v) in o.as_object().unwrap() {
+                                        assert!(args.insert(k.clone(), v.clone()).is_none());
+                                    }
+                                    continue;
+                                }
+                                assert!(args.insert(k, v).is_none());
                             }
                             // Flows out of an op held back start on its BEGIN.
-                            for id in te["flow_ids"].as_array().into_iter().flatten() {
-                                seen.flow_sources
-                                    .push((track.clone(), ts, id.as_u64().unwrap()));
+                            for id in te["flow_ids_old"].as_array().into_iter().flatten() {
+                                let f = (track.clone(), ts, id.as_u64().unwrap());
+                                seen.flow_sources.push(f.clone());
+                                seen.begin_flow_sources.push(f);
                             }
-                            for id in te["terminating_flow_ids"].as_array().into_iter().flatten() {
+                            for id in te["terminating_flow_ids_old"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                            {
                                 seen.flow_ends
                                     .push((track.clone(), ts, id.as_u64().unwrap()));
                             }
@@ -1851,7 +1948,7 @@ mod tests {
                             seen.slices.push((track.clone(), n, c, t0, ts, args));
                         }
                         "TYPE_INSTANT" => {
-                            let ids = te["flow_ids"].as_array().unwrap();
+                            let ids = te["flow_ids_old"].as_array().unwrap();
                             seen.flow_sources
                                 .push((track.clone(), ts, ids[0].as_u64().unwrap()));
                         }
@@ -1986,6 +2083,11 @@ mod tests {
                 assert_eq!((&a.0, &a.1, &a.2, a.3, a.4), (&b.0, &b.1, &b.2, b.3, b.4));
                 // Every protobuf arg is the JSON's (the JSON has a few more:
                 // exact times, the component, the fingerprint).
+                let mut want: BTreeSet<&String> = b.5.keys().collect();
+                for k in ["start_ns", "end_ns", "component", "fingerprint"] {
+                    want.remove(&k.to_string());
+                }
+                assert_eq!(a.5.keys().collect::<BTreeSet<_>>(), want, "{}", a.1);
                 for (k, v) in &a.5 {
                     let want = &b.5[k];
                     assert!(
@@ -2015,6 +2117,49 @@ mod tests {
             let jsrc: Vec<(String, u64)> =
                 js.flow_sources.iter().map(|f| (f.0.clone(), f.1)).collect();
             assert_eq!(src, jsrc);
+        }
+
+        #[test]
+        fn op_slices_out_of_time_order_get_absolute_timestamps() {
+            // The timeline keeps each track's slices in time order; were
+            // one earlier than its track's last, it is written with an
+            // absolute BOOTTIME timestamp and the deltas go on.
+            let mut pb = Vec::new();
+            let mut w = PerfettoWriter::new(&mut pb);
+            w.process(proc_uuid(1), 1, "p").unwrap();
+            w.track(5, proc_uuid(1), "t", None).unwrap();
+            for (t0, t1, name) in [
+                (1000, 1500, "a"),
+                (1600, 1600, "b"),
+                (200, 300, "c"),
+                (2000, 2600, "d"),
+            ] {
+                let args = [("op_id", Val::U(t0)), ("shape", Val::S("1x2"))];
+                w.op_slice(5, t0, t1, name, "memory", &args, &[]).unwrap();
+            }
+            w.flush().unwrap();
+            drop(w);
+            let packets = decode(&pb);
+            let absolute = packets
+                .iter()
+                .filter(|p| p.get("timestamp_clock_id").is_some())
+                .count();
+            assert_eq!(absolute, 2, "c's begin and end");
+            let seen = interpret(&packets);
+            let got: Vec<(&str, u64, u64, &Value)> = seen
+                .slices
+                .iter()
+                .map(|s| (s.1.as_str(), s.3, s.4, &s.5["op_id"]))
+                .collect();
+            assert_eq!(
+                got,
+                [
+                    ("a", 1000, 1500, &json!(1000)),
+                    ("b", 1600, 1600, &json!(1600)),
+                    ("c", 200, 300, &json!(200)),
+                    ("d", 2000, 2600, &json!(2000)),
+                ]
+            );
         }
 
         #[test]
@@ -2076,14 +2221,9 @@ mod tests {
                 .collect();
             assert_eq!(instants.len(), 1, "op 0 was written before op {n}");
             assert_eq!(instants[0]["timestamp"], 0);
-            let on_begin: Vec<&Value> = packets
-                .iter()
-                .filter(|p| p["track_event"].get("flow_ids").is_some())
-                .filter(|p| p["track_event"]["type"] == "TYPE_SLICE_BEGIN")
-                .collect();
-            assert_eq!(on_begin.len(), 1);
-            assert_eq!(on_begin[0]["timestamp"], ((n - 1) * 700 + 500) / 1000);
             let seen = interpret(&packets);
+            assert_eq!(seen.begin_flow_sources.len(), 1);
+            assert_eq!(seen.begin_flow_sources[0].1, ((n - 1) * 700 + 500) / 1000);
             let mut ids: Vec<u64> = seen.flow_sources.iter().map(|f| f.2).collect();
             ids.sort_unstable();
             assert_eq!(ids, [1, 2]);
