@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Where a kb-sim run's CPU goes, by category: reads `perf script` output
+(a `perf record -e cpu-clock --call-graph dwarf` profile) on stdin and
+files each sample under the first frame, from the leaf up, that matches
+a category (so a memcpy called by the race detector counts as race
+detection). Issue 14's share figures in BENCHMARKS.md come from this.
+
+    perf record -e cpu-clock --call-graph dwarf,16384 -F 1000 -o p.data kb-sim ...
+    perf script -i p.data | scripts/perf-shares.py
+"""
+import sys, re, collections
+cats = [
+ ("race detection", re.compile(r"kb_sim::race::|race_check")),
+ ("pending ranges", re.compile(r"clear_pending|first_pending|unknown_in|mark_unknown|mark_pending|pending_in|clear_extents")),
+ ("data movement", re.compile(r"DataPlane::(snapshot|write_snapshot|read_partial|append|write_bytes|write_extent|write\b|read\b)|Snapshot::|fingerprint|xxhash|scatter")),
+ ("translation", re.compile(r"::resolve|::translate|check_pa|PageRuns|fold_rows|resolve_la")),
+ ("allocation", re.compile(r"^(malloc|_int_malloc|_int_free|cfree|free|realloc|_int_realloc|__libc_calloc|__memset|alloc::raw_vec|finish_grow)")),
+ ("HBM/NoC timing", re.compile(r"HbmController|ChannelUsage|Machine::route|send_streamed|Link|hbm_channel|burst_share|ser\b|ceil")),
+ ("event queue", re.compile(r"EventQueue|BinaryHeap")),
+ ("trace writing", re.compile(r"RecordEncoder|TraceWriter|hook_|record_codec|writer::")),
+ ("kernel + handshake", re.compile(r"kb_workloads|kernel::|corosensei|Coroutine|YieldPort|step_program|run_command")),
+]
+counts = collections.Counter(); total = 0
+stack = []
+def flush():
+    global total
+    if not stack: return
+    total += 1
+    for fr in stack:
+        for name, rx in cats:
+            if rx.search(fr):
+                counts[name] += 1; return
+    counts["other (engine dispatch, ...)"] += 1
+for line in sys.stdin:
+    line = line.rstrip("\n")
+    if not line.strip():
+        flush(); stack = []; continue
+    if line.startswith((" ", "\t")):
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2:
+            sym = re.sub(r"\+0x[0-9a-f]+$", "", parts[1].split(" (")[0])
+            stack.append(sym)
+flush()
+for k, v in counts.most_common():
+    print(f"{k:32s} {100*v/total:5.1f} %")
+print("samples", total)
