@@ -144,6 +144,26 @@ pub struct Race {
     pub len: u64,
 }
 
+impl Race {
+    /// Earlier access `e` against `acc`, first overlapping at `pa`.
+    fn between(e: &Entry, acc: &Access, pa: u64, len: u64) -> Race {
+        Race {
+            first: Side {
+                thread: e.thread,
+                write: e.write,
+                op: e.op,
+            },
+            second: Side {
+                thread: acc.thread,
+                write: acc.write,
+                op: acc.op,
+            },
+            pa,
+            len,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     x: Extent,
@@ -546,20 +566,7 @@ impl Visit<'_> {
                 .iter()
                 .any(|r| r.first.op.op_id == e.op.op_id && r.second.op.op_id == acc.op.op_id)
             {
-                self.races.push(Race {
-                    first: Side {
-                        thread: e.thread,
-                        write: e.write,
-                        op: e.op,
-                    },
-                    second: Side {
-                        thread: acc.thread,
-                        write: acc.write,
-                        op: acc.op,
-                    },
-                    pa,
-                    len,
-                });
+                self.races.push(Race::between(e, acc, pa, len));
             }
         } else if (acc.write || !e.write) && e.x.bytes() > 0 && contains(x, &e.x) {
             // Contained and not empty: they overlap.
@@ -688,20 +695,7 @@ mod tests {
                     if !races.iter().any(|r| {
                         r.first.op.op_id == e.op.op_id && r.second.op.op_id == acc.op.op_id
                     }) {
-                        races.push(Race {
-                            first: Side {
-                                thread: e.thread,
-                                write: e.write,
-                                op: e.op,
-                            },
-                            second: Side {
-                                thread: acc.thread,
-                                write: acc.write,
-                                op: acc.op,
-                            },
-                            pa,
-                            len,
-                        });
+                        races.push(Race::between(&e, acc, pa, len));
                     }
                 } else if meet.is_some() && ordered && (acc.write || !e.write) && contains(x, &e.x)
                 {
