@@ -31,13 +31,27 @@ impl ChannelUsage {
     /// Add service `[start, end)` after every interval so far (a channel
     /// serves in order), merging it into the last when they touch.
     pub fn serve(&mut self, start: Ps, end: Ps) {
-        if end <= start {
-            return;
+        let mut last = self.busy.pop();
+        self.busy.extend(extend_busy(&mut last, start, end));
+        self.busy.extend(last);
+    }
+}
+
+/// The merge rule of a channel's busy intervals, for a caller that keeps
+/// the interval still growing (`open`) apart from the closed ones: service
+/// `[start, end)` (after all before it) extends `open` when it starts no
+/// later than `open` ends; otherwise it opens a new one and the old one,
+/// now closed, is returned. Empty service changes nothing.
+pub fn extend_busy(open: &mut Option<(Ps, Ps)>, start: Ps, end: Ps) -> Option<(Ps, Ps)> {
+    if end <= start {
+        return None;
+    }
+    match open {
+        Some(o) if start <= o.1 => {
+            o.1 = o.1.max(end);
+            None
         }
-        match self.busy.last_mut() {
-            Some(last) if start <= last.1 => last.1 = last.1.max(end),
-            _ => self.busy.push((start, end)),
-        }
+        _ => open.replace((start, end)),
     }
 }
 

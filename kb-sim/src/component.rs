@@ -116,9 +116,9 @@ pub struct HbmController {
     scratch: Vec<u64>,
     /// Per channel: bytes and busy intervals, for the trace.
     usage: Vec<ChannelUsage>,
-    /// Per channel: the busy interval still growing (empty: none), kept
-    /// here so that extending it does not touch the interval lists.
-    open: Vec<(Ps, Ps)>,
+    /// Per channel: the busy interval still growing, kept here so that
+    /// extending it does not touch the interval lists.
+    open: Vec<Option<(Ps, Ps)>>,
     /// Service times by byte count, last two asked: a request's channels
     /// mostly serve equal shares.
     ser_memo: [(u64, Ps); 2],
@@ -135,7 +135,7 @@ impl HbmController {
             interleave: t.hbm.interleave_bytes as u64,
             hashed: t.hbm.hash_channels,
             scratch: vec![0; n],
-            open: vec![(0, 0); n],
+            open: vec![None; n],
             ser_memo: [(u64::MAX, 0); 2],
             usage: (0..n as u32)
                 .map(|channel| ChannelUsage {
@@ -165,19 +165,12 @@ impl HbmController {
     fn occupy(&mut self, ch: usize, start: Ps, bytes: u64, write: bool) -> Ps {
         let end = start.saturating_add(self.channel_ser(bytes));
         self.channel_free[ch] = end;
-        // As ChannelUsage::serve: back-to-back service is one interval.
-        let open = &mut self.open[ch];
         let u = &mut self.usage[ch];
-        if end > start {
-            if open.1 > open.0 && start <= open.1 {
-                open.1 = open.1.max(end);
-            } else {
-                if open.1 > open.0 {
-                    u.busy.push(*open);
-                }
-                *open = (start, end);
-            }
-        }
+        u.busy.extend(kb_format::channels::extend_busy(
+            &mut self.open[ch],
+            start,
+            end,
+        ));
         if write {
             u.bytes_written += bytes;
         } else {
@@ -309,10 +302,7 @@ impl Component for HbmController {
 
     fn take_channel_usage(&mut self) -> Vec<ChannelUsage> {
         for (u, open) in self.usage.iter_mut().zip(&mut self.open) {
-            if open.1 > open.0 {
-                u.busy.push(*open);
-            }
-            *open = (0, 0);
+            u.busy.extend(open.take());
         }
         std::mem::take(&mut self.usage)
             .into_iter()
@@ -416,7 +406,7 @@ mod tests {
             interleave: 256,
             hashed: false,
             scratch: vec![0; 4],
-            open: vec![(0, 0); 4],
+            open: vec![None; 4],
             ser_memo: [(u64::MAX, 0); 2],
             usage: (0..4)
                 .map(|channel| ChannelUsage {

@@ -351,8 +351,10 @@ impl DataPlane {
         Ok(())
     }
 
-    /// Write `data` into the rows of `x`; returns the bytes consumed.
-    pub fn write_extent(&mut self, x: &Extent, data: &[u8]) -> usize {
+    /// Write `data` into the rows of `x`; returns the bytes consumed (the
+    /// copying move that tests hold [`DataPlane::land`] to).
+    #[cfg(test)]
+    fn write_extent(&mut self, x: &Extent, data: &[u8]) -> usize {
         if x.rows > 1 && x.stride == x.len {
             return self.write_extent(&Extent::contiguous(x.pa, x.bytes()), data);
         }
@@ -439,7 +441,8 @@ impl DataPlane {
     /// bytes as whatever the page holds and listing them in `unknown`
     /// (offsets into what this call appended), each with its writer as
     /// registered now: the source may be overwritten before the bytes land.
-    pub fn read_partial(&self, pieces: &[Extent], out: &mut Vec<u8>, unknown: &mut Vec<Unknown>) {
+    #[cfg(test)]
+    fn read_partial(&self, pieces: &[Extent], out: &mut Vec<u8>, unknown: &mut Vec<Unknown>) {
         self.unknown_in(pieces, unknown);
         for x in pieces {
             let (rows, len, stride) = rows_of(x);
@@ -449,10 +452,9 @@ impl DataPlane {
         }
     }
 
-    /// The bytes of `pieces` (in order) as a [`Snapshot`], listing the
-    /// pending ones in `unknown` as [`DataPlane::read_partial`] does.
-    pub fn snapshot(&self, pieces: &[Extent], unknown: &mut Vec<Unknown>) -> Snapshot {
-        self.unknown_in(pieces, unknown);
+    /// The bytes of `pieces` (in order) as a [`Snapshot`], pending ones
+    /// as whatever the page holds ([`DataPlane::unknown_in`] lists them).
+    pub fn snapshot(&self, pieces: &[Extent]) -> Snapshot {
         let mut snap = Snapshot::default();
         // Rows of a tile share pages: look each page up once in a row.
         let mut last: Option<(u64, Option<&Page>)> = None;
@@ -482,9 +484,20 @@ impl DataPlane {
         snap
     }
 
+    /// Land a move's bytes (`snap`) in the rows of `dst`; when every byte
+    /// is `known`, return their fingerprint, hashed where they now lie in
+    /// one piece (a TCM tile) rather than gathered from the source's rows.
+    pub fn land(&mut self, dst: &[Extent], snap: &Snapshot, known: bool) -> Option<u64> {
+        self.write_snapshot(dst, snap);
+        known.then(|| {
+            self.as_one_slice(dst)
+                .map_or_else(|| snap.fingerprint(), kb_format::fingerprint)
+        })
+    }
+
     /// The bytes of `pieces` as one slice of a page, when they are one
     /// contiguous range inside a page that is there.
-    pub fn as_one_slice(&self, pieces: &[Extent]) -> Option<&[u8]> {
+    fn as_one_slice(&self, pieces: &[Extent]) -> Option<&[u8]> {
         let [x] = pieces else {
             return None;
         };
@@ -499,7 +512,7 @@ impl DataPlane {
 
     /// Write the bytes of `snap` into the rows of `pieces` (in order);
     /// clears any pending mark on them.
-    pub fn write_snapshot(&mut self, pieces: &[Extent], snap: &Snapshot) {
+    fn write_snapshot(&mut self, pieces: &[Extent], snap: &Snapshot) {
         for x in pieces {
             let (rows, len, stride) = rows_of(x);
             for r in 0..rows {
@@ -545,8 +558,9 @@ impl DataPlane {
         }
     }
 
-    /// List the pending bytes of `pieces` (in order) in `unknown`, as
-    /// [`DataPlane::read_partial`] does, without reading any byte.
+    /// List the pending bytes of `pieces` (in order) in `unknown`, by
+    /// offset into those bytes, each with its writer as registered now (the
+    /// source may be overwritten before the bytes land).
     pub fn unknown_in(&self, pieces: &[Extent], unknown: &mut Vec<Unknown>) {
         let mut at = 0u64;
         for x in pieces {
@@ -853,7 +867,8 @@ mod tests {
             let d = plane_with(&writes);
             let (mut copy, mut u1, mut u2) = (Vec::new(), Vec::new(), Vec::new());
             d.read_partial(&src, &mut copy, &mut u1);
-            let snap = d.snapshot(&src, &mut u2);
+            d.unknown_in(&src, &mut u2);
+            let snap = d.snapshot(&src);
             proptest::prop_assert_eq!(snap.len(), copy.len());
             proptest::prop_assert!(snap.to_vec() == copy);
             proptest::prop_assert_eq!(snap.fingerprint(), kb_format::fingerprint(&copy));
@@ -889,12 +904,13 @@ mod tests {
         let mut d = DataPlane::new();
         d.write(100, &[5; 64]);
         let mut u = Vec::new();
-        let snap = d.snapshot(&[Extent::contiguous(90, 80)], &mut u);
+        let snap = d.snapshot(&[Extent::contiguous(90, 80)]);
         let b = snap.as_slice().expect("one page, one piece");
         assert_eq!(&b[..10], &[0; 10]);
         assert_eq!(&b[10..74], &[5; 64]);
         // Across a written page and an absent one: two pieces, zeros after.
-        let snap = d.snapshot(&[Extent::contiguous(PAGE as u64 - 8, 16)], &mut u);
+        let snap = d.snapshot(&[Extent::contiguous(PAGE as u64 - 8, 16)]);
+        d.unknown_in(&[Extent::contiguous(PAGE as u64 - 8, 16)], &mut u);
         assert!(snap.as_slice().is_none());
         assert_eq!(snap.to_vec(), vec![0; 16]);
         assert!(u.is_empty());

@@ -143,16 +143,10 @@ fn gemm_job<'a>(
     let floats = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16);
     if cx.snapshots.is_some() || !floats(p.dtype_in) || !floats(p.dtype_acc) {
         // The generic path: the operands' bytes gathered and decoded.
-        let total = cx.plane.extent_bytes(reads).map_err(reading)?;
-        let mut bytes = pool::BYTES.take(total as usize);
-        cx.plane.gather(reads, &mut bytes).map_err(reading)?;
-        delta.bytes_copied += bytes.len() as u64;
-        if let (Some(snaps), Some(read)) = (cx.snapshots, &r.read) {
-            check_inputs(cx, r, &read.ranges, &bytes, snaps)?;
-        }
-        let x = gemm::prepare(p, &bytes).map_err(err);
-        pool::BYTES.give(bytes);
-        return Ok(Job { x: x?, out: None });
+        let x = with_gathered(cx, op, reads, delta, |bytes| {
+            gemm::prepare(p, bytes).map_err(err)
+        })?;
+        return Ok(Job { x, out: None });
     }
     let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
     let si = p.dtype_in.size() as u64;
@@ -305,6 +299,42 @@ fn finish_gemm(
     }
 }
 
+/// Run `f` on the bytes of `reads` gathered into a pooled buffer (checked
+/// against the trace's input snapshots when it has them); the copy is
+/// counted in `delta`.
+fn with_gathered<T>(
+    cx: &Cx,
+    op: &PendingOp,
+    reads: &[Extent],
+    delta: &mut Delta,
+    f: impl FnOnce(&[u8]) -> Result<T>,
+) -> Result<T> {
+    let r = &op.rec;
+    let reading = |x: PlaneError| {
+        let ranges = r.read.as_ref().map_or(&[][..], |e| &e.ranges[..]);
+        op_error(
+            r,
+            cx.strings,
+            format!("reading {}: {x}", fmt_extents(ranges, cx.tensors)),
+        )
+    };
+    let total = cx.plane.extent_bytes(reads).map_err(reading)?;
+    let mut bytes = pool::BYTES.take(total as usize);
+    let out = cx
+        .plane
+        .gather(reads, &mut bytes)
+        .map_err(reading)
+        .and_then(|()| {
+            delta.bytes_copied += bytes.len() as u64;
+            if let (Some(snaps), Some(read)) = (cx.snapshots, &r.read) {
+                check_inputs(cx, r, &read.ranges, &bytes, snaps)?;
+            }
+            f(&bytes)
+        });
+    pool::BYTES.give(bytes);
+    out
+}
+
 /// A compute op on its operands' physical bytes.
 fn compute_node(
     cx: &Cx,
@@ -321,24 +351,9 @@ fn compute_node(
         job.compute(cx.backend, share_pool);
         return finish_gemm(cx, op, dst, job, delta);
     }
-    let reading = |x: PlaneError| {
-        let ranges = r.read.as_ref().map_or(&[][..], |e| &e.ranges[..]);
-        op_error(
-            r,
-            cx.strings,
-            format!("reading {}: {x}", fmt_extents(ranges, cx.tensors)),
-        )
-    };
-    let total = cx.plane.extent_bytes(reads).map_err(reading)?;
-    let mut bytes = pool::BYTES.take(total as usize);
-    cx.plane.gather(reads, &mut bytes).map_err(reading)?;
-    delta.bytes_copied += bytes.len() as u64;
-    if let (Some(snaps), Some(read)) = (cx.snapshots, &r.read) {
-        check_inputs(cx, r, &read.ranges, &bytes, snaps)?;
-    }
-    let out = ops::compute(r, &bytes, cx.backend);
-    pool::BYTES.give(bytes);
-    let out = out.map_err(|d| op_error(r, cx.strings, d))?;
+    let out = with_gathered(cx, op, reads, delta, |bytes| {
+        ops::compute(r, bytes, cx.backend).map_err(|d| op_error(r, cx.strings, d))
+    })?;
     match dst {
         Some(d) => {
             cx.plane

@@ -471,11 +471,8 @@ impl<W: Write> Engine<'_, W> {
             self.data.clear_extents(&dst);
             None
         } else {
-            let mut data = Vec::with_capacity(moved as usize);
-            unknown.clear();
-            self.data.read_partial(&src, &mut data, &mut unknown);
-            self.scatter(&dst, &data);
-            unknown.is_empty().then(|| kb_format::fingerprint(&data))
+            let snap = self.data.snapshot(&src);
+            self.data.land(&dst, &snap, unknown.is_empty())
         };
         self.data.mark_unknown(&dst, &unknown);
         self.dma_race_check(d, &src, false)?;
@@ -497,13 +494,6 @@ impl<W: Write> Engine<'_, W> {
             (x.pe, x.op_id, x.cmd.op_name(), x.hb.clone())
         };
         self.race_check(pe, ranges, write, op_id, name, &hb)
-    }
-
-    fn scatter(&mut self, pieces: &[Extent], data: &[u8]) {
-        let mut at = 0;
-        for x in pieces {
-            at += self.data.write_extent(x, &data[at..]);
-        }
     }
 
     /// The requests of one part (a group of the source or destination
@@ -767,7 +757,8 @@ impl<W: Write> Engine<'_, W> {
                     // only reading them in Phase 1 is an error).
                     let src = std::mem::take(&mut self.dmas.get(d).src_order);
                     let mut unknown = Vec::new();
-                    let data = self.data.snapshot(&src, &mut unknown);
+                    self.data.unknown_in(&src, &mut unknown);
+                    let data = self.data.snapshot(&src);
                     self.dma_race_check(d, &src, false)?;
                     let read = self.effect(src);
                     let x = self.dmas.get(d);
@@ -802,14 +793,7 @@ impl<W: Write> Engine<'_, W> {
                 if !self.dmas.get(d).at_issue {
                     let data = std::mem::take(&mut self.dmas.get(d).data);
                     let unknown = std::mem::take(&mut self.dmas.get(d).unknown);
-                    self.data.write_snapshot(&dst, &data);
-                    // The moved bytes, hashed where they now lie in one
-                    // piece (a TCM tile) rather than gathered from rows.
-                    let fingerprint = unknown.is_empty().then(|| {
-                        self.data
-                            .as_one_slice(&dst)
-                            .map_or_else(|| data.fingerprint(), kb_format::fingerprint)
-                    });
+                    let fingerprint = self.data.land(&dst, &data, unknown.is_empty());
                     self.data.mark_unknown(&dst, &unknown);
                     let x = self.dmas.get(d);
                     x.fingerprint = fingerprint;
