@@ -4,8 +4,9 @@
 //! channel worked, which no record can (a transfer spreads over channels,
 //! each serving its share at its own time).
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use crate::cursor::Cur;
 use crate::types::Ps;
 
 /// One pseudo channel's service over a run.
@@ -56,8 +57,10 @@ pub fn extend_busy(open: &mut Option<(Ps, Ps)>, start: Ps, end: Ps) -> Option<(P
 }
 
 /// On the wire (postcard): intervals as (gap after the previous end, or
-/// after 0 for the first; length), which keeps their varints short.
-#[derive(Serialize, Deserialize)]
+/// after 0 for the first; length), which keeps their varints short. Read
+/// back by [`Payload`], not through serde: a long run's chunk holds
+/// millions of intervals (serde's visitors took 120 instructions each).
+#[derive(Serialize)]
 pub(crate) struct Wire {
     sip: u32,
     cube: u32,
@@ -90,40 +93,131 @@ impl From<&ChannelUsage> for Wire {
     }
 }
 
-impl Wire {
-    /// The channel it describes, or what is wrong with it: an empty
-    /// interval, or one past the end of time.
-    pub(crate) fn usage(self) -> Result<ChannelUsage, String> {
-        let mut prev: Ps = 0;
-        // (gap, len) into (start, end) in place: no second vector.
-        let mut busy = self.busy;
-        for (i, iv) in busy.iter_mut().enumerate() {
-            let (gap, len) = *iv;
-            let start = prev.checked_add(gap);
-            let end = start.and_then(|s| s.checked_add(len));
-            let (Some(start), Some(end)) = (start, end) else {
-                return Err(format!("busy interval {i} ends past 2^64 ps"));
-            };
-            if len == 0 {
-                return Err(format!("busy interval {i} is empty"));
+/// What is wrong with a channels payload: the byte offset (in the
+/// payload) where it shows, and what.
+pub(crate) type PayloadError = (usize, String);
+
+/// A channels chunk's payload as postcard wrote it (`Vec<Wire>`: LEB128
+/// varints throughout), decoded with the records codec's cursor and
+/// checked: no empty interval, none past 2^64 ps, channels in (sip, cube,
+/// channel) order, no bytes after the last.
+pub(crate) struct Payload<'a> {
+    cur: Cur<'a>,
+}
+
+impl<'a> Payload<'a> {
+    pub(crate) fn new(b: &'a [u8]) -> Payload<'a> {
+        Payload { cur: Cur::new(b) }
+    }
+
+    /// Every channel it describes.
+    pub(crate) fn decode(mut self) -> Result<Vec<ChannelUsage>, PayloadError> {
+        // A channel takes at least 6 bytes, an interval 2.
+        let n = self.len(6)?;
+        let mut out: Vec<ChannelUsage> = Vec::with_capacity(n);
+        for i in 0..n {
+            let at = self.cur.p;
+            let (sip, cube, channel) = (
+                self.cur.varint_u32(),
+                self.cur.varint_u32(),
+                self.cur.varint_u32(),
+            );
+            let (bytes_read, bytes_written) = (self.cur.varint(), self.cur.varint());
+            self.ok()?;
+            if let Some(prev) = out.last()
+                && (prev.sip, prev.cube, prev.channel) >= (sip, cube, channel)
+            {
+                return Err((
+                    at,
+                    format!(
+                        "entry {i} (sip {sip} cube {cube} channel {channel}) is not after the one before it"
+                    ),
+                ));
             }
-            *iv = (start, end);
-            prev = end;
+            let m = self.len(2)?;
+            let mut busy = Vec::with_capacity(m);
+            let mut end: Ps = 0;
+            for j in 0..m {
+                let at = self.cur.p;
+                let (gap, len) = (self.cur.varint(), self.cur.varint());
+                let start = end.checked_add(gap);
+                let stop = start.and_then(|s| s.checked_add(len));
+                match (start, stop) {
+                    (Some(start), Some(stop)) if len > 0 && self.cur.bad.is_none() => {
+                        busy.push((start, stop));
+                        end = stop;
+                    }
+                    _ => {
+                        self.ok()?;
+                        let what = if len == 0 {
+                            "is empty"
+                        } else {
+                            "ends past 2^64 ps"
+                        };
+                        return Err((at, format!("entry {i}: busy interval {j} {what}")));
+                    }
+                }
+            }
+            out.push(ChannelUsage {
+                sip,
+                cube,
+                channel,
+                bytes_read,
+                bytes_written,
+                busy,
+            });
         }
-        Ok(ChannelUsage {
-            sip: self.sip,
-            cube: self.cube,
-            channel: self.channel,
-            bytes_read: self.bytes_read,
-            bytes_written: self.bytes_written,
-            busy,
-        })
+        self.ok()?;
+        let left = self.cur.left();
+        if left > 0 {
+            return Err((self.cur.p, format!("{left} bytes after the encoded value")));
+        }
+        Ok(out)
+    }
+
+    /// The cursor's first failure, if any.
+    fn ok(&self) -> Result<(), PayloadError> {
+        match self.cur.bad {
+            None => Ok(()),
+            Some((at, what)) => Err((at, what.to_string())),
+        }
+    }
+
+    /// A sequence length, each element taking at least `min` bytes:
+    /// bounded by what is left before anything is reserved.
+    fn len(&mut self, min: usize) -> Result<usize, PayloadError> {
+        let at = self.cur.p;
+        let n = self.cur.varint();
+        self.ok()?;
+        let left = self.cur.left() as u64;
+        if n > left / min as u64 {
+            return Err((at, format!("a length of {n}, but only {left} bytes follow")));
+        }
+        Ok(n as usize)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn wire(channels: &[ChannelUsage]) -> Vec<u8> {
+        let w: Vec<Wire> = channels.iter().map(Wire::from).collect();
+        postcard::to_stdvec(&w).unwrap()
+    }
+
+    /// postcard's encoding of a tuple-shaped entry, written independently
+    /// of `Wire`: (sip, cube, channel, read, written, [(gap, length)]).
+    type Raw = (u32, u32, u32, u64, u64, Vec<(u64, u64)>);
+
+    fn raw(entries: &[Raw]) -> Vec<u8> {
+        postcard::to_stdvec(entries).unwrap()
+    }
+
+    fn err(b: &[u8]) -> PayloadError {
+        Payload::new(b).decode().unwrap_err()
+    }
 
     #[test]
     fn service_merges_when_it_touches_and_the_wire_keeps_intervals() {
@@ -139,21 +233,112 @@ mod tests {
         assert_eq!(c.busy_ps(), 21);
         let w = Wire::from(&c);
         assert_eq!(w.busy, vec![(10, 20), (10, 1)]);
-        assert_eq!(w.usage().unwrap(), c);
+        let b = wire(std::slice::from_ref(&c));
+        assert_eq!(b, raw(&[(0, 0, 3, 0, 0, vec![(10, 20), (10, 1)])]));
+        assert_eq!(Payload::new(&b).decode().unwrap(), vec![c]);
     }
 
     #[test]
-    fn the_wire_refuses_empty_and_overflowing_intervals() {
-        let w = |busy| Wire {
-            sip: 0,
-            cube: 0,
-            channel: 0,
-            bytes_read: 0,
-            bytes_written: 0,
-            busy,
-        };
-        assert!(w(vec![(5, 0)]).usage().unwrap_err().contains("empty"));
-        let e = w(vec![(u64::MAX - 1, 1), (0, 1)]).usage().unwrap_err();
-        assert!(e.contains("interval 1") && e.contains("2^64"), "{e}");
+    fn the_payload_refuses_what_no_writer_writes_naming_where() {
+        let e = err(&raw(&[(0, 0, 0, 0, 0, vec![(5, 0)])]));
+        assert_eq!(e, (7, "entry 0: busy interval 0 is empty".into()));
+        let e = err(&raw(&[(0, 0, 0, 0, 0, vec![(u64::MAX - 1, 1), (0, 1)])]));
+        assert!(e.1.contains("interval 1") && e.1.contains("2^64"), "{e:?}");
+        let e = err(&raw(&[(0, 1, 0, 0, 0, vec![]), (0, 0, 5, 0, 0, vec![])]));
+        assert_eq!(e.0, 7, "{e:?}");
+        assert!(e.1.contains("entry 1 (sip 0 cube 0 channel 5) is not after"));
+        let mut b = raw(&[(0, 0, 0, 0, 0, vec![])]);
+        b.push(0);
+        assert_eq!(err(&b), (7, "1 bytes after the encoded value".into()));
+        // A length no payload of this size can hold: refused before any
+        // allocation.
+        let e = err(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert!(e.1.contains("a length of 4294967295"), "{e:?}");
+        // Varints: a u32 field of 2^32, an eleventh byte, a tenth byte
+        // with more than bit 63, a value cut off.
+        let e = err(&[1, 0x80, 0x80, 0x80, 0x80, 0x10, 0, 0, 0, 0, 0]);
+        assert_eq!(e, (6, "value does not fit in 32 bits".into()));
+        let mut b = vec![1, 0, 0, 0, 0];
+        b.extend([0xff; 10]);
+        b.extend([0x01, 0, 0]);
+        assert_eq!(err(&b), (15, "varint overflows 64 bits".into()));
+        let mut b = vec![1, 0, 0, 0, 0];
+        b.extend([0xff; 9]);
+        b.extend([0x02, 0, 0]);
+        assert_eq!(err(&b), (15, "varint overflows 64 bits".into()));
+        assert_eq!(
+            err(&[1, 0, 0, 0, 0, 0, 0x80]),
+            (7, "runs past the end of its chunk".into())
+        );
+        // The largest u64 is fine.
+        let b = raw(&[(u32::MAX, 0, 0, u64::MAX, 0, vec![(u64::MAX - 1, 1)])]);
+        let c = &Payload::new(&b).decode().unwrap()[0];
+        assert_eq!(
+            (c.sip, c.bytes_read, c.busy[0]),
+            (u32::MAX, u64::MAX, (u64::MAX - 1, u64::MAX))
+        );
+    }
+
+    /// Channels as a run leaves them: distinct keys in order (a map's),
+    /// disjoint non-empty intervals in order.
+    fn usage() -> impl Strategy<Value = Vec<ChannelUsage>> {
+        let key = (0u32..3, 0u32..3, prop_oneof![0u32..40, Just(u32::MAX)]);
+        let channel = (
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec((0u64..1 << 40, 1u64..1 << 20), 0..20),
+        );
+        prop::collection::btree_map(key, channel, 0..6).prop_map(|m| {
+            m.into_iter()
+                .map(|((sip, cube, channel), (bytes_read, bytes_written, ivs))| {
+                    let mut end = 0;
+                    let busy = ivs
+                        .into_iter()
+                        .map(|(gap, len)| {
+                            let iv = (end + gap, end + gap + len);
+                            end = iv.1;
+                            iv
+                        })
+                        .collect();
+                    ChannelUsage {
+                        sip,
+                        cube,
+                        channel,
+                        bytes_read,
+                        bytes_written,
+                        busy,
+                    }
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn what_the_writer_encodes_decodes_and_any_cut_is_refused(u in usage()) {
+            let b = wire(&u);
+            prop_assert_eq!(Payload::new(&b).decode().unwrap(), u);
+            for cut in 0..b.len() {
+                prop_assert!(Payload::new(&b[..cut]).decode().is_err());
+            }
+        }
+
+        /// Whatever the bytes, a decoded payload keeps the chunk's rules.
+        #[test]
+        fn arbitrary_bytes_decode_only_to_channels_a_run_leaves(
+            b in prop::collection::vec(any::<u8>(), 0..64)
+        ) {
+            if let Ok(u) = Payload::new(&b).decode() {
+                for w in u.windows(2) {
+                    prop_assert!((w[0].sip, w[0].cube, w[0].channel) < (w[1].sip, w[1].cube, w[1].channel));
+                }
+                for c in &u {
+                    for w in c.busy.windows(2) {
+                        prop_assert!(w[0].1 <= w[1].0);
+                    }
+                    prop_assert!(c.busy.iter().all(|&(s, e)| s < e));
+                }
+            }
+        }
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod channels;
 pub mod chunk;
+mod cursor;
 pub mod error;
 pub mod footer;
 pub mod launch;

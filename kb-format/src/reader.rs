@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use crate::{Fingerprinter, xxh3_64};
 
@@ -15,7 +16,7 @@ use crate::record_codec::RecordDecoder;
 
 /// Bytes of the seq watermark that starts every records payload.
 pub const SEQ_WATERMARK_BYTES: usize = 8;
-use crate::channels::ChannelUsage;
+use crate::channels::{ChannelUsage, Payload};
 use crate::launch::Launch;
 use crate::types::{Meta, Ps, Record, VerifySpec};
 
@@ -276,6 +277,27 @@ fn decode_all<T: serde::de::DeserializeOwned>(p: &[u8], at: u64, what: &str) -> 
     Ok(v)
 }
 
+fn channels_error(at: u64, (off, detail): crate::channels::PayloadError) -> FormatError {
+    FormatError::malformed(at + off as u64, "channels chunk", detail)
+}
+
+/// The channels of a channels chunk (`p` at offset `at`, its checksum
+/// checked), decoded and checked on the first call: kb-replay never asks,
+/// and a long run's chunk holds millions of intervals.
+fn decode_channels<'c>(
+    cell: &'c OnceLock<Vec<ChannelUsage>>,
+    p: &[u8],
+    at: u64,
+) -> Result<&'c [ChannelUsage]> {
+    if let Some(c) = cell.get() {
+        return Ok(c);
+    }
+    let c = Payload::new(p)
+        .decode()
+        .map_err(|e| channels_error(at, e))?;
+    Ok(cell.get_or_init(|| c))
+}
+
 /// Validation state shared by both readers.
 #[derive(Debug, Default)]
 struct State {
@@ -283,7 +305,8 @@ struct State {
     strings: Strings,
     verify: Option<VerifySpec>,
     launches: Option<Vec<Launch>>,
-    channels: Option<Vec<ChannelUsage>>,
+    /// The channels chunk's payload (offset, length), once checked.
+    channels: Option<(u64, usize)>,
     footer: Option<Footer>,
     last: Option<(Ps, u64)>,
     records: u64,
@@ -406,8 +429,9 @@ impl State {
         Ok(())
     }
 
-    /// The channels chunk comes at most once; each channel once, in
-    /// (sip, cube, channel) order.
+    /// The channels chunk comes at most once. Its payload is checked (each
+    /// channel once, in (sip, cube, channel) order, ...) when it is read,
+    /// as records and tensors are: see [`decode_channels`].
     fn channels(&mut self, p: &[u8], at: u64) -> Result<()> {
         if self.channels.is_some() {
             return Err(FormatError::malformed(
@@ -416,27 +440,7 @@ impl State {
                 "a second channels chunk",
             ));
         }
-        let wire: Vec<crate::channels::Wire> = decode_all(p, at, "channels chunk")?;
-        let mut channels: Vec<ChannelUsage> = Vec::with_capacity(wire.len());
-        for (i, w) in wire.into_iter().enumerate() {
-            let c = w.usage().map_err(|e| {
-                FormatError::malformed(at, "channels chunk", format!("entry {i}: {e}"))
-            })?;
-            if let Some(prev) = channels.last()
-                && (prev.sip, prev.cube, prev.channel) >= (c.sip, c.cube, c.channel)
-            {
-                return Err(FormatError::malformed(
-                    at,
-                    "channels chunk",
-                    format!(
-                        "entry {i} (sip {} cube {} channel {}) is not after the one before it",
-                        c.sip, c.cube, c.channel
-                    ),
-                ));
-            }
-            channels.push(c);
-        }
-        self.channels = Some(channels);
+        self.channels = Some((at, p.len()));
         Ok(())
     }
 
@@ -484,6 +488,9 @@ pub struct StreamReader<R: Read> {
     ordinal: u32,
     /// Hash of the footer index entries the chunks read so far call for.
     index: Fingerprinter,
+    /// The channels chunk's payload, kept (checked) until asked for.
+    channels_payload: Vec<u8>,
+    channels: OnceLock<Vec<ChannelUsage>>,
 }
 
 impl<R: Read> std::fmt::Debug for StreamReader<R> {
@@ -505,6 +512,8 @@ impl<R: Read> StreamReader<R> {
             state: State::default(),
             ordinal: 0,
             index: Fingerprinter::new(),
+            channels_payload: Vec::new(),
+            channels: OnceLock::new(),
         };
         let mut h = [0u8; BLOCK];
         s.read_exact(&mut h, "the 64-byte file header")?;
@@ -542,9 +551,13 @@ impl<R: Read> StreamReader<R> {
     }
 
     /// What each HBM pseudo channel served, once the stream has been read
-    /// to its end (empty for a trace without a channels chunk).
-    pub fn channels(&self) -> &[ChannelUsage] {
-        self.state.channels.as_deref().unwrap_or_default()
+    /// to its end (empty for a trace without a channels chunk). Decoded on
+    /// the first call; a malformed payload is an error then.
+    pub fn channels(&self) -> Result<&[ChannelUsage]> {
+        match self.state.channels {
+            None => Ok(&[]),
+            Some((at, _)) => decode_channels(&self.channels, &self.channels_payload, at),
+        }
     }
 
     /// The footer, once the stream has been read to its end.
@@ -657,6 +670,7 @@ impl<R: Read> StreamReader<R> {
                 }
                 ChunkKind::Channels => {
                     self.state.channels(&self.buf, at)?;
+                    self.channels_payload = std::mem::take(&mut self.buf);
                     self.state.chunks += 1;
                 }
                 ChunkKind::Footer => {
@@ -755,7 +769,9 @@ pub struct MmapTrace {
     strings: Strings,
     verify: VerifySpec,
     launches: Vec<Launch>,
-    channels: Vec<ChannelUsage>,
+    /// The channels chunk's payload (offset, length), checked at open.
+    channels_at: Option<(u64, usize)>,
+    channels: OnceLock<Vec<ChannelUsage>>,
     footer: Footer,
     footer_offset: u64,
     /// For each chunk (by ordinal), the strings defined before it.
@@ -765,8 +781,9 @@ pub struct MmapTrace {
 impl MmapTrace {
     /// Map and validate a trace: header, trailer, footer, the chunk index
     /// (every entry must point at a chunk header of the stated kind), the
-    /// metadata, strings and verify chunks. Record and tensor payloads are
-    /// checked when they are read.
+    /// metadata, strings, verify and launches chunks. Record, tensor and
+    /// channels payloads are checked when they are read (every payload's
+    /// checksum is checked here).
     pub fn open(path: &Path) -> Result<MmapTrace> {
         let file = File::open(path)?;
         // SAFETY: the map is read-only and private to this process. A trace
@@ -968,7 +985,8 @@ impl MmapTrace {
             strings: state.strings,
             verify,
             launches: state.launches.unwrap_or_default(),
-            channels: state.channels.unwrap_or_default(),
+            channels_at: state.channels,
+            channels: OnceLock::new(),
             footer,
             footer_offset: fat,
             strings_before,
@@ -993,9 +1011,19 @@ impl MmapTrace {
     }
 
     /// What each HBM pseudo channel served (empty for a trace without a
-    /// channels chunk).
-    pub fn channels(&self) -> &[ChannelUsage] {
-        &self.channels
+    /// channels chunk). Decoded on the first call; a malformed payload is
+    /// an error then.
+    pub fn channels(&self) -> Result<&[ChannelUsage]> {
+        match self.channels_at {
+            None => Ok(&[]),
+            Some((at, len)) => {
+                let p = self
+                    .map
+                    .get(at as usize..at as usize + len)
+                    .unwrap_or_default();
+                decode_channels(&self.channels, p, at)
+            }
+        }
     }
 
     pub fn footer(&self) -> &Footer {

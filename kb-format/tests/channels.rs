@@ -42,13 +42,13 @@ fn channels_round_trip_through_both_readers() {
     let b = trace_with(usage());
     let mut s = StreamReader::open(&b[..]).unwrap();
     s.skip_to_end().unwrap();
-    assert_eq!(s.channels(), &usage()[..]);
+    assert_eq!(s.channels().unwrap(), &usage()[..]);
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("t.kbt");
     std::fs::write(&p, &b).unwrap();
     let m = MmapTrace::open(&p).unwrap();
-    assert_eq!(m.channels(), &usage()[..]);
-    assert_eq!(m.channels()[0].busy_ps(), 8_500);
+    assert_eq!(m.channels().unwrap(), &usage()[..]);
+    assert_eq!(m.channels().unwrap()[0].busy_ps(), 8_500);
     // None: no chunk, read as empty.
     let b = trace_with(Vec::new());
     assert!(
@@ -58,7 +58,7 @@ fn channels_round_trip_through_both_readers() {
     );
     let mut s = StreamReader::open(&b[..]).unwrap();
     s.skip_to_end().unwrap();
-    assert!(s.channels().is_empty());
+    assert!(s.channels().unwrap().is_empty());
 }
 
 #[test]
@@ -92,7 +92,48 @@ fn the_wire_is_gaps_and_lengths() {
     let b = raw_with(&[ok]);
     let mut s = StreamReader::open(&b[..]).unwrap();
     s.skip_to_end().unwrap();
-    assert_eq!(s.channels(), &usage()[..1]);
+    assert_eq!(s.channels().unwrap(), &usage()[..1]);
+}
+
+/// What each reader says of a trace whose channels are asked for: an error
+/// when it is opened and read to its end, or else from `channels()`.
+fn channel_errors(b: &[u8]) -> Vec<String> {
+    let s = StreamReader::open(b).and_then(|mut s| {
+        s.skip_to_end()?;
+        s.channels().map(|_| ())
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.kbt");
+    std::fs::write(&p, b).unwrap();
+    let m = MmapTrace::open(&p).and_then(|m| m.channels().map(|_| ()));
+    [s, m]
+        .into_iter()
+        .map(|r| r.expect_err("the reader accepted it").to_string())
+        .collect()
+}
+
+#[test]
+fn a_malformed_payload_is_an_error_when_read_not_at_open() {
+    let b = raw_with(&[vec![(0, 0, 0, 0, 0, vec![(1, 2), (3, 0)])]]);
+    let mut s = StreamReader::open(&b[..]).unwrap();
+    s.skip_to_end().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.kbt");
+    std::fs::write(&p, &b).unwrap();
+    let m = MmapTrace::open(&p).unwrap();
+    let (chunk, _) = *chunk_offsets(&b)
+        .iter()
+        .find(|(_, h)| h.kind == ChunkKind::Channels)
+        .unwrap();
+    let at = chunk + 64;
+    for e in [s.channels().unwrap_err(), m.channels().unwrap_err()] {
+        // The interval's offset: the payload's, plus the entry's 7 bytes
+        // and the first interval's 2.
+        let want = format!("{}", at + 9);
+        let e = e.to_string();
+        assert!(e.contains("channels chunk") && e.contains(&want), "{e}");
+        assert!(e.contains("entry 0: busy interval 1 is empty"), "{e}");
+    }
 }
 
 #[test]
@@ -117,7 +158,7 @@ fn bad_channels_chunks_are_malformed() {
             "entry 0: busy interval 0 ends past 2^64 ps",
         ),
     ] {
-        for e in errors(&raw_with(&chunks)) {
+        for e in channel_errors(&raw_with(&chunks)) {
             assert!(e.contains(want), "{want:?} not in {e}");
         }
     }
@@ -129,7 +170,7 @@ fn bad_channels_chunks_are_malformed() {
         .chunk(ChunkKind::Channels, [0; 3], p)
         .verify(&sample_verify())
         .build();
-    for e in errors(&b) {
+    for e in channel_errors(&b) {
         assert!(e.contains("channels chunk"), "{e}");
     }
 }

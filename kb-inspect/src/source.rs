@@ -71,7 +71,6 @@ pub enum Flow {
 }
 
 /// What is known once the whole trace has been read.
-#[derive(Debug)]
 pub struct End<'a> {
     pub meta: &'a Meta,
     /// The complete string table.
@@ -80,11 +79,30 @@ pub struct End<'a> {
     pub footer: &'a Footer,
     /// The host program's kernel launches (empty for a trace without any).
     pub launches: &'a [kb_format::Launch],
-    /// What each HBM pseudo channel served (empty without a channels
-    /// chunk).
-    pub channels: &'a [kb_format::ChannelUsage],
+    /// What each HBM pseudo channel served: [`End::channels`].
+    channels: &'a dyn Fn() -> Result<&'a [kb_format::ChannelUsage]>,
     /// False when the visitor stopped early.
     pub complete: bool,
+}
+
+impl End<'_> {
+    /// What each HBM pseudo channel served (empty without a channels
+    /// chunk), built when first asked for: a long run's chunk holds
+    /// millions of intervals that most passes never read.
+    pub fn channels(&self) -> Result<&[kb_format::ChannelUsage]> {
+        (self.channels)()
+    }
+}
+
+impl std::fmt::Debug for End<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("End")
+            .field("meta", &self.meta)
+            .field("footer", &self.footer)
+            .field("launches", &self.launches)
+            .field("complete", &self.complete)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A pass over a trace. Only `record` is required.
@@ -187,13 +205,14 @@ pub fn visit_file<V: Visitor>(name: &str, path: &Path, v: &mut V) -> Result<()> 
     if let Some(e) = failed {
         return Err(e);
     }
+    let channels = || m.channels().map_err(&te);
     v.end(&End {
         meta: m.meta(),
         strings: m.strings(),
         verify: m.verify_spec(),
         footer: m.footer(),
         launches: m.launches(),
-        channels: m.channels(),
+        channels: &channels,
         complete: !stopped,
     })
 }
@@ -243,13 +262,14 @@ pub fn visit_reader<R: Read, V: Visitor>(name: &str, r: R, v: &mut V) -> Result<
             detail: "no verify chunk".into(),
         })
     })?;
+    let channels = || s.channels().map_err(&te);
     v.end(&End {
         meta: s.meta(),
         strings: s.strings(),
         verify,
         footer,
         launches: s.launches(),
-        channels: s.channels(),
+        channels: &channels,
         complete: !stopped,
     })
 }

@@ -272,7 +272,7 @@ impl Visitor for Collector {
         // frees and unmaps after it).
         stats.run_time = stats.run_time.max(end.footer.counts.max_t_end);
         if self.by == GroupBy::Channel {
-            stats.rows = channel_rows(end.channels, stats.run_time);
+            stats.rows = channel_rows(end.channels()?, stats.run_time);
         }
         self.result = Some(stats);
         Ok(())

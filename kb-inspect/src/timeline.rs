@@ -1142,7 +1142,7 @@ impl<W: Write> Visitor for Writer<W> {
         if let Out::Pb(pb) = &mut self.out {
             pb.write_all_deferred().map_err(wio)?;
         }
-        self.channel_tracks(end.channels).map_err(wio)?;
+        self.channel_tracks(end.channels()?).map_err(wio)?;
         self.finish_extras(end.launches).map_err(wio)?;
         self.metadata().map_err(wio)
     }

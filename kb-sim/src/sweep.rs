@@ -272,6 +272,7 @@ pub fn analyze(trace: &Path, counts: &BTreeMap<String, u64>) -> Result<PointStat
         let (k0, k1) = window.unwrap_or((0, u64::MAX));
         let busy = t
             .channels()
+            .map_err(|e| format!("{}: {e}", trace.display()))?
             .iter()
             .flat_map(|c| c.busy.iter())
             .map(|&(a, b)| b.min(k1).saturating_sub(a.max(k0)))

@@ -604,7 +604,7 @@ fn the_trace_says_when_each_hbm_channel_served() {
     let (dma, _, _) = recs.iter().find(|(_, _, n)| n == "dma_read").unwrap();
     let mut s = kb_format::StreamReader::open(&trace[..]).unwrap();
     s.skip_to_end().unwrap();
-    let ch = s.channels();
+    let ch = s.channels().unwrap();
     // 1 MiB over cube 0's 32 channels: 32 KiB each, read at 32 GB/s from
     // the request's arrival (10 ns setup + 19.016 ns), all at once.
     assert_eq!(ch.len(), 32);
