@@ -199,6 +199,31 @@ pub fn push_run(out: &mut Vec<Extent>, addr: u64, len: u64) {
     out.push(Extent::contiguous(addr, len));
 }
 
+/// [`push_run`] of `n` rows of `len` bytes, `stride` apart, in order; the
+/// same extents, but rows that extend a strided extent join it at once
+/// rather than one call each.
+fn push_rows(out: &mut Vec<Extent>, pa: u64, len: u64, n: u64, stride: u64) {
+    let mut r = 0;
+    while r < n {
+        push_run(out, pa + r * stride, len);
+        r += 1;
+        // What push_run would do with each of the rows left: the next row
+        // is where the last extent's next row would be.
+        if let Some(last) = out.last_mut()
+            && r < n
+            && last.rows > 1
+            && last.len == len
+            && last.stride == stride
+            && last.pa + last.rows as u64 * stride == pa + r * stride
+            && mem_key(last.pa) == mem_key(pa + r * stride)
+        {
+            let k = (n - r).min((u32::MAX - last.rows) as u64);
+            last.rows += k as u32;
+            r += k;
+        }
+    }
+}
+
 /// Append bytes `off..off + len` of the data of `src` (in order) to `out`.
 pub fn slice_into(src: &[Extent], off: u64, len: u64, out: &mut Vec<Extent>) {
     let (mut at, end) = (0u64, off + len);
@@ -235,9 +260,7 @@ pub fn slice_into(src: &[Extent], off: u64, len: u64, out: &mut Vec<Extent>) {
                     // previous piece continues into them.
                     match out.last() {
                         Some(l) if l.pa + l.len == row(first) || l.len == e.len => {
-                            for r in first..r1 {
-                                push_run(out, row(r), e.len);
-                            }
+                            push_rows(out, row(first), e.len, full, e.stride);
                         }
                         _ => out.push(Extent {
                             pa: row(first),
@@ -375,7 +398,50 @@ impl Lazy {
                 return;
             }
         }
-        // Run by run, piece by piece.
+        if let [(_, _, id)] = ids[..]
+            && let Some(()) = self.rows_of_one_strided_source(q, id, s, e, out)
+        {
+            return;
+        }
+        self.resolve_runs(q, ids, out);
+    }
+
+    /// [`Lazy::resolve_runs`]'s result without walking rows: when one
+    /// alias whose source is one strided extent holds all of `q` (span
+    /// `[s, e)`) and each row of `q` maps into one source row at the same
+    /// column (a DMA reading a tile of a panel a host write brought), the
+    /// rows are the source's rows at a fixed step. `None`: not this case.
+    fn rows_of_one_strided_source(
+        &self,
+        q: &Extent,
+        id: u32,
+        s: u64,
+        e: u64,
+        out: &mut Vec<Extent>,
+    ) -> Option<()> {
+        let a = self.slab[id as usize].as_ref().expect("live alias");
+        let [src] = a.src[..] else { return None };
+        if a.start > s || e > a.start + a.len || src.rows <= 1 || src.len == 0 {
+            return None;
+        }
+        let (rows, stride) = if q.rows <= 1 {
+            (1, 0)
+        } else {
+            (q.rows as u64, q.stride)
+        };
+        let off = q.pa - a.start;
+        let (row0, col) = (off / src.len, off % src.len);
+        if col + q.len > src.len || !stride.is_multiple_of(src.len) {
+            return None;
+        }
+        let step = (stride / src.len).checked_mul(src.stride)?;
+        push_rows(out, src.pa + row0 * src.stride + col, q.len, rows, step);
+        Some(())
+    }
+
+    /// Resolve `q` run by run (its rows), piece by piece (the targets
+    /// `ids`, in address order, that overlap its span).
+    fn resolve_runs(&self, q: &Extent, ids: &[(u64, u64, u32)], out: &mut Vec<Extent>) {
         let rows = if q.rows <= 1 { 1 } else { q.rows as u64 };
         let (stride, len) = if q.rows <= 1 {
             (0, q.len)
@@ -577,6 +643,47 @@ mod tests {
     }
 
     #[test]
+    fn rows_join_as_one_run_each_would() {
+        let starts: [&[Extent]; 6] = [
+            &[],
+            &[Extent::contiguous(900, 7)],
+            &[Extent::contiguous(1000 - 6, 6)],
+            &[Extent::contiguous(1000 - 40, 8)],
+            &[strided(1000 - 3 * 40, 8, 3, 40)],
+            &[strided(1000 - 3 * 30, 8, 3, 30)],
+        ];
+        for start in starts {
+            for n in 0..6 {
+                for (len, stride) in [(8, 40), (8, 30), (6, 40), (8, 8), (8, 4)] {
+                    let mut one_by_one = start.to_vec();
+                    for r in 0..n {
+                        push_run(&mut one_by_one, 1000 + r * stride, len);
+                    }
+                    let mut at_once = start.to_vec();
+                    push_rows(&mut at_once, 1000, len, n, stride);
+                    assert_eq!(at_once, one_by_one, "{start:?} + {n} x {len} / {stride}");
+                }
+            }
+        }
+        // A strided extent two rows short of u32::MAX takes two and no more.
+        let base = 4 * u32::MAX as u64;
+        let full = [strided(
+            base - 4 * (u32::MAX - 2) as u64,
+            2,
+            u32::MAX - 2,
+            4,
+        )];
+        let mut one_by_one = full.to_vec();
+        for r in 0..5 {
+            push_run(&mut one_by_one, base + r * 4, 2);
+        }
+        let mut at_once = full.to_vec();
+        push_rows(&mut at_once, base, 2, 5, 4);
+        assert_eq!(at_once, one_by_one);
+        assert_eq!((at_once.len(), at_once[0].rows), (2, u32::MAX));
+    }
+
+    #[test]
     fn slices_of_strided_sources_keep_their_bytes() {
         let src = [strided(1000, 8, 5, 20), Extent::contiguous(5000, 13)];
         let all = bytes(&src);
@@ -683,5 +790,51 @@ mod tests {
         assert!(!l.any_target(&[Extent::contiguous(2016, 4)]));
         assert_eq!(l.drain().len(), 1);
         l.check();
+    }
+
+    #[test]
+    fn tiles_of_a_strided_source_resolve_as_row_by_row() {
+        let mut l = Lazy::default();
+        // A 12 x 48-byte panel of rows 100 apart, aliased at 1000.
+        let src = strided(5000, 48, 12, 100);
+        l.set(1000, 48 * 12, vec![src]);
+        let before = [
+            None,
+            Some(strided(5000 - 24, 24, 1, 0)),
+            Some(strided(4900 - 200, 24, 2, 200)),
+        ];
+        let mut fast_paths = 0;
+        for off in 0..48 * 12u64 {
+            for len in [1, 8, 16, 24, 48] {
+                for (rows, stride) in [
+                    (1, 0),
+                    (2, 48),
+                    (3, 96),
+                    (4, 48),
+                    (5, 144),
+                    (3, 50),
+                    (2, 24),
+                ] {
+                    let q = strided(1000 + off, len, rows, stride);
+                    let Some((_, end)) = span(&q) else { continue };
+                    if end > 1000 + 48 * 12 {
+                        continue;
+                    }
+                    for b in &before {
+                        let start: Vec<Extent> = b.iter().copied().collect();
+                        let (mut fast, mut slow) = (start.clone(), start.clone());
+                        l.resolve_into(&q, &mut fast);
+                        let ids = l.targets_in(1000 + off, end);
+                        l.resolve_runs(&q, ids, &mut slow);
+                        assert_eq!(fast, slow, "{q:?} after {b:?}");
+                        let mut probe = Vec::new();
+                        fast_paths += l
+                            .rows_of_one_strided_source(&q, ids[0].2, 1000 + off, end, &mut probe)
+                            .is_some() as u32;
+                    }
+                }
+            }
+        }
+        assert!(fast_paths > 1000, "the fast path ran {fast_paths} times");
     }
 }
