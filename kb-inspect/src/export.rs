@@ -22,7 +22,9 @@ use arrow_array::{
     ArrayRef, ArrowPrimitiveType, DictionaryArray, Float64Array, ListArray, PrimitiveArray,
     StringArray, UInt32Array, UInt64Array,
 };
-use arrow_buffer::{ArrowNativeType, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow_buffer::{
+    ArrowNativeType, BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer,
+};
 use arrow_schema::{ArrowError, DataType, Field, FieldRef, Schema, SchemaRef};
 use kb_format::{Launch, Meta, OpKind, Record, Strings};
 use parquet::arrow::ArrowWriter;
@@ -175,9 +177,22 @@ fn ready(a: ArrayRef) -> Col {
     Box::new(move || Ok(a))
 }
 
-/// Validity as Arrow wants it: none when every row is valid.
+/// Validity as Arrow wants it: none when every row is valid, else the
+/// flags packed 64 to a word (Arrow's `From<Vec<bool>>` sets a bit at a
+/// time: it showed in the encoders' profile).
 fn null_buffer(valid: Vec<bool>, nulls: usize) -> Option<NullBuffer> {
-    (nulls > 0).then(|| NullBuffer::from(valid))
+    (nulls > 0).then(|| {
+        let words: Vec<u64> = valid
+            .chunks(64)
+            .map(|c| {
+                c.iter()
+                    .rev()
+                    .fold(0u64, |w, &b| w << 1 | u64::from(b))
+                    .to_le()
+            })
+            .collect();
+        NullBuffer::new(BooleanBuffer::new(Buffer::from_vec(words), 0, valid.len()))
+    })
 }
 
 /// A nullable primitive column: a value (0 for null) and a validity
@@ -430,16 +445,57 @@ struct Row<'a> {
     strings: &'a Strings,
     place: &'a crate::columns::Place,
     launches: Option<&'a Launches>,
-    /// Route endpoints' ids (text keys), in first-seen order.
-    endpoints: &'a mut HashMap<Endpoint, u32, BuildHasherDefault<Fx>>,
+    endpoints: &'a mut Endpoints,
 }
 
-fn endpoint_id(
-    endpoints: &mut HashMap<Endpoint, u32, BuildHasherDefault<Fx>>,
-    e: Endpoint,
-) -> usize {
-    let n = endpoints.len() as u32;
-    *endpoints.entry(e).or_insert(n) as usize
+/// Route endpoints numbered in first-seen order: the ids of the route
+/// text columns. Looked up twice per memory op: an endpoint packs into a
+/// `u32` (a tag and its `u8` fields), and a direct-mapped cache of packed
+/// values answers almost every lookup without hashing; a map the rest.
+#[derive(Debug, Default)]
+struct Endpoints {
+    /// (packed + 1, id); 0: empty.
+    cache: Vec<(u32, u32)>,
+    ids: HashMap<u32, u32, BuildHasherDefault<Fx>>,
+}
+
+impl Endpoints {
+    /// Cache slots (the top 10 bits of a multiplicative hash).
+    const CACHE: usize = 1 << 10;
+
+    fn pack(e: Endpoint) -> u32 {
+        let (tag, a, b, c) = match e {
+            Endpoint::Unknown => (0, 0, 0, 0),
+            Endpoint::Host => (1, 0, 0, 0),
+            Endpoint::Hbm { sip, cube } => (2, sip, cube, 0),
+            Endpoint::Sram { sip, cube } => (3, sip, cube, 0),
+            Endpoint::Tcm { sip, cube, pe } => (4, sip, cube, pe),
+        };
+        tag << 24 | u32::from(a) << 16 | u32::from(b) << 8 | u32::from(c)
+    }
+
+    #[inline]
+    fn id(&mut self, e: Endpoint) -> usize {
+        if self.cache.is_empty() {
+            self.cache = vec![(0, 0); Self::CACHE];
+        }
+        let p = Self::pack(e);
+        let slot = (p.wrapping_mul(0x9e37_79b1) >> 22) as usize;
+        match self.cache.get(slot) {
+            Some(&(q, id)) if q == p + 1 => id as usize,
+            _ => self.insert(p, slot),
+        }
+    }
+
+    #[cold]
+    fn insert(&mut self, p: u32, slot: usize) -> usize {
+        let n = self.ids.len() as u32;
+        let id = *self.ids.entry(p).or_insert(n);
+        if let Some(c) = self.cache.get_mut(slot) {
+            *c = (p + 1, id);
+        }
+        id as usize
+    }
 }
 
 impl Batch {
@@ -552,9 +608,9 @@ impl Batch {
         self.write_pa.push(f.write_pa);
         match f.route {
             Some(rt) => {
-                let id = endpoint_id(x.endpoints, rt.src);
+                let id = x.endpoints.id(rt.src);
                 self.route_src.push(id, || rt.src.to_string());
-                let id = endpoint_id(x.endpoints, rt.dst);
+                let id = x.endpoints.id(rt.dst);
                 self.route_dst.push(id, || rt.dst.to_string());
             }
             None => {
@@ -925,8 +981,7 @@ struct Exporter<'w, W: Write + Send> {
     sink: Option<Sink<'w, W>>,
     places: Places,
     launches: Option<Launches>,
-    /// Route endpoints' ids, the keys of the route text columns.
-    endpoints: HashMap<Endpoint, u32, BuildHasherDefault<Fx>>,
+    endpoints: Endpoints,
     /// The record being exported, flattened (reused: no allocation per
     /// record).
     flat: Flat,
@@ -936,8 +991,7 @@ struct Exporter<'w, W: Write + Send> {
 }
 
 /// A multiply-rotate hasher (rustc's FxHash) for the few small keys of
-/// the endpoint cache, looked up twice per memory op: SipHash showed in
-/// the profile.
+/// the endpoint ids (SipHash showed in the profile).
 #[derive(Debug, Default)]
 struct Fx(u64);
 
@@ -948,6 +1002,9 @@ impl std::hash::Hasher for Fx {
         }
     }
     fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u32(&mut self, i: u32) {
         self.write_u64(u64::from(i));
     }
     fn write_u64(&mut self, i: u64) {
@@ -1063,7 +1120,7 @@ pub fn write<W: Write + Send>(
                 sink: Some(Sink::Csv(&mut bw, String::new())),
                 places: Places::default(),
                 launches: None,
-                endpoints: HashMap::default(),
+                endpoints: Endpoints::default(),
                 flat: Flat::default(),
                 batch: BATCH,
                 rows: 0,
@@ -1139,7 +1196,7 @@ fn parquet<W: Write + Send>(
         )),
         places: Places::default(),
         launches: None,
-        endpoints: HashMap::default(),
+        endpoints: Endpoints::default(),
         flat: Flat::default(),
         batch,
         rows: 0,
@@ -1611,7 +1668,7 @@ mod tests {
             sink: None,
             places: Places::default(),
             launches: None,
-            endpoints: HashMap::default(),
+            endpoints: Endpoints::default(),
             flat: Flat::default(),
             batch: BATCH,
             rows: 0,
