@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use kb_format::{Launch, MathInput, Params, Record, Strings};
+use kb_format::{Dtype, Launch, MathInput, MathOp, Params, Record, Space, Strings};
 
 use crate::render::{self, kind_name};
 
@@ -120,7 +120,9 @@ impl Launches {
     }
 }
 
-/// One record's columns (borrowing the record).
+/// One record's columns. Types and spaces are kept as enums (named by
+/// `name()` where written): the Parquet export keys its text columns by
+/// them.
 #[derive(Debug, Default, Clone)]
 pub struct Flat {
     pub op_id: u64,
@@ -129,22 +131,22 @@ pub struct Flat {
     pub bytes: u64,
     pub flops: u64,
     pub fingerprint: Option<u64>,
-    pub dtype: Option<&'static str>,
-    pub dtype_acc: Option<&'static str>,
-    pub dtype_out: Option<&'static str>,
+    pub dtype: Option<Dtype>,
+    pub dtype_acc: Option<Dtype>,
+    pub dtype_out: Option<Dtype>,
     pub m: Option<u32>,
     pub n: Option<u32>,
     pub k: Option<u32>,
-    pub math_op: Option<&'static str>,
+    pub math_op: Option<MathOp>,
     pub axis: Option<u32>,
     pub rows: Option<u32>,
     pub cols: Option<u64>,
     pub row_bytes: Option<u64>,
     pub in_shapes: Vec<[u64; 2]>,
     pub out_shape: Option<[u64; 2]>,
-    pub src_space: Option<&'static str>,
+    pub src_space: Option<Space>,
     pub src_addr: Option<u64>,
-    pub dst_space: Option<&'static str>,
+    pub dst_space: Option<Space>,
     pub dst_addr: Option<u64>,
     pub read_pa: Option<u64>,
     pub write_pa: Option<u64>,
@@ -155,7 +157,17 @@ pub struct Flat {
 impl Flat {
     /// Flatten `r` (its place, for the launch lookup, from `place`).
     pub fn of(r: &Record, place: &Place, launches: Option<&Launches>) -> Flat {
-        let mut f = Flat {
+        let mut f = Flat::default();
+        f.fill(r, place, launches);
+        f
+    }
+
+    /// [`Flat::of`] into `self`, keeping `in_shapes`' allocation (the
+    /// export flattens every record into one `Flat`).
+    pub fn fill(&mut self, r: &Record, place: &Place, launches: Option<&Launches>) {
+        let mut in_shapes = std::mem::take(&mut self.in_shapes);
+        in_shapes.clear();
+        *self = Flat {
             op_id: r.op_id,
             start_ps: r.t_start,
             end_ps: r.t_end,
@@ -169,36 +181,38 @@ impl Flat {
                 .and_then(|e| e.ranges.first())
                 .map(|x| x.pa),
             route: render::route(r),
+            in_shapes,
             ..Default::default()
         };
+        let f = self;
         match &r.params {
             Params::Memory(p) => {
-                f.dtype = p.dtype.map(|d| d.name());
+                f.dtype = p.dtype;
                 f.rows = Some(p.rows);
                 f.row_bytes = Some(p.row_bytes);
                 f.cols = p.dtype.map(|d| p.row_bytes / d.size() as u64);
                 f.out_shape = f.cols.map(|c| [p.rows as u64, c]);
-                (f.src_space, f.src_addr) = (Some(p.src.space.name()), Some(p.src.addr));
-                (f.dst_space, f.dst_addr) = (Some(p.dst.space.name()), Some(p.dst.addr));
+                (f.src_space, f.src_addr) = (Some(p.src.space), Some(p.src.addr));
+                (f.dst_space, f.dst_addr) = (Some(p.dst.space), Some(p.dst.addr));
             }
             Params::Gemm(g) => {
-                f.dtype = Some(g.dtype_in.name());
-                f.dtype_acc = Some(g.dtype_acc.name());
-                f.dtype_out = Some(g.dtype_out.name());
+                f.dtype = Some(g.dtype_in);
+                f.dtype_acc = Some(g.dtype_acc);
+                f.dtype_out = Some(g.dtype_out);
                 (f.m, f.n, f.k) = (Some(g.m), Some(g.n), Some(g.k));
                 let (m, n, k) = (g.m as u64, g.n as u64, g.k as u64);
-                f.in_shapes = vec![[m, k], [k, n]];
+                f.in_shapes.extend([[m, k], [k, n]]);
                 if g.acc.is_some() {
                     f.in_shapes.push([m, n]);
                 }
                 f.out_shape = Some([m, n]);
-                (f.src_space, f.src_addr) = (Some(g.a.space.name()), Some(g.a.addr));
-                (f.dst_space, f.dst_addr) = (Some(g.out.space.name()), Some(g.out.addr));
+                (f.src_space, f.src_addr) = (Some(g.a.space), Some(g.a.addr));
+                (f.dst_space, f.dst_addr) = (Some(g.out.space), Some(g.out.addr));
             }
             Params::Math(m) => {
-                f.dtype = Some(m.dtype.name());
-                f.dtype_out = Some(m.dtype.name());
-                f.math_op = Some(m.op.name());
+                f.dtype = Some(m.dtype);
+                f.dtype_out = Some(m.dtype);
+                f.math_op = Some(m.op);
                 f.axis = m.axis.map(u32::from);
                 f.rows = Some(m.rows);
                 f.cols = Some(m.cols as u64);
@@ -210,11 +224,11 @@ impl Flat {
                     {
                         f.in_shapes.push([*rows as u64, *cols as u64]);
                         if f.src_addr.is_none() {
-                            (f.src_space, f.src_addr) = (Some(addr.space.name()), Some(addr.addr));
+                            (f.src_space, f.src_addr) = (Some(addr.space), Some(addr.addr));
                         }
                     }
                 }
-                (f.dst_space, f.dst_addr) = (Some(m.out.space.name()), Some(m.out.addr));
+                (f.dst_space, f.dst_addr) = (Some(m.out.space), Some(m.out.addr));
             }
             Params::None | Params::Raw(_) => {}
         }
@@ -223,7 +237,6 @@ impl Flat {
         {
             f.launch = l.find([sip, cube, pe], r.t_start);
         }
-        f
     }
 }
 
@@ -275,13 +288,13 @@ pub fn push_csv(
     out.push_str(&render::csv(&s.name(r.op_name)));
     let _ = write!(out, ",{},{}", f.bytes, f.flops);
     opt(out, f.fingerprint.map(|x| format!("{x:#018x}")));
-    opt(out, f.dtype);
-    opt(out, f.dtype_acc);
-    opt(out, f.dtype_out);
+    opt(out, f.dtype.map(Dtype::name));
+    opt(out, f.dtype_acc.map(Dtype::name));
+    opt(out, f.dtype_out.map(Dtype::name));
     opt(out, f.m);
     opt(out, f.n);
     opt(out, f.k);
-    opt(out, f.math_op);
+    opt(out, f.math_op.map(MathOp::name));
     opt(out, f.axis);
     opt(out, f.rows);
     opt(out, f.cols);
@@ -299,9 +312,9 @@ pub fn push_csv(
         shape_json(out, sh);
         out.push('"');
     }
-    opt(out, f.src_space);
+    opt(out, f.src_space.map(Space::name));
     opt(out, f.src_addr);
-    opt(out, f.dst_space);
+    opt(out, f.dst_space.map(Space::name));
     opt(out, f.dst_addr);
     opt(out, f.read_pa);
     opt(out, f.write_pa);

@@ -2,13 +2,13 @@
 //! columns ([`crate::columns`]) in Apache Parquet (Arrow's `parquet`
 //! crate, snappy) or CSV, filtered like `ops`.
 //!
-//! One pass; records are turned into Arrow arrays a batch at a time
-//! ([`BATCH`] rows) and written in row groups of [`ROW_GROUP`] rows, so
-//! memory is bounded by one row group's encoded columns, not by the
-//! trace. The file is written under a temporary name and renamed into
+//! One pass; records are collected into plain column vectors a batch at
+//! a time ([`BATCH`] rows; text columns as keys into the batch's own
+//! dictionary), which the column encoder threads turn into Arrow arrays
+//! and encode, in row groups of [`ROW_GROUP`] rows, so memory is bounded
+//! by one row group's encoded columns, not by the trace. The file is written under a temporary name and renamed into
 //! place only when complete; binary output to a terminal is refused.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::io::Write;
@@ -17,17 +17,22 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::thread::JoinHandle;
 
-use arrow_array::builder::{
-    Float64Builder, ListBuilder, StringBuilder, UInt32Builder, UInt64Builder,
+use arrow_array::types::{UInt32Type, UInt64Type};
+use arrow_array::{
+    ArrayRef, ArrowPrimitiveType, DictionaryArray, Float64Array, ListArray, PrimitiveArray,
+    StringArray, UInt32Array, UInt64Array,
 };
-use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
+use arrow_buffer::{
+    ArrowNativeType, BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer,
+};
+use arrow_schema::{ArrowError, DataType, Field, FieldRef, Schema, SchemaRef};
 use kb_format::{Launch, Meta, OpKind, Record, Strings};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves,
 };
 use parquet::basic::{Compression, Encoding};
+use parquet::errors::ParquetError;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
@@ -160,235 +165,604 @@ pub fn schema() -> SchemaRef {
     ]))
 }
 
-/// Builders for one batch, in schema order.
-struct Builders {
-    op_id: UInt64Builder,
-    start_ns: Float64Builder,
-    end_ns: Float64Builder,
-    dur_ns: Float64Builder,
-    start_ps: UInt64Builder,
-    end_ps: UInt64Builder,
-    dur_ps: UInt64Builder,
-    component: StringBuilder,
-    sip: UInt32Builder,
-    cube: UInt32Builder,
-    pe: UInt32Builder,
-    unit: StringBuilder,
-    kind: StringBuilder,
-    name: StringBuilder,
-    bytes: UInt64Builder,
-    flops: UInt64Builder,
-    fingerprint: StringBuilder,
-    dtype: StringBuilder,
-    dtype_acc: StringBuilder,
-    dtype_out: StringBuilder,
-    m: UInt32Builder,
-    n: UInt32Builder,
-    k: UInt32Builder,
-    math_op: StringBuilder,
-    axis: UInt32Builder,
-    rows: UInt32Builder,
-    cols: UInt64Builder,
-    row_bytes: UInt64Builder,
-    in_shapes: ListBuilder<ListBuilder<UInt64Builder>>,
-    out_shape: ListBuilder<UInt64Builder>,
-    src_space: StringBuilder,
-    src_addr: UInt64Builder,
-    dst_space: StringBuilder,
-    dst_addr: UInt64Builder,
-    read_pa: UInt64Builder,
-    write_pa: UInt64Builder,
-    route_src: StringBuilder,
-    route_dst: StringBuilder,
-    deps: ListBuilder<UInt64Builder>,
-    launch: UInt32Builder,
-    kernel: StringBuilder,
+/// A column's values as the decoding thread collected them, made into
+/// its Arrow array by the encoder thread that owns the column: packing
+/// null bits, the text dictionaries, fingerprint hex, the nanosecond and
+/// duration columns are off the decoding thread, which only stores a
+/// value (or a key) per row.
+type Col = Box<dyn FnOnce() -> std::result::Result<ArrayRef, ArrowError> + Send>;
+
+/// A column already made.
+fn ready(a: ArrayRef) -> Col {
+    Box::new(move || Ok(a))
+}
+
+/// Validity as Arrow wants it: none when every row is valid, else the
+/// flags packed 64 to a word (Arrow's `From<Vec<bool>>` sets a bit at a
+/// time: it showed in the encoders' profile).
+fn null_buffer(valid: Vec<bool>, nulls: usize) -> Option<NullBuffer> {
+    (nulls > 0).then(|| {
+        let words: Vec<u64> = valid
+            .chunks(64)
+            .map(|c| {
+                c.iter()
+                    .rev()
+                    .fold(0u64, |w, &b| w << 1 | u64::from(b))
+                    .to_le()
+            })
+            .collect();
+        NullBuffer::new(BooleanBuffer::new(Buffer::from_vec(words), 0, valid.len()))
+    })
+}
+
+/// A nullable primitive column: a value (0 for null) and a validity
+/// flag per row.
+struct Opt<T> {
+    values: Vec<T>,
+    valid: Vec<bool>,
+    nulls: usize,
+}
+
+impl<T: ArrowNativeType + Default> Opt<T> {
+    fn new() -> Self {
+        Opt {
+            values: Vec::with_capacity(BATCH),
+            valid: Vec::with_capacity(BATCH),
+            nulls: 0,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, v: Option<T>) {
+        self.values.push(v.unwrap_or_default());
+        self.valid.push(v.is_some());
+        self.nulls += usize::from(v.is_none());
+    }
+
+    fn col<P>(self) -> Col
+    where
+        P: ArrowPrimitiveType<Native = T>,
+    {
+        Box::new(move || {
+            let a = PrimitiveArray::<P>::try_new(
+                ScalarBuffer::from(self.values),
+                null_buffer(self.valid, self.nulls),
+            )?;
+            Ok(Arc::new(a) as ArrayRef)
+        })
+    }
+}
+
+/// A text column as keys into the batch's own dictionary of the strings
+/// it used, the caller naming each string by a small id (a string id, an
+/// enum's code): a row costs a key, not a copy of its text. The encoder
+/// thread hands the Parquet writer a `DictionaryArray`; the file's column
+/// stays `Utf8` (the Arrow schema stored in it is [`schema`]'s) and its
+/// bytes are those of the same values as a `StringArray`: the writer
+/// interns each row's value either way.
+struct Text {
+    keys: Vec<u32>,
+    valid: Vec<bool>,
+    nulls: usize,
+    /// Per id: the batch it was last used in and its key there.
+    slot: Vec<(u32, u32)>,
+    /// This batch's number (from 1; slots of 0 are unused).
+    batch: u32,
+    /// The dictionary: string i is `bytes[offsets[i]..offsets[i + 1]]`.
+    offsets: Vec<i32>,
+    bytes: Vec<u8>,
+}
+
+impl Text {
+    fn new() -> Text {
+        Text {
+            keys: Vec::with_capacity(BATCH),
+            valid: Vec::with_capacity(BATCH),
+            nulls: 0,
+            slot: Vec::new(),
+            batch: 1,
+            offsets: vec![0],
+            bytes: Vec::new(),
+        }
+    }
+
+    /// A row with string `id`; `text` gives the string the first time
+    /// the batch sees the id.
+    #[inline]
+    fn push<S: AsRef<str>>(&mut self, id: usize, text: impl FnOnce() -> S) {
+        let key = match self.slot.get(id) {
+            Some(&(b, k)) if b == self.batch => k,
+            _ => self.insert(id, text().as_ref()),
+        };
+        self.keys.push(key);
+        self.valid.push(true);
+    }
+
+    #[cold]
+    fn insert(&mut self, id: usize, s: &str) -> u32 {
+        if id >= self.slot.len() {
+            self.slot.resize(id + 1, (0, 0));
+        }
+        let key = (self.offsets.len() - 1) as u32;
+        self.bytes.extend_from_slice(s.as_bytes());
+        self.offsets.push(self.bytes.len() as i32);
+        self.slot[id] = (self.batch, key);
+        key
+    }
+
+    #[inline]
+    fn push_null(&mut self) {
+        self.keys.push(0);
+        self.valid.push(false);
+        self.nulls += 1;
+    }
+
+    /// The batch's column; the next batch starts an empty dictionary
+    /// (ids are kept: their slots are for this batch's number only).
+    fn take(&mut self) -> Col {
+        let keys = std::mem::replace(&mut self.keys, Vec::with_capacity(BATCH));
+        let valid = std::mem::replace(&mut self.valid, Vec::with_capacity(BATCH));
+        let nulls = std::mem::take(&mut self.nulls);
+        let offsets = std::mem::replace(&mut self.offsets, vec![0]);
+        let bytes = std::mem::take(&mut self.bytes);
+        self.batch += 1;
+        if self.batch == u32::MAX {
+            self.slot.clear();
+            self.batch = 1;
+        }
+        Box::new(move || {
+            let values = StringArray::try_new(
+                OffsetBuffer::new(ScalarBuffer::from(offsets)),
+                Buffer::from_vec(bytes),
+                None,
+            )?;
+            let keys = UInt32Array::try_new(ScalarBuffer::from(keys), null_buffer(valid, nulls))?;
+            let a = DictionaryArray::<UInt32Type>::try_new(keys, Arc::new(values))?;
+            Ok(Arc::new(a) as ArrayRef)
+        })
+    }
+}
+
+/// A list column: offsets (one per row, after the first 0), validity
+/// and the flattened values.
+struct List<T> {
+    offsets: Vec<i32>,
+    valid: Vec<bool>,
+    nulls: usize,
+    values: Vec<T>,
+}
+
+impl<T> List<T> {
+    fn new(values: usize) -> Self {
+        let mut offsets = Vec::with_capacity(BATCH + 1);
+        offsets.push(0);
+        List {
+            offsets,
+            valid: Vec::with_capacity(BATCH),
+            nulls: 0,
+            values: Vec::with_capacity(values),
+        }
+    }
+
+    /// End the row (its values pushed), valid or null.
+    #[inline]
+    fn end_row(&mut self, valid: bool) {
+        self.offsets.push(self.values.len() as i32);
+        self.valid.push(valid);
+        self.nulls += usize::from(!valid);
+    }
+}
+
+/// The `item` field of a list field.
+fn item(f: &FieldRef) -> FieldRef {
+    match f.data_type() {
+        DataType::List(i) => i.clone(),
+        _ => unreachable!("a list column"),
+    }
+}
+
+fn u64_list(l: List<u64>, field: FieldRef) -> std::result::Result<ArrayRef, ArrowError> {
+    let values = Arc::new(UInt64Array::from(l.values));
+    let a = ListArray::try_new(
+        field,
+        OffsetBuffer::new(ScalarBuffer::from(l.offsets)),
+        values,
+        null_buffer(l.valid, l.nulls),
+    )?;
+    Ok(Arc::new(a))
+}
+
+/// `{x:#018x}` (`0x` and 16 lower-case hex digits) appended to `out`,
+/// without the formatting machinery: one per memory op.
+fn hex18(x: u64, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 18];
+    buf[0] = b'0';
+    buf[1] = b'x';
+    for (i, b) in buf[2..].iter_mut().enumerate() {
+        *b = HEX[((x >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out.extend_from_slice(&buf);
+}
+
+/// An op kind's id in the `kind` text column.
+fn kind_id(k: OpKind) -> usize {
+    match k {
+        OpKind::Memory => 0,
+        OpKind::Gemm => 1,
+        OpKind::Math => 2,
+        OpKind::Unknown(c) => 3 + c as usize,
+    }
+}
+
+/// One batch's columns, in schema order, as plain vectors.
+struct Batch {
+    op_id: Vec<u64>,
+    start_ps: Vec<u64>,
+    end_ps: Vec<u64>,
+    component: Text,
+    sip: Opt<u32>,
+    cube: Opt<u32>,
+    pe: Opt<u32>,
+    unit: Text,
+    kind: Text,
+    name: Text,
+    bytes: Vec<u64>,
+    flops: Vec<u64>,
+    fingerprint: Opt<u64>,
+    dtype: Text,
+    dtype_acc: Text,
+    dtype_out: Text,
+    m: Opt<u32>,
+    n: Opt<u32>,
+    k: Opt<u32>,
+    math_op: Text,
+    axis: Opt<u32>,
+    rows: Opt<u32>,
+    cols: Opt<u64>,
+    row_bytes: Opt<u64>,
+    /// Per row a list of shapes: the rows' offsets into `in_shape`.
+    in_shapes: Vec<i32>,
+    /// Each shape, a list of 2 values.
+    in_shape: List<u64>,
+    out_shape: List<u64>,
+    src_space: Text,
+    src_addr: Opt<u64>,
+    dst_space: Text,
+    dst_addr: Opt<u64>,
+    read_pa: Opt<u64>,
+    write_pa: Opt<u64>,
+    route_src: Text,
+    route_dst: Text,
+    deps: List<u64>,
+    launch: Opt<u32>,
+    kernel: Text,
     len: usize,
 }
 
-impl Builders {
-    fn new() -> Builders {
-        let u64b = || UInt64Builder::with_capacity(BATCH);
-        let u32b = || UInt32Builder::with_capacity(BATCH);
-        let f64b = || Float64Builder::with_capacity(BATCH);
-        let sb = || StringBuilder::with_capacity(BATCH, BATCH * 8);
-        Builders {
-            op_id: u64b(),
-            start_ns: f64b(),
-            end_ns: f64b(),
-            dur_ns: f64b(),
-            start_ps: u64b(),
-            end_ps: u64b(),
-            dur_ps: u64b(),
-            component: StringBuilder::with_capacity(BATCH, BATCH * 24),
-            sip: u32b(),
-            cube: u32b(),
-            pe: u32b(),
-            unit: sb(),
-            kind: sb(),
-            name: sb(),
-            bytes: u64b(),
-            flops: u64b(),
-            fingerprint: StringBuilder::with_capacity(BATCH, BATCH * 18),
-            dtype: StringBuilder::with_capacity(BATCH, BATCH * 4),
-            dtype_acc: sb(),
-            dtype_out: sb(),
-            m: u32b(),
-            n: u32b(),
-            k: u32b(),
-            math_op: sb(),
-            axis: u32b(),
-            rows: u32b(),
-            cols: u64b(),
-            row_bytes: u64b(),
-            in_shapes: ListBuilder::with_capacity(
-                ListBuilder::with_capacity(UInt64Builder::with_capacity(BATCH * 4), BATCH),
-                BATCH,
-            ),
-            out_shape: ListBuilder::with_capacity(UInt64Builder::with_capacity(BATCH * 2), BATCH),
-            src_space: sb(),
-            src_addr: u64b(),
-            dst_space: sb(),
-            dst_addr: u64b(),
-            read_pa: u64b(),
-            write_pa: u64b(),
-            route_src: StringBuilder::with_capacity(BATCH, BATCH * 20),
-            route_dst: StringBuilder::with_capacity(BATCH, BATCH * 20),
-            deps: ListBuilder::with_capacity(UInt64Builder::with_capacity(BATCH), BATCH),
-            launch: u32b(),
-            kernel: StringBuilder::with_capacity(BATCH, BATCH * 16),
+/// What a row needs besides its record and `Flat`.
+struct Row<'a> {
+    strings: &'a Strings,
+    place: &'a crate::columns::Place,
+    launches: Option<&'a Launches>,
+    endpoints: &'a mut Endpoints,
+}
+
+/// Route endpoints numbered in first-seen order: the ids of the route
+/// text columns. Looked up twice per memory op: an endpoint packs into a
+/// `u32` (a tag and its `u8` fields), and a direct-mapped cache of packed
+/// values answers almost every lookup without hashing; a map the rest.
+#[derive(Debug, Default)]
+struct Endpoints {
+    /// (packed + 1, id); 0: empty.
+    cache: Vec<(u32, u32)>,
+    ids: HashMap<u32, u32, BuildHasherDefault<Fx>>,
+}
+
+impl Endpoints {
+    /// Cache slots (the top 10 bits of a multiplicative hash).
+    const CACHE: usize = 1 << 10;
+
+    fn pack(e: Endpoint) -> u32 {
+        let (tag, a, b, c) = match e {
+            Endpoint::Unknown => (0, 0, 0, 0),
+            Endpoint::Host => (1, 0, 0, 0),
+            Endpoint::Hbm { sip, cube } => (2, sip, cube, 0),
+            Endpoint::Sram { sip, cube } => (3, sip, cube, 0),
+            Endpoint::Tcm { sip, cube, pe } => (4, sip, cube, pe),
+        };
+        tag << 24 | u32::from(a) << 16 | u32::from(b) << 8 | u32::from(c)
+    }
+
+    #[inline]
+    fn id(&mut self, e: Endpoint) -> usize {
+        if self.cache.is_empty() {
+            self.cache = vec![(0, 0); Self::CACHE];
+        }
+        let p = Self::pack(e);
+        let slot = (p.wrapping_mul(0x9e37_79b1) >> 22) as usize;
+        match self.cache.get(slot) {
+            Some(&(q, id)) if q == p + 1 => id as usize,
+            _ => self.insert(p, slot),
+        }
+    }
+
+    #[cold]
+    fn insert(&mut self, p: u32, slot: usize) -> usize {
+        let n = self.ids.len() as u32;
+        let id = *self.ids.entry(p).or_insert(n);
+        if let Some(c) = self.cache.get_mut(slot) {
+            *c = (p + 1, id);
+        }
+        id as usize
+    }
+}
+
+impl Batch {
+    fn new() -> Batch {
+        let u64v = || Vec::with_capacity(BATCH);
+        let mut in_shapes = Vec::with_capacity(BATCH + 1);
+        in_shapes.push(0);
+        Batch {
+            op_id: u64v(),
+            start_ps: u64v(),
+            end_ps: u64v(),
+            component: Text::new(),
+            sip: Opt::new(),
+            cube: Opt::new(),
+            pe: Opt::new(),
+            unit: Text::new(),
+            kind: Text::new(),
+            name: Text::new(),
+            bytes: u64v(),
+            flops: u64v(),
+            fingerprint: Opt::new(),
+            dtype: Text::new(),
+            dtype_acc: Text::new(),
+            dtype_out: Text::new(),
+            m: Opt::new(),
+            n: Opt::new(),
+            k: Opt::new(),
+            math_op: Text::new(),
+            axis: Opt::new(),
+            rows: Opt::new(),
+            cols: Opt::new(),
+            row_bytes: Opt::new(),
+            in_shapes,
+            in_shape: List::new(BATCH * 4),
+            out_shape: List::new(BATCH * 2),
+            src_space: Text::new(),
+            src_addr: Opt::new(),
+            dst_space: Text::new(),
+            dst_addr: Opt::new(),
+            read_pa: Opt::new(),
+            write_pa: Opt::new(),
+            route_src: Text::new(),
+            route_dst: Text::new(),
+            deps: List::new(BATCH),
+            launch: Opt::new(),
+            kernel: Text::new(),
             len: 0,
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn push(
-        &mut self,
-        r: &Record,
-        f: &Flat,
-        comp: &str,
-        place: &crate::columns::Place,
-        kind: &str,
-        name: &str,
-        kernel: Option<&str>,
-        route: Option<(&str, &str)>,
-    ) {
-        let dur = r.t_end.saturating_sub(r.t_start);
-        self.op_id.append_value(r.op_id);
-        self.start_ns.append_value(r.t_start as f64 / 1e3);
-        self.end_ns.append_value(r.t_end as f64 / 1e3);
-        self.dur_ns.append_value(dur as f64 / 1e3);
-        self.start_ps.append_value(r.t_start);
-        self.end_ps.append_value(r.t_end);
-        self.dur_ps.append_value(dur);
-        self.component.append_value(comp);
-        self.sip.append_option(place.sip);
-        self.cube.append_option(place.cube);
-        self.pe.append_option(place.pe);
-        self.unit.append_value(&place.unit);
-        self.kind.append_value(kind);
-        self.name.append_value(name);
-        self.bytes.append_value(f.bytes);
-        self.flops.append_value(f.flops);
-        match f.fingerprint {
-            Some(x) => self.fingerprint.append_value(hex18(x, &mut [0; 18])),
-            None => self.fingerprint.append_null(),
-        }
-        self.dtype.append_option(f.dtype);
-        self.dtype_acc.append_option(f.dtype_acc);
-        self.dtype_out.append_option(f.dtype_out);
-        self.m.append_option(f.m);
-        self.n.append_option(f.n);
-        self.k.append_option(f.k);
-        self.math_op.append_option(f.math_op);
-        self.axis.append_option(f.axis);
-        self.rows.append_option(f.rows);
-        self.cols.append_option(f.cols);
-        self.row_bytes.append_option(f.row_bytes);
-        for s in &f.in_shapes {
-            self.in_shapes.values().values().append_slice(s);
-            self.in_shapes.values().append(true);
-        }
-        self.in_shapes.append(true);
-        match f.out_shape {
-            Some(s) => {
-                self.out_shape.values().append_slice(&s);
-                self.out_shape.append(true);
+    fn push(&mut self, r: &Record, f: &Flat, x: Row<'_>) {
+        let s = x.strings;
+        self.op_id.push(r.op_id);
+        self.start_ps.push(r.t_start);
+        self.end_ps.push(r.t_end);
+        self.component
+            .push(r.component as usize, || s.name(r.component));
+        self.sip.push(x.place.sip);
+        self.cube.push(x.place.cube);
+        self.pe.push(x.place.pe);
+        self.unit
+            .push(r.component as usize, || x.place.unit.as_str());
+        self.kind.push(kind_id(r.kind), || kind_name(r.kind));
+        self.name.push(r.op_name as usize, || s.name(r.op_name));
+        self.bytes.push(f.bytes);
+        self.flops.push(f.flops);
+        self.fingerprint.push(f.fingerprint);
+        for (c, d) in [
+            (&mut self.dtype, f.dtype),
+            (&mut self.dtype_acc, f.dtype_acc),
+            (&mut self.dtype_out, f.dtype_out),
+        ] {
+            match d {
+                Some(d) => c.push(d as usize, || d.name()),
+                None => c.push_null(),
             }
-            None => self.out_shape.append(false),
         }
-        self.src_space.append_option(f.src_space);
-        self.src_addr.append_option(f.src_addr);
-        self.dst_space.append_option(f.dst_space);
-        self.dst_addr.append_option(f.dst_addr);
-        self.read_pa.append_option(f.read_pa);
-        self.write_pa.append_option(f.write_pa);
-        match route {
-            Some((src, dst)) => {
-                self.route_src.append_value(src);
-                self.route_dst.append_value(dst);
+        self.m.push(f.m);
+        self.n.push(f.n);
+        self.k.push(f.k);
+        match f.math_op {
+            Some(op) => self.math_op.push(op as usize, || op.name()),
+            None => self.math_op.push_null(),
+        }
+        self.axis.push(f.axis);
+        self.rows.push(f.rows);
+        self.cols.push(f.cols);
+        self.row_bytes.push(f.row_bytes);
+        for sh in &f.in_shapes {
+            self.in_shape.values.extend_from_slice(sh);
+            self.in_shape.end_row(true);
+        }
+        self.in_shapes
+            .push((self.in_shape.offsets.len() - 1) as i32);
+        if let Some(sh) = &f.out_shape {
+            self.out_shape.values.extend_from_slice(sh);
+        }
+        self.out_shape.end_row(f.out_shape.is_some());
+        match f.src_space {
+            Some(sp) => self.src_space.push(sp as usize, || sp.name()),
+            None => self.src_space.push_null(),
+        }
+        self.src_addr.push(f.src_addr);
+        match f.dst_space {
+            Some(sp) => self.dst_space.push(sp as usize, || sp.name()),
+            None => self.dst_space.push_null(),
+        }
+        self.dst_addr.push(f.dst_addr);
+        self.read_pa.push(f.read_pa);
+        self.write_pa.push(f.write_pa);
+        match f.route {
+            Some(rt) => {
+                let id = x.endpoints.id(rt.src);
+                self.route_src.push(id, || rt.src.to_string());
+                let id = x.endpoints.id(rt.dst);
+                self.route_dst.push(id, || rt.dst.to_string());
             }
             None => {
-                self.route_src.append_null();
-                self.route_dst.append_null();
+                self.route_src.push_null();
+                self.route_dst.push_null();
             }
         }
-        self.deps.values().append_slice(&r.deps);
-        self.deps.append(true);
-        self.launch.append_option(f.launch);
-        self.kernel.append_option(kernel);
+        self.deps.values.extend_from_slice(&r.deps);
+        self.deps.end_row(true);
+        self.launch.push(f.launch);
+        match f
+            .launch
+            .and_then(|i| x.launches.and_then(|l| l.kernel(i)).map(|k| (i, k)))
+        {
+            Some((i, k)) => self.kernel.push(i as usize, || k),
+            None => self.kernel.push_null(),
+        }
         self.len += 1;
     }
 
-    fn finish(&mut self, schema: &SchemaRef) -> Result<RecordBatch> {
-        let cols: Vec<ArrayRef> = vec![
-            Arc::new(self.op_id.finish()),
-            Arc::new(self.start_ns.finish()),
-            Arc::new(self.end_ns.finish()),
-            Arc::new(self.dur_ns.finish()),
-            Arc::new(self.start_ps.finish()),
-            Arc::new(self.end_ps.finish()),
-            Arc::new(self.dur_ps.finish()),
-            Arc::new(self.component.finish()),
-            Arc::new(self.sip.finish()),
-            Arc::new(self.cube.finish()),
-            Arc::new(self.pe.finish()),
-            Arc::new(self.unit.finish()),
-            Arc::new(self.kind.finish()),
-            Arc::new(self.name.finish()),
-            Arc::new(self.bytes.finish()),
-            Arc::new(self.flops.finish()),
-            Arc::new(self.fingerprint.finish()),
-            Arc::new(self.dtype.finish()),
-            Arc::new(self.dtype_acc.finish()),
-            Arc::new(self.dtype_out.finish()),
-            Arc::new(self.m.finish()),
-            Arc::new(self.n.finish()),
-            Arc::new(self.k.finish()),
-            Arc::new(self.math_op.finish()),
-            Arc::new(self.axis.finish()),
-            Arc::new(self.rows.finish()),
-            Arc::new(self.cols.finish()),
-            Arc::new(self.row_bytes.finish()),
-            Arc::new(self.in_shapes.finish()),
-            Arc::new(self.out_shape.finish()),
-            Arc::new(self.src_space.finish()),
-            Arc::new(self.src_addr.finish()),
-            Arc::new(self.dst_space.finish()),
-            Arc::new(self.dst_addr.finish()),
-            Arc::new(self.read_pa.finish()),
-            Arc::new(self.write_pa.finish()),
-            Arc::new(self.route_src.finish()),
-            Arc::new(self.route_dst.finish()),
-            Arc::new(self.deps.finish()),
-            Arc::new(self.launch.finish()),
-            Arc::new(self.kernel.finish()),
-        ];
-        // Fresh builders at full capacity: a finished builder restarts
-        // empty and would regrow (copying) through the next batch.
-        *self = Builders::new();
-        RecordBatch::try_new(schema.clone(), cols)
-            .map_err(|e| Error::usage(format!("building the export batch: {e}")))
+    fn texts(&mut self) -> [&mut Text; 13] {
+        [
+            &mut self.component,
+            &mut self.unit,
+            &mut self.kind,
+            &mut self.name,
+            &mut self.dtype,
+            &mut self.dtype_acc,
+            &mut self.dtype_out,
+            &mut self.math_op,
+            &mut self.src_space,
+            &mut self.dst_space,
+            &mut self.route_src,
+            &mut self.route_dst,
+            &mut self.kernel,
+        ]
+    }
+
+    /// The batch's columns, in schema order; the batch starts over.
+    fn take(&mut self, schema: &SchemaRef) -> Vec<Col> {
+        // The text columns stay (their id slots number batches; `take`
+        // empties them); the rest starts over.
+        let mut b = std::mem::replace(self, Batch::new());
+        for (kept, fresh) in self.texts().into_iter().zip(b.texts()) {
+            std::mem::swap(kept, fresh);
+        }
+        let field = |name: &str| {
+            schema
+                .field_with_name(name)
+                .map(|f| item(&Arc::new(f.clone())))
+                .unwrap_or_else(|_| unreachable!("the export schema has {name}"))
+        };
+        let start: ScalarBuffer<u64> = b.start_ps.into();
+        let end: ScalarBuffer<u64> = b.end_ps.into();
+        let ns = |ps: ScalarBuffer<u64>| -> Col {
+            Box::new(move || {
+                let v: Vec<f64> = ps.iter().map(|&t| t as f64 / 1e3).collect();
+                Ok(Arc::new(Float64Array::from(v)) as ArrayRef)
+            })
+        };
+        let dur = |ns: bool| -> Col {
+            let (start, end) = (start.clone(), end.clone());
+            Box::new(move || {
+                let d = start
+                    .iter()
+                    .zip(end.iter())
+                    .map(|(&s, &e)| e.saturating_sub(s));
+                Ok(if ns {
+                    Arc::new(Float64Array::from_iter_values(d.map(|d| d as f64 / 1e3))) as ArrayRef
+                } else {
+                    Arc::new(UInt64Array::from_iter_values(d))
+                })
+            })
+        };
+        let u64s = |v: Vec<u64>| ready(Arc::new(UInt64Array::from(v)));
+        let fp = b.fingerprint;
+        let fingerprint: Col = Box::new(move || {
+            let mut bytes = Vec::with_capacity(18 * (fp.values.len() - fp.nulls));
+            let mut offsets = Vec::with_capacity(fp.values.len() + 1);
+            offsets.push(0i32);
+            for (&x, &ok) in fp.values.iter().zip(&fp.valid) {
+                if ok {
+                    hex18(x, &mut bytes);
+                }
+                offsets.push(bytes.len() as i32);
+            }
+            let a = StringArray::try_new(
+                OffsetBuffer::new(ScalarBuffer::from(offsets)),
+                Buffer::from_vec(bytes),
+                null_buffer(fp.valid, fp.nulls),
+            )?;
+            Ok(Arc::new(a) as ArrayRef)
+        });
+        let (shape_item, in_item, deps_item) =
+            (field("out_shape"), field("in_shapes"), field("deps"));
+        let in_shape = b.in_shape;
+        let in_shapes = b.in_shapes;
+        let in_shapes: Col = Box::new(move || {
+            let inner = u64_list(in_shape, item(&in_item))?;
+            let a = ListArray::try_new(
+                in_item,
+                OffsetBuffer::new(ScalarBuffer::from(in_shapes)),
+                inner,
+                None,
+            )?;
+            Ok(Arc::new(a) as ArrayRef)
+        });
+        let out_shape = b.out_shape;
+        let deps = b.deps;
+        vec![
+            u64s(b.op_id),
+            ns(start.clone()),
+            ns(end.clone()),
+            dur(true),
+            ready(Arc::new(UInt64Array::new(start.clone(), None))),
+            ready(Arc::new(UInt64Array::new(end.clone(), None))),
+            dur(false),
+            self.component.take(),
+            b.sip.col::<UInt32Type>(),
+            b.cube.col::<UInt32Type>(),
+            b.pe.col::<UInt32Type>(),
+            self.unit.take(),
+            self.kind.take(),
+            self.name.take(),
+            u64s(b.bytes),
+            u64s(b.flops),
+            fingerprint,
+            self.dtype.take(),
+            self.dtype_acc.take(),
+            self.dtype_out.take(),
+            b.m.col::<UInt32Type>(),
+            b.n.col::<UInt32Type>(),
+            b.k.col::<UInt32Type>(),
+            self.math_op.take(),
+            b.axis.col::<UInt32Type>(),
+            b.rows.col::<UInt32Type>(),
+            b.cols.col::<UInt64Type>(),
+            b.row_bytes.col::<UInt64Type>(),
+            in_shapes,
+            Box::new(move || u64_list(out_shape, shape_item)),
+            self.src_space.take(),
+            b.src_addr.col::<UInt64Type>(),
+            self.dst_space.take(),
+            b.dst_addr.col::<UInt64Type>(),
+            b.read_pa.col::<UInt64Type>(),
+            b.write_pa.col::<UInt64Type>(),
+            self.route_src.take(),
+            self.route_dst.take(),
+            Box::new(move || u64_list(deps, deps_item)),
+            b.launch.col::<UInt32Type>(),
+            self.kernel.take(),
+        ]
     }
 }
 
@@ -411,7 +785,7 @@ enum Msg {
     /// The thread's column writers for a new row group, by leaf index.
     Writers(Vec<(usize, ArrowColumnWriter)>),
     /// One batch's values of column `.0` (one leaf each: no structs).
-    Column(usize, FieldRef, ArrayRef),
+    Column(usize, FieldRef, Col),
     /// Close the row group: send back the encoded chunks.
     Close,
 }
@@ -429,7 +803,9 @@ fn encoder(rx: Receiver<Msg>, done: Sender<Chunks>) {
             Msg::Column(i, field, col) => {
                 if err.is_none()
                     && let Some((_, w)) = ws.iter_mut().find(|(j, _)| *j == i)
-                    && let Err(e) = compute_leaves(&field, &col)
+                    && let Err(e) = col()
+                        .map_err(ParquetError::from)
+                        .and_then(|col| compute_leaves(&field, &col))
                         .and_then(|ls| ls.iter().try_for_each(|l| w.write(l)))
                 {
                     err = Some(e);
@@ -454,7 +830,7 @@ fn encoder(rx: Receiver<Msg>, done: Sender<Chunks>) {
 
 /// The Parquet file written with its columns encoded on worker threads
 /// (Arrow's `ArrowColumnWriter`s, one per leaf column, shared out among
-/// them) while this thread decodes records and builds the next batch; the
+/// them) while this thread decodes records and collects the next batch; the
 /// row groups, their order and their bytes are those `ArrowWriter` would
 /// write (same properties, same Arrow schema metadata).
 ///
@@ -513,7 +889,8 @@ impl<W: Write + Send> Parallel<W> {
         tx.send(msg).map_err(|_| stopped())
     }
 
-    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// Write a batch of `rows` rows: its columns in schema order.
+    fn write(&mut self, cols: Vec<Col>, rows: usize) -> Result<()> {
         if self.open.is_none() {
             let writers = self
                 .factory
@@ -535,10 +912,13 @@ impl<W: Write + Send> Parallel<W> {
             self.groups += 1;
             self.open = Some(0);
         }
-        for (i, (field, col)) in self.schema.fields().iter().zip(batch.columns()).enumerate() {
-            self.send(i, Msg::Column(i, field.clone(), col.clone()))?;
+        if cols.len() != self.schema.fields().len() {
+            return Err(Error::usage("export batch: a column per field expected"));
         }
-        let rows = self.open.unwrap_or(0) + batch.num_rows();
+        for (i, (field, col)) in self.schema.fields().iter().zip(cols).enumerate() {
+            self.send(i, Msg::Column(i, field.clone(), col))?;
+        }
+        let rows = self.open.unwrap_or(0) + rows;
         self.open = Some(rows);
         if rows >= self.row_group {
             self.close_group()?;
@@ -592,7 +972,7 @@ impl<W: Write + Send> Parallel<W> {
 }
 
 enum Sink<'w, W: Write + Send> {
-    Parquet(Box<Parallel<W>>, Box<Builders>, SchemaRef),
+    Parquet(Box<Parallel<W>>, Box<Batch>, SchemaRef),
     Csv(&'w mut dyn Write, String),
 }
 
@@ -601,14 +981,17 @@ struct Exporter<'w, W: Write + Send> {
     sink: Option<Sink<'w, W>>,
     places: Places,
     launches: Option<Launches>,
-    /// Route endpoint names, made once per endpoint (not per row).
-    endpoints: HashMap<Endpoint, String, BuildHasherDefault<Fx>>,
+    endpoints: Endpoints,
+    /// The record being exported, flattened (reused: no allocation per
+    /// record).
+    flat: Flat,
+    /// Rows per batch.
+    batch: usize,
     rows: u64,
 }
 
 /// A multiply-rotate hasher (rustc's FxHash) for the few small keys of
-/// the endpoint cache, looked up twice per memory op: SipHash showed in
-/// the profile.
+/// the endpoint ids (SipHash showed in the profile).
 #[derive(Debug, Default)]
 struct Fx(u64);
 
@@ -619,6 +1002,9 @@ impl std::hash::Hasher for Fx {
         }
     }
     fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u32(&mut self, i: u32) {
         self.write_u64(u64::from(i));
     }
     fn write_u64(&mut self, i: u64) {
@@ -635,26 +1021,14 @@ impl std::hash::Hasher for Fx {
     }
 }
 
-/// `{x:#018x}` (`0x` and 16 lower-case hex digits) into `buf`, without
-/// the formatting machinery: one per memory op.
-fn hex18(x: u64, buf: &mut [u8; 18]) -> &str {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    buf[0] = b'0';
-    buf[1] = b'x';
-    for (i, b) in buf[2..].iter_mut().enumerate() {
-        *b = HEX[((x >> (60 - 4 * i)) & 0xf) as usize];
-    }
-    // ASCII by construction.
-    std::str::from_utf8(buf).unwrap_or_default()
-}
-
 impl<W: Write + Send> Exporter<'_, W> {
     fn flush(&mut self) -> Result<()> {
         if let Some(Sink::Parquet(w, b, schema)) = &mut self.sink
             && b.len > 0
         {
-            let batch = b.finish(schema)?;
-            w.write(&batch)?;
+            let rows = b.len;
+            let cols = b.take(schema);
+            w.write(cols, rows)?;
         }
         Ok(())
     }
@@ -686,6 +1060,8 @@ impl<W: Write + Send> Visitor for Exporter<'_, W> {
             places,
             launches,
             endpoints,
+            flat,
+            batch,
             ..
         } = self;
         let place = places.get(r.component, s);
@@ -697,26 +1073,15 @@ impl<W: Write + Send> Visitor for Exporter<'_, W> {
                 w.write_all(line.as_bytes()).map_err(crate::out_err)?;
             }
             Sink::Parquet(_, b, _) => {
-                let f = Flat::of(r, place, launches.as_ref());
-                let kernel = f
-                    .launch
-                    .and_then(|i| launches.as_ref().and_then(|l| l.kernel(i)));
-                let kind = match r.kind {
-                    OpKind::Unknown(_) => Cow::Owned(kind_name(r.kind)),
-                    k => Cow::Borrowed(k.name()),
+                flat.fill(r, place, launches.as_ref());
+                let row = Row {
+                    strings: s,
+                    place,
+                    launches: launches.as_ref(),
+                    endpoints,
                 };
-                let comp = s.name(r.component);
-                let name = s.name(r.op_name);
-                if let Some(rt) = f.route {
-                    for e in [rt.src, rt.dst] {
-                        endpoints.entry(e).or_insert_with(|| e.to_string());
-                    }
-                }
-                let route = f
-                    .route
-                    .map(|rt| (endpoints[&rt.src].as_str(), endpoints[&rt.dst].as_str()));
-                b.push(r, &f, &comp, place, &kind, &name, kernel, route);
-                full = b.len >= BATCH;
+                b.push(r, flat, row);
+                full = b.len >= *batch;
             }
         }
         if full {
@@ -755,7 +1120,9 @@ pub fn write<W: Write + Send>(
                 sink: Some(Sink::Csv(&mut bw, String::new())),
                 places: Places::default(),
                 launches: None,
-                endpoints: HashMap::default(),
+                endpoints: Endpoints::default(),
+                flat: Flat::default(),
+                batch: BATCH,
                 rows: 0,
             };
             source::visit(input, &mut e)?;
@@ -768,61 +1135,82 @@ pub fn write<W: Write + Send>(
             drop(bw);
             Ok((w, info))
         }
-        Format::Parquet => {
-            let schema = schema();
-            let mut props = WriterProperties::builder()
-                .set_compression(Compression::SNAPPY)
-                .set_max_row_group_row_count(Some(ROW_GROUP))
-                .set_statistics_enabled(EnabledStatistics::Chunk);
-            // Columns with (nearly) a distinct value per row: dictionary
-            // encoding only hashes every value until the dictionary page
-            // overflows and the writer falls back to plain.
-            for c in UNIQUE_COLUMNS {
-                props = props.set_column_dictionary_enabled(ColumnPath::from(*c), false);
-            }
-            // Increasing integers: deltas, bit-packed (a few bits a row).
-            for c in ["op_id", "start_ps", "end_ps", "deps.list.item"] {
-                props =
-                    props.set_column_encoding(ColumnPath::from(c), Encoding::DELTA_BINARY_PACKED);
-            }
-            // Min/max of the text columns cost a string comparison per
-            // row and prune little: the numeric columns keep theirs.
-            for c in TEXT_COLUMNS {
-                props = props
-                    .set_column_statistics_enabled(ColumnPath::from(*c), EnabledStatistics::None);
-            }
-            // Random bits snappy cannot shrink: not worth its time.
-            for c in ["fingerprint", "src_addr", "read_pa"] {
-                props =
-                    props.set_column_compression(ColumnPath::from(c), Compression::UNCOMPRESSED);
-            }
-            let props = props.build();
-            let writer = ArrowWriter::try_new(w, schema.clone(), Some(props)).map_err(perr)?;
-            let writer = Parallel::new(writer, schema.clone())?;
-            let mut e: Exporter<'_, W> = Exporter {
-                m,
-                sink: Some(Sink::Parquet(
-                    Box::new(writer),
-                    Box::new(Builders::new()),
-                    schema,
-                )),
-                places: Places::default(),
-                launches: None,
-                endpoints: HashMap::default(),
-                rows: 0,
-            };
-            source::visit(input, &mut e)?;
-            let info = Info {
-                rows: e.rows,
-                launches: e.launches.is_some(),
-            };
-            let Some(Sink::Parquet(writer, _, _)) = e.sink.take() else {
-                unreachable!("a Parquet sink")
-            };
-            let w = writer.finish()?;
-            Ok((w, info))
-        }
+        Format::Parquet => parquet(input, m, w, BATCH, ROW_GROUP),
     }
+}
+
+/// A Parquet column path from its dotted name (`deps.list.item`: the
+/// values of list `deps`).
+fn column_path(dotted: &str) -> ColumnPath {
+    ColumnPath::new(dotted.split('.').map(String::from).collect())
+}
+
+/// The export's writer properties, row groups of `row_group` rows.
+fn properties(row_group: usize) -> WriterProperties {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(row_group))
+        .set_statistics_enabled(EnabledStatistics::Chunk);
+    // Columns with (nearly) a distinct value per row: dictionary
+    // encoding only hashes every value until the dictionary page
+    // overflows and the writer falls back to plain.
+    for c in UNIQUE_COLUMNS {
+        props = props.set_column_dictionary_enabled(column_path(c), false);
+    }
+    // Increasing integers: deltas, bit-packed (a few bits a row).
+    for c in ["op_id", "start_ps", "end_ps", "deps.list.item"] {
+        props = props.set_column_encoding(column_path(c), Encoding::DELTA_BINARY_PACKED);
+    }
+    // Min/max of the text columns cost a string comparison per
+    // row and prune little: the numeric columns keep theirs.
+    for c in TEXT_COLUMNS {
+        props = props.set_column_statistics_enabled(column_path(c), EnabledStatistics::None);
+    }
+    // Random bits snappy cannot shrink: not worth its time.
+    for c in ["fingerprint", "src_addr", "read_pa"] {
+        props = props.set_column_compression(column_path(c), Compression::UNCOMPRESSED);
+    }
+    props.build()
+}
+
+/// The Parquet export, in batches of `batch` rows and row groups of
+/// `row_group` (a multiple of `batch`).
+fn parquet<W: Write + Send>(
+    input: &Input,
+    m: Matcher,
+    w: W,
+    batch: usize,
+    row_group: usize,
+) -> Result<(W, Info)> {
+    let schema = schema();
+    let writer =
+        ArrowWriter::try_new(w, schema.clone(), Some(properties(row_group))).map_err(perr)?;
+    let mut writer = Parallel::new(writer, schema.clone())?;
+    writer.row_group = row_group;
+    let mut e: Exporter<'_, W> = Exporter {
+        m,
+        sink: Some(Sink::Parquet(
+            Box::new(writer),
+            Box::new(Batch::new()),
+            schema,
+        )),
+        places: Places::default(),
+        launches: None,
+        endpoints: Endpoints::default(),
+        flat: Flat::default(),
+        batch,
+        rows: 0,
+    };
+    source::visit(input, &mut e)?;
+    let info = Info {
+        rows: e.rows,
+        launches: e.launches.is_some(),
+    };
+    let Some(Sink::Parquet(writer, _, _)) = e.sink.take() else {
+        unreachable!("a Parquet sink")
+    };
+    let w = writer.finish()?;
+    Ok((w, info))
 }
 
 /// `export -o FILE`: written atomically; binary Parquet never to a
@@ -853,7 +1241,7 @@ mod tests {
     use crate::testutil;
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Float64Type, UInt32Type, UInt64Type};
-    use arrow_array::{Array, ListArray};
+    use arrow_array::{Array, ListArray, RecordBatch};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use serde_json::Value;
 
@@ -1094,7 +1482,11 @@ mod tests {
         let mut a = ArrowWriter::try_new(Vec::new(), schema(), Some(props())).unwrap();
         for i in (0..n).step_by(2) {
             let b = all.slice(i, 2.min(n - i));
-            p.write(&b).unwrap();
+            p.write(
+                b.columns().iter().cloned().map(ready).collect(),
+                b.num_rows(),
+            )
+            .unwrap();
             a.write(&b).unwrap();
         }
         let threaded = p.finish().unwrap();
@@ -1114,6 +1506,160 @@ mod tests {
         assert_eq!(read(plain), all);
     }
 
+    /// Every op shape (the sample's and the copies', launches on some),
+    /// five times over (ids and times moved on), so that small batches
+    /// and row groups cut it everywhere.
+    fn mixed_trace() -> Vec<u8> {
+        let base: Vec<testutil::Op> = testutil::sample_ops()
+            .into_iter()
+            .chain(testutil::route_ops())
+            .collect();
+        let mut ops = Vec::new();
+        for rep in 0..5u64 {
+            for (j, op) in base.iter().enumerate() {
+                let mut op = op.clone();
+                let id = ops.len() as u64;
+                let shift = rep * 40_000 + if j < 7 { 0 } else { 20_000 };
+                let r = &mut op.rec;
+                r.op_id = id;
+                r.t_start += shift;
+                r.t_end += shift;
+                r.deps = (id % 3 == 1).then(|| id - 1).into_iter().collect();
+                if let kb_format::Params::Math(p) = &mut r.params
+                    && rep % 2 == 1
+                {
+                    p.axis = Some(1);
+                }
+                for (e, seq) in [(&mut r.read, 2 * id), (&mut r.write, 2 * id + 1)] {
+                    if let Some(e) = e {
+                        e.time += shift;
+                        e.seq = seq;
+                    }
+                }
+                ops.push(op);
+            }
+        }
+        testutil::build_with_launches(
+            &testutil::sample_meta(),
+            &[],
+            &ops,
+            &testutil::sample_launches(),
+            &Default::default(),
+        )
+    }
+
+    /// The cells of a CSV line (quoted cells unquoted).
+    fn csv_cells(line: &str) -> Vec<String> {
+        let mut cells = vec![String::new()];
+        let mut quoted = false;
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' if quoted && chars.peek() == Some(&'"') => {
+                    chars.next();
+                    cells.last_mut().unwrap().push('"');
+                }
+                '"' => quoted = !quoted,
+                ',' if !quoted => cells.push(String::new()),
+                c => cells.last_mut().unwrap().push(c),
+            }
+        }
+        cells
+    }
+
+    /// A Parquet cell as the CSV export writes it (lists as JSON, null
+    /// empty); floats are compared as numbers by the caller.
+    fn cell(a: &dyn Array, i: usize) -> String {
+        if a.is_null(i) {
+            return String::new();
+        }
+        match a.data_type() {
+            DataType::UInt64 => a.as_primitive::<UInt64Type>().value(i).to_string(),
+            DataType::UInt32 => a.as_primitive::<UInt32Type>().value(i).to_string(),
+            DataType::Float64 => a.as_primitive::<Float64Type>().value(i).to_string(),
+            DataType::Utf8 => a.as_string::<i32>().value(i).to_string(),
+            DataType::List(_) => {
+                let v = a.as_list::<i32>().value(i);
+                let items: Vec<String> = (0..v.len()).map(|j| cell(v.as_ref(), j)).collect();
+                format!("[{}]", items.join(","))
+            }
+            d => panic!("no column of type {d}"),
+        }
+    }
+
+    #[test]
+    fn every_column_of_every_row_is_the_csv_exports_across_batches_and_row_groups() {
+        let (d, p) = testutil::write_temp(&mixed_trace());
+        let input = Input::Path(p);
+        let m = || Matcher::new(&Filter::default()).unwrap();
+        // Batches of 4 rows (text dictionaries start over in each), row
+        // groups of 12.
+        let (bytes, info) = parquet(&input, m(), Vec::new(), 4, 12).unwrap();
+        assert_eq!(info.rows, 85);
+        let out = d.path().join("x.parquet");
+        std::fs::write(&out, &bytes).unwrap();
+        let r =
+            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&out).unwrap()).unwrap();
+        assert_eq!(r.metadata().num_row_groups(), 8);
+        let got: Vec<RecordBatch> = r.build().unwrap().map(|b| b.unwrap()).collect();
+        let all = arrow_select::concat::concat_batches(&schema(), &got).unwrap();
+        assert_eq!(all.schema(), schema());
+        let mut csv = Vec::new();
+        write(&input, &Filter::default(), Format::Csv, &mut csv).unwrap();
+        let csv = String::from_utf8(csv).unwrap();
+        let mut lines = csv.lines();
+        let header = csv_cells(lines.next().unwrap());
+        let sc = schema();
+        let names: Vec<&str> = sc.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(header, names);
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, line) in lines.enumerate() {
+            let cells = csv_cells(line);
+            assert_eq!(cells.len(), names.len(), "row {i}");
+            for (c, want) in cells.iter().enumerate() {
+                let a = all.column(c);
+                let got = cell(a.as_ref(), i);
+                if a.data_type() == &DataType::Float64 {
+                    assert_eq!(
+                        got.parse::<f64>(),
+                        want.parse::<f64>(),
+                        "row {i} {}",
+                        names[c]
+                    );
+                } else {
+                    assert_eq!(&got, want, "row {i} {}", names[c]);
+                }
+                if !want.is_empty() {
+                    seen.insert(names[c]);
+                }
+            }
+        }
+        assert_eq!(all.num_rows(), 85);
+        // Every column holds a value somewhere (none is checked as only nulls).
+        assert_eq!(seen.len(), names.len(), "{seen:?}");
+        // The values as plain Arrow arrays through ArrowWriter, in the same
+        // batches and row groups: the same file, byte for byte (text
+        // columns went in as dictionaries, the rest as built here).
+        let mut a = ArrowWriter::try_new(Vec::new(), schema(), Some(properties(12))).unwrap();
+        for i in (0..all.num_rows()).step_by(4) {
+            a.write(&all.slice(i, 4.min(all.num_rows() - i))).unwrap();
+        }
+        assert!(
+            a.into_inner().unwrap() == bytes,
+            "the bytes ArrowWriter writes"
+        );
+    }
+
+    #[test]
+    fn dotted_column_paths_reach_list_values() {
+        // `deps.list.item` is deps' values: delta-encoded, no dictionary.
+        let props = properties(ROW_GROUP);
+        let deps = ColumnPath::new(vec!["deps".into(), "list".into(), "item".into()]);
+        assert!(!props.dictionary_enabled(&deps));
+        assert_eq!(props.encoding(&deps), Some(Encoding::DELTA_BINARY_PACKED));
+        assert!(props.dictionary_enabled(&column_path("component")));
+    }
+
     #[test]
     fn stdin_exports_have_no_launch_columns_but_the_same_rest() {
         let bytes = testutil::sample_trace();
@@ -1122,7 +1668,9 @@ mod tests {
             sink: None,
             places: Places::default(),
             launches: None,
-            endpoints: HashMap::default(),
+            endpoints: Endpoints::default(),
+            flat: Flat::default(),
+            batch: BATCH,
             rows: 0,
         };
         let mut csv = Vec::new();
