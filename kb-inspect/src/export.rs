@@ -278,6 +278,15 @@ impl Text {
         self.valid.push(true);
     }
 
+    /// A row with string `id` named `text`, or a null.
+    #[inline]
+    fn push_opt(&mut self, v: Option<(usize, &str)>) {
+        match v {
+            Some((id, text)) => self.push(id, || text),
+            None => self.push_null(),
+        }
+    }
+
     #[cold]
     fn insert(&mut self, id: usize, s: &str) -> u32 {
         if id >= self.slot.len() {
@@ -568,18 +577,13 @@ impl Batch {
             (&mut self.dtype_acc, f.dtype_acc),
             (&mut self.dtype_out, f.dtype_out),
         ] {
-            match d {
-                Some(d) => c.push(d as usize, || d.name()),
-                None => c.push_null(),
-            }
+            c.push_opt(d.map(|d| (d as usize, d.name())));
         }
         self.m.push(f.m);
         self.n.push(f.n);
         self.k.push(f.k);
-        match f.math_op {
-            Some(op) => self.math_op.push(op as usize, || op.name()),
-            None => self.math_op.push_null(),
-        }
+        self.math_op
+            .push_opt(f.math_op.map(|op| (op as usize, op.name())));
         self.axis.push(f.axis);
         self.rows.push(f.rows);
         self.cols.push(f.cols);
@@ -594,15 +598,11 @@ impl Batch {
             self.out_shape.values.extend_from_slice(sh);
         }
         self.out_shape.end_row(f.out_shape.is_some());
-        match f.src_space {
-            Some(sp) => self.src_space.push(sp as usize, || sp.name()),
-            None => self.src_space.push_null(),
-        }
+        self.src_space
+            .push_opt(f.src_space.map(|sp| (sp as usize, sp.name())));
         self.src_addr.push(f.src_addr);
-        match f.dst_space {
-            Some(sp) => self.dst_space.push(sp as usize, || sp.name()),
-            None => self.dst_space.push_null(),
-        }
+        self.dst_space
+            .push_opt(f.dst_space.map(|sp| (sp as usize, sp.name())));
         self.dst_addr.push(f.dst_addr);
         self.read_pa.push(f.read_pa);
         self.write_pa.push(f.write_pa);
@@ -621,13 +621,10 @@ impl Batch {
         self.deps.values.extend_from_slice(&r.deps);
         self.deps.end_row(true);
         self.launch.push(f.launch);
-        match f
+        let kernel = f
             .launch
-            .and_then(|i| x.launches.and_then(|l| l.kernel(i)).map(|k| (i, k)))
-        {
-            Some((i, k)) => self.kernel.push(i as usize, || k),
-            None => self.kernel.push_null(),
-        }
+            .and_then(|i| x.launches?.kernel(i).map(|k| (i as usize, k)));
+        self.kernel.push_opt(kernel);
         self.len += 1;
     }
 

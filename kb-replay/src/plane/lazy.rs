@@ -224,6 +224,29 @@ fn push_rows(out: &mut Vec<Extent>, pa: u64, len: u64, n: u64, stride: u64) {
     }
 }
 
+/// What resolving `q` row by row through an alias gives, without walking
+/// the rows, when `q` lies wholly in the alias (its first byte `off` into
+/// it) and the alias's one source `src` is strided: if each row of `q`
+/// falls in one source row at the same column (a DMA reading a tile of a
+/// panel a host write brought), the rows are the source's at a fixed step.
+/// False, with nothing appended, otherwise.
+fn rows_of_strided_source(q: &Extent, off: u64, src: &Extent, out: &mut Vec<Extent>) -> bool {
+    let (rows, stride) = if q.rows <= 1 {
+        (1, 0)
+    } else {
+        (q.rows as u64, q.stride)
+    };
+    if src.len == 0 || off % src.len + q.len > src.len || !stride.is_multiple_of(src.len) {
+        return false;
+    }
+    let Some(step) = (stride / src.len).checked_mul(src.stride) else {
+        return false;
+    };
+    let pa = src.pa + (off / src.len) * src.stride + off % src.len;
+    push_rows(out, pa, q.len, rows, step);
+    true
+}
+
 /// Append bytes `off..off + len` of the data of `src` (in order) to `out`.
 pub fn slice_into(src: &[Extent], off: u64, len: u64, out: &mut Vec<Extent>) {
     let (mut at, end) = (0u64, off + len);
@@ -381,62 +404,28 @@ impl Lazy {
             out.push(*q);
             return;
         }
-        // One target holds the whole span, and its source is one
-        // contiguous run: the same extent, moved.
+        // One target holds the whole span, and its source is one extent.
         if let [(_, _, id)] = ids[..] {
             let a = self.slab[id as usize].as_ref().expect("live alias");
             if a.start <= s
                 && e <= a.start + a.len
                 && let [src] = a.src[..]
-                && (src.rows <= 1 || src.stride == src.len)
             {
-                let shifted = Extent {
-                    pa: src.pa + (s - a.start),
-                    ..*q
-                };
-                out.push(shifted);
-                return;
+                // A contiguous run: the same extent, moved.
+                if src.rows <= 1 || src.stride == src.len {
+                    let shifted = Extent {
+                        pa: src.pa + (s - a.start),
+                        ..*q
+                    };
+                    out.push(shifted);
+                    return;
+                }
+                if rows_of_strided_source(q, q.pa - a.start, &src, out) {
+                    return;
+                }
             }
         }
-        if let [(_, _, id)] = ids[..]
-            && let Some(()) = self.rows_of_one_strided_source(q, id, s, e, out)
-        {
-            return;
-        }
         self.resolve_runs(q, ids, out);
-    }
-
-    /// [`Lazy::resolve_runs`]'s result without walking rows: when one
-    /// alias whose source is one strided extent holds all of `q` (span
-    /// `[s, e)`) and each row of `q` maps into one source row at the same
-    /// column (a DMA reading a tile of a panel a host write brought), the
-    /// rows are the source's rows at a fixed step. `None`: not this case.
-    fn rows_of_one_strided_source(
-        &self,
-        q: &Extent,
-        id: u32,
-        s: u64,
-        e: u64,
-        out: &mut Vec<Extent>,
-    ) -> Option<()> {
-        let a = self.slab[id as usize].as_ref().expect("live alias");
-        let [src] = a.src[..] else { return None };
-        if a.start > s || e > a.start + a.len || src.rows <= 1 || src.len == 0 {
-            return None;
-        }
-        let (rows, stride) = if q.rows <= 1 {
-            (1, 0)
-        } else {
-            (q.rows as u64, q.stride)
-        };
-        let off = q.pa - a.start;
-        let (row0, col) = (off / src.len, off % src.len);
-        if col + q.len > src.len || !stride.is_multiple_of(src.len) {
-            return None;
-        }
-        let step = (stride / src.len).checked_mul(src.stride)?;
-        push_rows(out, src.pa + row0 * src.stride + col, q.len, rows, step);
-        Some(())
     }
 
     /// Resolve `q` run by run (its rows), piece by piece (the targets
@@ -828,9 +817,7 @@ mod tests {
                         l.resolve_runs(&q, ids, &mut slow);
                         assert_eq!(fast, slow, "{q:?} after {b:?}");
                         let mut probe = Vec::new();
-                        fast_paths += l
-                            .rows_of_one_strided_source(&q, ids[0].2, 1000 + off, end, &mut probe)
-                            .is_some() as u32;
+                        fast_paths += rows_of_strided_source(&q, off, &src, &mut probe) as u32;
                     }
                 }
             }
