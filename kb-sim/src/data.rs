@@ -101,8 +101,13 @@ pub struct PendingRead {
 /// copy on the way. Absent pages read as zero.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    /// (page, or `None` for zeros; offset in it; length), in order.
-    parts: Vec<(Option<Page>, u32, u32)>,
+    /// The pages the parts read, each once per run of parts in it (a
+    /// tile's rows mostly share a page: one reference count per page,
+    /// not per row).
+    pages: Vec<Page>,
+    /// (index into `pages`, or [`Snapshot::ZERO`] for zeros; offset in
+    /// it; length), in order.
+    parts: Vec<(u32, u32, u32)>,
     len: usize,
 }
 
@@ -124,8 +129,8 @@ impl Snapshot {
         let mut snap = Snapshot::default();
         if len > 0 {
             let n = u32::try_from(len).expect("a tile is under 4 GiB");
-            snap.parts
-                .push((Some(Arc::new(bytes.into_boxed_slice())), 0, n));
+            snap.pages.push(Arc::new(bytes.into_boxed_slice()));
+            snap.parts.push((0, 0, n));
             snap.len = len;
         }
         snap
@@ -143,11 +148,11 @@ impl Snapshot {
 
     /// The bytes, piece by piece, in order.
     pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
-        self.parts.iter().map(|(p, off, n)| {
-            let (off, n) = (*off as usize, *n as usize);
+        self.parts.iter().map(|&(p, off, n)| {
+            let (off, n) = (off as usize, n as usize);
             match p {
-                Some(p) => &p[off..off + n],
-                None => &ZEROS[..n],
+                Snapshot::ZERO => &ZEROS[..n],
+                p => &self.pages[p as usize][off..off + n],
             }
         })
     }
@@ -205,23 +210,32 @@ impl Snapshot {
         })
     }
 
+    /// The page index of zeros (absent pages).
+    const ZERO: u32 = u32::MAX;
+
     fn push(&mut self, page: Option<&Page>, off: usize, n: usize) {
         if n == 0 {
             return;
         }
         self.len += n;
+        let index = match page {
+            None => Snapshot::ZERO,
+            Some(p) => match self.pages.last() {
+                Some(last) if Arc::ptr_eq(last, p) => (self.pages.len() - 1) as u32,
+                _ => {
+                    self.pages.push(p.clone());
+                    (self.pages.len() - 1) as u32
+                }
+            },
+        };
         if let Some((last, lo, ln)) = self.parts.last_mut()
+            && *last == index
             && (*lo + *ln) as usize == off
-            && match (&*last, page) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (None, None) => true,
-                _ => false,
-            }
         {
             *ln += n as u32;
             return;
         }
-        self.parts.push((page.cloned(), off as u32, n as u32));
+        self.parts.push((index, off as u32, n as u32));
     }
 }
 
@@ -513,12 +527,7 @@ impl DataPlane {
     /// Write the bytes of `snap` into the rows of `pieces` (in order);
     /// clears any pending mark on them.
     fn write_snapshot(&mut self, pieces: &[Extent], snap: &Snapshot) {
-        for x in pieces {
-            let (rows, len, stride) = rows_of(x);
-            for r in 0..rows {
-                self.clear_pending(x.pa + r * stride, len);
-            }
-        }
+        self.clear_extents(pieces);
         let mut chunks = snap.chunks();
         let mut cur: &[u8] = &[];
         let mut rows = pieces.iter().flat_map(|x| {
@@ -598,8 +607,20 @@ impl DataPlane {
     /// them all again ([`DataPlane::mark_unknown`]) and so never shows
     /// what the pages hold under the marks.
     pub fn clear_extents(&mut self, pieces: &[Extent]) {
+        if self.pending.is_empty() {
+            return;
+        }
         for x in pieces {
             let (rows, len, stride) = rows_of(x);
+            // One search over the extent's span first: most writes land
+            // on no pending byte (as in `unknown_in`).
+            if rows == 0
+                || self
+                    .first_pending(x.pa, (rows - 1) * stride + len)
+                    .is_none()
+            {
+                continue;
+            }
             for r in 0..rows {
                 self.clear_pending(x.pa + r * stride, len);
             }

@@ -200,13 +200,20 @@ impl<W: Write> Engine<'_, W> {
             return Ok(pieces);
         }
         if self.m.topo.address_model == AddressModel::Va && a.space == Space::Hbm {
-            let mut pieces = Vec::new();
-            let mut run = None;
-            for r in 0..rows as u64 {
-                self.translate(pe, a.addr + r * stride, row_bytes, &mut run, &mut pieces)
-                    .map_err(|e| format!("DMA {side}: {e}"))?;
-            }
-            let folded = super::mmu::fold_rows(pieces);
+            let folded = match self.translate_within_run(pe, a.addr, rows, row_bytes, stride) {
+                // Every row in one run of pages: one extent, as folding
+                // the rows' pieces would give.
+                Some(x) => vec![x],
+                None => {
+                    let mut pieces = Vec::new();
+                    let mut run = None;
+                    for r in 0..rows as u64 {
+                        self.translate(pe, a.addr + r * stride, row_bytes, &mut run, &mut pieces)
+                            .map_err(|e| format!("DMA {side}: {e}"))?;
+                    }
+                    super::mmu::fold_rows(pieces)
+                }
+            };
             // A folded extent that passes has every row pass; only when
             // one does not are its rows checked one by one (a tile can
             // straddle partitions row by row), naming the row at fault.

@@ -219,6 +219,21 @@ impl<W: Write> Engine<'_, W> {
     /// physical pieces; an unmapped page that is a valid HBM PA is used as
     /// one (the PA fallback). `run` carries the last run used from one
     /// call to the next (the rows of one transfer).
+    /// `rows` rows of `len` bytes, `stride` apart (rows that touch
+    /// already merged), at `va` as one extent, when one run of mapped
+    /// pages holds them all: what translating row by row and folding
+    /// the pieces gives then, in one lookup. `None` otherwise.
+    pub(super) fn translate_within_run(
+        &self,
+        pe: PeCoord,
+        va: u64,
+        rows: u32,
+        len: u64,
+        stride: u64,
+    ) -> Option<Extent> {
+        self.mmus[self.m.pe_index(pe)].extent_within_run(va, rows, len, stride)
+    }
+
     pub(super) fn translate(
         &mut self,
         pe: PeCoord,
@@ -357,6 +372,29 @@ impl PageRuns {
         let (&s, &(e, p)) = self.runs.range(..=va).next_back()?;
         (va < e).then_some((s, e, p))
     }
+
+    /// See [`Engine::translate_within_run`]: the extent of `rows` rows of
+    /// `len` bytes `stride` apart (`stride > len`) at `va` when one run
+    /// holds every byte of them.
+    pub(super) fn extent_within_run(
+        &self,
+        va: u64,
+        rows: u32,
+        len: u64,
+        stride: u64,
+    ) -> Option<Extent> {
+        if rows == 0 || len == 0 || (rows > 1 && stride <= len) {
+            return None;
+        }
+        let span = (rows as u64 - 1).checked_mul(stride)?.checked_add(len)?;
+        let (s, e, p) = self.run_at(va)?;
+        (va.checked_add(span)? <= e).then(|| Extent {
+            pa: p + (va - s),
+            len,
+            rows,
+            stride: if rows > 1 { stride } else { 0 },
+        })
+    }
 }
 
 /// Fold equally long, equally spaced contiguous pieces into 2-D extents.
@@ -436,6 +474,67 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// A strided extent inside one run translates, in one step, to
+        /// what translating each row through a table of pages and folding
+        /// the pieces gives; one that leaves its run is not taken.
+        #[test]
+        fn an_extent_within_one_run_is_its_rows_translated_and_folded(
+            pages in prop::collection::vec((0u64..20, 0u64..40), 1..16),
+            va in 0u64..24 * 4096,
+            rows in 1u32..40,
+            len in 1u64..3000,
+            extra in 1u64..5000,
+        ) {
+            const PAGE: u64 = 4096;
+            let stride = len + extra;
+            let pages: Vec<(u64, u64)> = pages
+                .iter()
+                .scan((0u64, 0u64), |(v, p), &(dv, dp)| {
+                    *v = if dv < 14 { *v + 1 } else { dv };
+                    *p = if dp < 30 { *p + 1 } else { dp * 7 };
+                    Some((*v * PAGE, *p * PAGE))
+                })
+                .collect();
+            let mut runs = PageRuns::default();
+            runs.apply(&pages, PAGE, false);
+            let model: std::collections::HashMap<u64, u64> = pages.iter().copied().collect();
+            // Each row byte by page through the model; None if unmapped.
+            let mut pieces: Vec<Extent> = Vec::new();
+            let mut mapped = true;
+            'rows: for r in 0..rows as u64 {
+                let (mut at, end) = (va + r * stride, va + r * stride + len);
+                while at < end {
+                    let base = at & !(PAGE - 1);
+                    let Some(&pa) = model.get(&base) else {
+                        mapped = false;
+                        break 'rows;
+                    };
+                    let n = (base + PAGE).min(end) - at;
+                    match pieces.last_mut() {
+                        Some(prev) if prev.pa + prev.len == pa + (at - base) => prev.len += n,
+                        _ => pieces.push(Extent::contiguous(pa + (at - base), n)),
+                    }
+                    at += n;
+                }
+            }
+            let folded = fold_rows(pieces);
+            match runs.extent_within_run(va, rows, len, stride) {
+                Some(x) => {
+                    prop_assert!(mapped);
+                    prop_assert_eq!(vec![x], folded);
+                }
+                // Not in one run: either unmapped somewhere, or more than
+                // one run (pieces that do not fold into one extent, or
+                // the run ends inside the span).
+                None => {
+                    let (s, e, _) = runs.run_at(va).unwrap_or((0, 0, 0));
+                    prop_assert!(!(mapped && s <= va && va + (rows as u64 - 1) * stride + len <= e));
                 }
             }
         }
