@@ -9,7 +9,9 @@
 //! pages once, and [`DataPlane::write_image`] puts the same pages at every
 //! PA with the image's in-page offset (a replicated tensor's copies are
 //! one set of pages until a PE writes its copy). A write to a shared page
-//! copies that page first, so sharing never shows in the bytes.
+//! copies that page first, so sharing never shows in the bytes. A move
+//! into one TCM range lands by reference to its [`Snapshot`] (no copy);
+//! reads see such ranges first and writes trim them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -184,6 +186,26 @@ impl Snapshot {
         }
     }
 
+    /// Push the parts of bytes `[at, at+len)` onto `out` (pages by
+    /// reference).
+    fn push_range_onto(&self, mut at: usize, mut len: usize, out: &mut Snapshot) {
+        for &(p, off, n) in &self.parts {
+            if len == 0 {
+                break;
+            }
+            let n = n as usize;
+            if at >= n {
+                at -= n;
+                continue;
+            }
+            let k = (n - at).min(len);
+            let page = (p != Snapshot::ZERO).then(|| &self.pages[p as usize]);
+            out.push(page, off as usize + at, k);
+            at = 0;
+            len -= k;
+        }
+    }
+
     /// The bytes as one vector.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len);
@@ -248,9 +270,24 @@ fn rows_of(x: &Extent) -> (u64, u64, u64) {
     }
 }
 
+/// Bytes a move landed in TCM without copying them: `[start, end)` (the
+/// map's key is `start`) holds the bytes of `snap` from `skip` on. The
+/// pages under it hold stale bytes that nothing reads.
+#[derive(Debug, Clone)]
+struct Landed {
+    end: u64,
+    snap: Arc<Snapshot>,
+    skip: usize,
+}
+
 #[derive(Debug, Default)]
 pub struct DataPlane {
     pages: FxHashMap<u64, Page>,
+    /// TCM ranges landed by reference (disjoint): most loaded tiles are
+    /// only overwritten by the next load, so copying them into pages was
+    /// the largest single cost of a run. Every read looks here first;
+    /// every write trims what it covers.
+    landed: BTreeMap<u64, Landed>,
     /// start -> (end, writer op id); disjoint intervals.
     pending: BTreeMap<u64, (u64, u64)>,
     /// Who each writer named in `pending` is, with the number of pending
@@ -267,6 +304,12 @@ impl DataPlane {
     /// Copy `out.len()` bytes starting at `pa` into `out`.
     pub fn read(&self, pa: u64, out: &mut [u8]) -> Result<(), PendingRead> {
         self.check_pending(pa, out.len() as u64)?;
+        if self.landed_in(pa, out.len() as u64) {
+            let mut v = Vec::with_capacity(out.len());
+            self.append_unchecked(pa, out.len() as u64, &mut v);
+            out.copy_from_slice(&v);
+            return Ok(());
+        }
         let mut done = 0usize;
         while done < out.len() {
             let at = pa + done as u64;
@@ -289,6 +332,16 @@ impl DataPlane {
     }
 
     fn append_unchecked(&self, pa: u64, len: u64, out: &mut Vec<u8>) {
+        if self.landed_in(pa, len) {
+            let mut snap = Snapshot::default();
+            self.push_row(pa, len, &mut snap, &mut None);
+            snap.append_range(0, snap.len(), out);
+            return;
+        }
+        self.append_pages(pa, len, out);
+    }
+
+    fn append_pages(&self, pa: u64, len: u64, out: &mut Vec<u8>) {
         let mut done = 0u64;
         while done < len {
             let at = pa + done;
@@ -309,6 +362,7 @@ impl DataPlane {
     }
 
     fn write_bytes(&mut self, pa: u64, data: &[u8]) {
+        self.trim_landed(pa, data.len() as u64);
         let mut done = 0usize;
         while done < data.len() {
             let at = pa + done as u64;
@@ -330,6 +384,7 @@ impl DataPlane {
             "image laid out for this offset"
         );
         self.clear_pending(pa, img.len);
+        self.trim_landed(pa, img.len);
         let first = pa >> PAGE_BITS;
         let mut at = pa;
         for (i, (page, bytes)) in img.pages.iter().zip(img.chunks()).enumerate() {
@@ -418,6 +473,8 @@ impl DataPlane {
             return;
         }
         self.clear_pending(pa, len);
+        // The bytes are unknown now: nothing reads them as values.
+        self.trim_landed(pa, len);
         let mut start = pa;
         let mut end = pa + len;
         if let Some((&s, &(e, w))) = self.pending.range(..pa).next_back()
@@ -469,39 +526,174 @@ impl DataPlane {
     /// The bytes of `pieces` (in order) as a [`Snapshot`], pending ones
     /// as whatever the page holds ([`DataPlane::unknown_in`] lists them).
     pub fn snapshot(&self, pieces: &[Extent]) -> Snapshot {
-        let mut snap = Snapshot::default();
+        // Sized up front (a part per row and per page crossed, a page per
+        // page the span crosses): growing them row by row was most of the
+        // allocation on a run's hot path.
+        let (mut parts, mut pages) = (0u64, 0u64);
+        for x in pieces {
+            let (rows, len, stride) = rows_of(x);
+            let span = rows.saturating_sub(1) * stride + len;
+            parts += rows + ((rows * len) >> PAGE_BITS) + 1;
+            pages += (span >> PAGE_BITS) + 2;
+        }
+        let mut snap = Snapshot {
+            pages: Vec::with_capacity(pages.min(parts) as usize),
+            parts: Vec::with_capacity(parts as usize),
+            len: 0,
+        };
         // Rows of a tile share pages: look each page up once in a row.
         let mut last: Option<(u64, Option<&Page>)> = None;
         for x in pieces {
             let (rows, len, stride) = rows_of(x);
+            let span = rows.saturating_sub(1) * stride + len;
+            let landed = self.landed_in(x.pa, span);
             for r in 0..rows {
                 let pa = x.pa + r * stride;
-                let mut done = 0u64;
-                while done < len {
-                    let at = pa + done;
-                    let off = (at as usize) & (PAGE - 1);
-                    let n = (PAGE - off).min((len - done) as usize);
-                    let key = at >> PAGE_BITS;
-                    let page = match last {
-                        Some((k, p)) if k == key => p,
-                        _ => {
-                            let p = self.pages.get(&key);
-                            last = Some((key, p));
-                            p
-                        }
-                    };
-                    snap.push(page, off, n);
-                    done += n as u64;
+                if landed {
+                    self.push_row(pa, len, &mut snap, &mut last);
+                } else {
+                    self.push_pages(pa, len, &mut snap, &mut last);
                 }
             }
         }
         snap
     }
 
+    /// Whether any landed range overlaps `[pa, pa+len)`.
+    fn landed_in(&self, pa: u64, len: u64) -> bool {
+        if self.landed.is_empty() || len == 0 {
+            return false;
+        }
+        let end = pa.saturating_add(len);
+        self.landed
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, l)| l.end > pa)
+    }
+
+    /// Push the bytes `[pa, pa+len)` onto `snap`: landed ranges by their
+    /// snapshots' parts, the rest by page.
+    fn push_row<'a>(
+        &'a self,
+        pa: u64,
+        len: u64,
+        snap: &mut Snapshot,
+        last: &mut Option<(u64, Option<&'a Page>)>,
+    ) {
+        let end = pa + len;
+        let mut at = pa;
+        // The landed range holding `pa`, if any, then those starting inside.
+        let first = self
+            .landed
+            .range(..=pa)
+            .next_back()
+            .filter(|(_, l)| l.end > pa);
+        for (&s, l) in first.into_iter().chain(self.landed.range(pa + 1..end)) {
+            if s > at {
+                self.push_pages(at, s - at, snap, last);
+                at = s;
+            }
+            let n = l.end.min(end) - at;
+            l.snap
+                .push_range_onto(l.skip + (at - s) as usize, n as usize, snap);
+            at += n;
+        }
+        if at < end {
+            self.push_pages(at, end - at, snap, last);
+        }
+    }
+
+    /// Push the page bytes `[pa, pa+len)` onto `snap` (landed ranges not
+    /// consulted).
+    fn push_pages<'a>(
+        &'a self,
+        pa: u64,
+        len: u64,
+        snap: &mut Snapshot,
+        last: &mut Option<(u64, Option<&'a Page>)>,
+    ) {
+        let mut done = 0u64;
+        while done < len {
+            let at = pa + done;
+            let off = (at as usize) & (PAGE - 1);
+            let n = (PAGE - off).min((len - done) as usize);
+            let key = at >> PAGE_BITS;
+            let page = match *last {
+                Some((k, p)) if k == key => p,
+                _ => {
+                    let p = self.pages.get(&key);
+                    *last = Some((key, p));
+                    p
+                }
+            };
+            snap.push(page, off, n);
+            done += n as u64;
+        }
+    }
+
+    /// Forget the landed bytes of `[pa, pa+len)` (about to be written):
+    /// a range it covers goes, one it cuts keeps what lies outside.
+    fn trim_landed(&mut self, pa: u64, len: u64) {
+        if !self.landed_in(pa, len) {
+            return;
+        }
+        let end = pa + len;
+        let mut hit: Vec<u64> = Vec::new();
+        if let Some((&s, l)) = self.landed.range(..pa).next_back()
+            && l.end > pa
+        {
+            hit.push(s);
+        }
+        hit.extend(self.landed.range(pa..end).map(|(&s, _)| s));
+        for s in hit {
+            let l = self.landed.remove(&s).expect("listed");
+            if s < pa {
+                self.landed.insert(
+                    s,
+                    Landed {
+                        end: pa,
+                        ..l.clone()
+                    },
+                );
+            }
+            if l.end > end {
+                let skip = l.skip + (end - s) as usize;
+                self.landed.insert(end, Landed { skip, ..l });
+            }
+        }
+    }
+
+    /// `dst` as one TCM range, when it is one (a load's tile): such a move
+    /// lands by reference.
+    fn tcm_range(dst: &[Extent]) -> Option<(u64, u64)> {
+        let [x] = dst else {
+            return None;
+        };
+        let (rows, len, _) = rows_of(x);
+        let tcm = kb_format::pa::Pa::decode(x.pa).is_some_and(|p| p.space == kb_format::Space::Tcm);
+        (rows == 1 && len > 0 && tcm).then_some((x.pa, len))
+    }
+
     /// Land a move's bytes (`snap`) in the rows of `dst`; when every byte
-    /// is `known`, return their fingerprint, hashed where they now lie in
-    /// one piece (a TCM tile) rather than gathered from the source's rows.
+    /// is `known`, return their fingerprint. A move into one TCM range
+    /// lands by reference (the range reads as `snap` until written); any
+    /// other is copied, and its fingerprint hashed where the bytes then
+    /// lie in one piece rather than gathered from the source's rows.
     pub fn land(&mut self, dst: &[Extent], snap: &Snapshot, known: bool) -> Option<u64> {
+        if let Some((pa, len)) = Self::tcm_range(dst) {
+            assert_eq!(len, snap.len() as u64, "the snapshot covers the pieces");
+            self.clear_pending(pa, len);
+            self.trim_landed(pa, len);
+            self.landed.insert(
+                pa,
+                Landed {
+                    end: pa + len,
+                    snap: Arc::new(snap.clone()),
+                    skip: 0,
+                },
+            );
+            return known.then(|| snap.fingerprint());
+        }
         self.write_snapshot(dst, snap);
         known.then(|| {
             self.as_one_slice(dst)
@@ -528,6 +720,16 @@ impl DataPlane {
     /// clears any pending mark on them.
     fn write_snapshot(&mut self, pieces: &[Extent], snap: &Snapshot) {
         self.clear_extents(pieces);
+        if !self.landed.is_empty() {
+            for x in pieces {
+                let (rows, len, stride) = rows_of(x);
+                if self.landed_in(x.pa, rows.saturating_sub(1) * stride + len) {
+                    for r in 0..rows {
+                        self.trim_landed(x.pa + r * stride, len);
+                    }
+                }
+            }
+        }
         let mut chunks = snap.chunks();
         let mut cur: &[u8] = &[];
         let mut rows = pieces.iter().flat_map(|x| {
@@ -917,6 +1119,143 @@ mod tests {
                 d.write_extent(&Extent { rows: 1, stride: 0, len: x.bytes(), ..*x }, &vec![0xEE; x.bytes() as usize]);
             }
             proptest::prop_assert!(snap.to_vec() == copy);
+        }
+    }
+
+    /// What a sequence of TCM operations does to a plain byte array.
+    #[derive(Debug, Clone)]
+    enum TcmOp {
+        /// A move from `rows` rows of `len` bytes `stride` apart at `src`
+        /// into the one range at `dst` (lands by reference).
+        Move {
+            src: u64,
+            len: u64,
+            rows: u32,
+            gap: u64,
+            dst: u64,
+        },
+        /// The same bytes into two rows `gap` apart at `dst` (copied).
+        MoveStrided {
+            src: u64,
+            len: u64,
+            dst: u64,
+            gap: u64,
+        },
+        Write {
+            at: u64,
+            len: u64,
+            v: u8,
+        },
+        Pending {
+            at: u64,
+            len: u64,
+        },
+    }
+
+    fn tcm_op() -> impl proptest::strategy::Strategy<Value = TcmOp> {
+        use proptest::prelude::*;
+        const R: u64 = 3 * PAGE as u64;
+        prop_oneof![
+            3 => (0..R / 2, 1u64..9000, 1u32..4, 0u64..5000, 0..R / 2)
+                .prop_map(|(src, len, rows, gap, dst)| TcmOp::Move { src, len, rows, gap, dst }),
+            1 => (0..R / 2, 2u64..9000, 0..R / 2, 1u64..3000)
+                .prop_map(|(src, len, dst, gap)| TcmOp::MoveStrided { src, len, dst, gap }),
+            2 => (0..R - 9000, 1u64..9000, 1u8..255).prop_map(|(at, len, v)| TcmOp::Write { at, len, v }),
+            1 => (0..R - 9000, 1u64..9000).prop_map(|(at, len)| TcmOp::Pending { at, len }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Moves into TCM land by reference; every read after any mix of
+        /// moves, writes and pending marks sees what copying every byte
+        /// gives (known bytes; fingerprints of known moves too).
+        #[test]
+        fn tcm_moves_landed_by_reference_read_as_copies(
+            ops in proptest::collection::vec(tcm_op(), 1..24)
+        ) {
+            const R: usize = 3 * PAGE;
+            let base = kb_format::pa::Pa {
+                space: kb_format::Space::Tcm, sip: 0, cube: 0, pe: 1, offset: 0,
+            }.encode().unwrap();
+            let mut d = DataPlane::new();
+            let mut bytes = vec![0u8; R];
+            let mut known = vec![true; R];
+            let mut writer = 0u64;
+            for op in ops {
+                match op {
+                    TcmOp::Move { src, len, rows, gap, dst } => {
+                        let stride = if rows > 1 { len + gap } else { 0 };
+                        let x = Extent { pa: base + src, len, rows, stride };
+                        let (mut moved, mut moved_known) = (Vec::new(), Vec::new());
+                        for r in 0..rows as u64 {
+                            let at = (src + r * stride) as usize;
+                            moved.extend_from_slice(&bytes[at..at + len as usize]);
+                            moved_known.extend_from_slice(&known[at..at + len as usize]);
+                        }
+                        let k = moved_known.iter().all(|&b| b);
+                        let mut unknown = Vec::new();
+                        d.unknown_in(&[x], &mut unknown);
+                        proptest::prop_assert_eq!(unknown.is_empty(), k);
+                        let snap = d.snapshot(&[x]);
+                        let n = moved.len();
+                        let to = [Extent::contiguous(base + dst, n as u64)];
+                        let fp = d.land(&to, &snap, k);
+                        // As the engine does: unknown bytes stay unknown.
+                        d.mark_unknown(&to, &unknown);
+                        proptest::prop_assert_eq!(fp, k.then(|| kb_format::fingerprint(&moved)));
+                        let dst = dst as usize;
+                        bytes[dst..dst + n].copy_from_slice(&moved);
+                        known[dst..dst + n].copy_from_slice(&moved_known);
+                    }
+                    TcmOp::MoveStrided { src, len, dst, gap } => {
+                        let from = [Extent::contiguous(base + src, len)];
+                        let mut unknown = Vec::new();
+                        d.unknown_in(&from, &mut unknown);
+                        let snap = d.snapshot(&from);
+                        let half = len / 2;
+                        let rows = [(dst, half), (dst + half + gap, len - half)];
+                        let pieces: Vec<Extent> = rows.iter().map(|&(a, n)| Extent::contiguous(base + a, n)).collect();
+                        d.land(&pieces, &snap, false);
+                        d.mark_unknown(&pieces, &unknown);
+                        let moved = bytes[src as usize..(src + len) as usize].to_vec();
+                        let moved_known = known[src as usize..(src + len) as usize].to_vec();
+                        let mut at = 0;
+                        for (a, n) in rows {
+                            let (a, n) = (a as usize, n as usize);
+                            bytes[a..a + n].copy_from_slice(&moved[at..at + n]);
+                            known[a..a + n].copy_from_slice(&moved_known[at..at + n]);
+                            at += n;
+                        }
+                    }
+                    TcmOp::Write { at, len, v } => {
+                        d.write(base + at, &vec![v; len as usize]);
+                        let (a, n) = (at as usize, len as usize);
+                        bytes[a..a + n].fill(v);
+                        known[a..a + n].iter_mut().for_each(|b| *b = true);
+                    }
+                    TcmOp::Pending { at, len } => {
+                        writer += 1;
+                        d.register_writer(self::writer(writer));
+                        d.mark_pending(base + at, len, writer);
+                        known[at as usize..(at + len) as usize].iter_mut().for_each(|b| *b = false);
+                    }
+                }
+                let got = d.snapshot(&[Extent::contiguous(base, R as u64)]).to_vec();
+                for i in 0..R {
+                    if known[i] {
+                        proptest::prop_assert_eq!(got[i], bytes[i], "byte {}", i);
+                    }
+                }
+                // The copying reads agree with the snapshot.
+                let mut v = Vec::new();
+                d.append_unchecked(base, R as u64, &mut v);
+                proptest::prop_assert!(v == got);
+                let mut whole = vec![0u8; 4096];
+                if known[..4096].iter().all(|&b| b) {
+                    d.read(base, &mut whole).unwrap();
+                    proptest::prop_assert!(whole[..] == bytes[..4096]);
+                }
+            }
         }
     }
 
