@@ -7,10 +7,13 @@ detection). Issue 14's share figures in BENCHMARKS.md come from this.
 
     perf record -e cpu-clock --call-graph dwarf,16384 -F 1000 -o p.data kb-sim ...
     perf script -i p.data | scripts/perf-shares.py
-    perf script -i p.data | scripts/perf-shares.py --within run_with_launches
+    perf script -i p.data | scripts/perf-shares.py --event-loop
 
-`--within REGEX` counts only the samples with a frame matching REGEX (the
-event loop: `run_with_launches`), leaving out setup and the trace's end.
+`--event-loop` leaves out the samples of setup (the workload's build and
+its random inputs) and of the trace's end (tensor data, the channels
+chunk): what is left is the event loop and the kernels it runs. Record
+with `dwarf,65528`: with 16 KiB stack dumps most stacks stop before the
+frames that say where a sample belongs.
 """
 import sys, re, collections
 cats = [
@@ -40,18 +43,18 @@ def strip_generics(sym):
             out.append(ch)
     return "".join(out)
 
-within = None
-if len(sys.argv) == 3 and sys.argv[1] == "--within":
-    within = re.compile(sys.argv[2])
+outside = None
+if sys.argv[1:] == ["--event-loop"]:
+    outside = re.compile(r"Workload>::build|Program::new|random_data|TraceWriter::tensor_data|finish_with_launches")
 elif len(sys.argv) != 1:
-    sys.exit("usage: perf-shares.py [--within REGEX] < perf-script-output")
+    sys.exit("usage: perf-shares.py [--event-loop] < perf-script-output")
 
 counts = collections.Counter(); total = 0
 stack = []
 def flush():
     global total
     if not stack: return
-    if within and not any(within.search(fr) for fr in stack): return
+    if outside and any(outside.search(fr) for fr in stack): return
     total += 1
     for fr in stack:
         for name, rx in cats:

@@ -280,8 +280,76 @@ struct Landed {
     skip: usize,
 }
 
+/// Fingerprints of bytes moved recently, by the pages that held them: a
+/// tile loaded again from the same pages, at the same offsets, holds the
+/// same bytes if no page changed since. Pages are compared by identity
+/// through `Weak` references: those keep no bytes alive, and while one
+/// exists `Arc::make_mut` (the only way a page changes) moves the page to
+/// a new allocation instead of writing it in place, so an allocation seen
+/// again still holds what was hashed.
+#[derive(Debug)]
+struct FingerprintCache {
+    slots: Vec<Option<CachedPrint>>,
+}
+
+#[derive(Debug)]
+struct CachedPrint {
+    pages: Vec<std::sync::Weak<Box<[u8]>>>,
+    parts: Vec<(u32, u32, u32)>,
+    fingerprint: u64,
+}
+
+impl Default for FingerprintCache {
+    fn default() -> Self {
+        FingerprintCache {
+            slots: (0..Self::SLOTS).map(|_| None).collect(),
+        }
+    }
+}
+
+impl FingerprintCache {
+    const SLOTS: usize = 1024;
+
+    fn slot(snap: &Snapshot) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        for p in &snap.pages {
+            (Arc::as_ptr(p) as usize).hash(&mut h);
+        }
+        snap.parts.hash(&mut h);
+        (h.finish() as usize) % Self::SLOTS
+    }
+
+    /// The fingerprint of `snap`'s bytes: remembered, or `hash()`.
+    fn get(&mut self, snap: &Snapshot, hash: impl FnOnce() -> u64) -> u64 {
+        if snap.pages.is_empty() {
+            return hash();
+        }
+        let slot = &mut self.slots[Self::slot(snap)];
+        if let Some(c) = slot
+            && c.parts == snap.parts
+            && c.pages.len() == snap.pages.len()
+            && c.pages
+                .iter()
+                .zip(&snap.pages)
+                .all(|(w, p)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(p)))
+        {
+            return c.fingerprint;
+        }
+        let fingerprint = hash();
+        *slot = Some(CachedPrint {
+            pages: snap.pages.iter().map(Arc::downgrade).collect(),
+            parts: snap.parts.clone(),
+            fingerprint,
+        });
+        fingerprint
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct DataPlane {
+    /// See [`FingerprintCache`].
+    prints: FingerprintCache,
     pages: FxHashMap<u64, Page>,
     /// TCM ranges landed by reference (disjoint): most loaded tiles are
     /// only overwritten by the next load, so copying them into pages was
@@ -692,18 +760,22 @@ impl DataPlane {
                     skip: 0,
                 },
             );
-            return known.then(|| snap.fingerprint());
+            return known.then(|| self.prints.get(snap, || snap.fingerprint()));
         }
         self.write_snapshot(dst, snap);
-        known.then(|| {
-            self.as_one_slice(dst)
+        if !known {
+            return None;
+        }
+        let pages = &self.pages;
+        Some(self.prints.get(snap, || {
+            Self::as_one_slice(pages, dst)
                 .map_or_else(|| snap.fingerprint(), kb_format::fingerprint)
-        })
+        }))
     }
 
     /// The bytes of `pieces` as one slice of a page, when they are one
     /// contiguous range inside a page that is there.
-    fn as_one_slice(&self, pieces: &[Extent]) -> Option<&[u8]> {
+    fn as_one_slice<'a>(pages: &'a FxHashMap<u64, Page>, pieces: &[Extent]) -> Option<&'a [u8]> {
         let [x] = pieces else {
             return None;
         };
@@ -712,7 +784,7 @@ impl DataPlane {
         if rows != 1 || off + len as usize > PAGE {
             return None;
         }
-        let page = self.pages.get(&(x.pa >> PAGE_BITS))?;
+        let page = pages.get(&(x.pa >> PAGE_BITS))?;
         Some(&page[off..off + len as usize])
     }
 
@@ -1257,6 +1329,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_remembered_fingerprint_is_never_one_of_bytes_since_overwritten() {
+        let mut d = DataPlane::new();
+        let src = [Extent {
+            pa: 1000,
+            len: 300,
+            rows: 4,
+            stride: 20_000,
+        }];
+        // Copied (not landed by reference), so no snapshot outlives the
+        // move and the source pages are written in place where they can.
+        let dst = [Extent {
+            pa: 900_000,
+            len: 600,
+            rows: 2,
+            stride: 1000,
+        }];
+        let expect = |d: &DataPlane| {
+            let mut b = Vec::new();
+            d.read_extent(&src[0], &mut b).unwrap();
+            kb_format::fingerprint(&b)
+        };
+        for round in 0..4u8 {
+            d.write(1000, &vec![round; 70_000]);
+            let first = d.snapshot(&src);
+            let fp = d.land(&dst, &first, true);
+            drop(first);
+            assert_eq!(fp, Some(expect(&d)), "round {round}");
+            // The same bytes again: the same fingerprint (remembered).
+            let again = d.snapshot(&src);
+            assert_eq!(d.land(&dst, &again, true), Some(expect(&d)));
+        }
+        // A write inside one row only.
+        d.write(21_050, &[77; 4]);
+        let snap = d.snapshot(&src);
+        assert_eq!(d.land(&dst, &snap, true), Some(expect(&d)));
     }
 
     #[test]
