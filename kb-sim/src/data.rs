@@ -308,7 +308,10 @@ impl Default for FingerprintCache {
 }
 
 impl FingerprintCache {
-    const SLOTS: usize = 1024;
+    /// Enough for the tiles in flight on every PE of a large machine
+    /// (gemm_tiled 2048^3 on default: 92 % of loads hit; 1024 slots: 67 %).
+    /// A filled slot is about 1 KiB.
+    const SLOTS: usize = 8192;
 
     fn slot(snap: &Snapshot) -> usize {
         use std::hash::{Hash, Hasher};
