@@ -316,10 +316,12 @@ impl FingerprintCache {
     fn slot(snap: &Snapshot) -> usize {
         use std::hash::{Hash, Hasher};
         let mut h = rustc_hash::FxHasher::default();
+        // The pages, the part count and the ends pick the slot; `get`
+        // compares every part.
         for p in &snap.pages {
             (Arc::as_ptr(p) as usize).hash(&mut h);
         }
-        snap.parts.hash(&mut h);
+        (snap.parts.len(), snap.parts.first(), snap.parts.last()).hash(&mut h);
         (h.finish() as usize) % Self::SLOTS
     }
 
@@ -853,11 +855,7 @@ impl DataPlane {
             let (rows, len, stride) = rows_of(x);
             // One search for the whole extent's span first: most moves
             // touch no pending byte at all.
-            if rows == 0
-                || self
-                    .first_pending(x.pa, (rows - 1) * stride + len)
-                    .is_none()
-            {
+            if rows == 0 || !self.any_pending(x.pa, (rows - 1) * stride + len) {
                 at += rows * len;
                 continue;
             }
@@ -891,11 +889,7 @@ impl DataPlane {
             let (rows, len, stride) = rows_of(x);
             // One search over the extent's span first: most writes land
             // on no pending byte (as in `unknown_in`).
-            if rows == 0
-                || self
-                    .first_pending(x.pa, (rows - 1) * stride + len)
-                    .is_none()
-            {
+            if rows == 0 || !self.any_pending(x.pa, (rows - 1) * stride + len) {
                 continue;
             }
             for r in 0..rows {
@@ -958,6 +952,18 @@ impl DataPlane {
         self.first_pending(pa, len).map_or(Ok(()), Err)
     }
 
+    /// Whether any pending interval overlaps `[pa, pa+len)`: one search
+    /// (the intervals are disjoint, so only the last one starting before
+    /// the end can reach past `pa`).
+    fn any_pending(&self, pa: u64, len: u64) -> bool {
+        len > 0
+            && self
+                .pending
+                .range(..pa.saturating_add(len))
+                .next_back()
+                .is_some_and(|(_, &(e, _))| e > pa)
+    }
+
     /// The first pending interval overlapping `[pa, pa+len)`.
     fn first_pending(&self, pa: u64, len: u64) -> Option<PendingRead> {
         let end = pa + len;
@@ -982,7 +988,7 @@ impl DataPlane {
     }
 
     fn clear_pending(&mut self, pa: u64, len: u64) {
-        if self.pending.is_empty() || len == 0 || self.first_pending(pa, len).is_none() {
+        if self.pending.is_empty() || !self.any_pending(pa, len) {
             return;
         }
         let end = pa + len;
