@@ -266,6 +266,10 @@ const BLOCK_BITS: u32 = 6;
 #[derive(Debug, Default)]
 struct Buckets {
     blocks: FxHashMap<u64, Block>,
+    /// Blocks that went empty, kept for reuse with their buckets' vectors
+    /// (accesses come and go over the same ranges; making and dropping
+    /// blocks was most of the detector's allocation).
+    spare: Vec<Block>,
 }
 
 #[derive(Debug)]
@@ -284,10 +288,16 @@ impl Block {
 }
 
 impl Buckets {
+    /// Empty blocks kept at most (each about 64 buckets' vectors).
+    const SPARE: usize = 256;
+
     fn get_or_insert(&mut self, b: u64) -> &mut Bucket {
-        let block = self.blocks.entry(b >> BLOCK_BITS).or_insert_with(|| Block {
-            used: 0,
-            buckets: (0..1 << BLOCK_BITS).map(|_| Bucket::default()).collect(),
+        let spare = &mut self.spare;
+        let block = self.blocks.entry(b >> BLOCK_BITS).or_insert_with(|| {
+            spare.pop().unwrap_or_else(|| Block {
+                used: 0,
+                buckets: (0..1 << BLOCK_BITS).map(|_| Bucket::default()).collect(),
+            })
         });
         let bucket = &mut block.buckets[(b & ((1 << BLOCK_BITS) - 1)) as usize];
         if bucket.is_empty() {
@@ -308,8 +318,11 @@ impl Buckets {
         bucket.remove(id, e);
         if bucket.is_empty() {
             block.used -= 1;
-            if block.used == 0 {
-                self.blocks.remove(&(b >> BLOCK_BITS));
+            if block.used == 0
+                && let Some(empty) = self.blocks.remove(&(b >> BLOCK_BITS))
+                && self.spare.len() < Self::SPARE
+            {
+                self.spare.push(empty);
             }
         }
     }
@@ -331,6 +344,8 @@ pub struct Shadow {
     /// Scratch: entries an access replaces.
     replaced: Vec<u32>,
     bucket_list: Vec<u64>,
+    /// Scratch: the buckets of an entry being removed.
+    removed_buckets: Vec<u64>,
 }
 
 /// `(pa, len, rows, stride)` with touching rows merged into one.
@@ -499,11 +514,13 @@ impl Shadow {
         let Some(e) = self.entries[id as usize].take() else {
             return;
         };
-        let mut buckets = Vec::new();
+        let mut buckets = std::mem::take(&mut self.removed_buckets);
+        buckets.clear();
         Self::buckets_of(&e.x, &mut buckets);
-        for b in buckets {
+        for &b in &buckets {
             self.buckets.remove(b, id, &e);
         }
+        self.removed_buckets = buckets;
         self.free.push(id);
     }
 
