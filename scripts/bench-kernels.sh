@@ -5,7 +5,9 @@
 #    workload shape: shared/peer/simpy_greenlet_fair.py (real 128x128 f16
 #    arrays in its store, returned by reference: the peer to compare with)
 #    and shared/peer/simpy_greenlet_ref.py (the original, beside it)
-#    (64 PEs x 200 iterations of load 128x128 f16 -> dot -> store).
+#    (64 PEs x 200 iterations of load 128x128 f16 -> dot -> store),
+#    by wall time and, for the coroutine executor and the fair peer, by
+#    CPU time (on a loaded machine wall time measures the load too).
 # Installs simpy, greenlet and numpy into a private virtualenv (PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,16 +48,21 @@ peer_ops=$(echo "$peer_out" | sed -n 's/.*kernel_ops_per_s=\([0-9]*\).*/\1/p')
 fair_out=$("$py" "$fair" 64 200)
 echo "$fair_out" | sed 's/^/fair peer: /'
 fair_ops=$(echo "$fair_out" | sed -n 's/.*kernel_ops_per_s=\([0-9]*\).*/\1/p')
+fair_cpu_ops=$(echo "$fair_out" | sed -n 's/.*kernel_ops_per_cpu_s=\([0-9]*\).*/\1/p')
 
 ours=$(cargo bench -q -p kb-sim --bench kernels 2>/dev/null)
 echo "$ours"
 co_ns=$(echo "$ours" | sed -n 's/handshake round trip, Coroutine executor: \([0-9.]*\) ns.*/\1/p')
 th_ns=$(echo "$ours" | sed -n 's/handshake round trip, Thread executor: \([0-9.]*\) ns.*/\1/p')
 co_ops=$(echo "$ours" | sed -n 's/.*Coroutine: .*kernel_ops_per_s=\([0-9]*\).*/\1/p')
+co_cpu_ops=$(echo "$ours" | sed -n 's/.*CPU, Coroutine: .*kernel_ops_per_cpu_s=\([0-9]*\).*/\1/p')
 th_ops=$(echo "$ours" | sed -n 's/.*Thread: .*kernel_ops_per_s=\([0-9]*\).*/\1/p')
 echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-awk -v g="$greenlet_ns" -v c="$co_ns" -v t="$th_ns" -v p="$peer_ops" -v f="$fair_ops" -v co="$co_ops" -v th="$th_ops" 'BEGIN {
+awk -v g="$greenlet_ns" -v c="$co_ns" -v t="$th_ns" -v p="$peer_ops" -v f="$fair_ops" -v co="$co_ops" -v th="$th_ops" \
+    -v fc="${fair_cpu_ops:-0}" -v cc="${co_cpu_ops:-0}" 'BEGIN {
   printf "handshake: coroutine %.1f ns = %.3f x greenlet; thread %.1f ns = %.2f x greenlet (lower is better)\n", c, c / g, t, t / g
   printf "kernel ops/s vs fair peer: coroutine %.1f x, thread %.2f x\n", co / f, th / f
+  # Per CPU second on both sides: what neither side lost to other load.
+  if (fc > 0 && cc > 0) printf "kernel ops per CPU s vs fair peer: coroutine %.1f x (%d vs %d)\n", cc / fc, cc, fc
   printf "kernel ops/s vs reference peer: coroutine %.1f x, thread %.2f x\n", co / p, th / p
 }'

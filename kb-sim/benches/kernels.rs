@@ -59,8 +59,19 @@ fn peer_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     }
 }
 
-/// Returns (kernel ops, simulated events, wall seconds).
-fn peer_workload(ex: Executor, iters: u64) -> (u64, u64, f64) {
+/// CPU seconds the calling thread has run, from Linux's
+/// /proc/thread-self/schedstat (nanoseconds); None elsewhere. The peers
+/// print their CPU time too: on a loaded machine wall time measures the
+/// load as much as the simulator.
+fn thread_cpu_s() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 / 1e9)
+}
+
+/// Returns (kernel ops, simulated events, wall seconds, CPU seconds of
+/// this thread, where known).
+fn peer_workload(ex: Executor, iters: u64) -> (u64, u64, f64, Option<f64>) {
     let mut topo = Topology::load("default").unwrap();
     topo.counts.cubes_per_sip = 8; // 1 x 8 x 8 = 64 PEs
     let m = Machine::build(&topo);
@@ -84,16 +95,18 @@ fn peer_workload(ex: Executor, iters: u64) -> (u64, u64, f64) {
     }
     let writer = TraceWriter::new(std::io::sink(), &Meta::default()).unwrap();
     let t = Instant::now();
+    let cpu0 = thread_cpu_s();
     let (w, stats) = Engine::new(&m, writer, &rt.tensors, programs)
         .run()
         .unwrap();
     w.finish(&VerifySpec::default()).unwrap();
     let wall = t.elapsed().as_secs_f64();
+    let cpu = cpu0.zip(thread_cpu_s()).map(|(a, b)| b - a);
     // Kernel ops: the peer counts load, gemm and store records; ours also
     // include the host's deploy writes, which we leave out.
     let kernel_ops = 3 * 64 * iters;
     assert!(stats.records >= kernel_ops);
-    (kernel_ops, stats.events, wall)
+    (kernel_ops, stats.events, wall, cpu)
 }
 
 fn executors() -> Vec<Executor> {
@@ -115,12 +128,25 @@ fn main() {
         );
     }
     for ex in executors() {
-        let runs: Vec<(u64, u64, f64)> = (0..3).map(|_| peer_workload(ex, 200)).collect();
+        let runs: Vec<(u64, u64, f64, Option<f64>)> =
+            (0..3).map(|_| peer_workload(ex, 200)).collect();
         let wall = median(runs.iter().map(|r| r.2).collect());
-        let (ops, events, _) = runs[0];
+        let (ops, events, _, _) = runs[0];
         println!(
             "peer workload (64 PEs x 200 x load 128x128 f16 -> dot -> store), {ex:?}: {ops} kernel ops, {events} events in {wall:.3} s: kernel_ops_per_s={:.0}",
             ops as f64 / wall
         );
+        // The coroutine executor runs everything on this thread; the
+        // thread executor's kernels run on others, so its CPU figure
+        // would leave them out.
+        if ex == Executor::Coroutine
+            && let Some(cpu) = runs.iter().map(|r| r.3).collect::<Option<Vec<f64>>>()
+        {
+            let cpu = median(cpu);
+            println!(
+                "peer workload CPU, {ex:?}: {cpu:.3} s on the simulation thread: kernel_ops_per_cpu_s={:.0}",
+                ops as f64 / cpu
+            );
+        }
     }
 }
