@@ -101,19 +101,46 @@ pub struct PendingRead {
 /// them (copy on write keeps them: a later write to such a page copies
 /// it first): a load's bytes, from its source read to the kernel, with no
 /// copy on the way. Absent pages read as zero.
+///
+/// Cloning one is a reference count: a load's snapshot is shared by the
+/// kernel's tile and the TCM range it landed in.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot {
+pub struct Snapshot(Option<Arc<SnapshotParts>>);
+
+/// What a [`Snapshot`] holds.
+#[derive(Debug, Default)]
+pub struct SnapshotParts {
     /// The pages the parts read, each once per run of parts in it (a
     /// tile's rows mostly share a page: one reference count per page,
     /// not per row).
     pages: Vec<Page>,
-    /// (index into `pages`, or [`Snapshot::ZERO`] for zeros; offset in
-    /// it; length), in order.
+    /// (index into `pages`, or [`SnapshotParts::ZERO`] for zeros; offset
+    /// in it; length), in order.
     parts: Vec<(u32, u32, u32)>,
     len: usize,
 }
 
 static ZEROS: [u8; PAGE] = [0; PAGE];
+
+static NO_PARTS: SnapshotParts = SnapshotParts {
+    pages: Vec::new(),
+    parts: Vec::new(),
+    len: 0,
+};
+
+impl std::ops::Deref for Snapshot {
+    type Target = SnapshotParts;
+
+    fn deref(&self) -> &SnapshotParts {
+        self.0.as_deref().unwrap_or(&NO_PARTS)
+    }
+}
+
+impl From<SnapshotParts> for Snapshot {
+    fn from(parts: SnapshotParts) -> Snapshot {
+        Snapshot((parts.len > 0).then(|| Arc::new(parts)))
+    }
+}
 
 /// Equal bytes (however they are held).
 impl PartialEq for Snapshot {
@@ -128,15 +155,18 @@ impl Snapshot {
     /// A snapshot of bytes that lie in no plane (a kernel's own).
     pub fn from_vec(bytes: Vec<u8>) -> Snapshot {
         let len = bytes.len();
-        let mut snap = Snapshot::default();
+        let mut snap = SnapshotParts::default();
         if len > 0 {
             let n = u32::try_from(len).expect("a tile is under 4 GiB");
             snap.pages.push(Arc::new(bytes.into_boxed_slice()));
             snap.parts.push((0, 0, n));
             snap.len = len;
         }
-        snap
+        snap.into()
     }
+}
+
+impl SnapshotParts {
 
     /// Bytes held.
     pub fn len(&self) -> usize {
@@ -153,7 +183,7 @@ impl Snapshot {
         self.parts.iter().map(|&(p, off, n)| {
             let (off, n) = (off as usize, n as usize);
             match p {
-                Snapshot::ZERO => &ZEROS[..n],
+                SnapshotParts::ZERO => &ZEROS[..n],
                 p => &self.pages[p as usize][off..off + n],
             }
         })
@@ -188,7 +218,7 @@ impl Snapshot {
 
     /// Push the parts of bytes `[at, at+len)` onto `out` (pages by
     /// reference).
-    fn push_range_onto(&self, mut at: usize, mut len: usize, out: &mut Snapshot) {
+    fn push_range_onto(&self, mut at: usize, mut len: usize, out: &mut SnapshotParts) {
         for &(p, off, n) in &self.parts {
             if len == 0 {
                 break;
@@ -199,7 +229,7 @@ impl Snapshot {
                 continue;
             }
             let k = (n - at).min(len);
-            let page = (p != Snapshot::ZERO).then(|| &self.pages[p as usize]);
+            let page = (p != SnapshotParts::ZERO).then(|| &self.pages[p as usize]);
             out.push(page, off as usize + at, k);
             at = 0;
             len -= k;
@@ -241,7 +271,7 @@ impl Snapshot {
         }
         self.len += n;
         let index = match page {
-            None => Snapshot::ZERO,
+            None => SnapshotParts::ZERO,
             Some(p) => match self.pages.last() {
                 Some(last) if Arc::ptr_eq(last, p) => (self.pages.len() - 1) as u32,
                 _ => {
@@ -276,7 +306,7 @@ fn rows_of(x: &Extent) -> (u64, u64, u64) {
 #[derive(Debug, Clone)]
 struct Landed {
     end: u64,
-    snap: Arc<Snapshot>,
+    snap: Snapshot,
     skip: usize,
 }
 
@@ -406,7 +436,7 @@ impl DataPlane {
 
     fn append_unchecked(&self, pa: u64, len: u64, out: &mut Vec<u8>) {
         if self.landed_in(pa, len) {
-            let mut snap = Snapshot::default();
+            let mut snap = SnapshotParts::default();
             self.push_row(pa, len, &mut snap, &mut None);
             snap.append_range(0, snap.len(), out);
             return;
@@ -609,7 +639,7 @@ impl DataPlane {
             parts += rows + ((rows * len) >> PAGE_BITS) + 1;
             pages += (span >> PAGE_BITS) + 2;
         }
-        let mut snap = Snapshot {
+        let mut snap = SnapshotParts {
             pages: Vec::with_capacity(pages.min(parts) as usize),
             parts: Vec::with_capacity(parts as usize),
             len: 0,
@@ -629,7 +659,7 @@ impl DataPlane {
                 }
             }
         }
-        snap
+        snap.into()
     }
 
     /// Whether any landed range overlaps `[pa, pa+len)`.
@@ -650,7 +680,7 @@ impl DataPlane {
         &'a self,
         pa: u64,
         len: u64,
-        snap: &mut Snapshot,
+        snap: &mut SnapshotParts,
         last: &mut Option<(u64, Option<&'a Page>)>,
     ) {
         let end = pa + len;
@@ -682,7 +712,7 @@ impl DataPlane {
         &'a self,
         pa: u64,
         len: u64,
-        snap: &mut Snapshot,
+        snap: &mut SnapshotParts,
         last: &mut Option<(u64, Option<&'a Page>)>,
     ) {
         let mut done = 0u64;
@@ -761,7 +791,7 @@ impl DataPlane {
                 pa,
                 Landed {
                     end: pa + len,
-                    snap: Arc::new(snap.clone()),
+                    snap: snap.clone(),
                     skip: 0,
                 },
             );
