@@ -167,7 +167,6 @@ impl Snapshot {
 }
 
 impl SnapshotParts {
-
     /// Bytes held.
     pub fn len(&self) -> usize {
         self.len
@@ -741,15 +740,14 @@ impl DataPlane {
             return;
         }
         let end = pa + len;
-        let mut hit: Vec<u64> = Vec::new();
-        if let Some((&s, l)) = self.landed.range(..pa).next_back()
+        // The last range starting before `end`, while it reaches past
+        // `pa`: ranges are disjoint, so this walks the overlaps from the
+        // last, and the parts kept (outside `[pa, end)`) are never met
+        // again.
+        while let Some((&s, l)) = self.landed.range(..end).next_back()
             && l.end > pa
         {
-            hit.push(s);
-        }
-        hit.extend(self.landed.range(pa..end).map(|(&s, _)| s));
-        for s in hit {
-            let l = self.landed.remove(&s).expect("listed");
+            let l = self.landed.remove(&s).expect("found");
             if s < pa {
                 self.landed.insert(
                     s,
