@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use kb_format::{Event, FormatError, Meta, MmapTrace, StreamReader, Strings, VerifySpec};
 
-use crate::engine::{Exec, ReplayOptions, Replayer, Stats};
+use crate::engine::{Exec, Feed, ReplayOptions, Replayer, Stats};
 use crate::error::{Error, Result};
 use crate::npy;
 use crate::ops::GemmBackend;
@@ -62,21 +62,21 @@ pub struct Loaded {
     pub stats: Stats,
 }
 
-fn on_event(rep: &mut Replayer, ev: Event<'_>, exec: &Exec, bar: &Progress) -> Result<()> {
+fn on_event(feed: &mut Feed, ev: Event<'_>, bar: &Progress) -> Result<()> {
     match ev {
         Event::Tensor {
             tensor,
             offset,
             data,
-        } => rep.load_host(tensor, offset, data)?,
+        } => feed.load_host(tensor, offset, data)?,
         Event::Snapshot {
             op_id,
             operand,
             data,
-        } => rep.add_snapshot(op_id, operand, data),
+        } => feed.add_snapshot(op_id, operand, data)?,
         Event::Records(c) => {
-            rep.push_chunk(c, exec)?;
-            bar.update(rep.stats().records, rep.pending_records());
+            feed.push_chunk(c)?;
+            bar.update(feed.stats().records, feed.pending_records());
         }
     }
     Ok(())
@@ -96,24 +96,26 @@ fn load_mmap_with(
     let trace = MmapTrace::open(path)?;
     bar.set_total(trace.footer().counts.records);
     let mut rep = Replayer::new(trace.meta(), opts);
-    let mut mine = None;
-    let res = trace.for_each_event(|ev| {
-        on_event(&mut rep, ev, exec, bar).map_err(|e| match e {
-            Error::Format(f) => f,
-            e => {
-                mine = Some(e);
-                FormatError::Usage("stopped".into())
-            }
-        })
-    });
-    if let Some(e) = mine {
-        return Err(e);
-    }
-    res?;
-    // After the chunks, so that damage inside one is reported by its own
-    // checksum; this catches the rest (padding).
-    trace.verify_digest()?;
-    let stats = rep.finish(trace.strings(), exec)?;
+    let stats = rep.replay(exec, |feed| {
+        let mut mine = None;
+        let res = trace.for_each_event(|ev| {
+            on_event(feed, ev, bar).map_err(|e| match e {
+                Error::Format(f) => f,
+                e => {
+                    mine = Some(e);
+                    FormatError::Usage("stopped".into())
+                }
+            })
+        });
+        if let Some(e) = mine {
+            return Err(e);
+        }
+        res?;
+        // After the chunks, so that damage inside one is reported by its
+        // own checksum; this catches the rest (padding).
+        trace.verify_digest()?;
+        feed.finish(trace.strings())
+    })?;
     Ok(Loaded {
         meta: trace.meta().clone(),
         strings: trace.strings().clone(),
@@ -136,10 +138,12 @@ fn load_stream_with<R: Read>(
 ) -> Result<Loaded> {
     let mut reader = StreamReader::open(r)?;
     let mut rep = Replayer::new(reader.meta(), opts);
-    while let Some(ev) = reader.next_event()? {
-        on_event(&mut rep, ev, exec, bar)?;
-    }
-    let stats = rep.finish(reader.strings(), exec)?;
+    let stats = rep.replay(exec, |feed| {
+        while let Some(ev) = reader.next_event()? {
+            on_event(feed, ev, bar)?;
+        }
+        feed.finish(reader.strings())
+    })?;
     Ok(Loaded {
         meta: reader.meta().clone(),
         strings: reader.strings().clone(),

@@ -661,6 +661,41 @@ fn an_effect_arriving_after_its_seq_was_applied_is_an_error() {
 }
 
 #[test]
+fn a_window_that_fails_in_the_background_comes_before_a_later_records_error() {
+    // With two or more threads a window runs while later records are
+    // decoded: op 1's window fails (a wrong fingerprint) and op 3's record
+    // is refused when it arrives; op 1's error is the one reported, as
+    // with one thread, where op 3 is never read.
+    let tensors = vec![tensor("x", Dtype::U8, &[64], true, None)];
+    let mut first = mem(1, 0, 0, vec![span(host(0, 0), 8)], 1, vec![span(hbm(0), 8)]);
+    first.fingerprint = Some(kb_format::fingerprint(&[5; 8]) ^ 1);
+    let ops = vec![
+        first,
+        mem(2, 1, 2, vec![span(hbm(0), 8)], 3, vec![span(hbm(8), 8)]),
+        // Reuses seq 1, long applied.
+        mem(3, 2, 1, vec![span(hbm(8), 8)], 4, vec![span(hbm(16), 8)]),
+    ];
+    let bytes = build_chunked(tensors, &[(0, vec![5; 64])], &ops, vec![], Some(1));
+    for threads in [1, 2, 3] {
+        let opts = ReplayOptions {
+            window: 1,
+            ..ReplayOptions::default()
+        };
+        let p = pool(threads);
+        let exec = Exec {
+            backend: &GemmCrate,
+            pool: Some(&p),
+        };
+        let err = app::load_stream(&bytes[..], &opts, &exec).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, Error::Op { op_id: 1, .. }) && msg.contains("fingerprint mismatch"),
+            "{threads} threads: {msg}"
+        );
+    }
+}
+
+#[test]
 fn shared_pages_are_copied_before_either_side_changes() {
     // A whole page moved host -> hbm is shared; then the hbm copy is
     // overwritten in part, and the host input must not change.

@@ -27,8 +27,10 @@
 //! [`DataPlane::read`], [`DataPlane::gather`] and
 //! [`DataPlane::fingerprint`] resolve aliases, and [`DataPlane::write`] and
 //! [`DataPlane::scatter`] materialize what they would otherwise disturb.
-//! The engine plans with the aliases ([`DataPlane::lazy_mut`]) and moves
-//! physical bytes through [`Shared`].
+//! The engine plans with the aliases ([`DataPlane::lazy_mut`]; it keeps
+//! them apart from the plane while it replays, so that it can plan beside
+//! running ops) and moves physical bytes through [`Shared`], which never
+//! reads them.
 //!
 //! # Sharing
 //!
@@ -356,14 +358,7 @@ impl DataPlane {
     /// The physical extents that hold the logical bytes of `extents`, in
     /// order (the extents themselves where no alias covers them).
     pub fn resolve(&self, extents: &[Extent]) -> Vec<Extent> {
-        if self.lazy.is_empty() {
-            return extents.iter().filter(|e| e.bytes() > 0).copied().collect();
-        }
-        let mut out = Vec::with_capacity(extents.len());
-        for e in extents {
-            self.lazy.resolve_into(e, &mut out);
-        }
-        out
+        resolve_with(&self.lazy, extents)
     }
 
     /// Write `data` at `addr`.
@@ -550,18 +545,7 @@ impl DataPlane {
 
     /// Total bytes of `extents`, checked against the limit.
     pub fn extent_bytes(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
-        let mut total = 0u64;
-        for e in extents {
-            total = total.saturating_add(e.bytes());
-        }
-        if total > self.max_bytes {
-            return Err(PlaneError::TooLarge {
-                what: "the ranges of one op",
-                bytes: total,
-                limit: self.max_bytes,
-            });
-        }
-        Ok(total)
+        extent_bytes_within(extents, self.max_bytes)
     }
 
     /// Append the (logical) bytes of `extents`, in order, to `out`.
@@ -799,6 +783,36 @@ impl DataPlane {
         let (r, off) = self.region_at(base)?;
         (span <= (r.len() - off) as u64).then_some((r, off, stride as usize, span as usize))
     }
+}
+
+/// The physical extents that hold the logical bytes of `extents` under
+/// the aliases `lazy`, in order (the extents themselves where no alias
+/// covers them).
+pub fn resolve_with(lazy: &Lazy, extents: &[Extent]) -> Vec<Extent> {
+    if lazy.is_empty() {
+        return extents.iter().filter(|e| e.bytes() > 0).copied().collect();
+    }
+    let mut out = Vec::with_capacity(extents.len());
+    for e in extents {
+        lazy.resolve_into(e, &mut out);
+    }
+    out
+}
+
+/// Total bytes of `extents`, checked against the per-op limit `max_bytes`.
+pub fn extent_bytes_within(extents: &[Extent], max_bytes: u64) -> Result<u64, PlaneError> {
+    let mut total = 0u64;
+    for e in extents {
+        total = total.saturating_add(e.bytes());
+    }
+    if total > max_bytes {
+        return Err(PlaneError::TooLarge {
+            what: "the ranges of one op",
+            bytes: total,
+            limit: max_bytes,
+        });
+    }
+    Ok(total)
 }
 
 /// The shard of a page number.
