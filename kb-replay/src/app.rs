@@ -12,6 +12,7 @@ use crate::engine::{Exec, Feed, ReplayOptions, Replayer, Stats};
 use crate::error::{Error, Result};
 use crate::npy;
 use crate::ops::GemmBackend;
+use crate::plane::Owner;
 use crate::progress::Progress;
 use crate::report::Report;
 use crate::verify::{self, plan_checks};
@@ -62,13 +63,23 @@ pub struct Loaded {
     pub stats: Stats,
 }
 
-fn on_event(feed: &mut Feed, ev: Event<'_>, bar: &Progress) -> Result<()> {
+/// `mapped`: the mapped trace's bytes, shared, and where they start (tensor
+/// data is read there, not copied).
+fn on_event(
+    feed: &mut Feed,
+    ev: Event<'_>,
+    bar: &Progress,
+    mapped: Option<(&Owner, usize)>,
+) -> Result<()> {
     match ev {
         Event::Tensor {
             tensor,
             offset,
             data,
-        } => feed.load_host(tensor, offset, data)?,
+        } => {
+            let owner = mapped.map(|(o, base)| (o, (data.as_ptr() as usize).wrapping_sub(base)));
+            feed.load_host(tensor, offset, data, owner)?
+        }
         Event::Snapshot {
             op_id,
             operand,
@@ -96,10 +107,12 @@ fn load_mmap_with(
     let trace = MmapTrace::open(path)?;
     bar.set_total(trace.footer().counts.records);
     let mut rep = Replayer::new(trace.meta(), opts);
+    let owner = trace.shared_bytes();
+    let base = trace.bytes().as_ptr() as usize;
     let stats = rep.replay(exec, |feed| {
         let mut mine = None;
         let res = trace.for_each_event(|ev| {
-            on_event(feed, ev, bar).map_err(|e| match e {
+            on_event(feed, ev, bar, Some((&owner, base))).map_err(|e| match e {
                 Error::Format(f) => f,
                 e => {
                     mine = Some(e);
@@ -140,7 +153,7 @@ fn load_stream_with<R: Read>(
     let mut rep = Replayer::new(reader.meta(), opts);
     let stats = rep.replay(exec, |feed| {
         while let Some(ev) = reader.next_event()? {
-            on_event(feed, ev, bar)?;
+            on_event(feed, ev, bar, None)?;
         }
         feed.finish(reader.strings())
     })?;

@@ -690,14 +690,25 @@ impl std::fmt::Debug for Feed<'_, '_> {
 
 impl Feed<'_, '_> {
     /// Host-provided bytes of a tensor (a tensor chunk), after the
-    /// windows planned before it.
-    pub fn load_host(&mut self, tensor: u32, offset: u64, data: &[u8]) -> Result<()> {
+    /// windows planned before it. With `owner`, `data` lies at that byte
+    /// of it, and a whole tensor is read there, not copied
+    /// ([`DataPlane::load_host_in`]).
+    pub fn load_host(
+        &mut self,
+        tensor: u32,
+        offset: u64,
+        data: &[u8],
+        owner: Option<(&crate::plane::Owner, usize)>,
+    ) -> Result<()> {
         self.rep.settle()?;
         let rep = &mut *self.rep;
         let plane = &mut rep.back.as_mut().expect("settled").plane;
         // The plane's own writes materialize the aliases they disturb.
         std::mem::swap(plane.lazy_mut(), &mut rep.lazy);
-        let res = plane.load_host(tensor, offset, data);
+        let res = match owner {
+            Some((o, at)) => plane.load_host_in(tensor, offset, data, o, at),
+            None => plane.load_host(tensor, offset, data),
+        };
         std::mem::swap(plane.lazy_mut(), &mut rep.lazy);
         res.map_err(|e| Error::Trace(format!("tensor data chunk: {e}")))
     }

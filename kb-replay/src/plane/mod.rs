@@ -55,6 +55,7 @@ use crate::backend::{MatMut, MatRef};
 pub mod lazy;
 mod region;
 use lazy::{Alias, Lazy};
+pub use region::Owner;
 use region::Region;
 
 /// log2 of the page size.
@@ -256,6 +257,43 @@ impl DataPlane {
             p[off..off + n].copy_from_slice(&data[pos..pos + n]);
             pos += n;
         }
+        Ok(())
+    }
+
+    /// As [`DataPlane::load_host`], but when `data` is all of the tensor's
+    /// bytes and nothing was loaded for it yet, they are read where they
+    /// lie, at byte `at` of `owner` (the mapped trace), not copied: the
+    /// plane keeps `owner` alive and never writes those bytes (host input
+    /// never changes; writes to host space go to pages).
+    pub fn load_host_in(
+        &mut self,
+        tensor: u32,
+        offset: u64,
+        data: &[u8],
+        owner: &region::Owner,
+        at: usize,
+    ) -> Result<(), PlaneError> {
+        let addr = self.host_range(tensor, offset, data.len() as u64)?;
+        let whole = offset == 0
+            && self.host[tensor as usize].nbytes == Some(data.len() as u64)
+            && !data.is_empty()
+            && data.len() as u64 <= region_cap(addr)
+            && self.host[tensor as usize].loaded == 0
+            && !self.regions.contains_key(&mem_key(addr))
+            && (**owner)
+                .as_ref()
+                .get(at..at.saturating_add(data.len()))
+                .is_some_and(|b| std::ptr::eq(b, data));
+        let region = whole
+            .then(|| region::Region::borrowed(owner.clone(), at, data.len()))
+            .flatten();
+        let Some(region) = region else {
+            return self.load_host(tensor, offset, data);
+        };
+        self.host[tensor as usize].loaded += data.len() as u64;
+        // Aliases of these bytes keep the bytes they had.
+        self.materialize_sourced(&[Extent::contiguous(addr, data.len() as u64)]);
+        self.regions.insert(mem_key(addr), region);
         Ok(())
     }
 
