@@ -474,6 +474,9 @@ struct Planned {
     /// The extents its nodes write physically: their regions grow before
     /// it runs.
     reserve: Vec<Extent>,
+    /// Records whose effects are all planned: freed with the window, by
+    /// the thread that runs it.
+    finished: Vec<Arc<PendingOp>>,
 }
 
 impl Queue {
@@ -613,11 +616,14 @@ impl Queue {
             let written = plan::written_memories(&nodes);
             graph::build(&nodes, &written)
         });
-        // Drop the records whose effects are all planned.
+        // The records whose effects are all planned leave the queue.
+        let mut finished = Vec::new();
         for k in &keys {
             let slot = k.slot as usize;
-            if self.ops[slot].is_some() && self.left[slot] == 0 {
-                self.ops[slot] = None;
+            if self.left[slot] == 0
+                && let Some(op) = self.ops[slot].take()
+            {
+                finished.push(op);
                 self.free.push(k.slot);
                 self.pending -= 1;
             }
@@ -626,6 +632,7 @@ impl Queue {
             nodes,
             graph,
             reserve,
+            finished,
         })
     }
 }
@@ -664,7 +671,11 @@ fn run_planned(
         hold_budget: opts.hold_budget,
         snapshots: opts.check_intermediates.then_some(snapshots),
     };
-    exec::run_window(&cx, &p.nodes, p.graph, &mut back.held, exec.pool, stats)
+    let res = exec::run_window(&cx, &p.nodes, p.graph, &mut back.held, exec.pool, stats);
+    // The window's nodes and finished records are freed here, on the
+    // thread that ran it (a pool thread, when pipelined).
+    drop((p.nodes, p.finished));
+    res
 }
 
 /// Seconds from `a` to `b` (0 when `b` is earlier).
