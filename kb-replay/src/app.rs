@@ -125,9 +125,9 @@ fn load_mmap_with(
         }
         res?;
         // After the chunks, so that damage inside one is reported by its
-        // own checksum; this catches the rest (padding).
-        trace.verify_digest()?;
-        feed.finish(trace.strings())
+        // own checksum; this catches the rest (padding). Beside the last
+        // window, with its error first.
+        feed.finish_beside(trace.strings(), || Ok(trace.verify_digest()?))
     })?;
     Ok(Loaded {
         meta: trace.meta().clone(),

@@ -755,8 +755,9 @@ impl Feed<'_, '_> {
         Ok(())
     }
 
-    /// Plan the staged effects as a window and run it.
-    fn apply_staged(&mut self, strings: &Strings) -> Result<()> {
+    /// Plan the staged effects as a window and run it; whether it was
+    /// started in the background.
+    fn apply_staged(&mut self, strings: &Strings) -> Result<bool> {
         let start = Instant::now();
         let rep = &mut *self.rep;
         // (The plane's per-op limit: it was made with this one.)
@@ -769,14 +770,14 @@ impl Feed<'_, '_> {
         let planned = rep.q.plan(&mut rep.lazy, &pcx, max_bytes, self.exec.pool);
         rep.work(start, true, |s| &mut s.plan_seconds);
         let Some(p) = planned else {
-            return Ok(());
+            return Ok(false);
         };
         // The window before goes first (its error too).
         rep.settle()?;
         match self.scope {
             Some(scope) => {
                 rep.launch(p, strings, self.exec, scope);
-                Ok(())
+                Ok(true)
             }
             None => {
                 let start = Instant::now();
@@ -793,7 +794,7 @@ impl Feed<'_, '_> {
                 );
                 rep.back = Some(back);
                 rep.q.stats.replay_seconds += secs(start, Instant::now());
-                res
+                res.map(|()| false)
             }
         }
     }
@@ -802,11 +803,35 @@ impl Feed<'_, '_> {
     /// components and ops in errors. On error the plane holds the effects
     /// applied before it (and possibly some after it, in parallel runs).
     pub fn finish(&mut self, strings: &Strings) -> Result<Stats> {
+        self.finish_beside(strings, || Ok(()))
+    }
+
+    /// [`Feed::finish`] with a last check of the trace (its digest) first:
+    /// its error comes after those of every window but the last, and
+    /// before the last window's, as if it ran before the last window was
+    /// planned (which it does with one thread). Pipelined, it runs beside
+    /// the last window.
+    pub fn finish_beside(
+        &mut self,
+        strings: &Strings,
+        check: impl FnOnce() -> Result<()>,
+    ) -> Result<Stats> {
         let start = Instant::now();
         self.rep.q.stage(u64::MAX);
         self.rep.work(start, false, |s| &mut s.queue_seconds);
-        self.apply_staged(strings)?;
-        self.rep.settle()?;
+        if self.scope.is_some() {
+            if !self.apply_staged(strings)? {
+                // No last window: the one running is an earlier one.
+                self.rep.settle()?;
+            }
+            let checked = check();
+            let ran = self.rep.settle();
+            checked?;
+            ran?;
+        } else {
+            check()?;
+            self.apply_staged(strings)?;
+        }
         let rep = &mut *self.rep;
         let plane = &mut rep.back.as_mut().expect("settled").plane;
         *plane.lazy_mut() = std::mem::take(&mut rep.lazy);
