@@ -17,7 +17,9 @@ use std::ptr::NonNull;
 /// `alloc_zeroed` a `calloc`, whose fresh pages are zeroed only when touched.
 const ALIGN: usize = 16;
 
-/// Bytes a borrowed region reads: kept alive by the region.
+/// Bytes a borrowed region reads: kept alive by the region. Its `as_ref`
+/// must give the same bytes, unchanged, for as long as it is shared (a
+/// read-only file mapping, a vector).
 pub type Owner = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// A contiguous, zero-initialised buffer of `len` bytes, or `len` bytes
@@ -42,9 +44,10 @@ impl std::fmt::Debug for Region {
     }
 }
 
-// SAFETY: a `Region` owns its buffer (like a `Box<[u8]>`); the plane only
-// creates slices of it under the contract in the module docs, which rules
-// out data races across threads.
+// SAFETY: a `Region` owns its buffer (like a `Box<[u8]>`), or keeps the
+// `Send + Sync` owner of the bytes it reads (and never writes them); the
+// plane only creates slices of it under the contract in the module docs,
+// which rules out data races across threads.
 unsafe impl Send for Region {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Region {}
@@ -72,6 +75,11 @@ impl Region {
         if bytes.is_empty() {
             return None;
         }
+        // The pointer stays valid while the region lives: the region
+        // keeps `owner` (whose bytes do not move: an `Arc`'d mapping or
+        // buffer), and nothing writes through it (`bytes_mut` refuses a
+        // borrowed region), so `bytes` only ever reads initialised bytes
+        // that no one changes.
         let ptr = NonNull::from(bytes).cast::<u8>();
         Some(Region {
             ptr,
