@@ -397,7 +397,7 @@ pub(crate) fn op_error(r: &Record, strings: &Strings, detail: String) -> Error {
 /// planning the next window; the plane comes back when the next window is
 /// planned (or a tensor chunk or the end of the trace needs it). Planning
 /// reads records and changes the aliases and its own memory, never the
-/// plane's bytes or regions ([`plan::PlanPlane`]), so it needs no plane;
+/// plane's bytes or regions (`plan::PlanPlane`), so it needs no plane;
 /// the regions a window writes grow before it starts, when nothing runs.
 /// Which effects form a window, and every node planned, are the same as
 /// without the pipeline: it changes when windows run, not what they do.
@@ -412,7 +412,7 @@ pub struct Replayer {
     running: Option<std::sync::Mutex<std::sync::mpsc::Receiver<Ran>>>,
     /// The aliases (lazy copies), kept here while replaying (planning
     /// changes them beside a running window) and in the plane after
-    /// [`Replayer::finish`].
+    /// [`Feed::finish`].
     lazy: Lazy,
     /// Records, their effects in seq order, and the planner.
     q: Queue,
