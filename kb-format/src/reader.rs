@@ -764,7 +764,7 @@ impl<R: Read> StreamReader<R> {
 /// A trace file mapped into memory.
 #[derive(Debug)]
 pub struct MmapTrace {
-    map: memmap2::Mmap,
+    map: std::sync::Arc<memmap2::Mmap>,
     meta: Meta,
     strings: Strings,
     verify: VerifySpec,
@@ -797,6 +797,7 @@ impl MmapTrace {
     }
 
     fn from_map(map: memmap2::Mmap) -> Result<MmapTrace> {
+        let map = std::sync::Arc::new(map);
         let b: &[u8] = &map;
         let len = b.len() as u64;
         let block = |at: u64| -> Result<&[u8; BLOCK]> {
@@ -1143,5 +1144,12 @@ impl MmapTrace {
     /// The whole file as bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// The whole file's bytes, shared: for a reader that keeps tensor data
+    /// where it lies after the trace is dropped (a tensor chunk's `data`
+    /// lies at `data.as_ptr() - bytes().as_ptr()` in it).
+    pub fn shared_bytes(&self) -> std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> {
+        self.map.clone()
     }
 }

@@ -8,10 +8,11 @@ use std::time::Instant;
 
 use kb_format::{Event, FormatError, Meta, MmapTrace, StreamReader, Strings, VerifySpec};
 
-use crate::engine::{Exec, ReplayOptions, Replayer, Stats};
+use crate::engine::{Exec, Feed, ReplayOptions, Replayer, Stats};
 use crate::error::{Error, Result};
 use crate::npy;
 use crate::ops::GemmBackend;
+use crate::plane::Owner;
 use crate::progress::Progress;
 use crate::report::Report;
 use crate::verify::{self, plan_checks};
@@ -62,21 +63,31 @@ pub struct Loaded {
     pub stats: Stats,
 }
 
-fn on_event(rep: &mut Replayer, ev: Event<'_>, exec: &Exec, bar: &Progress) -> Result<()> {
+/// `mapped`: the mapped trace's bytes, shared, and where they start (tensor
+/// data is read there, not copied).
+fn on_event(
+    feed: &mut Feed,
+    ev: Event<'_>,
+    bar: &Progress,
+    mapped: Option<(&Owner, usize)>,
+) -> Result<()> {
     match ev {
         Event::Tensor {
             tensor,
             offset,
             data,
-        } => rep.load_host(tensor, offset, data)?,
+        } => {
+            let owner = mapped.map(|(o, base)| (o, (data.as_ptr() as usize).wrapping_sub(base)));
+            feed.load_host(tensor, offset, data, owner)?
+        }
         Event::Snapshot {
             op_id,
             operand,
             data,
-        } => rep.add_snapshot(op_id, operand, data),
+        } => feed.add_snapshot(op_id, operand, data)?,
         Event::Records(c) => {
-            rep.push_chunk(c, exec)?;
-            bar.update(rep.stats().records, rep.pending_records());
+            feed.push_chunk(c)?;
+            bar.update(feed.stats().records, feed.pending_records());
         }
     }
     Ok(())
@@ -96,24 +107,28 @@ fn load_mmap_with(
     let trace = MmapTrace::open(path)?;
     bar.set_total(trace.footer().counts.records);
     let mut rep = Replayer::new(trace.meta(), opts);
-    let mut mine = None;
-    let res = trace.for_each_event(|ev| {
-        on_event(&mut rep, ev, exec, bar).map_err(|e| match e {
-            Error::Format(f) => f,
-            e => {
-                mine = Some(e);
-                FormatError::Usage("stopped".into())
-            }
-        })
-    });
-    if let Some(e) = mine {
-        return Err(e);
-    }
-    res?;
-    // After the chunks, so that damage inside one is reported by its own
-    // checksum; this catches the rest (padding).
-    trace.verify_digest()?;
-    let stats = rep.finish(trace.strings(), exec)?;
+    let owner = trace.shared_bytes();
+    let base = trace.bytes().as_ptr() as usize;
+    let stats = rep.replay(exec, |feed| {
+        let mut mine = None;
+        let res = trace.for_each_event(|ev| {
+            on_event(feed, ev, bar, Some((&owner, base))).map_err(|e| match e {
+                Error::Format(f) => f,
+                e => {
+                    mine = Some(e);
+                    FormatError::Usage("stopped".into())
+                }
+            })
+        });
+        if let Some(e) = mine {
+            return Err(e);
+        }
+        res?;
+        // After the chunks, so that damage inside one is reported by its
+        // own checksum; this catches the rest (padding). Beside the last
+        // window, with its error first.
+        feed.finish_beside(trace.strings(), || Ok(trace.verify_digest()?))
+    })?;
     Ok(Loaded {
         meta: trace.meta().clone(),
         strings: trace.strings().clone(),
@@ -136,10 +151,12 @@ fn load_stream_with<R: Read>(
 ) -> Result<Loaded> {
     let mut reader = StreamReader::open(r)?;
     let mut rep = Replayer::new(reader.meta(), opts);
-    while let Some(ev) = reader.next_event()? {
-        on_event(&mut rep, ev, exec, bar)?;
-    }
-    let stats = rep.finish(reader.strings(), exec)?;
+    let stats = rep.replay(exec, |feed| {
+        while let Some(ev) = reader.next_event()? {
+            on_event(feed, ev, bar, None)?;
+        }
+        feed.finish(reader.strings())
+    })?;
     Ok(Loaded {
         meta: reader.meta().clone(),
         strings: reader.strings().clone(),

@@ -170,6 +170,7 @@ impl Report {
                 "gemm_in_place": s.gemm_in_place,
                 "plan_seconds": num(s.plan_seconds),
                 "queue_seconds": num(s.queue_seconds),
+                "serial_seconds": num(s.serial_seconds),
             },
         })
     }

@@ -6,11 +6,12 @@
 mod common;
 
 use common::*;
+use kb_format::Event;
 use kb_format::{Dtype, Effect, MathInput, MathOp, OpKind, Space};
 use kb_replay::Error;
 use kb_replay::app::{self, Loaded};
 use kb_replay::backend::{GemmBackend, GemmCrate, NaiveGemm};
-use kb_replay::engine::{Exec, Fingerprints, ReplayOptions};
+use kb_replay::engine::{Exec, Fingerprints, ReplayOptions, Replayer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -578,6 +579,11 @@ fn streaming_holds_a_window_not_the_trace() {
 
 /// Independent host -> hbm copies; `bad` ones carry a wrong fingerprint.
 fn copies(bad: &[u64]) -> Vec<u8> {
+    copies_chunked(bad, None)
+}
+
+/// As [`copies`], records chunks cut at `chunk_bytes`.
+fn copies_chunked(bad: &[u64], chunk_bytes: Option<usize>) -> Vec<u8> {
     let n = 12u64;
     let x: Vec<u8> = (0..n * 64).map(|i| i as u8).collect();
     let tensors = vec![tensor("x", Dtype::U8, &[n * 64], true, None)];
@@ -596,7 +602,7 @@ fn copies(bad: &[u64]) -> Vec<u8> {
             op
         })
         .collect();
-    build(tensors, &[(0, x)], &ops, vec![])
+    build_chunked(tensors, &[(0, x)], &ops, vec![], chunk_bytes)
 }
 
 #[test]
@@ -658,6 +664,113 @@ fn an_effect_arriving_after_its_seq_was_applied_is_an_error() {
         ..ReplayOptions::default()
     };
     assert!(app::load_stream(&bytes[..], &all, &Exec::sequential(&GemmCrate)).is_ok());
+}
+
+#[test]
+fn a_window_that_fails_in_the_background_comes_before_a_later_records_error() {
+    // With two or more threads a window runs while later records are
+    // decoded: op 1's window fails (a wrong fingerprint) and op 3's record
+    // is refused when it arrives; op 1's error is the one reported, as
+    // with one thread, where op 3 is never read.
+    let tensors = vec![tensor("x", Dtype::U8, &[64], true, None)];
+    let mut first = mem(1, 0, 0, vec![span(host(0, 0), 8)], 1, vec![span(hbm(0), 8)]);
+    first.fingerprint = Some(kb_format::fingerprint(&[5; 8]) ^ 1);
+    let ops = vec![
+        first,
+        mem(2, 1, 2, vec![span(hbm(0), 8)], 3, vec![span(hbm(8), 8)]),
+        // Reuses seq 1, long applied.
+        mem(3, 2, 1, vec![span(hbm(8), 8)], 4, vec![span(hbm(16), 8)]),
+    ];
+    let bytes = build_chunked(tensors, &[(0, vec![5; 64])], &ops, vec![], Some(1));
+    for threads in [1, 2, 3] {
+        let opts = ReplayOptions {
+            window: 1,
+            ..ReplayOptions::default()
+        };
+        let p = pool(threads);
+        let exec = Exec {
+            backend: &GemmCrate,
+            pool: Some(&p),
+        };
+        let err = app::load_stream(&bytes[..], &opts, &exec).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, Error::Op { op_id: 1, .. }) && msg.contains("fingerprint mismatch"),
+            "{threads} threads: {msg}"
+        );
+    }
+}
+
+#[test]
+fn a_last_check_comes_before_the_last_windows_error_at_every_thread_count() {
+    // The trace's digest is checked after the chunks (Feed::finish_beside);
+    // with more than one thread it runs beside the last window. A failed
+    // check still comes before that window's error, as with one thread,
+    // where it runs before the window is planned; an earlier window's
+    // error comes before it.
+    let replay = |bytes: &[u8], threads: usize, window: usize, check: bool| {
+        let p = pool(threads);
+        let exec = Exec {
+            backend: &GemmCrate,
+            pool: Some(&p),
+        };
+        let opts = ReplayOptions {
+            window,
+            ..ReplayOptions::default()
+        };
+        let mut reader = kb_format::StreamReader::open(bytes).unwrap();
+        let mut rep = Replayer::new(reader.meta(), &opts);
+        rep.replay(&exec, |feed| {
+            while let Some(ev) = reader.next_event()? {
+                match ev {
+                    Event::Tensor {
+                        tensor,
+                        offset,
+                        data,
+                    } => feed.load_host(tensor, offset, data, None)?,
+                    Event::Records(c) => feed.push_chunk(c)?,
+                    Event::Snapshot { .. } => {}
+                }
+            }
+            feed.finish_beside(reader.strings(), || match check {
+                true => Err(Error::Trace("the last check failed".into())),
+                false => Ok(()),
+            })
+        })
+        .map(|_| ())
+    };
+    // One record per chunk: with a window of a few effects, windows are
+    // planned as records arrive (op 0 fails in the first), and with 4096
+    // there is one window, the last, planned when the trace ends (op 11,
+    // the last op, fails in it). Whatever fails, every thread count
+    // reports what one thread does.
+    let last = copies_chunked(&[11], Some(1));
+    let first = copies_chunked(&[0], Some(1));
+    let ok = copies_chunked(&[], Some(1));
+    for window in [3, 4096] {
+        for (trace, name) in [(&last, "op 11"), (&first, "op 0"), (&ok, "none")] {
+            for check in [true, false] {
+                let one = replay(trace, 1, window, check).map_err(|e| e.to_string());
+                for threads in [2, 3] {
+                    let got = replay(trace, threads, window, check).map_err(|e| e.to_string());
+                    assert_eq!(
+                        got, one,
+                        "{threads} threads, window {window}, {name}, check {check}"
+                    );
+                }
+            }
+        }
+        let err = replay(&last, 2, window, true).unwrap_err();
+        if window == 4096 {
+            // The check ran beside the failing last window.
+            assert!(err.to_string().contains("the last check failed"), "{err}");
+        }
+        let err = replay(&first, 2, 3, true).unwrap_err();
+        assert!(matches!(err, Error::Op { op_id: 0, .. }), "{err}");
+    }
+    let err = replay(&last, 2, 4096, false).unwrap_err();
+    assert!(matches!(err, Error::Op { op_id: 11, .. }), "{err}");
+    assert!(replay(&ok, 2, 3, false).is_ok());
 }
 
 #[test]

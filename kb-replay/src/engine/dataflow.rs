@@ -69,14 +69,14 @@ pub(super) fn run_parallel(
     cx: &Cx,
     nodes: &[PNode],
     g: graph::Graph,
-    ops: &mut [Option<PendingOp>],
+    held_by_slot: &mut FxHashMap<u32, Held>,
     pool: &rayon::ThreadPool,
     stats: &mut Stats,
 ) -> Result<()> {
     let mut held = FxHashMap::default();
     for n in nodes {
         if matches!(n.action, Action::Release { .. })
-            && let Some(h) = ops[n.slot as usize].as_mut().and_then(|o| o.held.take())
+            && let Some(h) = held_by_slot.remove(&n.slot)
         {
             held.insert(n.slot, h);
         }
@@ -104,7 +104,6 @@ pub(super) fn run_parallel(
         cx,
         nodes,
         succs: &g.succs,
-        ops,
         sched: &sched,
         threads: pool.current_num_threads(),
     };
@@ -121,9 +120,7 @@ pub(super) fn run_parallel(
     stats.tasks += st.tasks;
     stats.gemm_batches += st.gemm_batches;
     stats.gemm_batched_ops += st.gemm_batched_ops;
-    for (slot, h) in st.held {
-        ops[slot as usize].as_mut().expect("live op").held = Some(h);
-    }
+    held_by_slot.extend(st.held);
     match st.failed {
         Some(e) => Err(e),
         None => Ok(()),
@@ -136,7 +133,6 @@ struct Run<'a> {
     cx: &'a Cx<'a>,
     nodes: &'a [PNode],
     succs: &'a [Vec<u32>],
-    ops: &'a [Option<PendingOp>],
     sched: &'a std::sync::Mutex<Sched>,
     threads: usize,
 }
@@ -149,8 +145,7 @@ impl<'a> Run<'a> {
     }
 
     fn op(&self, i: u32) -> &'a PendingOp {
-        let n = &self.nodes[i as usize];
-        self.ops[n.slot as usize].as_ref().expect("live op")
+        &self.nodes[i as usize].op
     }
 
     /// The batch key of a GEMM that computes into its output.
@@ -296,7 +291,7 @@ impl<'a> Run<'a> {
                     let n = &self.nodes[i as usize];
                     vec![(i, run_node(self.cx, i, n, self.op(i), held, share_pool))]
                 }
-                Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.nodes, self.ops),
+                Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.nodes),
             };
             let mut next = {
                 let mut st = self.lock();

@@ -5,6 +5,7 @@
 
 use kb_format::{Dtype, Extent, Layout, Params, Strings, TensorMeta};
 use rayon::prelude::*;
+use rustc_hash::FxHashMap;
 
 use super::plan::{Action, Dense, PNode, is_gemm};
 use super::{Delta, Held, PendingOp, Stats, op_error};
@@ -477,17 +478,8 @@ pub(super) fn run_node(
 
 /// GEMM nodes of one batch key (each computing into its output), run as
 /// one batched backend call. Each gets the bits it gets alone.
-pub(super) fn run_gemm_batch(
-    cx: &Cx,
-    items: &[u32],
-    nodes: &[PNode],
-    ops: &[Option<PendingOp>],
-) -> Vec<(u32, Result<Done>)> {
-    let op = |i: u32| {
-        ops[nodes[i as usize].slot as usize]
-            .as_ref()
-            .expect("live op")
-    };
+pub(super) fn run_gemm_batch(cx: &Cx, items: &[u32], nodes: &[PNode]) -> Vec<(u32, Result<Done>)> {
+    let op = |i: u32| &*nodes[i as usize].op;
     let parts = |i: u32| match &nodes[i as usize].action {
         Action::Compute { reads, dst, dense } => (&reads[..], dst.as_deref(), dense),
         _ => unreachable!("batched nodes are computes"),
@@ -550,42 +542,46 @@ pub(super) fn run_gemm_batch(
     out
 }
 
-/// Apply a planned window: `nodes` in effect order, every op they name
-/// live in `ops`.
+/// Whether a window of `nodes` nodes runs as a dataflow on `pool` (and
+/// so needs its dependency graph).
+pub(crate) fn parallel(nodes: usize, pool: Option<&rayon::ThreadPool>) -> bool {
+    pool.is_some_and(|p| p.current_num_threads() > 1) && nodes > 1
+}
+
+/// Apply a planned window: `nodes` in effect order; `graph` their
+/// dependencies when they run in parallel ([`parallel`]). `held` is what
+/// ops' reads hold for their writes, by slot: taken by the writes,
+/// added to by reads whose writes come later.
 pub(crate) fn run_window(
     cx: &Cx,
     nodes: &[PNode],
-    ops: &mut [Option<PendingOp>],
+    graph: Option<super::graph::Graph>,
+    held: &mut FxHashMap<u32, Held>,
     pool: Option<&rayon::ThreadPool>,
     stats: &mut Stats,
 ) -> Result<()> {
-    let in_order = |ops: &mut [Option<PendingOp>], stats: &mut Stats| -> Result<()> {
+    let in_order = |held: &mut FxHashMap<u32, Held>, stats: &mut Stats| -> Result<()> {
         for (i, n) in nodes.iter().enumerate() {
-            let op = ops[n.slot as usize].as_mut().expect("live op");
-            let held = match n.action {
-                Action::Release { .. } => op.held.take(),
+            let h = match n.action {
+                Action::Release { .. } => held.remove(&n.slot),
                 _ => None,
             };
-            let done = run_node(cx, i as u32, n, op, held, true)?;
-            if done.held.is_some() {
-                op.held = done.held;
+            let done = run_node(cx, i as u32, n, &n.op, h, true)?;
+            if let Some(h) = done.held {
+                held.insert(n.slot, h);
             }
             stats.add(done.delta);
         }
         Ok(())
     };
-    match pool {
-        Some(pool) if pool.current_num_threads() > 1 && nodes.len() > 1 => {
-            let start = std::time::Instant::now();
-            let written = super::plan::written_memories(nodes);
-            let graph = super::graph::build(nodes, ops, &written);
-            stats.plan_seconds += start.elapsed().as_secs_f64();
-            super::dataflow::run_parallel(cx, nodes, graph, ops, pool, stats)
+    match (pool, graph) {
+        (Some(pool), Some(graph)) if parallel(nodes.len(), Some(pool)) => {
+            super::dataflow::run_parallel(cx, nodes, graph, held, pool, stats)
         }
         // In the pool even with one thread: backends take their threads
         // from the pool they run in.
-        Some(pool) => pool.install(|| in_order(ops, stats)),
-        None => in_order(ops, stats),
+        (Some(pool), _) => pool.install(|| in_order(held, stats)),
+        (None, _) => in_order(held, stats),
     }
 }
 

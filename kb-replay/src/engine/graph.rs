@@ -24,7 +24,6 @@ use std::collections::BTreeMap;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::PendingOp;
 use super::plan::PNode;
 use crate::plane::{mem_key, span};
 
@@ -118,7 +117,7 @@ impl Intervals {
 
 /// Build the graph of a planned window's `nodes` (in effect order).
 /// `written`: the memories some node writes.
-pub(crate) fn build(nodes: &[PNode], ops: &[Option<PendingOp>], written: &FxHashSet<u64>) -> Graph {
+pub(crate) fn build(nodes: &[PNode], written: &FxHashSet<u64>) -> Graph {
     let n = nodes.len();
     let mut g = Graph {
         preds: vec![0; n],
@@ -131,10 +130,8 @@ pub(crate) fn build(nodes: &[PNode], ops: &[Option<PendingOp>], written: &FxHash
     for (i, node) in nodes.iter().enumerate() {
         let i = i as u32;
         preds.clear();
-        if node.of_op
-            && let Some(op) = ops[node.slot as usize].as_ref()
-        {
-            let r = &op.rec;
+        if node.of_op {
+            let r = &node.op.rec;
             match latest.insert(r.op_id, i) {
                 // Its own earlier node.
                 Some(own) => preds.push(own),

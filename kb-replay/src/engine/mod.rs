@@ -71,6 +71,18 @@
 //! flags start as one batched backend call when threads are free for all
 //! of them.
 //!
+//! # Pipelining
+//!
+//! With more than one thread, windows run in the background
+//! ([`Replayer::replay`]): a planned window is a task on the pool that owns
+//! the plane while it runs; meanwhile this thread decodes the next records
+//! and plans the next window, then takes the plane back (waiting if need
+//! be), grows the regions the new window writes, and starts it. Planning
+//! needs no plane: it changes the aliases, which the replayer keeps while
+//! replaying (running nodes move physical bytes and never read them), and
+//! logs the extents each window writes physically. Windows still run one
+//! at a time, in order, and are planned exactly as without the pipeline.
+//!
 //! Every node computes the same bits whatever runs beside it (ops are pure
 //! functions of their input bytes; backends give the same bits for any
 //! thread count, batch and stride), and planning is sequential and never
@@ -89,14 +101,17 @@ pub use plan::sampled;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 use std::time::Instant;
 
-use kb_format::{Meta, OpKind, Record, RecordChunk, Strings, TensorMeta};
+use kb_format::{Extent, Meta, OpKind, Record, RecordChunk, Strings, TensorMeta};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::error::{Error, Result, fmt_ns};
 use crate::ops::{self, GemmBackend, Plan};
 use crate::plane::DataPlane;
+use crate::plane::lazy::Lazy;
 
 /// Replay settings.
 #[derive(Debug, Clone)]
@@ -250,6 +265,11 @@ pub struct Stats {
     /// Seconds spent decoding records and queueing their effects in seq
     /// order (serial work, besides `replay_seconds`).
     pub queue_seconds: f64,
+    /// Of `plan_seconds` and `queue_seconds`, the seconds during which no
+    /// window ran: the part the threads wait for. With more than one
+    /// thread a window runs while the next records are decoded and the
+    /// next window is planned, so this is less than their sum.
+    pub serial_seconds: f64,
     /// Windows applied, and the most effects one held.
     pub windows: u64,
     pub max_window_effects: u64,
@@ -311,15 +331,12 @@ pub(crate) struct EffKey {
     pub slot: u32,
 }
 
-/// A record whose effects are not all applied yet.
+/// A record whose effects are not all applied yet. It does not change
+/// once queued: the nodes planned for it share it ([`plan::PNode::op`]).
 #[derive(Debug)]
 pub(crate) struct PendingOp {
     pub rec: Record,
     pub plan: Plan,
-    /// Effects still to apply.
-    pub left: u8,
-    /// What the read produced for the write (moved bytes or the output).
-    pub held: Option<Held>,
 }
 
 /// What an op's read holds for its write: a compute op's output bytes, or
@@ -373,14 +390,68 @@ pub(crate) fn op_error(r: &Record, strings: &Strings, detail: String) -> Error {
 }
 
 /// Replays a trace onto a [`DataPlane`] as its records arrive.
+///
+/// [`Replayer::replay`] feeds it a trace's events. With more than one
+/// thread, windows are pipelined: a planned window runs as a task on the
+/// pool, owning the plane, while this thread goes on decoding records and
+/// planning the next window; the plane comes back when the next window is
+/// planned (or a tensor chunk or the end of the trace needs it). Planning
+/// reads records and changes the aliases and its own memory, never the
+/// plane's bytes or regions (`plan::PlanPlane`), so it needs no plane;
+/// the regions a window writes grow before it starts, when nothing runs.
+/// Which effects form a window, and every node planned, are the same as
+/// without the pipeline: it changes when windows run, not what they do.
 #[derive(Debug)]
 pub struct Replayer {
-    tensors: Vec<TensorMeta>,
+    tensors: Arc<[TensorMeta]>,
+    opts: ReplayOptions,
+    /// The plane and what ops' reads hold for their writes; `None` while
+    /// a window runs in the background (it owns them then).
+    back: Option<Back>,
+    /// The running window's result, when one runs in the background.
+    running: Option<std::sync::Mutex<std::sync::mpsc::Receiver<Ran>>>,
+    /// The aliases (lazy copies), kept here while replaying (planning
+    /// changes them beside a running window) and in the plane after
+    /// [`Feed::finish`].
+    lazy: Lazy,
+    /// Records, their effects in seq order, and the planner.
+    q: Queue,
+    /// Phase 1's input snapshots by (op id, operand), when checking.
+    snapshots: Arc<std::collections::HashMap<(u64, u32), Vec<u8>>>,
+    /// This thread's work (start, end, planning?) since the running
+    /// window started: what overlapped it is not serial.
+    work: Vec<(Instant, Instant, bool)>,
+    /// Seconds of queueing and planning done while a window ran.
+    overlapped: f64,
+}
+
+/// What windows run on: the plane, and what ops' reads hold for their
+/// writes, by slot (moved bytes, a computed output).
+#[derive(Debug)]
+struct Back {
+    plane: DataPlane,
+    held: FxHashMap<u32, Held>,
+}
+
+/// A window run in the background: the plane back, its counters, its
+/// result, when it ran.
+struct Ran {
+    back: Back,
+    stats: Stats,
+    res: Result<()>,
+    start: Instant,
+    end: Instant,
+}
+
+/// The records waiting for their effects' turn, and the planning of
+/// windows.
+#[derive(Debug)]
+struct Queue {
     /// Where ranges may lie (the trace's memories).
     bounds: crate::bounds::Bounds,
-    plane: DataPlane,
-    opts: ReplayOptions,
-    ops: Vec<Option<PendingOp>>,
+    ops: Vec<Option<Arc<PendingOp>>>,
+    /// Effects each op has still to plan, by slot.
+    left: Vec<u8>,
     free: Vec<u32>,
     pending: u64,
     queue: BinaryHeap<Reverse<EffKey>>,
@@ -392,58 +463,25 @@ pub struct Replayer {
     watermark: u64,
     stats: Stats,
     planner: plan::Planner,
-    /// Phase 1's input snapshots by (op id, operand), when checking.
-    snapshots: std::collections::HashMap<(u64, u32), Vec<u8>>,
 }
 
-impl Replayer {
-    pub fn new(meta: &Meta, opts: &ReplayOptions) -> Replayer {
-        Replayer {
-            tensors: meta.tensors.clone(),
-            bounds: crate::bounds::Bounds::new(meta),
-            plane: DataPlane::new(&meta.tensors, opts.max_bytes),
-            opts: opts.clone(),
-            ops: Vec::new(),
-            free: Vec::new(),
-            pending: 0,
-            queue: BinaryHeap::new(),
-            staged: Vec::new(),
-            staged_below: 0,
-            frontier: Frontier::default(),
-            watermark: 0,
-            stats: Stats::default(),
-            planner: plan::Planner::default(),
-            snapshots: Default::default(),
-        }
-    }
+/// A planned window, not run yet.
+#[derive(Debug)]
+struct Planned {
+    nodes: Vec<plan::PNode>,
+    /// Their dependencies, when they run as a dataflow.
+    graph: Option<graph::Graph>,
+    /// The extents its nodes write physically: their regions grow before
+    /// it runs.
+    reserve: Vec<Extent>,
+    /// Records whose effects are all planned: freed with the window, by
+    /// the thread that runs it.
+    finished: Vec<Arc<PendingOp>>,
+}
 
-    /// Host-provided bytes of a tensor (a tensor chunk).
-    pub fn load_host(&mut self, tensor: u32, offset: u64, data: &[u8]) -> Result<()> {
-        self.plane
-            .load_host(tensor, offset, data)
-            .map_err(|e| Error::Trace(format!("tensor data chunk: {e}")))
-    }
-
-    pub fn plane(&self) -> &DataPlane {
-        &self.plane
-    }
-
-    pub fn tensors(&self) -> &[TensorMeta] {
-        &self.tensors
-    }
-
-    /// Counters so far.
-    pub fn stats(&self) -> &Stats {
-        &self.stats
-    }
-
-    /// Records held now, waiting for their effects' turn.
-    pub fn pending_records(&self) -> u64 {
-        self.pending
-    }
-
-    /// Queue a decoded record. `strings` names components and ops in errors.
-    pub fn push(&mut self, r: Record, strings: &Strings) -> Result<()> {
+impl Queue {
+    /// Queue a decoded record.
+    fn push(&mut self, r: Record, strings: &Strings) -> Result<()> {
         self.stats.records += 1;
         let plan = ops::plan(&r).map_err(|d| op_error(&r, strings, d))?;
         self.bounds
@@ -495,6 +533,7 @@ impl Replayer {
             Some(s) => s,
             None => {
                 self.ops.push(None);
+                self.left.push(0);
                 (self.ops.len() - 1) as u32
             }
         };
@@ -508,68 +547,24 @@ impl Replayer {
                 }));
             }
         }
-        self.ops[slot as usize] = Some(PendingOp {
-            rec: r,
-            plan,
-            left,
-            held: None,
-        });
+        self.ops[slot as usize] = Some(Arc::new(PendingOp { rec: r, plan }));
+        self.left[slot as usize] = left;
         self.pending += 1;
         self.stats.max_pending_records = self.stats.max_pending_records.max(self.pending);
         Ok(())
     }
 
-    /// The format's promise that no effect with a seq below `w` is still to
-    /// come (a records chunk's watermark).
-    pub fn set_watermark(&mut self, w: u64) {
-        self.watermark = self.watermark.max(w);
-    }
-
-    /// Decode a records chunk, queue its records and apply what it allows.
-    /// Keep one of Phase 1's input snapshots for `check_intermediates`
-    /// (snapshots come before their ops' records); ignored otherwise.
-    pub fn add_snapshot(&mut self, op_id: u64, operand: u32, data: &[u8]) {
-        if self.opts.check_intermediates {
-            self.snapshots.insert((op_id, operand), data.to_vec());
-        }
-    }
-
-    pub fn push_chunk(&mut self, mut c: RecordChunk<'_>, exec: &Exec) -> Result<()> {
-        let start = Instant::now();
+    /// Decode a records chunk and queue its records.
+    fn decode(&mut self, c: &mut RecordChunk<'_>) -> Result<()> {
         let mut r = Record::default();
         while c.next_into(&mut r)? {
             self.push(std::mem::take(&mut r), c.strings())?;
         }
-        self.stats.queue_seconds += start.elapsed().as_secs_f64();
-        // When kb-format gives records chunks a seq watermark:
-        // self.set_watermark(c.watermark());
-        self.step(c.strings(), exec)
-    }
-
-    /// Apply a window if one is ready (streaming only).
-    pub fn step(&mut self, strings: &Strings, exec: &Exec) -> Result<()> {
-        if !self.opts.streaming {
-            return Ok(());
-        }
-        self.stage(self.frontier.next.max(self.watermark));
-        if self.staged.len() >= self.opts.window.max(1) {
-            self.apply_staged(strings, exec)?;
-        }
         Ok(())
-    }
-
-    /// Apply every effect left: the trace has ended. `strings` names
-    /// components and ops in errors. On error the plane holds the effects
-    /// applied before it (and possibly some after it, in parallel runs).
-    pub fn finish(&mut self, strings: &Strings, exec: &Exec) -> Result<Stats> {
-        self.stage(u64::MAX);
-        self.apply_staged(strings, exec)?;
-        Ok(self.stats.clone())
     }
 
     /// Move every queued effect below `bound` to the staged list.
     fn stage(&mut self, bound: u64) {
-        let start = Instant::now();
         while let Some(&Reverse(k)) = self.queue.peek() {
             if k.seq >= bound {
                 break;
@@ -578,59 +573,441 @@ impl Replayer {
             self.staged.push(k);
         }
         self.staged_below = self.staged_below.max(bound);
-        self.stats.queue_seconds += start.elapsed().as_secs_f64();
     }
 
-    fn apply_staged(&mut self, strings: &Strings, exec: &Exec) -> Result<()> {
-        if self.staged.is_empty() {
-            return Ok(());
+    /// Stage what the stream allows; whether a window is ready to plan
+    /// (streaming only).
+    fn ready(&mut self, opts: &ReplayOptions) -> bool {
+        if !opts.streaming {
+            return false;
         }
-        let start = Instant::now();
+        self.stage(self.frontier.next.max(self.watermark));
+        self.staged.len() >= opts.window.max(1)
+    }
+
+    /// Plan the staged effects as a window (`None` when none are staged):
+    /// its nodes, their graph when they run on more than one thread, the
+    /// extents whose regions must grow. Records whose effects are all
+    /// planned leave the queue (their nodes keep them).
+    fn plan(
+        &mut self,
+        lazy: &mut Lazy,
+        cx: &plan::PlanCx,
+        max_bytes: u64,
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Option<Planned> {
+        if self.staged.is_empty() {
+            return None;
+        }
         let keys = std::mem::take(&mut self.staged);
         self.stats.windows += 1;
         self.stats.max_window_effects = self.stats.max_window_effects.max(keys.len() as u64);
-        // Plan with `&mut` (aliases, regions grown), then run on a view.
-        let pcx = plan::PlanCx {
-            tensors: &self.tensors,
-            elide: self.opts.elide,
-            fingerprints: self.opts.fingerprints,
+        let mut reserve = Vec::new();
+        let pp = plan::PlanPlane {
+            lazy,
+            max_bytes,
+            reserve: &mut reserve,
         };
         let mut nodes =
             self.planner
-                .plan(&mut self.plane, &keys, &mut self.ops, &pcx, &mut self.stats);
+                .plan(pp, &keys, &self.ops, &mut self.left, cx, &mut self.stats);
         nodes.retain(|n| !n.is_empty());
-        self.stats.plan_seconds += start.elapsed().as_secs_f64();
-        // SAFETY: `run_window` never runs two nodes whose byte ranges
-        // overlap, one of them writing, at the same time: with one thread
-        // it runs them in order; with more, a node starts only after every
-        // earlier node it conflicts with (RAW, WAW, WAR over spans that
-        // contain each extent's bytes) has finished (engine::graph), and
-        // the scheduler's lock orders a node's end before its successors'
-        // start. A node touches only the physical ranges its action names.
-        #[allow(unsafe_code)]
-        let plane = unsafe { self.plane.shared() };
-        let cx = exec::Cx {
-            plane,
-            tensors: &self.tensors,
-            strings,
-            backend: exec.backend,
-            batch: self.opts.batch_gemms,
-            lookahead: self.opts.lookahead,
-            hold_budget: self.opts.hold_budget,
-            snapshots: self.opts.check_intermediates.then_some(&self.snapshots),
-        };
-        let res = exec::run_window(&cx, &nodes, &mut self.ops, exec.pool, &mut self.stats);
-        // Drop the records whose effects are all applied.
+        let graph = exec::parallel(nodes.len(), pool).then(|| {
+            let written = plan::written_memories(&nodes);
+            graph::build(&nodes, &written)
+        });
+        // The records whose effects are all planned leave the queue.
+        let mut finished = Vec::new();
         for k in &keys {
             let slot = k.slot as usize;
-            if self.ops[slot].as_ref().is_some_and(|o| o.left == 0) {
-                self.ops[slot] = None;
+            if self.left[slot] == 0
+                && let Some(op) = self.ops[slot].take()
+            {
+                finished.push(op);
                 self.free.push(k.slot);
                 self.pending -= 1;
             }
         }
-        self.stats.replay_seconds += start.elapsed().as_secs_f64();
-        res
+        Some(Planned {
+            nodes,
+            graph,
+            reserve,
+            finished,
+        })
+    }
+}
+
+/// Run a planned window on `back`, on this thread (and the pool).
+#[allow(clippy::too_many_arguments)]
+fn run_planned(
+    back: &mut Back,
+    p: Planned,
+    tensors: &[TensorMeta],
+    strings: &Strings,
+    opts: &ReplayOptions,
+    snapshots: &std::collections::HashMap<(u64, u32), Vec<u8>>,
+    exec: &Exec,
+    stats: &mut Stats,
+) -> Result<()> {
+    back.plane.reserve(&p.reserve);
+    // SAFETY: `run_window` never runs two nodes whose byte ranges
+    // overlap, one of them writing, at the same time: with one thread it
+    // runs them in order; with more, a node starts only after every
+    // earlier node it conflicts with (RAW, WAW, WAR over spans that
+    // contain each extent's bytes) has finished (engine::graph), and the
+    // scheduler's lock orders a node's end before its successors' start.
+    // A node touches only the physical ranges its action names. Nothing
+    // else uses the plane while the view lives: the window owns it (its
+    // aliases are the replayer's meanwhile, and the view never reads them).
+    #[allow(unsafe_code)]
+    let plane = unsafe { back.plane.shared() };
+    let cx = exec::Cx {
+        plane,
+        tensors,
+        strings,
+        backend: exec.backend,
+        batch: opts.batch_gemms,
+        lookahead: opts.lookahead,
+        hold_budget: opts.hold_budget,
+        snapshots: opts.check_intermediates.then_some(snapshots),
+    };
+    let res = exec::run_window(&cx, &p.nodes, p.graph, &mut back.held, exec.pool, stats);
+    // The window's nodes and finished records are freed here, on the
+    // thread that ran it (a pool thread, when pipelined).
+    drop((p.nodes, p.finished));
+    res
+}
+
+/// Seconds from `a` to `b` (0 when `b` is earlier).
+fn secs(a: Instant, b: Instant) -> f64 {
+    b.saturating_duration_since(a).as_secs_f64()
+}
+
+/// What [`Replayer::replay`] hands the trace's events to.
+pub struct Feed<'r, 's> {
+    rep: &'r mut Replayer,
+    exec: &'r Exec<'s>,
+    /// Where windows run in the background (pipelined runs).
+    scope: Option<&'r rayon::Scope<'s>>,
+}
+
+impl std::fmt::Debug for Feed<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Feed")
+            .field("pipelined", &self.scope.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Feed<'_, '_> {
+    /// Host-provided bytes of a tensor (a tensor chunk), after the
+    /// windows planned before it. With `owner`, `data` lies at that byte
+    /// of it, and a whole tensor is read there, not copied
+    /// ([`DataPlane::load_host_in`]).
+    pub fn load_host(
+        &mut self,
+        tensor: u32,
+        offset: u64,
+        data: &[u8],
+        owner: Option<(&crate::plane::Owner, usize)>,
+    ) -> Result<()> {
+        self.rep.settle()?;
+        let rep = &mut *self.rep;
+        let plane = &mut rep.back.as_mut().expect("settled").plane;
+        // The plane's own writes materialize the aliases they disturb.
+        std::mem::swap(plane.lazy_mut(), &mut rep.lazy);
+        let res = match owner {
+            Some((o, at)) => plane.load_host_in(tensor, offset, data, o, at),
+            None => plane.load_host(tensor, offset, data),
+        };
+        std::mem::swap(plane.lazy_mut(), &mut rep.lazy);
+        res.map_err(|e| Error::Trace(format!("tensor data chunk: {e}")))
+    }
+
+    /// Keep one of Phase 1's input snapshots for `check_intermediates`
+    /// (snapshots come before their ops' records); ignored otherwise.
+    pub fn add_snapshot(&mut self, op_id: u64, operand: u32, data: &[u8]) -> Result<()> {
+        if self.rep.opts.check_intermediates {
+            self.rep.settle()?;
+            Arc::make_mut(&mut self.rep.snapshots).insert((op_id, operand), data.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Decode a records chunk, queue its records and apply what it allows:
+    /// a window it completes is planned, then run (pipelined: started in
+    /// the background, once the one before has finished).
+    pub fn push_chunk(&mut self, mut c: RecordChunk<'_>) -> Result<()> {
+        let start = Instant::now();
+        // When kb-format gives records chunks a seq watermark:
+        // self.rep.set_watermark(c.watermark());
+        let res = self.rep.q.decode(&mut c);
+        let ready = res.is_ok() && self.rep.q.ready(&self.rep.opts);
+        self.rep.work(start, false, |s| &mut s.queue_seconds);
+        if let Err(e) = res {
+            // A window before these records comes first.
+            self.rep.settle()?;
+            return Err(e);
+        }
+        if ready {
+            self.apply_staged(c.strings())?;
+        }
+        Ok(())
+    }
+
+    /// Plan the staged effects as a window and run it; whether it was
+    /// started in the background.
+    fn apply_staged(&mut self, strings: &Strings) -> Result<bool> {
+        let start = Instant::now();
+        let rep = &mut *self.rep;
+        // (The plane's per-op limit: it was made with this one.)
+        let max_bytes = rep.opts.max_bytes;
+        let pcx = plan::PlanCx {
+            tensors: &rep.tensors,
+            elide: rep.opts.elide,
+            fingerprints: rep.opts.fingerprints,
+        };
+        let planned = rep.q.plan(&mut rep.lazy, &pcx, max_bytes, self.exec.pool);
+        rep.work(start, true, |s| &mut s.plan_seconds);
+        let Some(p) = planned else {
+            return Ok(false);
+        };
+        // The window before goes first (its error too).
+        rep.settle()?;
+        match self.scope {
+            Some(scope) => {
+                rep.launch(p, strings, self.exec, scope);
+                Ok(true)
+            }
+            None => {
+                let start = Instant::now();
+                let mut back = rep.back.take().expect("settled");
+                let res = run_planned(
+                    &mut back,
+                    p,
+                    &rep.tensors,
+                    strings,
+                    &rep.opts,
+                    &rep.snapshots,
+                    self.exec,
+                    &mut rep.q.stats,
+                );
+                rep.back = Some(back);
+                rep.q.stats.replay_seconds += secs(start, Instant::now());
+                res.map(|()| false)
+            }
+        }
+    }
+
+    /// Apply every effect left: the trace has ended. `strings` names
+    /// components and ops in errors. On error the plane holds the effects
+    /// applied before it (and possibly some after it, in parallel runs).
+    pub fn finish(&mut self, strings: &Strings) -> Result<Stats> {
+        self.finish_beside(strings, || Ok(()))
+    }
+
+    /// [`Feed::finish`] with a last check of the trace (its digest) first:
+    /// its error comes after those of every window but the last, and
+    /// before the last window's, as if it ran before the last window was
+    /// planned (which it does with one thread). Pipelined, it runs beside
+    /// the last window.
+    pub fn finish_beside(
+        &mut self,
+        strings: &Strings,
+        check: impl FnOnce() -> Result<()>,
+    ) -> Result<Stats> {
+        let start = Instant::now();
+        self.rep.q.stage(u64::MAX);
+        self.rep.work(start, false, |s| &mut s.queue_seconds);
+        if self.scope.is_some() {
+            if !self.apply_staged(strings)? {
+                // No last window: the one running is an earlier one.
+                self.rep.settle()?;
+            }
+            let checked = check();
+            let ran = self.rep.settle();
+            checked?;
+            ran?;
+        } else {
+            check()?;
+            self.apply_staged(strings)?;
+        }
+        let rep = &mut *self.rep;
+        let plane = &mut rep.back.as_mut().expect("settled").plane;
+        *plane.lazy_mut() = std::mem::take(&mut rep.lazy);
+        let s = &mut rep.q.stats;
+        s.serial_seconds = (s.plan_seconds + s.queue_seconds - rep.overlapped).max(0.0);
+        Ok(s.clone())
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &Stats {
+        &self.rep.q.stats
+    }
+
+    /// Records held now, waiting for their effects' turn.
+    pub fn pending_records(&self) -> u64 {
+        self.rep.q.pending
+    }
+}
+
+impl Replayer {
+    pub fn new(meta: &Meta, opts: &ReplayOptions) -> Replayer {
+        Replayer {
+            tensors: meta.tensors.clone().into(),
+            opts: opts.clone(),
+            back: Some(Back {
+                plane: DataPlane::new(&meta.tensors, opts.max_bytes),
+                held: FxHashMap::default(),
+            }),
+            running: None,
+            lazy: Lazy::default(),
+            q: Queue {
+                bounds: crate::bounds::Bounds::new(meta),
+                ops: Vec::new(),
+                left: Vec::new(),
+                free: Vec::new(),
+                pending: 0,
+                queue: BinaryHeap::new(),
+                staged: Vec::new(),
+                staged_below: 0,
+                frontier: Frontier::default(),
+                watermark: 0,
+                stats: Stats::default(),
+                planner: plan::Planner::default(),
+            },
+            snapshots: Default::default(),
+            work: Vec::new(),
+            overlapped: 0.0,
+        }
+    }
+
+    /// Replay a trace: `events` hands its events to the [`Feed`] and ends
+    /// with [`Feed::finish`]. With more than one thread (and streaming),
+    /// windows run in the background on the pool while `events` goes on;
+    /// an error of a window comes before any error after it (`events`'
+    /// own included), as it would without the pipeline.
+    pub fn replay<T>(
+        &mut self,
+        exec: &Exec,
+        events: impl FnOnce(&mut Feed<'_, '_>) -> Result<T>,
+    ) -> Result<T> {
+        let pipelined = self.opts.streaming && exec.threads() > 1;
+        match exec.pool {
+            Some(pool) if pipelined => pool.in_place_scope(|s| {
+                let mut feed = Feed {
+                    rep: self,
+                    exec,
+                    scope: Some(s),
+                };
+                let out = events(&mut feed);
+                feed.rep.settle()?;
+                out
+            }),
+            _ => events(&mut Feed {
+                rep: self,
+                exec,
+                scope: None,
+            }),
+        }
+    }
+
+    /// The plane (after [`Feed::finish`]).
+    pub fn plane(&self) -> &DataPlane {
+        &self.back.as_ref().expect("no window runs").plane
+    }
+
+    pub fn tensors(&self) -> &[TensorMeta] {
+        &self.tensors
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &Stats {
+        &self.q.stats
+    }
+
+    /// The format's promise that no effect with a seq below `w` is still to
+    /// come (a records chunk's watermark).
+    pub fn set_watermark(&mut self, w: u64) {
+        self.q.watermark = self.q.watermark.max(w);
+    }
+
+    /// Note this thread's work from `start` to now, in the counter `what`
+    /// picks.
+    fn work(&mut self, start: Instant, planning: bool, what: fn(&mut Stats) -> &mut f64) {
+        let end = Instant::now();
+        *what(&mut self.q.stats) += secs(start, end);
+        if self.running.is_some() {
+            self.work.push((start, end, planning));
+        } else if planning {
+            self.q.stats.replay_seconds += secs(start, end);
+        }
+    }
+
+    /// Start a planned window in the background; it owns the plane until
+    /// [`Replayer::settle`] takes it back.
+    fn launch<'s>(
+        &mut self,
+        p: Planned,
+        strings: &Strings,
+        exec: &Exec<'s>,
+        scope: &rayon::Scope<'s>,
+    ) {
+        let mut back = self.back.take().expect("settled");
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (tensors, strings, opts) = (self.tensors.clone(), strings.clone(), self.opts.clone());
+        let snapshots = self.snapshots.clone();
+        let exec = *exec;
+        scope.spawn(move |_| {
+            let start = Instant::now();
+            let mut stats = Stats::default();
+            let res = run_planned(
+                &mut back, p, &tensors, &strings, &opts, &snapshots, &exec, &mut stats,
+            );
+            // Before the plane goes back: the snapshots' owner may add
+            // to them then.
+            drop(snapshots);
+            let end = Instant::now();
+            let _ = tx.send(Ran {
+                back,
+                stats,
+                res,
+                start,
+                end,
+            });
+        });
+        self.running = Some(std::sync::Mutex::new(rx));
+    }
+
+    /// Wait for the window running in the background, if any: take back
+    /// the plane, add its counters; its error, if it failed.
+    fn settle(&mut self) -> Result<()> {
+        let Some(rx) = self.running.take() else {
+            return Ok(());
+        };
+        let ran = rx
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .recv()
+            .expect("the window's task panicked");
+        self.back = Some(ran.back);
+        let s = &mut self.q.stats;
+        s.bytes_copied += ran.stats.bytes_copied;
+        s.gemm_in_place += ran.stats.gemm_in_place;
+        s.tasks += ran.stats.tasks;
+        s.gemm_batches += ran.stats.gemm_batches;
+        s.gemm_batched_ops += ran.stats.gemm_batched_ops;
+        s.replay_seconds += secs(ran.start, ran.end);
+        // This thread's work beside it is not serial; its planning beyond
+        // it is replay time of its own.
+        for (a, b, planning) in self.work.drain(..) {
+            let beside = secs(a.max(ran.start), b.min(ran.end));
+            self.overlapped += beside;
+            if planning {
+                s.replay_seconds += secs(a, b) - beside;
+            }
+        }
+        ran.res
     }
 }
 

@@ -29,14 +29,16 @@
 //! has its fingerprint checked by that one hash: the bytes are the same
 //! bytes, so the hash is too. [`Fingerprints`] chooses which are checked.
 
+use std::sync::Arc;
+
 use kb_format::{Extent, OpKind, Params, TensorMeta};
 use rustc_hash::{FxHashMap, FxHasher};
 
 use super::{EffKey, Fingerprints, PendingOp, Stats};
 use crate::error::fmt_ns;
 use crate::ops::Plan;
-use crate::plane::lazy::{SpanIndex, overlaps};
-use crate::plane::{DataPlane, PlaneError, fmt_extents, mem_key, span};
+use crate::plane::lazy::{Lazy, SpanIndex, overlaps};
+use crate::plane::{PlaneError, extent_bytes_within, fmt_extents, mem_key, resolve_with, span};
 
 /// What a node does, on physical bytes.
 #[derive(Debug)]
@@ -82,8 +84,11 @@ type DenseHow = (u8, usize, usize, bool, bool);
 /// One node of a planned window.
 #[derive(Debug)]
 pub(crate) struct PNode {
-    /// The op it belongs to (a materialization: the op whose write needed it).
+    /// The op it belongs to (a materialization: the op whose write needed
+    /// it): its slot while its effects are queued, and its record (which
+    /// the node keeps: the slot may be reused once every effect is planned).
     pub slot: u32,
+    pub op: Arc<PendingOp>,
     pub action: Action,
     /// A node of its op (chained to the op's other nodes and dependencies),
     /// not a materialization.
@@ -164,6 +169,42 @@ pub(crate) struct Planner {
     write_count: usize,
 }
 
+/// What planning sees of the data plane: the aliases, which it changes;
+/// the per-op byte limit; and a log of the extents written physically,
+/// whose regions must grow before the window runs. Planning never reads or
+/// changes the plane's bytes or regions, so it may run while an earlier
+/// window's nodes do (the regions grow between windows, see
+/// [`super::Replayer`]).
+pub(crate) struct PlanPlane<'a> {
+    pub lazy: &'a mut Lazy,
+    pub max_bytes: u64,
+    pub reserve: &'a mut Vec<Extent>,
+}
+
+impl PlanPlane<'_> {
+    fn lazy(&self) -> &Lazy {
+        self.lazy
+    }
+
+    fn lazy_mut(&mut self) -> &mut Lazy {
+        self.lazy
+    }
+
+    fn resolve(&self, extents: &[Extent]) -> Vec<Extent> {
+        resolve_with(self.lazy, extents)
+    }
+
+    fn extent_bytes(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
+        extent_bytes_within(extents, self.max_bytes)
+    }
+
+    /// `extents` will be written physically: their regions must cover them
+    /// when the window runs.
+    fn reserve(&mut self, extents: &[Extent]) {
+        self.reserve.extend_from_slice(extents);
+    }
+}
+
 /// What planning needs besides the planner.
 pub(crate) struct PlanCx<'a> {
     pub tensors: &'a [TensorMeta],
@@ -187,9 +228,11 @@ fn memo_hash(src: &[Extent], tag: impl std::hash::Hash) -> u64 {
 /// One planning pass over a window.
 struct Pass<'p, 'c> {
     pl: &'p mut Planner,
-    plane: &'p mut DataPlane,
+    plane: PlanPlane<'p>,
     cx: &'p PlanCx<'c>,
-    ops: &'p mut [Option<PendingOp>],
+    ops: &'p [Option<Arc<PendingOp>>],
+    /// Effects each op (by slot) has still to plan.
+    left: &'p mut [u8],
     stats: &'p mut Stats,
     nodes: Vec<PNode>,
     /// Planning stopped at an error (its node is the last).
@@ -293,9 +336,10 @@ impl Planner {
     /// Bytes counts, fingerprints and lazy copies are counted here.
     pub fn plan(
         &mut self,
-        plane: &mut DataPlane,
+        plane: PlanPlane<'_>,
         keys: &[EffKey],
-        ops: &mut [Option<PendingOp>],
+        ops: &[Option<Arc<PendingOp>>],
+        left: &mut [u8],
         cx: &PlanCx,
         stats: &mut Stats,
     ) -> Vec<PNode> {
@@ -304,6 +348,7 @@ impl Planner {
             plane,
             cx,
             ops,
+            left,
             stats,
             nodes: Vec::with_capacity(keys.len()),
             failed: false,
@@ -353,9 +398,15 @@ impl Pass<'_, '_> {
         detail
     }
 
+    fn op_arc(&self, slot: u32) -> Arc<PendingOp> {
+        self.ops[slot as usize].clone().expect("live op")
+    }
+
     fn push(&mut self, slot: u32, action: Action) -> usize {
+        let op = self.op_arc(slot);
         self.nodes.push(PNode {
             slot,
+            op,
             action,
             of_op: true,
             hold: 0,
@@ -371,8 +422,7 @@ impl Pass<'_, '_> {
 
     /// The effects an op applies here.
     fn applied(&mut self, slot: u32, n: u8) {
-        let op = self.ops[slot as usize].as_mut().expect("live op");
-        op.left -= n;
+        self.left[slot as usize] -= n;
     }
 
     fn effect(&mut self, slot: u32, write: bool, both: bool) {
@@ -670,8 +720,10 @@ impl Pass<'_, '_> {
         let t = [a.target()];
         self.phys_write(&t, slot);
         self.stats.materialized += 1;
+        let op = self.op_arc(slot);
         self.nodes.push(PNode {
             slot,
+            op,
             action: Action::Copy {
                 src: a.src,
                 dst: t.to_vec(),

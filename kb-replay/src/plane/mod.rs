@@ -27,8 +27,10 @@
 //! [`DataPlane::read`], [`DataPlane::gather`] and
 //! [`DataPlane::fingerprint`] resolve aliases, and [`DataPlane::write`] and
 //! [`DataPlane::scatter`] materialize what they would otherwise disturb.
-//! The engine plans with the aliases ([`DataPlane::lazy_mut`]) and moves
-//! physical bytes through [`Shared`].
+//! The engine plans with the aliases ([`DataPlane::lazy_mut`]; it keeps
+//! them apart from the plane while it replays, so that it can plan beside
+//! running ops) and moves physical bytes through [`Shared`], which never
+//! reads them.
 //!
 //! # Sharing
 //!
@@ -53,6 +55,7 @@ use crate::backend::{MatMut, MatRef};
 pub mod lazy;
 mod region;
 use lazy::{Alias, Lazy};
+pub use region::Owner;
 use region::Region;
 
 /// log2 of the page size.
@@ -257,6 +260,43 @@ impl DataPlane {
         Ok(())
     }
 
+    /// As [`DataPlane::load_host`], but when `data` is all of the tensor's
+    /// bytes and nothing was loaded for it yet, they are read where they
+    /// lie, at byte `at` of `owner` (the mapped trace), not copied: the
+    /// plane keeps `owner` alive and never writes those bytes (host input
+    /// never changes; writes to host space go to pages).
+    pub fn load_host_in(
+        &mut self,
+        tensor: u32,
+        offset: u64,
+        data: &[u8],
+        owner: &region::Owner,
+        at: usize,
+    ) -> Result<(), PlaneError> {
+        let addr = self.host_range(tensor, offset, data.len() as u64)?;
+        let whole = offset == 0
+            && self.host[tensor as usize].nbytes == Some(data.len() as u64)
+            && !data.is_empty()
+            && data.len() as u64 <= region_cap(addr)
+            && self.host[tensor as usize].loaded == 0
+            && !self.regions.contains_key(&mem_key(addr))
+            && (**owner)
+                .as_ref()
+                .get(at..at.saturating_add(data.len()))
+                .is_some_and(|b| std::ptr::eq(b, data));
+        let region = whole
+            .then(|| region::Region::borrowed(owner.clone(), at, data.len()))
+            .flatten();
+        let Some(region) = region else {
+            return self.load_host(tensor, offset, data);
+        };
+        self.host[tensor as usize].loaded += data.len() as u64;
+        // Aliases of these bytes keep the bytes they had.
+        self.materialize_sourced(&[Extent::contiguous(addr, data.len() as u64)]);
+        self.regions.insert(mem_key(addr), region);
+        Ok(())
+    }
+
     /// Bytes of host data the trace provided for `tensor`, and its size.
     pub fn host_coverage(&self, tensor: u32) -> Option<(u64, Option<u64>)> {
         self.host.get(tensor as usize).map(|h| (h.loaded, h.nbytes))
@@ -356,14 +396,7 @@ impl DataPlane {
     /// The physical extents that hold the logical bytes of `extents`, in
     /// order (the extents themselves where no alias covers them).
     pub fn resolve(&self, extents: &[Extent]) -> Vec<Extent> {
-        if self.lazy.is_empty() {
-            return extents.iter().filter(|e| e.bytes() > 0).copied().collect();
-        }
-        let mut out = Vec::with_capacity(extents.len());
-        for e in extents {
-            self.lazy.resolve_into(e, &mut out);
-        }
-        out
+        resolve_with(&self.lazy, extents)
     }
 
     /// Write `data` at `addr`.
@@ -550,18 +583,7 @@ impl DataPlane {
 
     /// Total bytes of `extents`, checked against the limit.
     pub fn extent_bytes(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
-        let mut total = 0u64;
-        for e in extents {
-            total = total.saturating_add(e.bytes());
-        }
-        if total > self.max_bytes {
-            return Err(PlaneError::TooLarge {
-                what: "the ranges of one op",
-                bytes: total,
-                limit: self.max_bytes,
-            });
-        }
-        Ok(total)
+        extent_bytes_within(extents, self.max_bytes)
     }
 
     /// Append the (logical) bytes of `extents`, in order, to `out`.
@@ -799,6 +821,36 @@ impl DataPlane {
         let (r, off) = self.region_at(base)?;
         (span <= (r.len() - off) as u64).then_some((r, off, stride as usize, span as usize))
     }
+}
+
+/// The physical extents that hold the logical bytes of `extents` under
+/// the aliases `lazy`, in order (the extents themselves where no alias
+/// covers them).
+pub fn resolve_with(lazy: &Lazy, extents: &[Extent]) -> Vec<Extent> {
+    if lazy.is_empty() {
+        return extents.iter().filter(|e| e.bytes() > 0).copied().collect();
+    }
+    let mut out = Vec::with_capacity(extents.len());
+    for e in extents {
+        lazy.resolve_into(e, &mut out);
+    }
+    out
+}
+
+/// Total bytes of `extents`, checked against the per-op limit `max_bytes`.
+pub fn extent_bytes_within(extents: &[Extent], max_bytes: u64) -> Result<u64, PlaneError> {
+    let mut total = 0u64;
+    for e in extents {
+        total = total.saturating_add(e.bytes());
+    }
+    if total > max_bytes {
+        return Err(PlaneError::TooLarge {
+            what: "the ranges of one op",
+            bytes: total,
+            limit: max_bytes,
+        });
+    }
+    Ok(total)
 }
 
 /// The shard of a page number.

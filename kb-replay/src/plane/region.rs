@@ -1,6 +1,8 @@
 //! A memory kept as one contiguous, zero-initialised buffer (a PE's TCM or
 //! HBM partition, a cube's SRAM, a host tensor's input), written in place:
 //! a GEMM reads its operands and accumulates its output where they lie.
+//! A host tensor's input may instead be borrowed, read-only, from bytes
+//! someone else owns (the mapped trace file): it is never written.
 //!
 //! Writing takes `&self`, so the buffer lives behind a raw pointer; the
 //! plane hands out slices of it only under its sharing contract (see
@@ -15,19 +17,37 @@ use std::ptr::NonNull;
 /// `alloc_zeroed` a `calloc`, whose fresh pages are zeroed only when touched.
 const ALIGN: usize = 16;
 
-/// A contiguous, zero-initialised buffer of `len` bytes.
-#[derive(Debug)]
+/// Bytes a borrowed region reads: kept alive by the region. Its `as_ref`
+/// must give the same bytes, unchanged, for as long as it is shared (a
+/// read-only file mapping, a vector).
+pub type Owner = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A contiguous, zero-initialised buffer of `len` bytes, or `len` bytes
+/// borrowed read-only from an [`Owner`].
 pub(super) struct Region {
     ptr: NonNull<u8>,
     len: usize,
     /// Bytes from the start that may have been written (what growing
     /// copies); the rest is still zero.
     written: usize,
+    /// Whose bytes these are, when borrowed (never written, not freed).
+    owner: Option<Owner>,
 }
 
-// SAFETY: a `Region` owns its buffer (like a `Box<[u8]>`); the plane only
-// creates slices of it under the contract in the module docs, which rules
-// out data races across threads.
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("len", &self.len)
+            .field("written", &self.written)
+            .field("borrowed", &self.owner.is_some())
+            .finish()
+    }
+}
+
+// SAFETY: a `Region` owns its buffer (like a `Box<[u8]>`), or keeps the
+// `Send + Sync` owner of the bytes it reads (and never writes them); the
+// plane only creates slices of it under the contract in the module docs,
+// which rules out data races across threads.
 unsafe impl Send for Region {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Region {}
@@ -44,7 +64,35 @@ impl Region {
             ptr: NonNull::new(ptr)?,
             len,
             written: 0,
+            owner: None,
         })
+    }
+
+    /// Bytes `at..at + len` of `owner` (`len` > 0), read in place: the
+    /// region may be read, never written. `None` when out of range.
+    pub(super) fn borrowed(owner: Owner, at: usize, len: usize) -> Option<Region> {
+        let bytes = (*owner).as_ref().get(at..at.checked_add(len)?)?;
+        if bytes.is_empty() {
+            return None;
+        }
+        // The pointer stays valid while the region lives: the region
+        // keeps `owner` (whose bytes do not move: an `Arc`'d mapping or
+        // buffer), and nothing writes through it (`bytes_mut` refuses a
+        // borrowed region), so `bytes` only ever reads initialised bytes
+        // that no one changes.
+        let ptr = NonNull::from(bytes).cast::<u8>();
+        Some(Region {
+            ptr,
+            len,
+            written: len,
+            owner: Some(owner),
+        })
+    }
+
+    /// Whether the bytes are borrowed (read-only).
+    #[cfg(test)]
+    pub(super) fn is_borrowed(&self) -> bool {
+        self.owner.is_some()
     }
 
     pub(super) fn len(&self) -> usize {
@@ -93,6 +141,7 @@ impl Region {
             off <= self.len && n <= self.len - off,
             "region slice out of bounds"
         );
+        assert!(self.owner.is_none(), "a borrowed region is read-only");
         // SAFETY: in bounds (checked above); the caller guarantees the
         // slice is the only one over these bytes while it lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), n) }
@@ -101,6 +150,10 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // Borrowed: the owner frees its bytes.
+            return;
+        }
         let layout = Layout::from_size_align(self.len.max(1), ALIGN).expect("as allocated");
         // SAFETY: allocated in `zeroed` with this layout, freed once.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
@@ -122,6 +175,23 @@ mod tests {
             r.bytes_mut(100, 3).copy_from_slice(&[1, 2, 3]);
             assert_eq!(r.bytes(99, 5), &[0, 1, 2, 3, 0]);
         }
+    }
+
+    #[test]
+    fn borrowed_regions_read_their_owners_bytes_and_refuse_writes() {
+        let owner: Owner = std::sync::Arc::new((0u8..100).collect::<Vec<u8>>());
+        let r = Region::borrowed(owner.clone(), 10, 20).unwrap();
+        assert!(r.is_borrowed());
+        assert_eq!((r.len(), r.written()), (20, 20));
+        // SAFETY: nothing writes the owner's bytes.
+        assert_eq!(unsafe { r.bytes(0, 3) }, &[10, 11, 12]);
+        assert!(Region::borrowed(owner.clone(), 90, 20).is_none());
+        assert!(Region::borrowed(owner.clone(), 5, 0).is_none());
+        let write = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: no other slice is live (and it panics first).
+            let _ = unsafe { r.bytes_mut(0, 1) };
+        }));
+        assert!(write.is_err(), "writes to a borrowed region panic");
     }
 
     #[test]

@@ -193,6 +193,46 @@ fn host_space_reads_tensor_data_and_keeps_the_input_pristine() {
 }
 
 #[test]
+fn a_whole_tensor_is_read_where_its_owner_keeps_it() {
+    let bytes: Vec<u8> = vec![9, 1, 2, 3, 4, 5, 6, 7, 8, 9];
+    let owner: Owner = Arc::new(bytes);
+    let data = &(*owner).as_ref()[1..9];
+    let mut p = plane();
+    p.load_host_in(1, 0, data, &owner, 1).unwrap();
+    assert_eq!(p.host_coverage(1), Some((8, Some(8))));
+    // Borrowed, not copied: the region reads the owner's bytes.
+    let r = &p.regions[&mem_key(pa::host(1, 0))];
+    assert!(r.is_borrowed());
+    let h = pa::host(1, 2);
+    assert_eq!(read(&p, h, 4), vec![3, 4, 5, 6]);
+    // A host-space write shadows it; the owner's bytes stay.
+    p.write(h, &[0xee]).unwrap();
+    assert_eq!(read(&p, pa::host(1, 0), 8), vec![1, 2, 0xee, 4, 5, 6, 7, 8]);
+    let mut orig = [0u8; 8];
+    p.read_host_input(1, 0, &mut orig).unwrap();
+    assert_eq!(orig, [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!((*owner).as_ref()[3], 3);
+    // A copy, moved on the device, reads the same.
+    let d = dev(Space::Hbm, 0);
+    let mut b = Vec::new();
+    p.gather(&[Extent::contiguous(pa::host(1, 0), 8)], &mut b)
+        .unwrap();
+    p.write(d, &b).unwrap();
+    assert_eq!(read(&p, d, 3), vec![1, 2, 0xee]);
+
+    // Part of a tensor, or bytes that do not lie where said: copied.
+    let mut q = plane();
+    q.load_host_in(1, 0, &data[..4], &owner, 1).unwrap();
+    q.load_host_in(1, 4, &data[4..], &owner, 5).unwrap();
+    assert!(!q.regions[&mem_key(pa::host(1, 0))].is_borrowed());
+    let elsewhere = data.to_vec();
+    let mut q = plane();
+    q.load_host_in(1, 0, &elsewhere, &owner, 1).unwrap();
+    assert!(!q.regions[&mem_key(pa::host(1, 0))].is_borrowed());
+    assert_eq!(read(&q, pa::host(1, 0), 8), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+}
+
+#[test]
 fn bad_addresses_are_errors() {
     let mut p = plane();
     // Past the tensor's bytes.
