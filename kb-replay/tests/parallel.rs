@@ -605,21 +605,27 @@ fn copies_chunked(bad: &[u64], chunk_bytes: Option<usize>) -> Vec<u8> {
     build_chunked(tensors, &[(0, x)], &ops, vec![], chunk_bytes)
 }
 
+/// The error of replaying `bytes` from a stream on `threads` threads with
+/// windows of `window` records.
+fn stream_error(bytes: &[u8], threads: usize, window: usize) -> Error {
+    let opts = ReplayOptions {
+        window,
+        ..ReplayOptions::default()
+    };
+    let p = pool(threads);
+    let exec = Exec {
+        backend: &GemmCrate,
+        pool: Some(&p),
+    };
+    app::load_stream(bytes, &opts, &exec).unwrap_err()
+}
+
 #[test]
 fn the_first_error_in_effect_order_is_reported() {
     let bytes = copies(&[9, 4, 7]);
     for threads in [1, 2, 3] {
         for window in [1, 5, 4096] {
-            let opts = ReplayOptions {
-                window,
-                ..ReplayOptions::default()
-            };
-            let p = pool(threads);
-            let exec = Exec {
-                backend: &GemmCrate,
-                pool: Some(&p),
-            };
-            let err = app::load_stream(&bytes[..], &opts, &exec).unwrap_err();
+            let err = stream_error(&bytes, threads, window);
             assert!(
                 matches!(err, Error::Op { op_id: 4, .. }),
                 "{threads} threads, window {window}: {err}"
@@ -683,16 +689,7 @@ fn a_window_that_fails_in_the_background_comes_before_a_later_records_error() {
     ];
     let bytes = build_chunked(tensors, &[(0, vec![5; 64])], &ops, vec![], Some(1));
     for threads in [1, 2, 3] {
-        let opts = ReplayOptions {
-            window: 1,
-            ..ReplayOptions::default()
-        };
-        let p = pool(threads);
-        let exec = Exec {
-            backend: &GemmCrate,
-            pool: Some(&p),
-        };
-        let err = app::load_stream(&bytes[..], &opts, &exec).unwrap_err();
+        let err = stream_error(&bytes, threads, 1);
         let msg = err.to_string();
         assert!(
             matches!(err, Error::Op { op_id: 1, .. }) && msg.contains("fingerprint mismatch"),

@@ -182,14 +182,20 @@ fn host_space_reads_tensor_data_and_keeps_the_input_pristine() {
     let mut p = plane();
     p.load_host(1, 0, &[1, 2, 3, 4]).unwrap();
     p.load_host(1, 4, &[5, 6, 7, 8]).unwrap();
+    assert_host_writes_shadow_the_input(&mut p);
+    assert_eq!(p.host_coverage(1), Some((8, Some(8))));
+}
+
+/// Tensor 1 holds 1..=8: a read of host space gives them, a write to
+/// byte 2 shows in later reads, and the input itself stays 1..=8.
+fn assert_host_writes_shadow_the_input(p: &mut DataPlane) {
     let h = pa::host(1, 2);
-    assert_eq!(read(&p, h, 4), vec![3, 4, 5, 6]);
+    assert_eq!(read(p, h, 4), vec![3, 4, 5, 6]);
     p.write(h, &[0xee]).unwrap();
-    assert_eq!(read(&p, pa::host(1, 0), 8), vec![1, 2, 0xee, 4, 5, 6, 7, 8]);
+    assert_eq!(read(p, pa::host(1, 0), 8), vec![1, 2, 0xee, 4, 5, 6, 7, 8]);
     let mut orig = [0u8; 8];
     p.read_host_input(1, 0, &mut orig).unwrap();
     assert_eq!(orig, [1, 2, 3, 4, 5, 6, 7, 8]);
-    assert_eq!(p.host_coverage(1), Some((8, Some(8))));
 }
 
 #[test]
@@ -203,14 +209,8 @@ fn a_whole_tensor_is_read_where_its_owner_keeps_it() {
     // Borrowed, not copied: the region reads the owner's bytes.
     let r = &p.regions[&mem_key(pa::host(1, 0))];
     assert!(r.is_borrowed());
-    let h = pa::host(1, 2);
-    assert_eq!(read(&p, h, 4), vec![3, 4, 5, 6]);
     // A host-space write shadows it; the owner's bytes stay.
-    p.write(h, &[0xee]).unwrap();
-    assert_eq!(read(&p, pa::host(1, 0), 8), vec![1, 2, 0xee, 4, 5, 6, 7, 8]);
-    let mut orig = [0u8; 8];
-    p.read_host_input(1, 0, &mut orig).unwrap();
-    assert_eq!(orig, [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_host_writes_shadow_the_input(&mut p);
     assert_eq!((*owner).as_ref()[3], 3);
     // A copy, moved on the device, reads the same.
     let d = dev(Space::Hbm, 0);
