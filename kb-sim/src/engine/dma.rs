@@ -89,8 +89,28 @@ pub(super) struct LaPath {
     channels: (u32, u32),
 }
 
-/// A physical piece of one side of a DMA, with its LA path if any.
-pub(super) type Piece = (Extent, Option<LaPath>);
+/// One side of a DMA resolved: its physical pieces in data order and,
+/// under LA only, each piece's path (a piece of the PA fallback has none;
+/// under PA and VA the list is empty: every piece goes the plain route).
+/// The order is the side's data and effect order, kept as it is (no copy
+/// per DMA).
+#[derive(Debug, Default)]
+pub(super) struct Resolved {
+    order: Vec<Extent>,
+    paths: Vec<Option<LaPath>>,
+}
+
+impl Resolved {
+    fn push(&mut self, x: Extent, path: Option<LaPath>) {
+        self.order.push(x);
+        self.paths.push(path);
+    }
+
+    /// Piece `i`'s path, if it has one.
+    fn path(&self, i: usize) -> Option<LaPath> {
+        self.paths.get(i).copied().flatten()
+    }
+}
 
 /// Physical pieces of one side served by one node.
 #[derive(Debug)]
@@ -107,6 +127,19 @@ pub(super) struct Group {
     bytes: u64,
     /// A source part: when its last byte is ready at the source.
     tail: Ps,
+}
+
+impl Group {
+    /// The request for piece `x` of this part.
+    fn request(&self, x: &Extent) -> Request {
+        Request {
+            pa: x.pa,
+            row_bytes: x.len,
+            rows: x.rows,
+            stride: x.stride,
+            channels: self.channels,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -179,7 +212,7 @@ impl<W: Write> Engine<'_, W> {
         rows: u32,
         row_bytes: u64,
         stride: u64,
-    ) -> Result<Vec<Piece>, String> {
+    ) -> Result<Resolved, String> {
         if rows > 1 && stride < row_bytes {
             return Err(format!(
                 "DMA {side} stride {stride} is below the row size {row_bytes}"
@@ -192,7 +225,7 @@ impl<W: Write> Engine<'_, W> {
             (rows, row_bytes, stride)
         };
         if self.m.topo.address_model == AddressModel::La && a.space == Space::Hbm {
-            let mut pieces = Vec::new();
+            let mut pieces = Resolved::default();
             for r in 0..rows as u64 {
                 self.resolve_la(pe, a.addr + r * stride, row_bytes, &mut pieces)
                     .map_err(|e| format!("DMA {side}: {e}"))?;
@@ -225,7 +258,10 @@ impl<W: Write> Engine<'_, W> {
                     }
                 }
             }
-            return Ok(folded.into_iter().map(|x| (x, None)).collect());
+            return Ok(Resolved {
+                order: folded,
+                paths: Vec::new(),
+            });
         }
         let x = Extent {
             pa: a.addr,
@@ -234,7 +270,10 @@ impl<W: Write> Engine<'_, W> {
             stride: if rows > 1 { stride } else { 0 },
         };
         self.check_pa(pe, side, a.space, &x)?;
-        Ok(vec![(x, None)])
+        Ok(Resolved {
+            order: vec![x],
+            paths: Vec::new(),
+        })
     }
 
     /// BAAW (ADR-0011 D-LA4): resolve `len` bytes at `la` through the PE's
@@ -247,7 +286,7 @@ impl<W: Write> Engine<'_, W> {
         pe: PeCoord,
         la: u64,
         len: u64,
-        out: &mut Vec<Piece>,
+        out: &mut Resolved,
     ) -> Result<(), String> {
         let i = self.m.pe_index(pe);
         let Some(seg) = self.baaw[i]
@@ -256,7 +295,7 @@ impl<W: Write> Engine<'_, W> {
         else {
             return match Pa::decode(la) {
                 Some(p) if p.space == Space::Hbm => {
-                    out.push((Extent::contiguous(la, len), None));
+                    out.push(Extent::contiguous(la, len), None);
                     Ok(())
                 }
                 _ => Err(format!(
@@ -272,7 +311,7 @@ impl<W: Write> Engine<'_, W> {
                     via: routers[0],
                     channels: (seg.first_channel, seg.channels),
                 };
-                out.push((Extent::contiguous(seg.agg_pa + offset, len), Some(path)));
+                out.push(Extent::contiguous(seg.agg_pa + offset, len), Some(path));
             }
             MappingMode::OneToOne => {
                 let (s, n) = (seg.stripe, seg.channels as u64);
@@ -287,13 +326,12 @@ impl<W: Write> Engine<'_, W> {
                         via: routers[k as usize],
                         channels: (seg.first_channel + k as u32, 1),
                     };
-                    match out.last_mut() {
-                        Some((prev, Some(p)))
-                            if *p == path && prev.rows == 1 && prev.pa + prev.len == pa =>
-                        {
+                    let same_path = out.paths.last() == Some(&Some(path));
+                    match out.order.last_mut() {
+                        Some(prev) if same_path && prev.rows == 1 && prev.pa + prev.len == pa => {
                             prev.len += take
                         }
-                        _ => out.push((Extent::contiguous(pa, take), Some(path))),
+                        _ => out.push(Extent::contiguous(pa, take), Some(path)),
                     }
                     done += take;
                 }
@@ -359,9 +397,10 @@ impl<W: Write> Engine<'_, W> {
     }
 
     /// Group pieces by serving node, in order of first appearance.
-    fn group(&self, pe: PeCoord, pieces: Vec<Piece>) -> Vec<Group> {
+    fn group(&self, pe: PeCoord, side: &Resolved) -> Vec<Group> {
         let mut groups: Vec<Group> = Vec::new();
-        for (x, path) in pieces {
+        for (i, &x) in side.order.iter().enumerate() {
+            let path = side.path(i);
             let p = Pa::decode(x.pa).expect("resolved pieces are PAs");
             let own_tcm =
                 p.space == Space::Tcm && (p.sip, p.cube, p.pe) == (pe.sip, pe.cube, pe.pe);
@@ -411,9 +450,9 @@ impl<W: Write> Engine<'_, W> {
             (Err(e), _) | (_, Err(e)) => return Err(self.kernel_err(pc, e)),
         };
         // Data and effects follow the pieces in order; groups are timing.
-        let src_order: Vec<Extent> = src.iter().map(|p| p.0).collect();
-        let dst_order: Vec<Extent> = dst.iter().map(|p| p.0).collect();
-        let (src, dst) = (self.group(pc, src), self.group(pc, dst));
+        let (src_groups, dst_groups) = (self.group(pc, &src), self.group(pc, &dst));
+        let (src_order, dst_order) = (src.order, dst.order);
+        let (src, dst) = (src_groups, dst_groups);
         if let Some(n) = notify {
             self.check_pe(pc, n.pe, "notify")?;
         }
@@ -503,36 +542,18 @@ impl<W: Write> Engine<'_, W> {
         self.race_check(pe, ranges, write, op_id, name, &hb)
     }
 
-    /// The requests of one part (a group of the source or destination
-    /// side), a request per piece, and the node that serves them.
-    fn part_requests(&mut self, d: u32, src: bool, group: usize) -> (NodeId, Vec<Request>) {
-        let x = self.dmas.get(d);
-        let g = if src { &x.src[group] } else { &x.dst[group] };
-        let reqs = g
-            .pieces
-            .iter()
-            .map(|x| Request {
-                pa: x.pa,
-                row_bytes: x.len,
-                rows: x.rows,
-                stride: x.stride,
-                channels: g.channels,
-            })
-            .collect();
-        (g.target, reqs)
-    }
-
     /// Read a source part as a stream: its first burst (from the first
-    /// piece) is ready at `head`, all of it at `end`.
+    /// piece) is ready at `head`, all of it at `end`. A request per piece,
+    /// served by the part's node.
     fn serve_part_read(&mut self, d: u32, group: usize) -> Streamed {
-        let (target, reqs) = self.part_requests(d, true, group);
         let (now, burst) = (self.q.now(), self.burst);
+        let g = &self.dmas.get(d).src[group];
+        let c = self.comps[g.target as usize]
+            .as_mut()
+            .expect("node has a timing model");
         let mut out: Option<Streamed> = None;
-        for req in reqs {
-            let c = self.comps[target as usize]
-                .as_mut()
-                .expect("node has a timing model");
-            let s = c.serve_read(now, &req, burst);
+        for x in &g.pieces {
+            let s = c.serve_read(now, &g.request(x), burst);
             out = Some(match out {
                 None => s,
                 Some(o) => Streamed {
@@ -550,14 +571,14 @@ impl<W: Write> Engine<'_, W> {
     /// Write a destination part whose bytes arrived from `head` to now;
     /// returns when the last piece is written.
     fn serve_part_write(&mut self, d: u32, group: usize, head: Ps) -> Ps {
-        let (target, reqs) = self.part_requests(d, false, group);
         let (now, burst) = (self.q.now(), self.burst);
+        let g = &self.dmas.get(d).dst[group];
+        let c = self.comps[g.target as usize]
+            .as_mut()
+            .expect("node has a timing model");
         let mut end = now;
-        for req in reqs {
-            let c = self.comps[target as usize]
-                .as_mut()
-                .expect("node has a timing model");
-            end = end.max(c.serve_write(now, head, &req, burst).end);
+        for x in &g.pieces {
+            end = end.max(c.serve_write(now, head, &g.request(x), burst).end);
         }
         end
     }
