@@ -173,7 +173,12 @@ struct Entry {
     op: OpInfo,
 }
 
-const BUCKET_BITS: u32 = 14;
+/// Bucket size: 64 KiB. A DMA tile's strided rows touch every bucket of
+/// their span, each visited per access, so smaller buckets cost more
+/// bucket visits than the entries they separate save: gemm_tiled 2048^3
+/// on default ran 14 % faster with 64 KiB than with 16 KiB buckets, with
+/// softmax and all-reduce unchanged.
+const BUCKET_BITS: u32 = 16;
 
 /// The accesses that touch one bucket: writes, and reads grouped by
 /// thread. A read never races with a read, so a read access only needs
@@ -332,7 +337,7 @@ impl Buckets {
     }
 }
 
-/// Accesses by physical range, bucketed by 16 KiB.
+/// Accesses by physical range, bucketed by 64 KiB (`BUCKET_BITS`).
 #[derive(Debug, Default)]
 pub struct Shadow {
     entries: Vec<Option<Entry>>,
@@ -596,6 +601,8 @@ impl Visit<'_> {
 mod tests {
     use super::*;
 
+    const BUCKET: u64 = 1 << BUCKET_BITS;
+
     fn x(pa: u64, len: u64, rows: u32, stride: u64) -> Extent {
         Extent {
             pa,
@@ -738,7 +745,7 @@ mod tests {
         #[test]
         fn shadow_decides_as_a_walk_over_every_access(
             ops in proptest::collection::vec(
-                (0u64..96 * 1024, 1u64..20_000, 1u32..5, 0u64..40_000, 0u32..3, 0u32..4,
+                (0u64..6 * BUCKET, 1u64..BUCKET * 5 / 4, 1u32..5, 0u64..BUCKET * 5 / 2, 0u32..3, 0u32..4,
                  proptest::collection::vec(0u32..4, 3), proptest::bool::ANY),
                 1..60,
             )
@@ -746,8 +753,8 @@ mod tests {
             let mut shadow = Shadow::default();
             let mut naive = Naive::default();
             for (i, (off, len, rows, gap, thread, label, clock, write)) in ops.into_iter().enumerate() {
-                // Around a block boundary (64 buckets of 16 KiB).
-                let pa = (1 << 20) - 48 * 1024 + off;
+                // Around a block boundary, over a few buckets each way.
+                let pa = (1 << (BUCKET_BITS + BLOCK_BITS)) - 3 * BUCKET + off;
                 let ext = x(pa, len, rows, if rows > 1 { len + gap } else { 0 });
                 let a = acc(thread, label, &clock, write, i as u64);
                 let (mut got, mut want) = (Vec::new(), Vec::new());
