@@ -290,6 +290,17 @@ impl SnapshotParts {
     }
 }
 
+/// Whether any of `map`'s disjoint ranges (start -> value, `end` of the
+/// value) overlaps `[pa, pa+len)`: only the last one starting before the
+/// end can reach past `pa`, so one search answers.
+fn overlaps<V>(map: &BTreeMap<u64, V>, pa: u64, len: u64, end: impl Fn(&V) -> u64) -> bool {
+    len > 0
+        && map
+            .range(..pa.saturating_add(len))
+            .next_back()
+            .is_some_and(|(_, v)| end(v) > pa)
+}
+
 /// `(rows, len, stride)` of `x`, touching rows merged into one.
 fn rows_of(x: &Extent) -> (u64, u64, u64) {
     if x.rows > 1 && x.stride == x.len {
@@ -663,14 +674,7 @@ impl DataPlane {
 
     /// Whether any landed range overlaps `[pa, pa+len)`.
     fn landed_in(&self, pa: u64, len: u64) -> bool {
-        if self.landed.is_empty() || len == 0 {
-            return false;
-        }
-        let end = pa.saturating_add(len);
-        self.landed
-            .range(..end)
-            .next_back()
-            .is_some_and(|(_, l)| l.end > pa)
+        overlaps(&self.landed, pa, len, |l| l.end)
     }
 
     /// Push the bytes `[pa, pa+len)` onto `snap`: landed ranges by their
@@ -980,16 +984,9 @@ impl DataPlane {
         self.first_pending(pa, len).map_or(Ok(()), Err)
     }
 
-    /// Whether any pending interval overlaps `[pa, pa+len)`: one search
-    /// (the intervals are disjoint, so only the last one starting before
-    /// the end can reach past `pa`).
+    /// Whether any pending interval overlaps `[pa, pa+len)`.
     fn any_pending(&self, pa: u64, len: u64) -> bool {
-        len > 0
-            && self
-                .pending
-                .range(..pa.saturating_add(len))
-                .next_back()
-                .is_some_and(|(_, &(e, _))| e > pa)
+        overlaps(&self.pending, pa, len, |&(end, _)| end)
     }
 
     /// The first pending interval overlapping `[pa, pa+len)`.

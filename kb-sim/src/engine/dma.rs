@@ -233,7 +233,8 @@ impl<W: Write> Engine<'_, W> {
             return Ok(pieces);
         }
         if self.m.topo.address_model == AddressModel::Va && a.space == Space::Hbm {
-            let folded = match self.translate_within_run(pe, a.addr, rows, row_bytes, stride) {
+            let table = &self.mmus[self.m.pe_index(pe)];
+            let folded = match table.extent_within_run(a.addr, rows, row_bytes, stride) {
                 // Every row in one run of pages: one extent, as folding
                 // the rows' pieces would give.
                 Some(x) => vec![x],

@@ -219,21 +219,6 @@ impl<W: Write> Engine<'_, W> {
     /// physical pieces; an unmapped page that is a valid HBM PA is used as
     /// one (the PA fallback). `run` carries the last run used from one
     /// call to the next (the rows of one transfer).
-    /// `rows` rows of `len` bytes, `stride` apart (rows that touch
-    /// already merged), at `va` as one extent, when one run of mapped
-    /// pages holds them all: what translating row by row and folding
-    /// the pieces gives then, in one lookup. `None` otherwise.
-    pub(super) fn translate_within_run(
-        &self,
-        pe: PeCoord,
-        va: u64,
-        rows: u32,
-        len: u64,
-        stride: u64,
-    ) -> Option<Extent> {
-        self.mmus[self.m.pe_index(pe)].extent_within_run(va, rows, len, stride)
-    }
-
     pub(super) fn translate(
         &mut self,
         pe: PeCoord,
@@ -373,9 +358,10 @@ impl PageRuns {
         (va < e).then_some((s, e, p))
     }
 
-    /// See [`Engine::translate_within_run`]: the extent of `rows` rows of
-    /// `len` bytes `stride` apart (`stride > len`) at `va` when one run
-    /// holds every byte of them.
+    /// `rows` rows of `len` bytes, `stride` apart (rows that touch already
+    /// merged, so `stride > len`), at `va` as one extent, when one run
+    /// holds every byte of them: what translating row by row and folding
+    /// the pieces gives then, in one lookup. `None` otherwise.
     pub(super) fn extent_within_run(
         &self,
         va: u64,
