@@ -29,7 +29,7 @@ pub use channels::ChannelUsage;
 pub use error::{FormatError, Result};
 pub use footer::{Footer, IndexEntry};
 pub use launch::Launch;
-pub use reader::{Event, MmapTrace, RecordChunk, StreamReader, Strings};
+pub use reader::{DigestCheck, Event, MmapTrace, PayloadCheck, RecordChunk, StreamReader, Strings};
 pub use types::*;
 pub use writer::{AtomicFile, TraceWriter, is_terminal_path};
 

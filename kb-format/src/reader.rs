@@ -776,6 +776,60 @@ pub struct MmapTrace {
     footer_offset: u64,
     /// For each chunk (by ordinal), the strings defined before it.
     strings_before: Vec<u32>,
+    /// Chunks (by ordinal) whose payload checksum a [`PayloadCheck`] has
+    /// verified already.
+    checked: std::sync::Arc<[std::sync::atomic::AtomicBool]>,
+}
+
+/// The check of one chunk's payload checksum, taken out of an
+/// [`MmapTrace`] to run on another thread ahead of the reader
+/// ([`MmapTrace::payload_checks`]). A payload it verifies is not hashed
+/// again when read; one it finds damaged is checked again when read, which
+/// reports the error in its place in the stream.
+#[derive(Debug)]
+pub struct PayloadCheck {
+    map: std::sync::Arc<memmap2::Mmap>,
+    checked: std::sync::Arc<[std::sync::atomic::AtomicBool]>,
+    ordinal: usize,
+    at: usize,
+    len: usize,
+    stored: u64,
+}
+
+impl PayloadCheck {
+    pub fn run(self) {
+        let ok = self
+            .map
+            .get(self.at..self.at + self.len)
+            .is_some_and(|p| xxh3_64(p) == self.stored);
+        if ok {
+            self.checked[self.ordinal].store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
+/// The check of a mapped trace's stream digest ([`MmapTrace::verify_digest`]),
+/// taken out of it to run on another thread.
+#[derive(Debug)]
+pub struct DigestCheck {
+    map: std::sync::Arc<memmap2::Mmap>,
+    end: u64,
+    stored: u64,
+}
+
+impl DigestCheck {
+    pub fn run(&self) -> Result<()> {
+        let computed = xxh3_64(&self.map[..self.end as usize]);
+        if computed != self.stored {
+            return Err(FormatError::Checksum {
+                offset: self.end,
+                what: "stream digest".into(),
+                stored: self.stored,
+                computed,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl MmapTrace {
@@ -988,9 +1042,12 @@ impl MmapTrace {
             launches: state.launches.unwrap_or_default(),
             channels_at: state.channels,
             channels: OnceLock::new(),
-            footer,
             footer_offset: fat,
             strings_before,
+            checked: (0..footer.index.len())
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
+            footer,
         })
     }
 
@@ -1034,26 +1091,54 @@ impl MmapTrace {
     /// Hash the stream and compare with the footer digest (catches damage
     /// in padding, which no chunk checksum covers).
     pub fn verify_digest(&self) -> Result<()> {
-        let computed = xxh3_64(&self.map[..self.footer_offset as usize]);
-        if computed != self.footer.digest {
-            return Err(FormatError::Checksum {
-                offset: self.footer_offset,
-                what: "stream digest".into(),
-                stored: self.footer.digest,
-                computed,
-            });
-        }
-        Ok(())
+        self.digest_check().run()
     }
 
-    fn payload(&self, offset: u64) -> Result<(ChunkHeader, &[u8], u64)> {
+    /// [`MmapTrace::verify_digest`] as a job for another thread.
+    pub fn digest_check(&self) -> DigestCheck {
+        DigestCheck {
+            map: self.map.clone(),
+            end: self.footer_offset,
+            stored: self.footer.digest,
+        }
+    }
+
+    /// The payload checksum checks of the chunks of `kind`, as jobs that
+    /// other threads may run while this one reads the stream: a payload
+    /// one of them has verified is not hashed again when read.
+    pub fn payload_checks(&self, kind: ChunkKind) -> Vec<PayloadCheck> {
+        let mut out = Vec::new();
+        for e in self.footer.index.iter().filter(|e| e.kind == kind) {
+            let hb: &[u8; BLOCK] = self.map[e.offset as usize..e.offset as usize + BLOCK]
+                .try_into()
+                .expect("index validated at open");
+            // (A header that does not decode is reported when read.)
+            if let Ok(h) = ChunkHeader::decode(hb, e.offset, None) {
+                out.push(PayloadCheck {
+                    map: self.map.clone(),
+                    checked: self.checked.clone(),
+                    ordinal: e.ordinal as usize,
+                    at: (e.offset as usize) + BLOCK,
+                    len: h.len as usize,
+                    stored: h.payload_checksum,
+                });
+            }
+        }
+        out
+    }
+
+    fn payload(&self, e: &IndexEntry) -> Result<(ChunkHeader, &[u8], u64)> {
+        let offset = e.offset;
         let hb: &[u8; BLOCK] = self.map[offset as usize..offset as usize + BLOCK]
             .try_into()
             .expect("index validated at open");
         let h = ChunkHeader::decode(hb, offset, None)?;
         let pat = offset + BLOCK as u64;
         let p = &self.map[pat as usize..(pat + h.len) as usize];
-        h.check_payload(p, pat)?;
+        let checked = self.checked[e.ordinal as usize].load(std::sync::atomic::Ordering::Acquire);
+        if !checked {
+            h.check_payload(p, pat)?;
+        }
         let end = offset + h.total_len();
         chunk::check_padding(&self.map[(pat + h.len) as usize..end as usize], pat + h.len)?;
         Ok((h, p, pat))
@@ -1065,7 +1150,7 @@ impl MmapTrace {
         let mut out = Vec::new();
         for e in &self.footer.index {
             if e.kind == ChunkKind::Tensor && e.aux[0] == tensor as u64 {
-                let (h, p, _) = self.payload(e.offset)?;
+                let (h, p, _) = self.payload(e)?;
                 out.push((h.aux[1], p));
             }
         }
@@ -1088,7 +1173,7 @@ impl MmapTrace {
         let mut r = Record::default();
         let mut last = None;
         for e in self.record_chunks() {
-            let (h, p, pat) = self.payload(e.offset)?;
+            let (h, p, pat) = self.payload(e)?;
             let mut c = RecordChunk::new(&h, p, pat, self.strings_at(e.ordinal), &mut last);
             while c.next_into(&mut r)? {
                 f(&r, &self.strings)?;
@@ -1104,7 +1189,7 @@ impl MmapTrace {
         for e in &self.footer.index {
             match e.kind {
                 ChunkKind::Tensor => {
-                    let (h, p, _) = self.payload(e.offset)?;
+                    let (h, p, _) = self.payload(e)?;
                     f(Event::Tensor {
                         tensor: h.aux[0] as u32,
                         offset: h.aux[1],
@@ -1112,7 +1197,7 @@ impl MmapTrace {
                     })?;
                 }
                 ChunkKind::Records => {
-                    let (h, p, pat) = self.payload(e.offset)?;
+                    let (h, p, pat) = self.payload(e)?;
                     f(Event::Records(RecordChunk::new(
                         &h,
                         p,
@@ -1122,7 +1207,7 @@ impl MmapTrace {
                     )))?;
                 }
                 ChunkKind::Snapshot => {
-                    let (h, p, _) = self.payload(e.offset)?;
+                    let (h, p, _) = self.payload(e)?;
                     f(Event::Snapshot {
                         op_id: h.aux[0],
                         operand: h.aux[1] as u32,

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kb_format::chunk::{BLOCK, ChunkKind};
+use kb_format::chunk::{BLOCK, ChunkHeader, ChunkKind};
 use kb_format::*;
 
 fn u64_le(b: &[u8], at: usize) -> u64 {
@@ -743,5 +743,75 @@ fn resealed_random_damage_never_panics() {
     assert!(
         rejected > accepted,
         "{rejected} rejected, {accepted} accepted"
+    );
+}
+
+/// Every event of a mapped trace, read through `for_each_event`, as
+/// (kind, bytes of tensor data) or the first error.
+fn mapped_events(m: &MmapTrace) -> Result<Vec<(&'static str, Vec<u8>)>> {
+    let mut out = Vec::new();
+    m.for_each_event(|ev| {
+        out.push(match ev {
+            Event::Tensor { data, .. } => ("tensor", data.to_vec()),
+            Event::Records(_) => ("records", Vec::new()),
+            Event::Snapshot { .. } => ("snapshot", Vec::new()),
+        });
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+#[test]
+fn payload_checks_run_ahead_and_a_damaged_payload_is_still_reported_when_read() {
+    let b = sample_trace();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.kbt");
+    let tensors: Vec<(usize, ChunkHeader)> = chunk_offsets(&b)
+        .into_iter()
+        .filter(|(_, h)| h.kind == ChunkKind::Tensor)
+        .collect();
+    assert!(tensors.len() >= 2, "{} tensor chunks", tensors.len());
+
+    // A good trace: the checks run on another thread, then the reader
+    // gives every event as it does without them.
+    std::fs::write(&path, &b).unwrap();
+    let m = MmapTrace::open(&path).unwrap();
+    let want = mapped_events(&m).unwrap();
+    let m = MmapTrace::open(&path).unwrap();
+    let checks = m.payload_checks(ChunkKind::Tensor);
+    assert_eq!(checks.len(), tensors.len());
+    std::thread::spawn(move || checks.into_iter().for_each(PayloadCheck::run))
+        .join()
+        .unwrap();
+    assert_eq!(mapped_events(&m).unwrap(), want);
+
+    // The second tensor chunk's payload damaged (its checksum left as it
+    // was): its check, run ahead, must not let it through; the reader
+    // reports it in its place, as it does without checks.
+    let (at, _) = tensors[1];
+    let mut d = b.clone();
+    d[at + BLOCK] ^= 0x40;
+    std::fs::write(&path, &d).unwrap();
+    let plain = mapped_events(&MmapTrace::open(&path).unwrap()).unwrap_err();
+    let m = MmapTrace::open(&path).unwrap();
+    for check in m.payload_checks(ChunkKind::Tensor) {
+        check.run();
+    }
+    let e = mapped_events(&m).unwrap_err();
+    assert!(
+        matches!(&e, FormatError::Checksum { what, .. } if what.contains("tensor")),
+        "{e}"
+    );
+    assert_eq!(e.to_string(), plain.to_string());
+    assert_names_offset(&e, (at + BLOCK) as u64);
+
+    // The digest's check, taken to another thread, says what
+    // verify_digest says.
+    let m = MmapTrace::open(&path).unwrap();
+    let check = m.digest_check();
+    let ahead = std::thread::spawn(move || check.run()).join().unwrap();
+    assert_eq!(
+        ahead.map_err(|e| e.to_string()),
+        m.verify_digest().map_err(|e| e.to_string())
     );
 }

@@ -109,6 +109,26 @@ fn load_mmap_with(
     let mut rep = Replayer::new(trace.meta(), opts);
     let owner = trace.shared_bytes();
     let base = trace.bytes().as_ptr() as usize;
+    // With threads to spare, the pool checks the host tensors' checksums
+    // and the stream digest while this thread reads on: they would
+    // otherwise hash tens of MB here while the pool waits for its first
+    // window. The digest's verdict is still taken at the end (and a tensor
+    // chunk whose check has not run or failed is checked when read, so
+    // every error comes in its place).
+    let digest = match exec.pool {
+        Some(pool) if exec.threads() > 1 => {
+            for check in trace.payload_checks(kb_format::chunk::ChunkKind::Tensor) {
+                pool.spawn(move || check.run());
+            }
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let check = trace.digest_check();
+            pool.spawn(move || {
+                let _ = tx.send(check.run());
+            });
+            Some(rx)
+        }
+        _ => None,
+    };
     let stats = rep.replay(exec, |feed| {
         let mut mine = None;
         let res = trace.for_each_event(|ev| {
@@ -127,7 +147,10 @@ fn load_mmap_with(
         // After the chunks, so that damage inside one is reported by its
         // own checksum; this catches the rest (padding). Beside the last
         // window, with its error first.
-        feed.finish_beside(trace.strings(), || Ok(trace.verify_digest()?))
+        feed.finish_beside(trace.strings(), || match digest {
+            Some(rx) => Ok(rx.recv().expect("the digest check ran")?),
+            None => Ok(trace.verify_digest()?),
+        })
     })?;
     Ok(Loaded {
         meta: trace.meta().clone(),

@@ -68,7 +68,7 @@ struct Sched {
 pub(super) fn run_parallel(
     cx: &Cx,
     nodes: &[PNode],
-    g: graph::Graph,
+    mut g: graph::Graph,
     held_by_slot: &mut FxHashMap<u32, Held>,
     pool: &rayon::ThreadPool,
     stats: &mut Stats,
@@ -85,7 +85,7 @@ pub(super) fn run_parallel(
         ready: (0..nodes.len() as u32)
             .filter(|&i| g.preds[i as usize] == 0)
             .collect(),
-        preds: g.preds,
+        preds: std::mem::take(&mut g.preds),
         done: vec![false; nodes.len()],
         low: 0,
         running: 0,
@@ -103,12 +103,13 @@ pub(super) fn run_parallel(
     let run = Run {
         cx,
         nodes,
-        succs: &g.succs,
+        graph: &g,
         sched: &sched,
         threads: pool.current_num_threads(),
     };
     pool.scope(|s| {
-        let first = run.dispatch(&mut run.lock());
+        let mut first = Vec::new();
+        run.dispatch(&mut run.lock(), &mut first);
         for t in first {
             s.spawn(move |s| run.task(s, t));
         }
@@ -132,7 +133,7 @@ pub(super) fn run_parallel(
 struct Run<'a> {
     cx: &'a Cx<'a>,
     nodes: &'a [PNode],
-    succs: &'a [Vec<u32>],
+    graph: &'a graph::Graph,
     sched: &'a std::sync::Mutex<Sched>,
     threads: usize,
 }
@@ -168,7 +169,7 @@ impl<'a> Run<'a> {
     /// `lookahead` after the first node not done, while the threads have
     /// room and what reads hold stays within the budget (the first node
     /// not done always runs).
-    fn dispatch(&self, st: &mut Sched) -> Vec<Task> {
+    fn dispatch(&self, st: &mut Sched, out: &mut Vec<Task>) {
         let cx = self.cx;
         while st.low < self.nodes.len() && st.done[st.low] {
             st.low += 1;
@@ -179,7 +180,7 @@ impl<'a> Run<'a> {
             (cost == 0 || st.held_bytes + cost <= cx.hold_budget || i as usize == st.low)
                 .then_some(cost)
         };
-        let mut out = Vec::new();
+        out.clear();
         let mut from = 0u32;
         while st.running < self.threads {
             let Some((i, cost)) = st
@@ -192,14 +193,18 @@ impl<'a> Run<'a> {
             from = i + 1;
             st.ready.remove(&i);
             st.held_bytes += cost;
-            let mut items = vec![i];
-            if let Some(key) = self.batchable(i) {
-                // Batch into free threads only: a batch's items wait for
-                // one another, so a batch beside busy threads runs its
-                // items one by one (measured: twice as slow).
-                let room = (self.threads - st.running)
-                    .min(cx.backend.max_batch())
-                    .max(1);
+            // (A batch's items; none but `i` is the common case, so no
+            // vector then.)
+            let mut items = Vec::new();
+            // Batch into free threads only: a batch's items wait for one
+            // another, so a batch beside busy threads runs its items one
+            // by one (measured: twice as slow).
+            let room = (self.threads - st.running)
+                .min(cx.backend.max_batch())
+                .max(1);
+            if room > 1
+                && let Some(key) = self.batchable(i)
+            {
                 let more: Vec<u32> = st
                     .ready
                     .range(i + 1..end)
@@ -211,10 +216,13 @@ impl<'a> Run<'a> {
                     let Some(c) = admits(st, j) else { break };
                     st.ready.remove(&j);
                     st.held_bytes += c;
+                    if items.is_empty() {
+                        items.push(i);
+                    }
                     items.push(j);
                 }
             }
-            let task = if items.len() == 1 {
+            let task = if items.is_empty() {
                 let n = &self.nodes[i as usize];
                 let held = match n.action {
                     Action::Release { .. } => st.held.remove(&n.slot),
@@ -238,13 +246,12 @@ impl<'a> Run<'a> {
         // Threads left over: nothing else can start, so the tasks just
         // started may split their GEMMs across the pool.
         if st.running < self.threads {
-            for t in &mut out {
+            for t in out.iter_mut() {
                 if let Task::One(.., share_pool) = t {
                     *share_pool = true;
                 }
             }
         }
-        out
     }
 
     /// Debug builds: record the bytes node `i` touches, panicking if a
@@ -284,40 +291,52 @@ impl<'a> Run<'a> {
         'a: 's,
     {
         let mut t = t;
+        // The tasks each finish starts, reused from one to the next.
+        let mut next = Vec::new();
         loop {
             let width = t.width();
-            let results = match t {
+            let mut st = match t {
                 Task::One(i, held, share_pool) => {
                     let n = &self.nodes[i as usize];
-                    vec![(i, run_node(self.cx, i, n, self.op(i), held, share_pool))]
+                    let r = run_node(self.cx, i, n, self.op(i), held, share_pool);
+                    let mut st = self.lock();
+                    self.done_with(&mut st, i, r);
+                    st
                 }
-                Task::Gemms(items) => run_gemm_batch(self.cx, &items, self.nodes),
+                Task::Gemms(items) => {
+                    let results = run_gemm_batch(self.cx, &items, self.nodes);
+                    let mut st = self.lock();
+                    for (node, r) in results {
+                        self.done_with(&mut st, node, r);
+                    }
+                    st
+                }
             };
-            let mut next = {
-                let mut st = self.lock();
-                st.running -= width;
-                for (node, r) in results {
-                    #[cfg(debug_assertions)]
-                    st.running_spans.retain(|s| s.0 != node);
-                    self.finish(&mut st, node, r);
-                }
-                self.dispatch(&mut st)
-            }
-            .into_iter();
-            let Some(first) = next.next() else {
+            st.running -= width;
+            self.dispatch(&mut st, &mut next);
+            drop(st);
+            let mut started = next.drain(..);
+            let Some(first) = started.next() else {
                 return;
             };
-            for t in next {
+            for t in started {
                 s.spawn(move |s| self.task(s, t));
             }
             t = first;
         }
     }
 
+    /// Record what running `node` gave.
+    fn done_with(&self, st: &mut Sched, node: u32, r: Result<Done>) {
+        #[cfg(debug_assertions)]
+        st.running_spans.retain(|s| s.0 != node);
+        self.finish(st, node, r);
+    }
+
     /// Mark `node` done and make ready the nodes that waited only for it.
     fn complete(&self, st: &mut Sched, node: u32) {
         st.done[node as usize] = true;
-        for &s in &self.succs[node as usize] {
+        for &s in self.graph.succs(node) {
             st.preds[s as usize] -= 1;
             if st.preds[s as usize] == 0 {
                 st.ready.insert(s);

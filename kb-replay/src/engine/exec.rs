@@ -137,10 +137,6 @@ fn gemm_job<'a>(
         unreachable!("gemm_job is for gemm ops");
     };
     let err = |d: String| op_error(r, cx.strings, d);
-    let reading = |x: PlaneError| {
-        let ranges = r.read.as_ref().map_or(&[][..], |e| &e.ranges[..]);
-        err(format!("reading {}: {x}", fmt_extents(ranges, cx.tensors)))
-    };
     let floats = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16);
     if cx.snapshots.is_some() || !floats(p.dtype_in) || !floats(p.dtype_acc) {
         // The generic path: the operands' bytes gathered and decoded.
@@ -149,34 +145,86 @@ fn gemm_job<'a>(
         })?;
         return Ok(Job { x, out: None });
     }
-    let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
+    let [la, lb, lacc] = operand_bytes(p);
+    // The operands' pieces, in vectors the thread keeps from one GEMM to
+    // the next (they are only looked at here).
+    let mut parts = PARTS.take();
+    let [pa, pb, pacc] = &mut parts;
+    for (v, off, len) in [
+        (&mut *pa, 0, la),
+        (&mut *pb, la, lb),
+        (&mut *pacc, la + lb, lacc),
+    ] {
+        v.clear();
+        slice_into(reads, off, len, v);
+    }
+    let job = gemm_job_on(cx, op, p, dst, dense, delta, [&*pa, &*pb, &*pacc]);
+    PARTS.set(parts);
+    job
+}
+
+/// Bytes of a GEMM's `a`, `b` and accumulator (0 without one) in its
+/// read, in that order.
+fn operand_bytes(p: &kb_format::GemmParams) -> [u64; 3] {
+    let (m, k, n) = (p.m as u64, p.k as u64, p.n as u64);
     let si = p.dtype_in.size() as u64;
-    let (la, lb) = ((m * k) as u64 * si, (k * n) as u64 * si);
     let lacc = if p.acc.is_some() {
-        (m * n) as u64 * p.dtype_acc.size() as u64
+        m * n * p.dtype_acc.size() as u64
     } else {
         0
     };
-    let part = |off: u64, len: u64| {
-        let mut v = Vec::new();
-        slice_into(reads, off, len, &mut v);
-        v
+    [m * k * si, k * n * si, lacc]
+}
+
+thread_local! {
+    /// [`gemm_job`]'s operand pieces.
+    static PARTS: std::cell::Cell<[Vec<Extent>; 3]> = const { std::cell::Cell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// [`gemm_job`] once its operands' pieces are sliced from its reads.
+fn gemm_job_on<'a>(
+    cx: &Cx<'a>,
+    op: &'a PendingOp,
+    p: &'a kb_format::GemmParams,
+    dst: Option<&'a [Extent]>,
+    dense: &'a [Option<Dense>; 2],
+    delta: &mut Delta,
+    [pa, pb, pacc]: [&[Extent]; 3],
+) -> Result<Job<'a>> {
+    let r = &op.rec;
+    let err = |d: String| op_error(r, cx.strings, d);
+    let reading = |x: PlaneError| {
+        let ranges = r.read.as_ref().map_or(&[][..], |e| &e.ranges[..]);
+        err(format!("reading {}: {x}", fmt_extents(ranges, cx.tensors)))
     };
-    let (pa, pb, pacc) = (part(0, la), part(la, lb), part(la + lb, lacc));
+    let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
+    let [la, lb, lacc] = operand_bytes(p);
     let f32_in = p.dtype_in == Dtype::F32;
     // An operand decoded once for several GEMMs (by whichever runs first).
+    // Two GEMMs that start together both decode it rather than one
+    // sleeping until the other is done (measured: the futex waits and
+    // wake-ups cost more than a tile's decode); the first to finish fills
+    // the slot and the other's copy, the same bits, is dropped. Only the
+    // decode that fills it is counted, so the counters do not depend on
+    // timing.
     let mut shared = |i: usize, pieces: &[Extent], rows: usize, cols: usize| {
         dense[i].as_ref().map(|slot| {
-            let v = slot.get_or_init(|| {
-                delta.bytes_copied += if i == 0 { la } else { lb };
-                gemm::decode_operand(p, i, |f| {
-                    let _ = cx.plane.gather_each(pieces, f);
-                })
-            });
+            let v = match slot.cell.get() {
+                Some(v) => v,
+                None => {
+                    let v = gemm::decode_operand(p, i, slot.take_room(), |f| {
+                        let _ = cx.plane.gather_each(pieces, f);
+                    });
+                    if slot.cell.set(v).is_ok() {
+                        delta.bytes_copied += if i == 0 { la } else { lb };
+                    }
+                    slot.cell.get().expect("filled")
+                }
+            };
             MatRef::dense(v, rows, cols).expect("decoded to its size")
         })
     };
-    let (sa, sb) = (shared(0, &pa, m, k), shared(1, &pb, k, n));
+    let (sa, sb) = (shared(0, pa, m, k), shared(1, pb, k, n));
     // SAFETY (both views): the node that runs this applies the op's read
     // (and write, with `dst`), so by the plane's contract no other node
     // writes these bytes while it runs; the views live no longer than
@@ -184,25 +232,25 @@ fn gemm_job<'a>(
     #[allow(unsafe_code)]
     let va = sa.or_else(|| {
         (f32_in && gemm::stored_as_is(p.transpose_a, p.layout_a))
-            .then(|| unsafe { cx.plane.f32_view(&pa, m, k * 4) })
+            .then(|| unsafe { cx.plane.f32_view(pa, m, k * 4) })
             .flatten()
     });
     #[allow(unsafe_code)]
     let vb = sb.or_else(|| {
         (f32_in && gemm::stored_as_is(p.transpose_b, p.layout_b))
-            .then(|| unsafe { cx.plane.f32_view(&pb, k, n * 4) })
+            .then(|| unsafe { cx.plane.f32_view(pb, k, n * 4) })
             .flatten()
     });
     let meets = |x: &[Extent], y: &[Extent]| x.iter().any(|a| y.iter().any(|b| overlaps(a, b)));
-    let acc_here = dst.is_some_and(|d| p.acc.is_some() && pacc.as_slice() == d);
+    let acc_here = dst.is_some_and(|d| p.acc.is_some() && pacc == d);
     let out = dst
         .filter(|d| {
             p.dtype_acc == Dtype::F32
                 && p.dtype_out == Dtype::F32
                 && p.layout_out == Layout::RowMajor
-                && !meets(d, &pa)
-                && !meets(d, &pb)
-                && (acc_here || !meets(d, &pacc))
+                && !meets(d, pa)
+                && !meets(d, pb)
+                && (acc_here || !meets(d, pacc))
         })
         // SAFETY: this node applies the op's write: nothing else touches
         // the output's bytes while it runs (the plane's contract), and
@@ -218,7 +266,7 @@ fn gemm_job<'a>(
     // Both operands read where they lie (not decoded, not shared).
     let raw_views = dense[0].is_none() && dense[1].is_none() && va.is_some() && vb.is_some();
     let mut dec = gemm::Decoder::with_views(p, va, vb).ok_or_else(|| err("gemm sizes".into()))?;
-    for (pieces, viewed, len) in [(&pa, va.is_some(), la), (&pb, vb.is_some(), lb)] {
+    for (pieces, viewed, len) in [(pa, va.is_some(), la), (pb, vb.is_some(), lb)] {
         if viewed {
             dec.skip(len as usize);
         } else {
@@ -232,7 +280,7 @@ fn gemm_job<'a>(
         dec.acc_in_place();
     } else if lacc > 0 {
         cx.plane
-            .gather_each(&pacc, |b| dec.feed(b))
+            .gather_each(pacc, |b| dec.feed(b))
             .map_err(reading)?;
         if out.is_none() {
             delta.bytes_copied += lacc;

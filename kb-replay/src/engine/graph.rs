@@ -27,11 +27,22 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::plan::PNode;
 use crate::plane::{mem_key, span};
 
-/// Predecessor counts and successor lists.
+/// Predecessor counts and successor lists (node `i`'s successors are
+/// `succ[first[i]..first[i + 1]]`: one vector for the window, not one per
+/// node).
 #[derive(Debug, Default)]
 pub struct Graph {
     pub preds: Vec<u32>,
-    pub succs: Vec<Vec<u32>>,
+    first: Vec<u32>,
+    succ: Vec<u32>,
+}
+
+impl Graph {
+    /// The nodes that wait for node `i`, in order.
+    pub fn succs(&self, i: u32) -> &[u32] {
+        let i = i as usize;
+        &self.succ[self.first[i] as usize..self.first[i + 1] as usize]
+    }
 }
 
 const NONE: u32 = u32::MAX;
@@ -119,10 +130,9 @@ impl Intervals {
 /// `written`: the memories some node writes.
 pub(crate) fn build(nodes: &[PNode], written: &FxHashSet<u64>) -> Graph {
     let n = nodes.len();
-    let mut g = Graph {
-        preds: vec![0; n],
-        succs: vec![Vec::new(); n],
-    };
+    let mut preds_of = vec![0u32; n];
+    // Edges (from, to), in order of `to`; grouped by `from` at the end.
+    let mut edges: Vec<(u32, u32)> = Vec::new();
     let mut iv = Intervals::default();
     // Op id -> its latest node so far.
     let mut latest: FxHashMap<u64, u32> = FxHashMap::default();
@@ -156,11 +166,36 @@ pub(crate) fn build(nodes: &[PNode], written: &FxHashSet<u64>) -> Graph {
         preds.dedup();
         for &p in preds.iter().filter(|&&p| p != i) {
             debug_assert!(p < i, "edges go forward");
-            g.succs[p as usize].push(i);
-            g.preds[i as usize] += 1;
+            edges.push((p, i));
+            preds_of[i as usize] += 1;
         }
     }
-    g
+    let (first, succ) = successor_lists(n, &edges);
+    Graph {
+        preds: preds_of,
+        first,
+        succ,
+    }
+}
+
+/// The successor lists of `n` nodes with these edges (from, to), by a
+/// counting sort on `from`: stable, so each list keeps the order its
+/// edges come in.
+fn successor_lists(n: usize, edges: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
+    let mut first = vec![0u32; n + 1];
+    for &(p, _) in edges {
+        first[p as usize + 1] += 1;
+    }
+    for i in 0..n {
+        first[i + 1] += first[i];
+    }
+    let mut at = first.clone();
+    let mut succ = vec![0u32; edges.len()];
+    for &(p, i) in edges {
+        succ[at[p as usize] as usize] = i;
+        at[p as usize] += 1;
+    }
+    (first, succ)
 }
 
 #[cfg(test)]
@@ -195,6 +230,19 @@ mod tests {
         assert_eq!(preds(&mut iv, 9, 19, 7, false), [4, 5]);
         // Bytes 0..8: written by 0, read by 2 (from 5) and 3.
         assert_eq!(preds(&mut iv, 0, 8, 8, true), [0, 2, 3]);
+    }
+
+    #[test]
+    fn successor_lists_keep_each_nodes_edges_in_order() {
+        let edges = [(0, 3), (2, 3), (0, 1), (2, 4), (0, 4), (3, 4)];
+        let (first, succ) = successor_lists(5, &edges);
+        let g = Graph {
+            preds: Vec::new(),
+            first,
+            succ,
+        };
+        let lists: Vec<&[u32]> = (0..5).map(|i| g.succs(i)).collect();
+        assert_eq!(lists, [&[3, 1, 4][..], &[], &[3, 4], &[4], &[]]);
     }
 
     #[test]

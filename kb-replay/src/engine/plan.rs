@@ -75,7 +75,38 @@ pub(crate) enum Action {
 /// the same unchanged bytes the same way: an f16 or bf16 tile, a
 /// transposed one, or an f32 tile whose rows lie apart. Filled once, read
 /// by many.
-pub(crate) type Dense = std::sync::Arc<std::sync::OnceLock<Vec<f32>>>;
+pub(crate) type Dense = std::sync::Arc<DenseSlot>;
+
+#[derive(Debug)]
+pub(crate) struct DenseSlot {
+    /// The matrix, once decoded.
+    pub cell: std::sync::OnceLock<Vec<f32>>,
+    /// Room for it, allocated when planned, by the planning thread. Pool
+    /// threads allocating these (tens of MB that stay) grew their heaps a
+    /// tile at a time, each growth an `mprotect`, which stalls the page
+    /// faults of every thread (measured: 1 900 calls on a 2048^3 trace).
+    room: std::sync::Mutex<Vec<f32>>,
+}
+
+impl DenseSlot {
+    fn new(len: usize) -> DenseSlot {
+        DenseSlot {
+            cell: std::sync::OnceLock::new(),
+            room: std::sync::Mutex::new(Vec::with_capacity(len)),
+        }
+    }
+
+    /// The room allocated for the matrix (empty once taken: a second
+    /// decoder racing the first allocates its own).
+    pub fn take_room(&self) -> Vec<f32> {
+        std::mem::take(
+            &mut *self
+                .room
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
 
 /// How a [`Dense`] operand is read from its bytes: dtype, logical rows and
 /// columns, transposed, stored column-major.
@@ -167,6 +198,8 @@ pub(crate) struct Planner {
     /// writes before it, the extent).
     writes: FxHashMap<u64, Vec<(usize, Extent)>>,
     write_count: usize,
+    /// A GEMM operand's pieces, reused from one operand to the next.
+    pieces: Vec<Extent>,
 }
 
 /// What planning sees of the data plane: the aliases, which it changes;
@@ -327,13 +360,15 @@ impl Planner {
                 }
             }
         }
-        let slot = Dense::default();
+        let slot = Dense::new(DenseSlot::new(how.1 * how.2));
         self.memo_insert(src, hash, Watched::Dense(how, slot.clone()));
         slot
     }
 
-    /// Plan a window: `keys` sorted. Returns its nodes in effect order.
-    /// Bytes counts, fingerprints and lazy copies are counted here.
+    /// Plan a window: `keys` sorted. Returns its nodes in effect order (in
+    /// `nodes`, an empty vector to reuse). Bytes counts, fingerprints and
+    /// lazy copies are counted here.
+    #[allow(clippy::too_many_arguments)]
     pub fn plan(
         &mut self,
         plane: PlanPlane<'_>,
@@ -342,7 +377,10 @@ impl Planner {
         left: &mut [u8],
         cx: &PlanCx,
         stats: &mut Stats,
+        mut nodes: Vec<PNode>,
     ) -> Vec<PNode> {
+        nodes.clear();
+        nodes.reserve(keys.len());
         let mut pass = Pass {
             pl: self,
             plane,
@@ -350,7 +388,7 @@ impl Planner {
             ops,
             left,
             stats,
-            nodes: Vec::with_capacity(keys.len()),
+            nodes,
             failed: false,
         };
         let mut i = 0;
@@ -838,7 +876,8 @@ impl Pass<'_, '_> {
         .into_iter()
         .enumerate()
         {
-            let mut pieces = Vec::new();
+            let mut pieces = std::mem::take(&mut self.pl.pieces);
+            pieces.clear();
             crate::plane::lazy::slice_into(reads, off, len, &mut pieces);
             let as_is =
                 p.dtype_in == Dtype::F32 && crate::ops::gemm::stored_as_is(transpose, layout);
@@ -853,6 +892,7 @@ impl Pass<'_, '_> {
                 );
                 out[i] = Some(self.pl.dense(&pieces, how));
             }
+            self.pl.pieces = pieces;
         }
         out
     }

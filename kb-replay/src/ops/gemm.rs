@@ -380,10 +380,12 @@ pub(crate) fn decode_f32(d: Dtype, b: &[u8], out: &mut Vec<f32>) {
 
 /// Operand `which` (0: a, 1: b) of a float GEMM as its logical row-major
 /// f32 matrix, decoded from its stored bytes fed piece by piece through
-/// `feed` (which calls its argument with each piece, in order).
+/// `feed` (which calls its argument with each piece, in order), into
+/// `room` (cleared first) when it is stored that way.
 pub fn decode_operand(
     p: &GemmParams,
     which: usize,
+    room: Vec<f32>,
     feed: impl FnOnce(&mut dyn FnMut(&[u8])),
 ) -> Vec<f32> {
     let (m, k, n) = (p.m as usize, p.k as usize, p.n as usize);
@@ -393,7 +395,9 @@ pub fn decode_operand(
         (k, n, p.transpose_b, p.layout_b)
     };
     let es = p.dtype_in.size();
-    let mut out = Vec::with_capacity(rows * cols);
+    let mut out = room;
+    out.clear();
+    out.reserve(rows * cols);
     let mut carry = [0u8; 4];
     let mut carried = 0;
     feed(&mut |mut b: &[u8]| {
@@ -488,10 +492,12 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 crate::pool::F32.take(n)
             }
         };
+        // The accumulator's buffer is taken when it is fed: most GEMMs
+        // accumulate in place and never need it.
         let vals = [
             take(borrowed[0].is_some(), mk),
             take(borrowed[1].is_some(), kn),
-            crate::pool::F32.take(mn),
+            Vec::new(),
         ];
         Some(Decoder {
             p,
@@ -514,7 +520,6 @@ impl<'p, 'a> Decoder<'p, 'a> {
     pub fn acc_in_place(&mut self) {
         self.lens[2] = 0;
         self.acc_here = true;
-        crate::pool::F32.give(std::mem::take(&mut self.vals[2]));
     }
 
     /// Pass over the next `n` bytes of the operands without decoding
@@ -561,6 +566,9 @@ impl<'p, 'a> Decoder<'p, 'a> {
         }
         let dt = self.dtypes[self.part];
         let es = dt.size();
+        if self.part == 2 && self.vals[2].capacity() == 0 {
+            self.vals[2] = crate::pool::F32.take(self.d.m * self.d.n);
+        }
         let out = &mut self.vals[self.part];
         if self.carry_len > 0 {
             let n = (es - self.carry_len).min(b.len());
@@ -598,6 +606,9 @@ impl<'p, 'a> Decoder<'p, 'a> {
         let [a, b, mut c] = self.vals;
         let [ba, bb] = self.borrowed;
         if p.acc.is_none() && !self.acc_here {
+            if c.capacity() == 0 {
+                c = crate::pool::F32.take(d.m * d.n);
+            }
             c.resize(d.m * d.n, 0.0);
         }
         Ok(Prepared {
