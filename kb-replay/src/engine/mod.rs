@@ -553,6 +553,27 @@ struct Planned {
 }
 
 impl Queue {
+    fn new(meta: &Meta) -> Queue {
+        Queue {
+            bounds: crate::bounds::Bounds::new(meta),
+            ops: Vec::new(),
+            left: Vec::new(),
+            free: Vec::new(),
+            pending: 0,
+            queue: Vec::new(),
+            sorted: 0,
+            staged: Vec::new(),
+            spare_keys: Vec::new(),
+            staged_below: 0,
+            frontier: Frontier::default(),
+            watermark: 0,
+            stats: Stats::default(),
+            planner: plan::Planner::default(),
+            spare: Vec::new(),
+            recycled: Arc::default(),
+        }
+    }
+
     /// Queue a decoded record (`op`, whose plan is set here).
     fn push(&mut self, mut op: Arc<PendingOp>, strings: &Strings) -> Result<()> {
         self.stats.records += 1;
@@ -972,24 +993,7 @@ impl Replayer {
             }),
             running: None,
             lazy: Lazy::default(),
-            q: Queue {
-                bounds: crate::bounds::Bounds::new(meta),
-                ops: Vec::new(),
-                left: Vec::new(),
-                free: Vec::new(),
-                pending: 0,
-                queue: Vec::new(),
-                sorted: 0,
-                staged: Vec::new(),
-                spare_keys: Vec::new(),
-                staged_below: 0,
-                frontier: Frontier::default(),
-                watermark: 0,
-                stats: Stats::default(),
-                planner: plan::Planner::default(),
-                spare: Vec::new(),
-                recycled: Arc::default(),
-            },
+            q: Queue::new(meta),
             snapshots: Default::default(),
             work: Vec::new(),
             overlapped: 0.0,
@@ -1147,6 +1151,71 @@ mod tests {
         f.see(4);
         assert_eq!(f.next, 6);
         assert!(f.ahead.is_empty());
+    }
+
+    #[test]
+    fn staging_hands_out_every_effect_below_the_bound_in_key_order() {
+        let mut q = Queue::new(&Meta::default());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut all = Vec::new();
+        let mut bound = 0;
+        for round in 0..40u64 {
+            // Arrivals nearly in order (reads late), some below the last
+            // bound's successors, with ties on seq.
+            for _ in 0..rand(80) {
+                let k = EffKey {
+                    seq: bound + rand(300),
+                    write: rand(2) == 1,
+                    op_id: rand(50),
+                    slot: round as u32,
+                };
+                q.queue.push(k);
+                all.push(k);
+            }
+            bound += rand(120);
+            q.stage(bound);
+            let mut want: Vec<EffKey> = all.iter().copied().filter(|k| k.seq < bound).collect();
+            want.sort();
+            assert_eq!(q.staged, want, "round {round}");
+            if round % 3 == 2 {
+                // A window takes what was staged.
+                all.retain(|k| k.seq >= bound);
+                q.staged.clear();
+            }
+        }
+        assert_eq!(q.staged_below, bound);
+    }
+
+    #[test]
+    fn only_records_no_node_shares_come_back_for_reuse() {
+        let op = |id| {
+            Arc::new(PendingOp {
+                rec: Record {
+                    op_id: id,
+                    ..Record::default()
+                },
+                plan: Plan::Skip,
+            })
+        };
+        let bin = Recycled::default();
+        let (a, b) = (op(1), op(2));
+        let held = b.clone();
+        bin.give(vec![a, b]);
+        let mut got = Vec::new();
+        bin.take_all(&mut got);
+        // `b` is still held (a node of a later window): it stays with it.
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].rec.op_id, 1);
+        assert!(Arc::get_mut(&mut got[0]).is_some());
+        assert_eq!(Arc::strong_count(&held), 1);
+        bin.take_all(&mut got);
+        assert_eq!(got.len(), 1, "taken once");
     }
 
     #[test]
