@@ -45,7 +45,8 @@ pub struct Config {
     pub expect: Vec<(String, PathBuf)>,
     pub dump_outputs: Option<PathBuf>,
     pub quiet: bool,
-    /// Worker threads; `None` for every available core.
+    /// Threads in all (one reads and plans, and helps with the ops);
+    /// `None` for every available core.
     pub threads: Option<usize>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
@@ -148,7 +149,7 @@ fn load_mmap_with(
         // own checksum; this catches the rest (padding). Beside the last
         // window, with its error first.
         feed.finish_beside(trace.strings(), || match digest {
-            Some(rx) => Ok(rx.recv().expect("the digest check ran")?),
+            Some(rx) => Ok(crate::engine::wait(&rx).expect("the digest check ran")?),
             None => Ok(trace.verify_digest()?),
         })
     })?;
@@ -223,16 +224,37 @@ pub fn max_threads() -> usize {
 /// A rayon pool of `threads` workers (every available core for `None`),
 /// at most [`max_threads`].
 pub fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool> {
-    let n = match threads {
+    let n = pool_size(threads)?;
+    pool_builder(n)
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start {n} threads: {e}")))
+}
+
+/// A pool of `threads` with the calling thread as its first one (see
+/// [`run`]); a pool of its own threads if this thread is in a pool
+/// already. Rayon keeps this thread's tie to the pool after the pool is
+/// dropped (it is meant for a program's one pool).
+fn thread_pool_here(threads: Option<usize>) -> Result<rayon::ThreadPool> {
+    let n = pool_size(threads)?;
+    pool_builder(n)
+        .use_current_thread()
+        .build()
+        .or_else(|_| pool_builder(n).build())
+        .map_err(|e| Error::Usage(format!("cannot start {n} threads: {e}")))
+}
+
+fn pool_size(threads: Option<usize>) -> Result<usize> {
+    Ok(match threads {
         Some(0) => return Err(Error::Usage("--threads must be at least 1".into())),
         Some(n) => n.min(max_threads()),
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
+    })
+}
+
+fn pool_builder(n: usize) -> rayon::ThreadPoolBuilder {
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("kb-replay-{i}"))
-        .build()
-        .map_err(|e| Error::Usage(format!("cannot start {n} threads: {e}")))
 }
 
 /// A file name for a tensor: characters other than ASCII letters, digits,
@@ -312,7 +334,7 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
         }
         expect.push((name.clone(), path.clone(), npy::read(path)?));
     }
-    let pool = thread_pool(cfg.threads)?;
+    let pool = thread_pool_here(cfg.threads)?;
     if let Some(n) = cfg.threads.filter(|&n| n > max_threads())
         && !cfg.quiet
     {
@@ -326,7 +348,12 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
         pool: Some(&pool),
     };
     let bar = Progress::new(cfg.progress);
-    let loaded = load_with(&cfg.input, &cfg.options, &exec, &bar);
+    // On one of the pool's threads (this one, normally): it decodes and
+    // plans, and works on the running window whenever it waits for it
+    // (`engine::wait`), so `--threads N` is N threads in all, never one
+    // more than the cores. (This thread's heap, the process's main one,
+    // grows in large steps: pool threads grow theirs a page at a time.)
+    let loaded = pool.install(|| load_with(&cfg.input, &cfg.options, &exec, &bar));
     bar.clear();
     let loaded = loaded?;
     let stats = loaded.stats.clone();

@@ -57,8 +57,8 @@ struct Args {
     #[arg(long, short)]
     quiet: bool,
 
-    /// Worker threads [default: the number of available cores; at most 4
-    /// per core]
+    /// Threads in all, one of them also reading and planning the trace
+    /// [default: the number of available cores; at most 4 per core]
     #[arg(long, short = 'j', value_name = "N")]
     threads: Option<usize>,
 

@@ -809,6 +809,37 @@ fn run_planned(
     res
 }
 
+/// Receive from `rx`; on a pool thread, running the pool's pending work
+/// (the awaited window's nodes, mostly) meanwhile instead of sleeping.
+/// `Err` when the sender is gone.
+pub fn wait<T>(
+    rx: &std::sync::mpsc::Receiver<T>,
+) -> std::result::Result<T, std::sync::mpsc::RecvError> {
+    use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
+    loop {
+        match rx.try_recv() {
+            Ok(x) => return Ok(x),
+            Err(TryRecvError::Disconnected) => return Err(std::sync::mpsc::RecvError),
+            Err(TryRecvError::Empty) => {}
+        }
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => {}
+            // Nothing to run now: wait a little, then look again (work
+            // that other threads start meanwhile does not wake this one).
+            Some(rayon::Yield::Idle) => {
+                match rx.recv_timeout(std::time::Duration::from_micros(50)) {
+                    Ok(x) => return Ok(x),
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(std::sync::mpsc::RecvError);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+            }
+            None => return rx.recv(),
+        }
+    }
+}
+
 /// Seconds from `a` to `b` (0 when `b` is earlier).
 fn secs(a: Instant, b: Instant) -> f64 {
     b.saturating_duration_since(a).as_secs_f64()
@@ -1103,11 +1134,10 @@ impl Replayer {
         let Some(rx) = self.running.take() else {
             return Ok(());
         };
-        let ran = rx
+        let rx = rx
             .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .recv()
-            .expect("the window's task panicked");
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ran = wait(&rx).expect("the window's task panicked");
         self.back = Some(ran.back);
         let s = &mut self.q.stats;
         s.bytes_copied += ran.stats.bytes_copied;
@@ -1216,6 +1246,33 @@ mod tests {
         assert_eq!(Arc::strong_count(&held), 1);
         bin.take_all(&mut got);
         assert_eq!(got.len(), 1, "taken once");
+    }
+
+    #[test]
+    fn waiting_on_a_pool_thread_runs_the_pool_work_it_waits_for() {
+        // One thread: the job that sends can only run if `wait` runs it
+        // (a plain `recv` would wait for ever).
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let got = pool.install(|| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                rayon::spawn(move || tx.send(42).unwrap());
+                wait(&rx)
+            });
+            done_tx.send(got).unwrap();
+        });
+        let got = done_rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("wait ran the job it waits for");
+        assert_eq!(got, Ok(42));
+        // A sender gone without sending: an error, not a hang.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<u8>(1);
+        drop(tx);
+        assert!(wait(&rx).is_err());
     }
 
     #[test]
