@@ -248,3 +248,42 @@ fn inner(items: usize) -> Parallelism {
         Parallelism::Rayon(0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::tests::values;
+    use crate::backend::{Dims, GemmBackend};
+
+    /// The threshold decides only whether the crate copies an operand
+    /// into a panel before its kernels read it: the bits must not move,
+    /// for tiles on either side of it (here set to both values in turn;
+    /// other tests running meanwhile get the same bits either way).
+    #[test]
+    fn lhs_packing_never_changes_a_bit() {
+        for &(m, k, n) in &[
+            (64, 64, 64),
+            (64, 64, 48),
+            (40, 96, 64),
+            (64, 32, 128),
+            (17, 64, 66),
+        ] {
+            let d = Dims { m, k, n };
+            let (a, b, c0) = (values(m * k, 1), values(k * n, 2), values(m * n, 3));
+            let run = |threshold: usize| {
+                tune();
+                gemm::set_lhs_packing_threshold_single_thread(threshold);
+                let mut c = c0.clone();
+                GemmCrate.gemm_f32_one_thread(d, &a, &b, &mut c);
+                gemm::set_lhs_packing_threshold_single_thread(LHS_PACKING_THRESHOLD_SINGLE_THREAD);
+                c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            // 1: packs every operand; 64: packs none of these.
+            assert_eq!(run(1), run(64), "{m}x{k}x{n}");
+            assert_eq!(
+                run(gemm::DEFAULT_LHS_PACKING_THRESHOLD_SINGLE_THREAD),
+                run(64)
+            );
+        }
+    }
+}
