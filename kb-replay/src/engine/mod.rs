@@ -476,9 +476,11 @@ struct Queue {
 
 /// Finished records handed back by the threads that free windows, for
 /// [`Queue::decode`] to decode new ones into: decoding allocated a
-/// record and its ranges (about three allocations per record), and the
-/// pool threads freed them into the decoding thread's heap, under its
-/// lock (measured: a fifth of the allocator's time on a 2048^3 trace).
+/// record and its ranges, and the pool threads freed them into the
+/// decoding thread's heap, under its lock (measured: allocations per
+/// record 7.9 -> 3.9 on gemm_tiled 1024^3). Records that finished stay
+/// allocated only until decoding takes them, so they add no memory as a
+/// trace grows.
 #[derive(Debug, Default)]
 struct Recycled(
     std::sync::Mutex<Vec<Arc<PendingOp>>>,
@@ -514,7 +516,7 @@ impl Recycled {
 
     /// Keep a window's node vector (emptied) for the next window: a
     /// fresh one each window, hundreds of kB, was fresh pages to fault in
-    /// (measured: a fifth of the page faults on a 2048^3 trace).
+    /// (measured: 1 400 of 15 700 page faults on gemm_tiled 2048^3).
     fn give_nodes(&self, mut nodes: Vec<plan::PNode>) {
         nodes.clear();
         let mut kept = self
