@@ -73,14 +73,6 @@ pub const REGION_MAX: u64 = 1 << 30;
 /// Smallest region (regions grow by doubling).
 const REGION_MIN: u64 = PAGE as u64;
 const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
-/// Most bytes a fingerprint gathers before hashing them; larger ones
-/// stream.
-const GATHER_TO_HASH: u64 = 1 << 20;
-
-thread_local! {
-    /// The bytes a fingerprint gathers, kept for the thread's next one.
-    static GATHERED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 /// Bits of a host address's byte offset (`kb_format::pa::host`).
 const HOST_BITS: u32 = 36;
 const HOST_MASK: u64 = (1 << HOST_BITS) - 1;
@@ -623,27 +615,9 @@ impl DataPlane {
     }
 
     fn fingerprint_phys(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
-        let total = self.extent_bytes(extents)?;
-        if total > GATHER_TO_HASH {
-            let mut h = PieceHasher::new(total);
-            self.for_each_piece(extents, |b| h.feed(b))?;
-            return Ok(h.digest());
-        }
-        // Pieces (a tile's rows) gathered and hashed in one go: the
-        // streaming hasher buffers and processes each small piece on its
-        // own, which costs more than the copy (measured).
-        GATHERED.with_borrow_mut(|buf| {
-            buf.clear();
-            let mut whole = None;
-            self.for_each_piece(extents, |b| {
-                if b.len() as u64 == total {
-                    whole = Some(kb_format::fingerprint(b));
-                } else {
-                    buf.extend_from_slice(b);
-                }
-            })?;
-            Ok(whole.unwrap_or_else(|| kb_format::fingerprint(buf)))
-        })
+        let mut h = PieceHasher::new(self.extent_bytes(extents)?);
+        self.for_each_piece(extents, |b| h.feed(b))?;
+        Ok(h.digest())
     }
 
     /// Call `f` with each piece of the physical bytes of `extents`, in
