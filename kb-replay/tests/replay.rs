@@ -59,6 +59,41 @@ fn memory_chain_reproduces_the_input_and_passes() {
     assert_eq!(output(&m, "y"), output(&l, "y"));
 }
 
+/// `app::run` makes its calling thread the first of its pool: a second
+/// run on that thread, and a run from inside another pool, fall back to
+/// a pool of its own threads, with the same result.
+#[test]
+fn runs_on_a_thread_already_in_a_pool_fall_back_to_a_pool_of_their_own() {
+    let (bytes, _) = chain_trace();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.kbt");
+    std::fs::write(&p, &bytes).unwrap();
+    let cfg = app::Config {
+        input: app::Input::Path(p),
+        verify: true,
+        report: None,
+        expect: Vec::new(),
+        dump_outputs: None,
+        quiet: true,
+        threads: Some(2),
+        progress: false,
+        options: ReplayOptions::default(),
+    };
+    let run = || {
+        let r = app::run(&cfg, &GemmCrate).expect("the run works");
+        assert!(r.pass());
+        (r.stats.records, r.stats.bytes_written, r.threads)
+    };
+    let (first, again) = std::thread::scope(|s| s.spawn(|| (run(), run())).join().unwrap());
+    assert_eq!(first, again);
+    assert_eq!(first.2, 2);
+    let other = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    assert_eq!(other.install(run), first);
+}
+
 #[test]
 fn a_wrong_expected_array_fails_at_the_first_differing_element() {
     let (bytes, x) = chain_trace();
