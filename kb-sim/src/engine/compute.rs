@@ -42,8 +42,8 @@ pub(super) struct Compute {
     /// The PE's TCM, where operands are read and the result written.
     pub(super) tcm: NodeId,
     pub(super) work_ps: Ps,
-    /// Operand tiles in TCM, in order, and the result tile.
-    pub(super) inputs: Vec<Extent>,
+    /// The result tile in TCM; the operand tiles, in order, are the read
+    /// effect's ranges.
     pub(super) out: Extent,
     pub(super) read: Option<Effect>,
     pub(super) write: Option<Effect>,
@@ -78,6 +78,13 @@ impl From<ComputeAct> for Act {
 pub(super) enum ComputeOp {
     Gemm(Labeled<GemmParams>),
     Math(Labeled<MathParams>),
+}
+
+impl Compute {
+    /// Operand tiles in TCM, in order.
+    pub(super) fn inputs(&self) -> &[Extent] {
+        self.read.as_ref().map_or(&[], |e| &e.ranges)
+    }
 }
 
 impl ComputeOp {
@@ -123,7 +130,10 @@ impl<W: Write> Engine<'_, W> {
         let tile = |a: kb_format::Addr, rows: u32, cols: u32, d: Dtype| {
             Extent::contiguous(a.addr, rows as u64 * cols as u64 * d.size() as u64)
         };
-        let (inputs, out, unit_kind, work_ps) = match &op {
+        // The operands become the read effect: a vector an emitted record
+        // handed back.
+        let mut inputs = self.log.writer.take_ranges();
+        let (out, unit_kind, work_ps) = match &op {
             ComputeOp::Gemm(Labeled { op: g, .. }) => {
                 let (ar, ac) = if g.transpose_a {
                     (g.k, g.m)
@@ -135,7 +145,8 @@ impl<W: Write> Engine<'_, W> {
                 } else {
                     (g.k, g.n)
                 };
-                let mut inputs = vec![tile(g.a, ar, ac, g.dtype_in), tile(g.b, br, bc, g.dtype_in)];
+                inputs.push(tile(g.a, ar, ac, g.dtype_in));
+                inputs.push(tile(g.b, br, bc, g.dtype_in));
                 if let Some(acc) = g.acc {
                     inputs.push(tile(acc, g.m, g.n, g.dtype_acc));
                 }
@@ -143,15 +154,9 @@ impl<W: Write> Engine<'_, W> {
                 let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64;
                 let ps =
                     ((flops / tflops).ceil() as Ps).saturating_add(ns_to_ps(t.pe_gemm.setup_ns.0));
-                (
-                    inputs,
-                    tile(g.out, g.m, g.n, g.dtype_out),
-                    NodeKind::PeGemm,
-                    ps,
-                )
+                (tile(g.out, g.m, g.n, g.dtype_out), NodeKind::PeGemm, ps)
             }
             ComputeOp::Math(Labeled { op: m, .. }) => {
-                let mut inputs = Vec::new();
                 let mut elems = m.rows as u64 * m.cols as u64;
                 for i in &m.inputs {
                     if let MathInput::Tile {
@@ -168,12 +173,7 @@ impl<W: Write> Engine<'_, W> {
                 let gflops = rate(&t.pe_math.gflops, math_rate_dtype(m));
                 let ps = ((elems as f64 * 1000.0 / gflops).ceil() as Ps)
                     .saturating_add(ns_to_ps(t.pe_math.setup_ns.0));
-                (
-                    inputs,
-                    tile(m.out, m.rows, m.cols, m.dtype),
-                    NodeKind::PeMath,
-                    ps,
-                )
+                (tile(m.out, m.rows, m.cols, m.dtype), NodeKind::PeMath, ps)
             }
         };
         for x in inputs.iter().chain([&out]) {
@@ -191,8 +191,9 @@ impl<W: Write> Engine<'_, W> {
             }
         }
         let op_id = self.new_op_id();
-        let mut deps = Vec::new();
-        let mut waiting_on = Vec::new();
+        let mut deps = self.log.writer.take_deps();
+        let mut waiting_on = std::mem::take(&mut self.waiting_scratch);
+        waiting_on.clear();
         for x in &inputs {
             if let Some(p) = self.producers.get(&x.pa).copied() {
                 if !deps.contains(&p.op_id) {
@@ -220,8 +221,10 @@ impl<W: Write> Engine<'_, W> {
         let name = op.decl().op_name();
         self.race_check(pe, &inputs, false, op_id, name, &hb)?;
         self.race_check(pe, &[out], true, op_id, name, &hb)?;
-        let read = self.effect(inputs.clone());
-        let write = self.effect(vec![out]);
+        let read = self.effect(inputs);
+        let mut outs = self.log.writer.take_ranges();
+        outs.push(out);
+        let write = self.effect(outs);
         match constant_fill(&op) {
             // A fill's value is known now: Phase 1 materializes it (the op
             // is still recorded and replayed), so masked tiles stay readable.
@@ -245,7 +248,6 @@ impl<W: Write> Engine<'_, W> {
             unit,
             tcm,
             work_ps,
-            inputs,
             out,
             read: Some(read),
             write: Some(write),
@@ -256,9 +258,10 @@ impl<W: Write> Engine<'_, W> {
             open: None,
             operands_tail: 0,
         });
-        for p in waiting_on {
+        for &p in &waiting_on {
             self.computes.get(p).dependents.push(Waiter::Compute(c));
         }
+        self.waiting_scratch = waiting_on;
         self.producers.insert(
             out.pa,
             Producer {
@@ -287,35 +290,32 @@ impl<W: Write> Engine<'_, W> {
         }
         u.queue.pop_front();
         u.busy = true;
-        let (op, op_id) = {
+        let (name, kind, op_id) = {
             let x = self.computes.get(c);
-            (x.op.clone(), x.op_id)
+            (x.op.decl().op_name(), x.op.decl().op_kind(), x.op_id)
         };
-        let open = self.hook_start(unit, op.decl(), op_id);
+        let open = self.hook_start_named(unit, name, kind, op_id);
         self.computes.get(c).open = Some(open);
         let now = self.q.now();
-        let (tcm, reqs, work) = {
-            let x = self.computes.get(c);
-            let reqs: Vec<Request> = x.inputs.iter().map(tcm_request).collect();
-            (x.tcm, reqs, x.work_ps)
-        };
-        if reqs.is_empty() {
+        let burst = self.burst;
+        let x = self.computes.get(c);
+        if x.inputs().is_empty() {
             // No operands (a fill, an arange): the unit just computes.
+            let work = x.work_ps;
             self.at(now.saturating_add(work), ComputeAct::Done(c));
             return;
         }
-        let burst = self.burst;
-        let port = self.comps[tcm as usize]
+        let port = self.comps[x.tcm as usize]
             .as_mut()
             .expect("TCM has a timing model");
         let mut head = None;
         let mut end = now;
-        for req in &reqs {
-            let s = port.serve_read(now, req, burst);
+        for input in x.inputs() {
+            let s = port.serve_read(now, &tcm_request(input), burst);
             head.get_or_insert(s.head);
             end = end.max(s.end);
         }
-        self.computes.get(c).operands_tail = end;
+        x.operands_tail = end;
         self.at(head.unwrap_or(now), ComputeAct::OperandsHead(c));
     }
 
@@ -326,7 +326,7 @@ impl<W: Write> Engine<'_, W> {
             ComputeAct::OperandsHead(c) => {
                 let (tcm, unit, bytes, tail) = {
                     let x = self.computes.get(c);
-                    let bytes = x.inputs.iter().map(|e| e.bytes()).sum();
+                    let bytes = x.inputs().iter().map(|e| e.bytes()).sum();
                     (x.tcm, x.unit, bytes, x.operands_tail)
                 };
                 let route = self.m.route(tcm, unit);

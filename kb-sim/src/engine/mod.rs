@@ -281,6 +281,14 @@ pub struct Engine<'m, W: Write> {
     /// Bytes a transfer streams in (`pe_dma.burst_bytes`).
     burst: u64,
     stats: RunStats,
+    /// Scratch vectors reused across ops (no allocation per op): a VA
+    /// side's row pieces before folding, a store's unknown source bytes,
+    /// the running producers a compute op waits on.
+    va_pieces: Vec<Extent>,
+    unknown_scratch: Vec<crate::program::Unknown>,
+    waiting_scratch: Vec<u32>,
+    /// The group and piece vectors of finished DMAs, for the next ones.
+    dma_sides: Vec<dma::Side>,
 }
 
 /// Per-PE kernel state (reset when a kernel starts).
@@ -491,6 +499,10 @@ impl<'m, W: Write> Engine<'m, W> {
                 .map(|_| -> Box<dyn PeProgram> { Box::new(Script::new(Vec::new())) })
                 .collect(),
             stats: RunStats::default(),
+            va_pieces: Vec::new(),
+            unknown_scratch: Vec::new(),
+            waiting_scratch: Vec::new(),
+            dma_sides: Vec::new(),
         }
     }
 
@@ -728,7 +740,17 @@ impl<'m, W: Write> Engine<'m, W> {
     }
 
     fn hook_start(&mut self, node: NodeId, op: &dyn DataOp, op_id: u64) -> OpenOp {
-        let (op_name, kind) = (op.op_name(), op.op_kind());
+        self.hook_start_named(node, op.op_name(), op.op_kind(), op_id)
+    }
+
+    /// `hook_start` of an op by its name and kind.
+    fn hook_start_named(
+        &mut self,
+        node: NodeId,
+        op_name: &'static str,
+        kind: OpKind,
+        op_id: u64,
+    ) -> OpenOp {
         let t_start = self.q.now();
         let log = &mut self.log;
         let component = match log.names[node as usize] {
@@ -758,6 +780,7 @@ impl<'m, W: Write> Engine<'m, W> {
         read: Option<Effect>,
         write: Option<Effect>,
     ) -> Result<(), SimError> {
+        // An empty vector allocates nothing.
         self.hook_end_with_deps(op, decl, fingerprint, read, write, Vec::new())
     }
 
