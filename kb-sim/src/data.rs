@@ -142,6 +142,52 @@ impl From<SnapshotParts> for Snapshot {
     }
 }
 
+thread_local! {
+    /// Snapshots' allocations (the `Arc` and its two vectors, emptied)
+    /// that their last holder dropped on this thread, for the next
+    /// snapshot: a load takes one and its tile gives it back, so a run in
+    /// steady state allocates none. Per thread, so no lock: with the
+    /// coroutine executor kernels drop their tiles on the simulation
+    /// thread; with the thread executor a kernel thread keeps at most
+    /// [`SPARE_SNAPSHOTS`] and the simulation allocates.
+    static SPARE: std::cell::RefCell<Vec<Arc<SnapshotParts>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Spare snapshots kept per thread, and the most parts one may hold to be
+/// kept (about 50 KiB).
+const SPARE_SNAPSHOTS: usize = 256;
+const SPARE_PARTS: usize = 4096;
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        if let Some(mut a) = self.0.take()
+            && let Some(p) = Arc::get_mut(&mut a)
+            && p.parts.capacity() <= SPARE_PARTS
+        {
+            p.pages.clear();
+            p.parts.clear();
+            p.len = 0;
+            // `try_with`: a thread's pool may already be gone as it exits.
+            let _ = SPARE.try_with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len() < SPARE_SNAPSHOTS {
+                    s.push(a);
+                }
+            });
+        }
+    }
+}
+
+/// An empty, unshared snapshot allocation: a spare one where there is one.
+fn spare_parts() -> Arc<SnapshotParts> {
+    SPARE
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// Equal bytes (however they are held).
 impl PartialEq for Snapshot {
     fn eq(&self, other: &Snapshot) -> bool {
@@ -382,11 +428,17 @@ impl FingerprintCache {
             return c.fingerprint;
         }
         let fingerprint = hash();
-        *slot = Some(CachedPrint {
-            pages: snap.pages.iter().map(Arc::downgrade).collect(),
-            parts: snap.parts.clone(),
+        // A filled slot's vectors are reused (no allocation per miss).
+        let c = slot.get_or_insert_with(|| CachedPrint {
+            pages: Vec::new(),
+            parts: Vec::new(),
             fingerprint,
         });
+        c.pages.clear();
+        c.pages.extend(snap.pages.iter().map(Arc::downgrade));
+        c.parts.clear();
+        c.parts.extend_from_slice(&snap.parts);
+        c.fingerprint = fingerprint;
         fingerprint
     }
 }
@@ -649,11 +701,10 @@ impl DataPlane {
             parts += rows + ((rows * len) >> PAGE_BITS) + 1;
             pages += (span >> PAGE_BITS) + 2;
         }
-        let mut snap = SnapshotParts {
-            pages: Vec::with_capacity(pages.min(parts) as usize),
-            parts: Vec::with_capacity(parts as usize),
-            len: 0,
-        };
+        let mut arc = spare_parts();
+        let snap = Arc::get_mut(&mut arc).expect("a spare snapshot is not shared");
+        snap.pages.reserve(pages.min(parts) as usize);
+        snap.parts.reserve(parts as usize);
         // Rows of a tile share pages: look each page up once in a row.
         let mut last: Option<(u64, Option<&Page>)> = None;
         for x in pieces {
@@ -663,13 +714,16 @@ impl DataPlane {
             for r in 0..rows {
                 let pa = x.pa + r * stride;
                 if landed {
-                    self.push_row(pa, len, &mut snap, &mut last);
+                    self.push_row(pa, len, snap, &mut last);
                 } else {
-                    self.push_pages(pa, len, &mut snap, &mut last);
+                    self.push_pages(pa, len, snap, &mut last);
                 }
             }
         }
-        snap.into()
+        let empty = snap.len == 0;
+        let snap = Snapshot(Some(arc));
+        // An empty snapshot holds nothing (its allocation goes back).
+        if empty { Snapshot(None) } else { snap }
     }
 
     /// Whether any landed range overlaps `[pa, pa+len)`.
