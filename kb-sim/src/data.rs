@@ -1457,6 +1457,27 @@ mod tests {
         assert_eq!(d.land(&dst, &snap, true), Some(expect(&d)));
     }
 
+    /// A snapshot's allocation goes back to the pool only when its last
+    /// holder drops it: one still shared keeps its bytes.
+    #[test]
+    fn a_dropped_snapshot_is_reused_and_a_shared_one_is_not() {
+        let ptr = |s: &Snapshot| Arc::as_ptr(s.0.as_ref().expect("not empty"));
+        let mut d = DataPlane::new();
+        d.write(0, &[7u8; 300]);
+        let a = d.snapshot(&[Extent::contiguous(0, 300)]);
+        let kept = a.clone();
+        let p = ptr(&a);
+        drop(a);
+        let b = d.snapshot(&[Extent::contiguous(0, 300)]);
+        assert_ne!(ptr(&b), p, "still held: not reused");
+        assert_eq!(kept.to_vec(), vec![7u8; 300]);
+        drop(kept);
+        let c = d.snapshot(&[Extent::contiguous(100, 50)]);
+        assert_eq!(ptr(&c), p, "the last holder gave it back");
+        assert_eq!(c.to_vec(), vec![7u8; 50]);
+        assert_eq!(b.to_vec(), vec![7u8; 300]);
+    }
+
     #[test]
     fn a_snapshot_inside_one_page_is_one_slice_and_absent_pages_read_zero() {
         let mut d = DataPlane::new();
