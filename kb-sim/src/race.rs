@@ -194,6 +194,9 @@ struct Bucket {
     /// Per read group: (thread, at most its least label; not raised on
     /// removal), apart from the ids so that skipping groups reads little.
     read_keys: Vec<(u32, u32)>,
+    /// The groups, `read_keys`' in order; those past them are empty and
+    /// kept with their vectors for the next threads (a group goes and
+    /// comes back as a thread's reads do).
     reads: Vec<ReadGroup>,
 }
 
@@ -218,7 +221,7 @@ fn take_id(ids: &mut Vec<u32>, id: u32) -> bool {
 
 impl Bucket {
     fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.reads.is_empty()
+        self.writes.is_empty() && self.read_keys.is_empty()
     }
 
     /// Add entry `id` (`e`), which starts in this bucket when `head`.
@@ -231,8 +234,10 @@ impl Bucket {
             Some(gi) => gi,
             None => {
                 self.read_keys.push((e.thread, e.label));
-                self.reads.push(ReadGroup::default());
-                self.reads.len() - 1
+                if self.reads.len() < self.read_keys.len() {
+                    self.reads.push(ReadGroup::default());
+                }
+                self.read_keys.len() - 1
             }
         };
         let key = &mut self.read_keys[gi];
@@ -256,7 +261,9 @@ impl Bucket {
                 take_id(&mut g.rest, id);
             }
             if g.heads.is_empty() && g.rest.is_empty() {
-                self.reads.swap_remove(gi);
+                // The last group takes its place; it goes to the spares.
+                let last = self.read_keys.len() - 1;
+                self.reads.swap(gi, last);
                 self.read_keys.swap_remove(gi);
             }
         }

@@ -254,7 +254,7 @@ impl<W: Write> Engine<'_, W> {
             out_pa: out.pa,
             deps,
             waiting_on: waiting_on.len() as u32,
-            dependents: Vec::new(),
+            dependents: self.dependents_spare.pop().unwrap_or_default(),
             open: None,
             operands_tail: 0,
         });
@@ -387,7 +387,8 @@ impl<W: Write> Engine<'_, W> {
         {
             p.running = None;
         }
-        for w in x.dependents {
+        let mut dependents = x.dependents;
+        for &w in &dependents {
             match w {
                 Waiter::Compute(d) => {
                     let dep = self.computes.get(d);
@@ -398,6 +399,8 @@ impl<W: Write> Engine<'_, W> {
                 Waiter::DmaFetch(d) => self.at(self.q.now(), DmaAct::Fetch(d)),
             }
         }
+        dependents.clear();
+        self.dependents_spare.push(dependents);
         let pc = self.m.pe_coord(x.pe as usize);
         let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
         self.send(

@@ -468,11 +468,8 @@ impl<W: Write> Engine<'_, W> {
         if groups.len() == 1 {
             out.pieces.extend_from_slice(&side.order);
         } else {
-            for g in 0..groups.len() {
-                let key = {
-                    let g = &groups[g];
-                    (g.target, g.via, g.channels)
-                };
+            for g in groups.iter() {
+                let key = (g.target, g.via, g.channels);
                 for (i, &x) in side.order.iter().enumerate() {
                     if self.group_key(side, i) == key {
                         out.pieces.push(x);
@@ -556,11 +553,9 @@ impl<W: Write> Engine<'_, W> {
     /// (a compute result) make the matching destination bytes pending,
     /// naming the same writer.
     fn apply_at_issue(&mut self, d: u32) -> Result<(), SimError> {
-        // The source order's last use; the destination's is DstWrite,
-        // so the write effect takes a copy.
+        // Both orders become the effects.
         let src = std::mem::take(&mut self.dmas.get(d).src_order);
-        let mut dst = self.log.writer.take_ranges();
-        dst.extend_from_slice(&self.dmas.get(d).dst_order);
+        let dst = std::mem::take(&mut self.dmas.get(d).dst_order);
         let mut unknown = std::mem::take(&mut self.unknown_scratch);
         unknown.clear();
         self.data.unknown_in(&src, &mut unknown);
@@ -864,13 +859,14 @@ impl<W: Write> Engine<'_, W> {
             }
             DmaAct::DstWrite(d) => {
                 let (_, dma) = self.dma_node(d);
-                let dst = std::mem::take(&mut self.dmas.get(d).dst_order);
-                for x in &dst {
+                // The destination's pieces (the order, grouped).
+                for x in &self.dmas.get(d).dst.pieces {
                     if Pa::decode(x.pa).is_some_and(|p| p.space == Space::Tcm) {
                         self.producers.remove(&x.pa);
                     }
                 }
                 if !self.dmas.get(d).at_issue {
+                    let dst = std::mem::take(&mut self.dmas.get(d).dst_order);
                     let data = std::mem::take(&mut self.dmas.get(d).data);
                     let unknown = std::mem::take(&mut self.dmas.get(d).unknown);
                     let fingerprint = self.data.land(&dst, &data, unknown.is_empty());
