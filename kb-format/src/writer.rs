@@ -14,7 +14,7 @@ use crate::error::{FormatError, Result};
 use crate::footer::{Footer, IndexEntry};
 use crate::launch::Launch;
 use crate::record_codec::{MAX_DEPS, MAX_MATH_INPUTS, MAX_RANGES, RecordEncoder};
-use crate::types::{Counts, Extent, Meta, OpKind, Params, Ps, Record, VerifySpec};
+use crate::types::{Counts, Extent, MathInput, Meta, OpKind, Params, Ps, Record, VerifySpec};
 
 /// Records chunks are cut when their payload reaches this size.
 pub const RECORDS_CHUNK_TARGET: usize = 64 << 10;
@@ -40,10 +40,11 @@ impl<W: Write> Sink<W> {
 /// The reorder buffer: records wait in a slab, and a min-heap of their
 /// (t_start, op_id) keys and slab slots orders them. Heap operations then
 /// move small keys, not records. An emitted record is dropped at once; its
-/// slot is reused by the next push, and its effect and dependency vectors,
-/// cleared, are kept for the producer's next records
-/// ([`TraceWriter::take_ranges`], [`TraceWriter::take_deps`]), so a
-/// simulator in steady state allocates none.
+/// slot is reused by the next push, and its effect, dependency and math
+/// input vectors, cleared, are kept for the producer's next records
+/// ([`TraceWriter::take_ranges`], [`TraceWriter::take_deps`],
+/// [`TraceWriter::take_math_inputs`]), so a simulator in steady state
+/// allocates none.
 #[derive(Default)]
 struct Reorder {
     heap: BinaryHeap<Key>,
@@ -51,6 +52,7 @@ struct Reorder {
     free: Vec<usize>,
     spare_ranges: Vec<Vec<Extent>>,
     spare_deps: Vec<Vec<u64>>,
+    spare_math_inputs: Vec<Vec<MathInput>>,
 }
 
 /// Spare vectors kept at most (of each kind), and the largest capacity
@@ -127,6 +129,9 @@ impl Reorder {
             keep(&mut self.spare_ranges, e.ranges);
         }
         keep(&mut self.spare_deps, rec.deps);
+        if let Params::Math(m) = rec.params {
+            keep(&mut self.spare_math_inputs, m.inputs);
+        }
         self.free.push(slot);
     }
 
@@ -289,6 +294,11 @@ impl<W: Write> TraceWriter<W> {
     /// An empty vector for a record's dependencies, as [`Self::take_ranges`].
     pub fn take_deps(&mut self) -> Vec<u64> {
         self.reorder.spare_deps.pop().unwrap_or_default()
+    }
+
+    /// An empty vector for a math record's inputs, as [`Self::take_ranges`].
+    pub fn take_math_inputs(&mut self) -> Vec<MathInput> {
+        self.reorder.spare_math_inputs.pop().unwrap_or_default()
     }
 
     /// Promise that every data effect not yet in a pushed record will have

@@ -344,3 +344,29 @@ fn emitted_records_hand_their_vectors_back() {
     let deps = w.take_deps();
     assert!(deps.is_empty() && deps.capacity() >= 2);
 }
+
+/// A math record's inputs vector comes back too.
+#[test]
+fn emitted_math_records_hand_their_inputs_back() {
+    let mut w = TraceWriter::new(std::io::sink(), &sample_meta()).unwrap();
+    let c = w.intern("c");
+    let mut r = sample_record(0, c, c);
+    r.kind = OpKind::Math;
+    let inputs = vec![MathInput::Scalar(1.0), MathInput::Scalar(2.0)];
+    let ptr = inputs.as_ptr();
+    r.params = Params::Math(MathParams {
+        op: MathOp::Add,
+        inputs,
+        out: Addr::default(),
+        rows: 1,
+        cols: 1,
+        dtype: Dtype::F32,
+        axis: None,
+    });
+    w.push(r).unwrap();
+    assert_eq!(w.take_math_inputs().capacity(), 0, "not emitted yet");
+    w.advance(u64::MAX).unwrap();
+    let back = w.take_math_inputs();
+    assert!(back.is_empty() && back.capacity() >= 2);
+    assert_eq!(back.as_ptr(), ptr);
+}

@@ -2,7 +2,9 @@
 //! resumed when it completes. (The kernels issue replaces hand-written
 //! programs with `tl` kernels driven by a KernelRunner through this seam.)
 
-use kb_format::{Dtype, GemmParams, MathParams, MemoryParams, OpKind, Params, Ps, Space};
+use kb_format::{
+    Dtype, GemmParams, MathInput, MathParams, MemoryParams, OpKind, Params, Ps, Space,
+};
 
 use crate::machine::PeCoord;
 
@@ -108,6 +110,39 @@ impl DataOp for GemmParams {
     fn params(&self) -> Params {
         Params::Gemm(*self)
     }
+}
+
+thread_local! {
+    /// Math ops' input vectors, emptied, for the kernels' next math ops on
+    /// this thread: the engine copies a finished op's inputs into a vector
+    /// the trace writer handed back and returns the kernel's here, so a
+    /// run on the coroutine executor allocates none per math op (with the
+    /// thread executor a kernel thread finds none and allocates).
+    static MATH_INPUTS: std::cell::RefCell<Vec<Vec<MathInput>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Spare input vectors kept per thread.
+const SPARE_MATH_INPUTS: usize = 256;
+
+/// An empty vector for a math op's inputs: a spare one where there is one.
+pub fn math_inputs() -> Vec<MathInput> {
+    MATH_INPUTS
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Keep `v`, emptied, for a later math op on this thread.
+pub fn spare_math_inputs(mut v: Vec<MathInput>) {
+    v.clear();
+    let _ = MATH_INPUTS.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_MATH_INPUTS && v.capacity() > 0 {
+            s.push(v);
+        }
+    });
 }
 
 impl DataOp for MathParams {

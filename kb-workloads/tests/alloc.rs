@@ -145,7 +145,25 @@ fn peer_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     }
 }
 
-fn kernel_loop(iters: u64) -> u64 {
+/// Math ops in a loop: unary, binary, a reduction and a broadcast.
+fn math_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (x, y) = (args.tensor("x"), args.tensor("y"));
+    let (Some(sx), Some(sy)) = (x.shard(tl.pe()), y.shard(tl.pe())) else {
+        return;
+    };
+    for _ in 0..args.get("iters") {
+        let a = tl.load(Block::in_shard(x, sx, 0, 0, 128, 128));
+        let e = tl.exp(&a);
+        let s = tl.add(&e, &a);
+        let r = tl.sum(&s, 1);
+        let t = tl.add(&s, &r);
+        tl.store(Block::in_shard(y, sy, 0, 0, 128, 128), &t);
+    }
+}
+
+/// `kernel` on every PE of `default`, `iters` times round its loop, with
+/// x (f16) and y (`y_dtype`) 128 rows per PE.
+fn kernel_loop(kernel: fn(&mut Tl<'_>, &KernelArgs), y_dtype: Dtype, iters: u64) -> u64 {
     let topo = Topology::load("default").unwrap();
     let m = Machine::build(&topo);
     let pes: Vec<_> = m.pes().collect();
@@ -161,7 +179,7 @@ fn kernel_loop(iters: u64) -> u64 {
         )
         .unwrap();
     let y = rt
-        .tensor("y", Dtype::F32, [n as u64, 128], None, Sharding::ROWS)
+        .tensor("y", y_dtype, [n as u64, 128], None, Sharding::ROWS)
         .unwrap();
     let args = Arc::new(rt.kernel_args(&[x, y]).scalar("iters", iters));
     let programs: Vec<Box<dyn PeProgram>> = pes
@@ -169,7 +187,7 @@ fn kernel_loop(iters: u64) -> u64 {
         .enumerate()
         .map(|(i, &pe)| {
             let p = pes.len() as u32;
-            let body = kernel::body(peer_kernel, args.clone(), pe, i as u32, p, rt.take_tcm(pe));
+            let body = kernel::body(kernel, args.clone(), pe, i as u32, p, rt.take_tcm(pe));
             Executor::Coroutine.spawn(format!("k{i}"), body).unwrap()
         })
         .collect();
@@ -183,10 +201,25 @@ fn kernel_loop(iters: u64) -> u64 {
 
 #[test]
 fn the_kernel_benchmark_loop_allocates_almost_nothing_per_record() {
-    let small = counted(|| kernel_loop(20));
-    let large = counted(|| kernel_loop(80));
+    let small = counted(|| kernel_loop(peer_kernel, Dtype::F32, 20));
+    let large = counted(|| kernel_loop(peer_kernel, Dtype::F32, 80));
     let per = per_extra_record(
         "load -> dot -> store loop, 20 -> 80 iterations",
+        small,
+        large,
+    );
+    assert!(
+        per < BOUND,
+        "{per:.3} allocations per record (bound {BOUND})"
+    );
+}
+
+#[test]
+fn a_loop_of_math_ops_allocates_almost_nothing_per_record() {
+    let small = counted(|| kernel_loop(math_kernel, Dtype::F16, 10));
+    let large = counted(|| kernel_loop(math_kernel, Dtype::F16, 40));
+    let per = per_extra_record(
+        "load -> exp, add, sum, add -> store loop, 10 -> 40 iterations",
         small,
         large,
     );

@@ -374,9 +374,21 @@ impl<W: Write> Engine<'_, W> {
 
     fn finish_compute(&mut self, c: u32) -> Result<(), SimError> {
         let x = self.computes.remove(c);
+        let params = match x.op {
+            ComputeOp::Gemm(g) => g.params(),
+            ComputeOp::Math(m) => {
+                // The record takes a copy in a vector the writer handed
+                // back; the kernel's vector goes back to the kernels.
+                let mut op = m.op;
+                let mut inputs = self.log.writer.take_math_inputs();
+                inputs.extend_from_slice(&op.inputs);
+                crate::program::spare_math_inputs(std::mem::replace(&mut op.inputs, inputs));
+                kb_format::Params::Math(op)
+            }
+        };
         self.hook_end_with_deps(
             x.open.expect("started"),
-            x.op.decl(),
+            params,
             None,
             x.read,
             x.write,

@@ -20,7 +20,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 use std::io::Write;
 use std::rc::Rc;
 
-use kb_format::{Effect, Extent, OpKind, Ps, Record, TraceWriter};
+use kb_format::{Effect, Extent, OpKind, Params, Ps, Record, TraceWriter};
 
 use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad};
 use crate::data::DataPlane;
@@ -830,13 +830,16 @@ impl<'m, W: Write> Engine<'m, W> {
         write: Option<Effect>,
     ) -> Result<(), SimError> {
         // An empty vector allocates nothing.
-        self.hook_end_with_deps(op, decl, fingerprint, read, write, Vec::new())
+        let params = decl.params();
+        self.hook_end_with_deps(op, params, fingerprint, read, write, Vec::new())
     }
 
+    /// The record of `op`, with its params (moved in: a math op's inputs
+    /// are not copied) and dependencies.
     fn hook_end_with_deps(
         &mut self,
         op: OpenOp,
-        decl: &dyn DataOp,
+        params: Params,
         fingerprint: Option<u64>,
         read: Option<Effect>,
         write: Option<Effect>,
@@ -857,7 +860,7 @@ impl<'m, W: Write> Engine<'m, W> {
             component: op.component,
             op_name: op.op_name,
             kind: op.kind,
-            params: decl.params(),
+            params,
             deps,
             fingerprint,
             read,

@@ -426,6 +426,32 @@ fn broadcast_valid(out: (u32, u32), operands: &[ShapeValid]) -> (u32, u32) {
     })
 }
 
+/// A math op's inputs: `x` alone.
+fn one_input(x: MathInput) -> Vec<MathInput> {
+    let mut v = crate::program::math_inputs();
+    v.push(x);
+    v
+}
+
+/// Up to three operands' (shape, valid extent), without allocating: an
+/// elementwise op has at most three tiles (`where_`).
+#[derive(Clone, Copy, Default)]
+struct Tiles {
+    items: [ShapeValid; 3],
+    n: usize,
+}
+
+impl Tiles {
+    fn push(&mut self, t: ShapeValid) {
+        self.items[self.n] = t;
+        self.n += 1;
+    }
+
+    fn as_slice(&self) -> &[ShapeValid] {
+        &self.items[..self.n]
+    }
+}
+
 fn tile_input(x: &dyn Operand) -> MathInput {
     let (pa, rows, cols, dtype) = x.operand();
     MathInput::Tile {
@@ -777,7 +803,7 @@ impl<'p> Tl<'p> {
 
     fn unary(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
         let (_, r, c, d) = x.operand();
-        self.math(op, vec![tile_input(x)], r, c, d, None, x.valid())
+        self.math(op, one_input(tile_input(x)), r, c, d, None, x.valid())
     }
 
     /// A float-only unary op (sigmoid, tanh, erf, exp2).
@@ -811,29 +837,30 @@ impl<'p> Tl<'p> {
     fn elementwise_inputs(
         op: MathOp,
         args: &[Rhs<'_>],
-    ) -> (Vec<MathInput>, (u32, u32), Dtype, Vec<ShapeValid>) {
-        let mut tiles: Vec<ShapeValid> = Vec::new();
+    ) -> (Vec<MathInput>, (u32, u32), Dtype, Tiles) {
+        let mut tiles = Tiles::default();
         let mut dtype = None;
-        let inputs = args
-            .iter()
-            .map(|a| match a {
-                Rhs::Tile(x) => {
-                    let (_, r, c, d) = x.operand();
-                    tiles.push(((r, c), x.valid()));
-                    match dtype {
-                        None => dtype = Some(d),
-                        Some(d0) => {
-                            assert_eq!(d0, d, "{}: operand dtypes differ ({d0} and {d})", op.name())
-                        }
+        let mut inputs = crate::program::math_inputs();
+        inputs.extend(args.iter().map(|a| match a {
+            Rhs::Tile(x) => {
+                let (_, r, c, d) = x.operand();
+                tiles.push(((r, c), x.valid()));
+                match dtype {
+                    None => dtype = Some(d),
+                    Some(d0) => {
+                        assert_eq!(d0, d, "{}: operand dtypes differ ({d0} and {d})", op.name())
                     }
-                    tile_input(*x)
                 }
-                Rhs::Scalar(v) => MathInput::Scalar(*v),
-            })
-            .collect();
+                tile_input(*x)
+            }
+            Rhs::Scalar(v) => MathInput::Scalar(*v),
+        }));
         let dtype = dtype.unwrap_or_else(|| panic!("{}: needs at least one tile", op.name()));
-        let shapes: Vec<(u32, u32)> = tiles.iter().map(|&(shape, _)| shape).collect();
-        let out = Self::broadcast(op, &shapes);
+        let mut shapes = [(0, 0); 3];
+        for (s, &(shape, _)) in shapes.iter_mut().zip(tiles.as_slice()) {
+            *s = shape;
+        }
+        let out = Self::broadcast(op, &shapes[..tiles.n]);
         (inputs, out, dtype, tiles)
     }
 
@@ -841,7 +868,7 @@ impl<'p> Tl<'p> {
     /// or a scalar.
     fn binary(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
         let (inputs, (r, c), d, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
-        let valid = broadcast_valid((r, c), &tiles);
+        let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(op, inputs, r, c, d, None, valid)
     }
 
@@ -849,7 +876,7 @@ impl<'p> Tl<'p> {
     /// in `ne`).
     fn compare(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
         let (inputs, (r, c), _, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
-        let valid = broadcast_valid((r, c), &tiles);
+        let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(op, inputs, r, c, Dtype::U8, None, valid)
     }
 
@@ -960,7 +987,7 @@ impl<'p> Tl<'p> {
         let (r, c) = Self::broadcast(MathOp::Where, &[(r, c), (cr, cc)]);
         inputs.insert(0, tile_input(cond));
         tiles.push(((cr, cc), cond.valid()));
-        let valid = broadcast_valid((r, c), &tiles);
+        let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(MathOp::Where, inputs, r, c, d, None, valid)
     }
 
@@ -969,7 +996,7 @@ impl<'p> Tl<'p> {
         let (_, r, c, _) = x.operand();
         self.math(
             MathOp::Cast,
-            vec![tile_input(x)],
+            one_input(tile_input(x)),
             r,
             c,
             dtype,
@@ -1051,7 +1078,7 @@ impl<'p> Tl<'p> {
         };
         self.math(
             op,
-            vec![tile_input(x)],
+            one_input(tile_input(x)),
             rows,
             cols,
             dtype.unwrap_or(d),
@@ -1220,7 +1247,7 @@ impl<'p> Tl<'p> {
         if (src.rows, src.cols) != (rows, cols) {
             let fill = MathParams {
                 op: MathOp::Copy,
-                inputs: vec![MathInput::Scalar(other)],
+                inputs: one_input(MathInput::Scalar(other)),
                 out: Addr {
                     space: Space::Tcm,
                     addr: pa,
