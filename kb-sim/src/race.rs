@@ -36,7 +36,15 @@ pub struct Clocks {
     /// Per thread: its clock as last snapshotted, until it acquires again
     /// (a release changes only the own component, which checks never read).
     snap: Vec<Option<Rc<[u32]>>>,
+    /// Snapshots replaced by an acquire: once no op holds one any more,
+    /// a later snapshot reuses its allocation.
+    retired: Vec<Rc<[u32]>>,
+    /// Published clocks handed back once joined, for later releases.
+    spare: Vec<Vec<u32>>,
 }
+
+/// Retired snapshots and spare published clocks kept at most.
+const SPARE_CLOCKS: usize = 64;
 
 impl Clocks {
     /// Clocks of `threads` threads: each at 1 in its own component (its
@@ -53,6 +61,8 @@ impl Clocks {
         Clocks {
             vc,
             snap: vec![None; threads],
+            retired: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -64,17 +74,40 @@ impl Clocks {
     /// `t`'s clock, shared until it next acquires.
     pub fn snapshot(&mut self, t: u32) -> Rc<[u32]> {
         let t = t as usize;
-        self.snap[t]
-            .get_or_insert_with(|| self.vc[t].as_slice().into())
-            .clone()
+        if self.snap[t].is_none() {
+            // A retired snapshot that nothing holds any more, if any.
+            let free = self.retired.iter().position(|r| Rc::strong_count(r) == 1);
+            let snap = match free {
+                Some(i) => {
+                    let mut r = self.retired.swap_remove(i);
+                    Rc::get_mut(&mut r)
+                        .expect("held only here")
+                        .copy_from_slice(&self.vc[t]);
+                    r
+                }
+                None => self.vc[t].as_slice().into(),
+            };
+            self.snap[t] = Some(snap);
+        }
+        self.snap[t].clone().expect("set above")
     }
 
     /// Publish `t`'s clock and advance its own component.
     pub fn release(&mut self, t: u32) -> Vec<u32> {
         let t = t as usize;
-        let published = self.vc[t].clone();
+        let mut published = self.spare.pop().unwrap_or_default();
+        published.clear();
+        published.extend_from_slice(&self.vc[t]);
         self.vc[t][t] = self.vc[t][t].saturating_add(1);
         published
+    }
+
+    /// A published clock that was joined where it went, for a later
+    /// release to reuse.
+    pub fn give_back(&mut self, published: Vec<u32>) {
+        if self.spare.len() < SPARE_CLOCKS {
+            self.spare.push(published);
+        }
     }
 
     /// Join a published clock into `t`'s.
@@ -87,8 +120,11 @@ impl Clocks {
                 changed = true;
             }
         }
-        if changed {
-            self.snap[t] = None;
+        if changed
+            && let Some(old) = self.snap[t].take()
+            && self.retired.len() < SPARE_CLOCKS
+        {
+            self.retired.push(old);
         }
     }
 }
@@ -789,5 +825,30 @@ mod tests {
         let mut j = vec![1, 7];
         join(&mut j, &[3, 2, 4]);
         assert_eq!(j, vec![3, 7, 4]);
+    }
+
+    /// Replaced snapshots are reused only once no one holds them, and a
+    /// published clock given back is reused by the next release; neither
+    /// shows in the values.
+    #[test]
+    fn clock_allocations_are_reused_only_when_free() {
+        let mut c = Clocks::new(2);
+        let held = c.snapshot(0);
+        c.acquire(0, &[0, 3]);
+        let second = c.snapshot(0);
+        assert!(!Rc::ptr_eq(&held, &second), "the first is still held");
+        assert_eq!((&*held, &*second), (&[1, 0][..], &[1, 3][..]));
+        let first = Rc::as_ptr(&held);
+        drop(held);
+        c.acquire(0, &[0, 4]);
+        let third = c.snapshot(0);
+        assert_eq!(Rc::as_ptr(&third), first, "reused once free");
+        assert_eq!(&*third, &[1, 4]);
+        assert_eq!(&*second, &[1, 3], "a held snapshot keeps its value");
+        let p = c.release(1);
+        let ptr = p.as_ptr();
+        c.give_back(p);
+        let q = c.release(1);
+        assert_eq!((q.as_ptr(), q), (ptr, vec![0, 2]));
     }
 }

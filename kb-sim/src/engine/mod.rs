@@ -1024,6 +1024,7 @@ impl<'m, W: Write> Engine<'m, W> {
             Command::WaitSignal(any) => {
                 let launch = self.current_launch(pe);
                 if self.sync.acquire_reached(launch, pe, &any) {
+                    crate::program::spare_signal_list(any);
                     Some(Reply::Done)
                 } else {
                     self.pes[p].awaited = any;
