@@ -154,9 +154,10 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Spare snapshots kept per thread, and the most parts one may hold to be
-/// kept (about 50 KiB).
-const SPARE_SNAPSHOTS: usize = 256;
+/// Spare snapshots kept per thread (enough for the tiles in flight on a
+/// large machine), and the most parts one may hold to be kept (about
+/// 50 KiB).
+const SPARE_SNAPSHOTS: usize = 1024;
 const SPARE_PARTS: usize = 4096;
 
 impl Drop for Snapshot {
@@ -201,14 +202,16 @@ impl Snapshot {
     /// A snapshot of bytes that lie in no plane (a kernel's own).
     pub fn from_vec(bytes: Vec<u8>) -> Snapshot {
         let len = bytes.len();
-        let mut snap = SnapshotParts::default();
-        if len > 0 {
-            let n = u32::try_from(len).expect("a tile is under 4 GiB");
-            snap.pages.push(Arc::new(bytes.into_boxed_slice()));
-            snap.parts.push((0, 0, n));
-            snap.len = len;
+        if len == 0 {
+            return Snapshot(None);
         }
-        snap.into()
+        let n = u32::try_from(len).expect("a tile is under 4 GiB");
+        let mut arc = spare_parts();
+        let snap = Arc::get_mut(&mut arc).expect("a spare snapshot is not shared");
+        snap.pages.push(Arc::new(bytes.into_boxed_slice()));
+        snap.parts.push((0, 0, n));
+        snap.len = len;
+        Snapshot(Some(arc))
     }
 }
 

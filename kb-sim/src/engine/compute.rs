@@ -225,20 +225,21 @@ impl<W: Write> Engine<'_, W> {
         let mut outs = self.log.writer.take_ranges();
         outs.push(out);
         let write = self.effect(outs);
-        match constant_fill(&op) {
+        let mut fill = std::mem::take(&mut self.fill_scratch);
+        if constant_fill(&op, &mut fill) {
             // A fill's value is known now: Phase 1 materializes it (the op
             // is still recorded and replayed), so masked tiles stay readable.
-            Some(bytes) => self.data.write(out.pa, &bytes),
-            None => {
-                self.data.register_writer(crate::program::Writer {
-                    op_id,
-                    op_name: op.decl().op_name(),
-                    pe: pc,
-                    time: now,
-                });
-                self.data.mark_pending(out.pa, out.len, op_id)
-            }
+            self.data.write(out.pa, &fill);
+        } else {
+            self.data.register_writer(crate::program::Writer {
+                op_id,
+                op_name: op.decl().op_name(),
+                pe: pc,
+                time: now,
+            });
+            self.data.mark_pending(out.pa, out.len, op_id)
         }
+        self.fill_scratch = fill;
         let unit = self.m.pe_node(pc, unit_kind);
         let tcm = self.m.pe_node(pc, NodeKind::Tcm);
         let c = self.computes.insert(Compute {
@@ -472,27 +473,38 @@ fn math_rate_dtype(m: &kb_format::MathParams) -> Dtype {
 }
 
 /// The bytes of a constant fill (a copy of one scalar over the output) or
-/// an arange, the compute results Phase 1 can know without computing.
-fn constant_fill(op: &ComputeOp) -> Option<Vec<u8>> {
+/// an arange, the compute results Phase 1 can know without computing,
+/// into `out` (emptied first); false for any other op.
+fn constant_fill(op: &ComputeOp, out: &mut Vec<u8>) -> bool {
     let ComputeOp::Math(Labeled { op: m, .. }) = op else {
-        return None;
+        return false;
     };
+    out.clear();
+    let element = |v: f64| crate::kernel::encode_element(m.dtype, v);
     match (m.op, m.inputs.as_slice()) {
         (kb_format::MathOp::Copy, [MathInput::Scalar(v)]) => {
-            let one = crate::kernel::encode(m.dtype, *v);
-            Some(one.repeat(m.rows as usize * m.cols as usize))
+            let (b, n) = element(*v);
+            let total = m.rows as usize * m.cols as usize * n;
+            if total > 0 {
+                out.extend_from_slice(&b[..n]);
+            }
+            // Doubling copies, as `repeat` does.
+            while out.len() < total {
+                let k = (total - out.len()).min(out.len());
+                out.extend_from_within(..k);
+            }
+            true
         }
         (kb_format::MathOp::Arange, []) => {
-            let (rows, cols) = (m.rows as usize, m.cols as usize);
-            let mut out = Vec::with_capacity(rows * cols * m.dtype.size());
-            for i in 0..rows {
-                for j in 0..cols {
+            for i in 0..m.rows as usize {
+                for j in 0..m.cols as usize {
                     let v = if m.axis == Some(0) { i } else { j };
-                    out.extend_from_slice(&crate::kernel::encode(m.dtype, v as f64));
+                    let (b, n) = element(v as f64);
+                    out.extend_from_slice(&b[..n]);
                 }
             }
-            Some(out)
+            true
         }
-        _ => None,
+        _ => false,
     }
 }

@@ -336,6 +336,8 @@ pub struct Engine<'m, W: Write> {
     dma_sides: Vec<dma::Side>,
     /// Finished compute ops' dependents vectors, for the next ones.
     dependents_spare: Vec<Vec<compute::Waiter>>,
+    /// A constant fill's bytes, before they are written to the plane.
+    fill_scratch: Vec<u8>,
 }
 
 /// Per-PE kernel state (reset when a kernel starts).
@@ -551,6 +553,7 @@ impl<'m, W: Write> Engine<'m, W> {
             waiting_scratch: Vec::new(),
             dma_sides: Vec::new(),
             dependents_spare: Vec::new(),
+            fill_scratch: Vec::new(),
         }
     }
 

@@ -551,14 +551,41 @@ pub fn accumulation_dtype(dtype: Dtype) -> Dtype {
 
 /// Encode one element from f64 (rounding to the dtype; integers saturate).
 pub fn encode(dtype: Dtype, v: f64) -> Vec<u8> {
-    match dtype {
-        Dtype::F32 => (v as f32).to_le_bytes().to_vec(),
-        Dtype::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
-        Dtype::Bf16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
-        Dtype::I8 => vec![(v as i8) as u8],
-        Dtype::U8 => vec![v as u8],
-        Dtype::I32 => (v as i32).to_le_bytes().to_vec(),
-    }
+    let (bytes, n) = encode_element(dtype, v);
+    bytes[..n].to_vec()
+}
+
+/// [`encode`] without allocating: the element's bytes in the first `n`
+/// of four (no dtype is wider).
+pub(crate) fn encode_element(dtype: Dtype, v: f64) -> ([u8; 4], usize) {
+    let mut b = [0; 4];
+    let n = match dtype {
+        Dtype::F32 => {
+            b = (v as f32).to_le_bytes();
+            4
+        }
+        Dtype::F16 => {
+            b[..2].copy_from_slice(&half::f16::from_f64(v).to_le_bytes());
+            2
+        }
+        Dtype::Bf16 => {
+            b[..2].copy_from_slice(&half::bf16::from_f64(v).to_le_bytes());
+            2
+        }
+        Dtype::I8 => {
+            b[0] = (v as i8) as u8;
+            1
+        }
+        Dtype::U8 => {
+            b[0] = v as u8;
+            1
+        }
+        Dtype::I32 => {
+            b = (v as i32).to_le_bytes();
+            4
+        }
+    };
+    (b, n)
 }
 
 /// Decode one element to f64.
@@ -584,6 +611,8 @@ pub struct Tl<'p> {
     tcm: Rc<RefCell<FreeList>>,
     /// Op-name override for commands issued now (pipeline stages).
     stage: Option<&'static str>,
+    /// Scratch: a masked load's bytes gathered from their pages.
+    gather: Vec<u8>,
 }
 
 impl std::fmt::Debug for Tl<'_> {
@@ -613,6 +642,7 @@ impl<'p> Tl<'p> {
             grid,
             tcm: Rc::new(RefCell::new(tcm)),
             stage: None,
+            gather: Vec::new(),
         }
     }
 
@@ -1289,14 +1319,20 @@ impl<'p> Tl<'p> {
             // Nothing masked: the loaded bytes are the tile's.
             valid.bytes
         } else {
-            let fill = encode(src.dtype, other);
+            let (fill, n) = encode_element(src.dtype, other);
+            let fill = &fill[..n];
             let mut data = Vec::with_capacity((rows as u64 * cols as u64 * es) as usize);
-            let loaded_owned;
+            // The loaded bytes in one slice: where they lie, or gathered
+            // into this kernel's scratch (no vector per load).
+            let mut gathered = std::mem::take(&mut self.gather);
             let loaded = match valid.bytes.as_slice() {
                 Some(b) => b,
                 None => {
-                    loaded_owned = valid.bytes.to_vec();
-                    &loaded_owned
+                    gathered.clear();
+                    valid
+                        .bytes
+                        .append_range(0, valid.bytes.len(), &mut gathered);
+                    &gathered
                 }
             };
             for r in 0..rows as usize {
@@ -1305,9 +1341,10 @@ impl<'p> Tl<'p> {
                     data.extend_from_slice(&loaded[r * vr..(r + 1) * vr]);
                 }
                 while data.len() < row_start + tr {
-                    data.extend_from_slice(&fill);
+                    data.extend_from_slice(fill);
                 }
             }
+            self.gather = gathered;
             Snapshot::from_vec(data)
         };
         // Unknown bytes move with their rows into the wider tile.
@@ -1429,4 +1466,30 @@ pub fn grid_body(
         }
         tl.wait_all();
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The non-allocating encoding gives each dtype's little-endian bytes,
+    /// rounded and saturated as the conversions do.
+    #[test]
+    fn elements_encode_as_their_dtype_does() {
+        for v in [0.0, 1.5, -2.25, 300.7, -1e9, 65504.0] {
+            let want: Vec<(Dtype, Vec<u8>)> = vec![
+                (Dtype::F32, (v as f32).to_le_bytes().to_vec()),
+                (Dtype::F16, half::f16::from_f64(v).to_le_bytes().to_vec()),
+                (Dtype::Bf16, half::bf16::from_f64(v).to_le_bytes().to_vec()),
+                (Dtype::I8, vec![(v as i8) as u8]),
+                (Dtype::U8, vec![v as u8]),
+                (Dtype::I32, (v as i32).to_le_bytes().to_vec()),
+            ];
+            for (d, bytes) in want {
+                let (b, n) = encode_element(d, v);
+                assert_eq!((&b[..n], n), (&bytes[..], d.size()), "{d} {v}");
+                assert_eq!(encode(d, v), bytes);
+            }
+        }
+    }
 }
