@@ -154,6 +154,70 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// Buffers of bytes a kernel made itself (`OwnBytes`) whose snapshot
+    /// went, by size: a masked load's padded tile takes one of its size
+    /// instead of allocating.
+    static SPARE_BUFFERS: std::cell::RefCell<SpareBuffers> =
+        const { std::cell::RefCell::new(SpareBuffers { by_len: Vec::new(), bytes: 0 }) };
+}
+
+/// Unshared pages by length (few lengths: a kernel's tile shapes), and
+/// the bytes they hold.
+#[derive(Debug)]
+struct SpareBuffers {
+    by_len: Vec<(usize, Vec<Page>)>,
+    bytes: usize,
+}
+
+/// The most bytes of spare buffers kept per thread: enough for the masked
+/// tiles in flight on every PE of `large` (gemm_tiled's edge tiles).
+const SPARE_BUFFER_BYTES: usize = 16 << 20;
+
+impl SpareBuffers {
+    fn take(&mut self, len: usize) -> Option<Page> {
+        let (_, pages) = self.by_len.iter_mut().find(|(l, _)| *l == len)?;
+        let page = pages.pop()?;
+        self.bytes -= len;
+        Some(page)
+    }
+
+    fn keep(&mut self, page: Page) {
+        let len = page.len();
+        if self.bytes + len > SPARE_BUFFER_BYTES {
+            return;
+        }
+        self.bytes += len;
+        match self.by_len.iter_mut().find(|(l, _)| *l == len) {
+            Some((_, pages)) => pages.push(page),
+            None => self.by_len.push((len, vec![page])),
+        }
+    }
+}
+
+/// Bytes a kernel makes itself (a masked load's padded tile), written
+/// through [`OwnBytes::bytes_mut`] and then held by a snapshot
+/// ([`Snapshot::from_own`]).
+#[derive(Debug)]
+pub struct OwnBytes(Page);
+
+impl OwnBytes {
+    /// `len` bytes (at least 1): a spare buffer of that size where one is
+    /// at hand (its bytes are stale: write them all), else zeros.
+    pub fn new(len: usize) -> OwnBytes {
+        let spare = SPARE_BUFFERS
+            .try_with(|s| s.borrow_mut().take(len))
+            .ok()
+            .flatten();
+        OwnBytes(spare.unwrap_or_else(|| Arc::new(vec![0u8; len].into_boxed_slice())))
+    }
+
+    /// The bytes, to write.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        Arc::get_mut(&mut self.0).expect("own bytes are not shared yet")
+    }
+}
+
 /// Spare snapshots kept per thread (enough for the tiles in flight on a
 /// large machine), and the most parts one may hold to be kept (about
 /// 50 KiB).
@@ -166,7 +230,15 @@ impl Drop for Snapshot {
             && let Some(p) = Arc::get_mut(&mut a)
             && p.parts.capacity() <= SPARE_PARTS
         {
-            p.pages.clear();
+            // A kernel's own bytes that only this snapshot holds can be a
+            // later kernel's buffer (a page of the plane's size is taken
+            // for a plane page since replaced, and left to go).
+            for page in p.pages.drain(..) {
+                if page.len() < PAGE && Arc::strong_count(&page) == 1 && Arc::weak_count(&page) == 0
+                {
+                    let _ = SPARE_BUFFERS.try_with(|s| s.borrow_mut().keep(page));
+                }
+            }
             p.parts.clear();
             p.len = 0;
             // `try_with`: a thread's pool may already be gone as it exits.
@@ -200,6 +272,20 @@ impl Eq for Snapshot {}
 
 impl Snapshot {
     /// A snapshot of bytes that lie in no plane (a kernel's own).
+    /// A snapshot of a kernel's own bytes, held where they were written.
+    pub fn from_own(bytes: OwnBytes) -> Snapshot {
+        let n = u32::try_from(bytes.0.len()).expect("a tile is under 4 GiB");
+        if n == 0 {
+            return Snapshot(None);
+        }
+        let mut arc = spare_parts();
+        let snap = Arc::get_mut(&mut arc).expect("a spare snapshot is not shared");
+        snap.pages.push(bytes.0);
+        snap.parts.push((0, 0, n));
+        snap.len = n as usize;
+        Snapshot(Some(arc))
+    }
+
     pub fn from_vec(bytes: Vec<u8>) -> Snapshot {
         let len = bytes.len();
         if len == 0 {
@@ -1479,6 +1565,30 @@ mod tests {
         assert_eq!(ptr(&c), p, "the last holder gave it back");
         assert_eq!(c.to_vec(), vec![7u8; 50]);
         assert_eq!(b.to_vec(), vec![7u8; 300]);
+    }
+
+    /// A kernel's own bytes go back for a later buffer of their size once
+    /// their snapshot is dropped, never while it is held.
+    #[test]
+    fn own_bytes_are_reused_once_their_snapshot_is_gone() {
+        let own = |len: usize, v: u8| {
+            let mut b = OwnBytes::new(len);
+            b.bytes_mut().fill(v);
+            let p = Arc::as_ptr(&b.0);
+            (Snapshot::from_own(b), p)
+        };
+        let (a, pa) = own(100, 1);
+        let (b, pb) = own(100, 2);
+        assert_ne!(pa, pb, "a held buffer is not handed out again");
+        drop(a);
+        let (c, pc) = own(64, 3);
+        assert_ne!(pc, pa, "only a buffer of the same size");
+        let (d, pd) = own(100, 4);
+        assert_eq!(pd, pa, "the dropped one, rewritten");
+        assert_eq!(
+            (b.to_vec(), c.to_vec(), d.to_vec()),
+            (vec![2; 100], vec![3; 64], vec![4; 100])
+        );
     }
 
     #[test]

@@ -1321,7 +1321,7 @@ impl<'p> Tl<'p> {
         } else {
             let (fill, n) = encode_element(src.dtype, other);
             let fill = &fill[..n];
-            let mut data = Vec::with_capacity((rows as u64 * cols as u64 * es) as usize);
+            let total = rows as usize * tr;
             // The loaded bytes in one slice: where they lie, or gathered
             // into this kernel's scratch (no vector per load).
             let mut gathered = std::mem::take(&mut self.gather);
@@ -1335,17 +1335,29 @@ impl<'p> Tl<'p> {
                     &gathered
                 }
             };
-            for r in 0..rows as usize {
-                let row_start = data.len();
-                if r < src.rows as usize {
-                    data.extend_from_slice(&loaded[r * vr..(r + 1) * vr]);
+            // Each row: its loaded bytes, then the fill to the tile's width
+            // (whole elements: both widths are multiples of one).
+            let data = if total == 0 {
+                Snapshot::default()
+            } else {
+                let mut own = crate::data::OwnBytes::new(total);
+                let out = own.bytes_mut();
+                for (r, row) in out.chunks_exact_mut(tr).enumerate() {
+                    let at = if r < src.rows as usize {
+                        row[..vr].copy_from_slice(&loaded[r * vr..(r + 1) * vr]);
+                        vr
+                    } else {
+                        0
+                    };
+                    debug_assert_eq!((tr - at) % n, 0, "the fill is whole elements");
+                    for e in row[at..].chunks_exact_mut(n) {
+                        e.copy_from_slice(fill);
+                    }
                 }
-                while data.len() < row_start + tr {
-                    data.extend_from_slice(fill);
-                }
-            }
+                Snapshot::from_own(own)
+            };
             self.gather = gathered;
-            Snapshot::from_vec(data)
+            data
         };
         // Unknown bytes move with their rows into the wider tile.
         for u in valid.unknown {
