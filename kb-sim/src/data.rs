@@ -152,6 +152,8 @@ thread_local! {
     /// [`SPARE_SNAPSHOTS`] and the simulation allocates.
     static SPARE: std::cell::RefCell<Vec<Arc<SnapshotParts>>> =
         const { std::cell::RefCell::new(Vec::new()) };
+    /// Whether this thread makes snapshots (and so keeps spares).
+    static TAKES_SNAPSHOTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 thread_local! {
@@ -159,7 +161,7 @@ thread_local! {
     /// went, by size: a masked load's padded tile takes one of its size
     /// instead of allocating.
     static SPARE_BUFFERS: std::cell::RefCell<SpareBuffers> =
-        const { std::cell::RefCell::new(SpareBuffers { by_len: Vec::new(), bytes: 0 }) };
+        const { std::cell::RefCell::new(SpareBuffers { by_len: Vec::new(), bytes: 0, takes: false }) };
 }
 
 /// Unshared pages by length (few lengths: a kernel's tile shapes), and
@@ -168,6 +170,9 @@ thread_local! {
 struct SpareBuffers {
     by_len: Vec<(usize, Vec<Page>)>,
     bytes: usize,
+    /// This thread makes own bytes: only then are buffers kept (a kernel
+    /// thread of the thread executor that only drops tiles keeps none).
+    takes: bool,
 }
 
 /// The most bytes of spare buffers kept per thread: enough for the masked
@@ -176,6 +181,7 @@ const SPARE_BUFFER_BYTES: usize = 16 << 20;
 
 impl SpareBuffers {
     fn take(&mut self, len: usize) -> Option<Page> {
+        self.takes = true;
         let (_, pages) = self.by_len.iter_mut().find(|(l, _)| *l == len)?;
         let page = pages.pop()?;
         self.bytes -= len;
@@ -184,7 +190,7 @@ impl SpareBuffers {
 
     fn keep(&mut self, page: Page) {
         let len = page.len();
-        if self.bytes + len > SPARE_BUFFER_BYTES {
+        if !self.takes || self.bytes + len > SPARE_BUFFER_BYTES {
             return;
         }
         self.bytes += len;
@@ -242,9 +248,11 @@ impl Drop for Snapshot {
             p.parts.clear();
             p.len = 0;
             // `try_with`: a thread's pool may already be gone as it exits.
+            // Kept only on a thread that makes snapshots (a kernel thread
+            // of the thread executor that only drops tiles keeps none).
             let _ = SPARE.try_with(|s| {
                 let mut s = s.borrow_mut();
-                if s.len() < SPARE_SNAPSHOTS {
+                if s.len() < SPARE_SNAPSHOTS && TAKES_SNAPSHOTS.get() {
                     s.push(a);
                 }
             });
@@ -254,6 +262,7 @@ impl Drop for Snapshot {
 
 /// An empty, unshared snapshot allocation: a spare one where there is one.
 fn spare_parts() -> Arc<SnapshotParts> {
+    TAKES_SNAPSHOTS.set(true);
     SPARE
         .try_with(|s| s.borrow_mut().pop())
         .ok()
@@ -1565,6 +1574,26 @@ mod tests {
         assert_eq!(ptr(&c), p, "the last holder gave it back");
         assert_eq!(c.to_vec(), vec![7u8; 50]);
         assert_eq!(b.to_vec(), vec![7u8; 300]);
+    }
+
+    /// With the thread executor a kernel thread drops tiles it did not
+    /// make: it keeps no spares (each such thread would hold up to the
+    /// pool's bound); the thread that makes snapshots does.
+    #[test]
+    fn only_a_thread_that_makes_snapshots_keeps_spares() {
+        let mut d = DataPlane::new();
+        d.write(0, &[1u8; 64]);
+        let x = [Extent::contiguous(0, 64)];
+        let snaps: Vec<Snapshot> = (0..4).map(|_| d.snapshot(&x)).collect();
+        let kept = std::thread::spawn(move || {
+            drop(snaps);
+            SPARE.with(|s| s.borrow().len())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(kept, 0);
+        drop(d.snapshot(&x));
+        assert_eq!(SPARE.with(|s| s.borrow().len()), 1);
     }
 
     /// A kernel's own bytes go back for a later buffer of their size once
