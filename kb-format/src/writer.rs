@@ -14,7 +14,7 @@ use crate::error::{FormatError, Result};
 use crate::footer::{Footer, IndexEntry};
 use crate::launch::Launch;
 use crate::record_codec::{MAX_DEPS, MAX_MATH_INPUTS, MAX_RANGES, RecordEncoder};
-use crate::types::{Counts, Meta, OpKind, Params, Ps, Record, VerifySpec};
+use crate::types::{Counts, Extent, MathInput, Meta, OpKind, Params, Ps, Record, VerifySpec};
 
 /// Records chunks are cut when their payload reaches this size.
 pub const RECORDS_CHUNK_TARGET: usize = 64 << 10;
@@ -40,12 +40,34 @@ impl<W: Write> Sink<W> {
 /// The reorder buffer: records wait in a slab, and a min-heap of their
 /// (t_start, op_id) keys and slab slots orders them. Heap operations then
 /// move small keys, not records. An emitted record is dropped at once; its
-/// slot is reused by the next push.
+/// slot is reused by the next push, and its effect, dependency and math
+/// input vectors, cleared, are kept for the producer's next records
+/// ([`TraceWriter::take_ranges`], [`TraceWriter::take_deps`],
+/// [`TraceWriter::take_math_inputs`]), so a simulator in steady state
+/// allocates none.
 #[derive(Default)]
 struct Reorder {
     heap: BinaryHeap<Key>,
     slab: Vec<Record>,
     free: Vec<usize>,
+    spare_ranges: Vec<Vec<Extent>>,
+    spare_deps: Vec<Vec<u64>>,
+    spare_math_inputs: Vec<Vec<MathInput>>,
+}
+
+/// Spare vectors kept at most (of each kind), and the largest capacity
+/// kept: a bound on the memory they hold (about 2 MiB of ranges) that
+/// covers the records in flight in a large run.
+const SPARE_VECS: usize = 4096;
+const SPARE_CAPACITY: usize = 16;
+
+/// Keep `v`, cleared, in `pool` if it has a small capacity and the pool
+/// has room.
+fn keep<T>(pool: &mut Vec<Vec<T>>, mut v: Vec<T>) {
+    if (1..=SPARE_CAPACITY).contains(&v.capacity()) && pool.len() < SPARE_VECS {
+        v.clear();
+        pool.push(v);
+    }
 }
 
 /// A heap entry: (t_start, op_id) as one `u128` (cheap, branch-free
@@ -100,9 +122,16 @@ impl Reorder {
         }
     }
 
-    /// Drop the record in `slot` (its allocations too) and reuse the slot.
+    /// Drop the record in `slot`, keep its vectors, and reuse the slot.
     fn release(&mut self, slot: usize) {
-        self.slab[slot] = Record::default();
+        let rec = std::mem::take(&mut self.slab[slot]);
+        for e in [rec.read, rec.write].into_iter().flatten() {
+            keep(&mut self.spare_ranges, e.ranges);
+        }
+        keep(&mut self.spare_deps, rec.deps);
+        if let Params::Math(m) = rec.params {
+            keep(&mut self.spare_math_inputs, m.inputs);
+        }
         self.free.push(slot);
     }
 
@@ -256,8 +285,22 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
-    /// Promise that no record pushed from now on starts before `watermark`,
-    /// and emit every buffered record that starts before it.
+    /// An empty vector for a record's effect ranges: one of an emitted
+    /// record's, where there is one (no allocation), else a new one.
+    pub fn take_ranges(&mut self) -> Vec<Extent> {
+        self.reorder.spare_ranges.pop().unwrap_or_default()
+    }
+
+    /// An empty vector for a record's dependencies, as [`Self::take_ranges`].
+    pub fn take_deps(&mut self) -> Vec<u64> {
+        self.reorder.spare_deps.pop().unwrap_or_default()
+    }
+
+    /// An empty vector for a math record's inputs, as [`Self::take_ranges`].
+    pub fn take_math_inputs(&mut self) -> Vec<MathInput> {
+        self.reorder.spare_math_inputs.pop().unwrap_or_default()
+    }
+
     /// Promise that every data effect not yet in a pushed record will have
     /// a seq of at least `floor` (the simulator's next seq, lowered by the
     /// effects its unfinished ops already hold). Records chunks then carry
@@ -267,6 +310,8 @@ impl<W: Write> TraceWriter<W> {
         self.seq_floor = floor;
     }
 
+    /// Promise that no record pushed from now on starts before `watermark`,
+    /// and emit every buffered record that starts before it.
     pub fn advance(&mut self, watermark: Ps) -> Result<()> {
         if watermark > self.watermark {
             self.watermark = watermark;

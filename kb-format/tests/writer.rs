@@ -309,3 +309,64 @@ fn atomic_file_writes_a_special_target_in_place() {
     assert_eq!(reader.join().unwrap(), b"through the pipe");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
+
+/// An emitted record's effect and dependency vectors come back, empty and
+/// with their capacity, for the producer's next records: a producer that
+/// takes its vectors from the writer allocates none in steady state.
+#[test]
+fn emitted_records_hand_their_vectors_back() {
+    let mut w = TraceWriter::new(std::io::sink(), &sample_meta()).unwrap();
+    let c = w.intern("c");
+    // Nothing emitted yet: a new, empty vector.
+    assert_eq!(w.take_ranges().capacity(), 0);
+    let mut ptrs = Vec::new();
+    for i in 0..3 {
+        let mut r = sample_record(i, c, c);
+        r.deps = Vec::with_capacity(2);
+        for e in [r.read.as_mut(), r.write.as_mut()].into_iter().flatten() {
+            e.ranges.reserve(3);
+            ptrs.push(e.ranges.as_ptr());
+        }
+        w.push(r).unwrap();
+    }
+    assert_eq!(w.take_ranges().capacity(), 0, "none emitted before advance");
+    w.advance(u64::MAX).unwrap();
+    let mut back = Vec::new();
+    for _ in 0..ptrs.len() {
+        let v = w.take_ranges();
+        assert!(v.is_empty() && v.capacity() >= 4);
+        back.push(v.as_ptr());
+    }
+    back.sort();
+    ptrs.sort();
+    assert_eq!(back, ptrs, "the same allocations");
+    assert_eq!(w.take_ranges().capacity(), 0, "each one handed back once");
+    let deps = w.take_deps();
+    assert!(deps.is_empty() && deps.capacity() >= 2);
+}
+
+/// A math record's inputs vector comes back too.
+#[test]
+fn emitted_math_records_hand_their_inputs_back() {
+    let mut w = TraceWriter::new(std::io::sink(), &sample_meta()).unwrap();
+    let c = w.intern("c");
+    let mut r = sample_record(0, c, c);
+    r.kind = OpKind::Math;
+    let inputs = vec![MathInput::Scalar(1.0), MathInput::Scalar(2.0)];
+    let ptr = inputs.as_ptr();
+    r.params = Params::Math(MathParams {
+        op: MathOp::Add,
+        inputs,
+        out: Addr::default(),
+        rows: 1,
+        cols: 1,
+        dtype: Dtype::F32,
+        axis: None,
+    });
+    w.push(r).unwrap();
+    assert_eq!(w.take_math_inputs().capacity(), 0, "not emitted yet");
+    w.advance(u64::MAX).unwrap();
+    let back = w.take_math_inputs();
+    assert!(back.is_empty() && back.capacity() >= 2);
+    assert_eq!(back.as_ptr(), ptr);
+}

@@ -2,26 +2,65 @@
 //! HBM partitions and TCMs). First fit, lowest address first, so the same
 //! sequence of requests always gets the same addresses.
 
-use std::collections::BTreeMap;
+/// start -> length, sorted by start: a map as a sorted vector. A kernel's
+/// TCM holds tens of blocks, so a binary search and a short move beat a
+/// B-tree, whose nodes came and went with the tiles (an allocation per
+/// few tiles).
+#[derive(Debug, Clone, Default)]
+struct Blocks(Vec<(u64, u64)>);
+
+impl Blocks {
+    fn find(&self, start: u64) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&start, |&(s, _)| s)
+    }
+
+    fn insert(&mut self, start: u64, len: u64) {
+        match self.find(start) {
+            Ok(i) => self.0[i].1 = len,
+            Err(i) => self.0.insert(i, (start, len)),
+        }
+    }
+
+    fn remove(&mut self, start: u64) -> Option<u64> {
+        self.find(start).ok().map(|i| self.0.remove(i).1)
+    }
+
+    fn get(&self, start: u64) -> Option<u64> {
+        self.find(start).ok().map(|i| self.0[i].1)
+    }
+
+    /// The last block starting at or before `at` (`inclusive`), or before it.
+    fn last_before(&self, at: u64, inclusive: bool) -> Option<(u64, u64)> {
+        let n = match self.find(at) {
+            Ok(i) if inclusive => i + 1,
+            Ok(i) | Err(i) => i,
+        };
+        n.checked_sub(1).map(|i| self.0[i])
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.0.iter().copied()
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct FreeList {
     /// start -> length of each free block; blocks never touch (coalesced).
-    free: BTreeMap<u64, u64>,
+    free: Blocks,
     /// start -> length of each live allocation.
-    live: BTreeMap<u64, u64>,
+    live: Blocks,
     limit: u64,
 }
 
 impl FreeList {
     pub fn new(limit: u64) -> FreeList {
-        let mut free = BTreeMap::new();
+        let mut free = Blocks::default();
         if limit > 0 {
             free.insert(0, limit);
         }
         FreeList {
             free,
-            live: BTreeMap::new(),
+            live: Blocks::default(),
             limit,
         }
     }
@@ -29,11 +68,11 @@ impl FreeList {
     /// Allocate `bytes` (at least 1) aligned to `align` (a power of two).
     pub fn alloc(&mut self, bytes: u64, align: u64) -> Option<u64> {
         let bytes = bytes.max(1);
-        let (start, len, at) = self.free.iter().find_map(|(&s, &l)| {
+        let (start, len, at) = self.free.iter().find_map(|(s, l)| {
             let at = s.div_ceil(align) * align;
             (at.checked_add(bytes)? <= s + l).then_some((s, l, at))
         })?;
-        self.free.remove(&start);
+        self.free.remove(start);
         if at > start {
             self.free.insert(start, at - start);
         }
@@ -53,13 +92,13 @@ impl FreeList {
         let Some(end) = at.checked_add(bytes) else {
             return false;
         };
-        let Some((&start, &len)) = self.free.range(..=at).next_back() else {
+        let Some((start, len)) = self.free.last_before(at, true) else {
             return false;
         };
         if end > start + len {
             return false;
         }
-        self.free.remove(&start);
+        self.free.remove(start);
         if at > start {
             self.free.insert(start, at - start);
         }
@@ -72,18 +111,18 @@ impl FreeList {
 
     /// Free the allocation starting at `at`; false if there is none.
     pub fn free(&mut self, at: u64) -> bool {
-        let Some(len) = self.live.remove(&at) else {
+        let Some(len) = self.live.remove(at) else {
             return false;
         };
         let (mut start, mut end) = (at, at + len);
-        if let Some((&ps, &pl)) = self.free.range(..at).next_back()
+        if let Some((ps, pl)) = self.free.last_before(at, false)
             && ps + pl == at
         {
-            self.free.remove(&ps);
+            self.free.remove(ps);
             start = ps;
         }
-        if let Some(&nl) = self.free.get(&end) {
-            self.free.remove(&end);
+        if let Some(nl) = self.free.get(end) {
+            self.free.remove(end);
             end += nl;
         }
         self.free.insert(start, end - start);
@@ -92,7 +131,7 @@ impl FreeList {
 
     /// Bytes allocated.
     pub fn used(&self) -> u64 {
-        self.live.values().sum()
+        self.live.iter().map(|(_, l)| l).sum()
     }
 
     pub fn limit(&self) -> u64 {
@@ -101,12 +140,12 @@ impl FreeList {
 
     /// Largest free block.
     pub fn largest_free(&self) -> u64 {
-        self.free.values().copied().max().unwrap_or(0)
+        self.free.iter().map(|(_, l)| l).max().unwrap_or(0)
     }
 
     #[cfg(test)]
     fn free_blocks(&self) -> Vec<(u64, u64)> {
-        self.free.iter().map(|(&s, &l)| (s, l)).collect()
+        self.free.iter().collect()
     }
 }
 
@@ -155,23 +194,32 @@ mod tests {
     }
 
     proptest! {
-        /// Live allocations never overlap and stay in range; after freeing
+        /// Live allocations never overlap and stay in range, and each is
+        /// the lowest aligned address whose bytes are all free (first fit:
+        /// addresses depend only on the requests); after freeing
         /// everything, the free list is one block again.
         #[test]
         fn alloc_free_keeps_invariants(ops in prop::collection::vec((1u64..300, 0u32..4, any::<bool>()), 1..200)) {
             let mut f = FreeList::new(8192);
             let mut live: Vec<(u64, u64)> = Vec::new();
             for (size, align_pow, do_free) in ops {
+                let align = 1u64 << (align_pow * 2);
+                let first_fit = (0..8192u64).step_by(align as usize).find(|&a| {
+                    a + size <= 8192 && live.iter().all(|&(o, l)| a + size <= o || o + l <= a)
+                });
                 if do_free && !live.is_empty() {
                     let (at, _) = live.remove((size as usize) % live.len());
                     prop_assert!(f.free(at));
-                } else if let Some(at) = f.alloc(size, 1 << (align_pow * 2)) {
+                } else if let Some(at) = f.alloc(size, align) {
+                    prop_assert_eq!(Some(at), first_fit);
                     prop_assert_eq!(at % (1 << (align_pow * 2)), 0);
                     prop_assert!(at + size <= 8192);
                     for &(o, l) in &live {
                         prop_assert!(at + size <= o || o + l <= at, "overlap");
                     }
                     live.push((at, size));
+                } else {
+                    prop_assert_eq!(first_fit, None);
                 }
                 prop_assert_eq!(f.used(), live.iter().map(|x| x.1).sum::<u64>());
                 let blocks = f.free_blocks();

@@ -36,10 +36,26 @@
 
 use kb_format::{Addr, Dtype};
 
-use crate::kernel::{Block, Group, LoadHandle, Notify, Operand, SignalOp, TensorArg, Tl};
+use crate::kernel::{Block, Group, LoadHandle, Notify, Operand, Pending, SignalOp, TensorArg, Tl};
 use crate::machine::PeCoord;
 use crate::runtime::{Placement, Policy};
 use crate::workload::{Program, TensorId, WorkloadError};
+
+/// A tree reduction's running value: the own tile, then a sum (no box per
+/// tile).
+enum Acc {
+    Own(crate::kernel::Tile),
+    Sum(Pending),
+}
+
+impl Acc {
+    fn operand(&self) -> &dyn Operand {
+        match self {
+            Acc::Own(t) => t,
+            Acc::Sum(s) => s,
+        }
+    }
+}
 
 /// How an all-reduce moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -547,7 +563,7 @@ impl<'a> Comm<'a> {
                 )
                 .collect();
             // Sums made at one step, sent at the next.
-            let mut sums: Vec<Option<Box<dyn Operand>>> = (0..ntiles).map(|_| None).collect();
+            let mut sums: Vec<Option<Pending>> = (0..ntiles).map(|_| None).collect();
             // This step's input tiles, loaded ahead.
             let mut inputs: Vec<Option<LoadHandle>> = (0..ntiles).map(|_| None).collect();
             let total = steps.len() as u64 * ntiles;
@@ -579,7 +595,7 @@ impl<'a> Comm<'a> {
                     if n > 0 {
                         if reducing && step > 0 {
                             let sum = sums[t as usize].take().expect("made at the step before");
-                            self.send(tl, sum.as_ref(), Channel::Ring, right);
+                            self.send(tl, &sum, Channel::Ring, right);
                         } else if reducing || !reduce && step == 0 {
                             self.send_block(tl, src(r0, n), Channel::Ring, right);
                         } else {
@@ -602,16 +618,23 @@ impl<'a> Comm<'a> {
                     if self.arrived(tl, Channel::Ring) {
                         let slot = self.recv(tl, Channel::Ring, n, cols, dtype);
                         if reducing {
-                            let mine: Box<dyn Operand> = match inputs[t as usize].take() {
-                                Some(h) => Box::new(tl.wait(h)),
-                                None => Box::new(src(r0, n)),
+                            let (waited, block);
+                            let mine: &dyn Operand = match inputs[t as usize].take() {
+                                Some(h) => {
+                                    waited = tl.wait(h);
+                                    &waited
+                                }
+                                None => {
+                                    block = src(r0, n);
+                                    &block
+                                }
                             };
-                            let sum = tl.add(&slot, mine.as_ref());
+                            let sum = tl.add(&slot, mine);
                             if c == k {
                                 // Chunk k is complete here.
                                 tl.store(dst(r0, n), &sum);
                             } else {
-                                sums[t as usize] = Some(Box::new(sum));
+                                sums[t as usize] = Some(sum);
                             }
                         } else {
                             tl.store(dst(r0, n), &slot);
@@ -625,16 +648,18 @@ impl<'a> Comm<'a> {
                     // Nothing is ready: hand back credits, then wait for a
                     // message or a credit.
                     self.flush_all(tl);
-                    let mut any = Vec::with_capacity(2);
+                    let (mut any, mut k) = ([(0, 0); 2], 0);
                     if next_recv < total.min(next_send) {
                         let r = self.region(Channel::Ring);
-                        any.push((self.filled(r), self.received[r] + 1));
+                        any[k] = (self.filled(r), self.received[r] + 1);
+                        k += 1;
                     }
                     if next_send < total.min(next_recv + window) {
                         let m = self.sent[Channel::Ring.link()];
-                        any.push((self.credit(Channel::Ring.link()), m + 1 - self.depth));
+                        any[k] = (self.credit(Channel::Ring.link()), m + 1 - self.depth);
+                        k += 1;
                     }
-                    tl.wait_any(&any);
+                    tl.wait_any(&any[..k]);
                 }
             }
             s0 += seg;
@@ -689,21 +714,24 @@ impl<'a> Comm<'a> {
                     let (r1, n1) = span(t + 1);
                     next = Some(tl.load_async(din.block(r1, n1)));
                 }
-                let mut acc: Box<dyn Operand> = Box::new(own);
+                // The own tile, then its sums with the children's (each
+                // dropped, its TCM freed, as soon as the next is made).
+                let mut acc = Acc::Own(own);
                 if reduce {
                     for &(c, child) in &down_to {
                         let slot = self.recv(tl, Channel::Up(c), n, cols, dtype);
-                        acc = Box::new(tl.add(&slot, acc.as_ref()));
+                        acc = Acc::Sum(tl.add(&slot, acc.operand()));
                         self.consumed(tl, Channel::Up(c), child);
                     }
                 }
+                let acc = acc.operand();
                 match up {
-                    Some((to, c)) if reduce => self.send(tl, acc.as_ref(), Channel::Up(c), to),
+                    Some((to, c)) if reduce => self.send(tl, acc, Channel::Up(c), to),
                     _ => {
                         // The root: the result, stored and sent down.
-                        tl.store(dout.block(r0, n), acc.as_ref());
+                        tl.store(dout.block(r0, n), acc);
                         for &(c, child) in &down_to {
-                            self.send(tl, acc.as_ref(), Channel::Down(c), child);
+                            self.send(tl, acc, Channel::Down(c), child);
                         }
                     }
                 }

@@ -142,6 +142,134 @@ impl From<SnapshotParts> for Snapshot {
     }
 }
 
+thread_local! {
+    /// Snapshots' allocations (the `Arc` and its two vectors, emptied)
+    /// that their last holder dropped on this thread, for the next
+    /// snapshot: a load takes one and its tile gives it back, so a run in
+    /// steady state allocates none. Per thread, so no lock: with the
+    /// coroutine executor kernels drop their tiles on the simulation
+    /// thread; with the thread executor a kernel thread keeps at most
+    /// [`SPARE_SNAPSHOTS`] and the simulation allocates.
+    static SPARE: std::cell::RefCell<Vec<Arc<SnapshotParts>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+    /// Whether this thread makes snapshots (and so keeps spares).
+    static TAKES_SNAPSHOTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+thread_local! {
+    /// Buffers of bytes a kernel made itself (`OwnBytes`) whose snapshot
+    /// went, by size: a masked load's padded tile takes one of its size
+    /// instead of allocating.
+    static SPARE_BUFFERS: std::cell::RefCell<SpareBuffers> =
+        const { std::cell::RefCell::new(SpareBuffers { by_len: Vec::new(), bytes: 0, takes: false }) };
+}
+
+/// Unshared pages by length (few lengths: a kernel's tile shapes), and
+/// the bytes they hold.
+#[derive(Debug)]
+struct SpareBuffers {
+    by_len: Vec<(usize, Vec<Page>)>,
+    bytes: usize,
+    /// This thread makes own bytes: only then are buffers kept (a kernel
+    /// thread of the thread executor that only drops tiles keeps none).
+    takes: bool,
+}
+
+/// The most bytes of spare buffers kept per thread: enough for the masked
+/// tiles in flight on every PE of `large` (gemm_tiled's edge tiles).
+const SPARE_BUFFER_BYTES: usize = 16 << 20;
+
+impl SpareBuffers {
+    fn take(&mut self, len: usize) -> Option<Page> {
+        self.takes = true;
+        let (_, pages) = self.by_len.iter_mut().find(|(l, _)| *l == len)?;
+        let page = pages.pop()?;
+        self.bytes -= len;
+        Some(page)
+    }
+
+    fn keep(&mut self, page: Page) {
+        let len = page.len();
+        if !self.takes || self.bytes + len > SPARE_BUFFER_BYTES {
+            return;
+        }
+        self.bytes += len;
+        match self.by_len.iter_mut().find(|(l, _)| *l == len) {
+            Some((_, pages)) => pages.push(page),
+            None => self.by_len.push((len, vec![page])),
+        }
+    }
+}
+
+/// Bytes a kernel makes itself (a masked load's padded tile), written
+/// through [`OwnBytes::bytes_mut`] and then held by a snapshot
+/// ([`Snapshot::from_own`]).
+#[derive(Debug)]
+pub struct OwnBytes(Page);
+
+impl OwnBytes {
+    /// `len` bytes (at least 1): a spare buffer of that size where one is
+    /// at hand (its bytes are stale: write them all), else zeros.
+    pub fn new(len: usize) -> OwnBytes {
+        let spare = SPARE_BUFFERS
+            .try_with(|s| s.borrow_mut().take(len))
+            .ok()
+            .flatten();
+        OwnBytes(spare.unwrap_or_else(|| Arc::new(vec![0u8; len].into_boxed_slice())))
+    }
+
+    /// The bytes, to write.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        Arc::get_mut(&mut self.0).expect("own bytes are not shared yet")
+    }
+}
+
+/// Spare snapshots kept per thread (enough for the tiles in flight on a
+/// large machine), and the most parts one may hold to be kept (about
+/// 50 KiB).
+const SPARE_SNAPSHOTS: usize = 1024;
+const SPARE_PARTS: usize = 4096;
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        if let Some(mut a) = self.0.take()
+            && let Some(p) = Arc::get_mut(&mut a)
+            && p.parts.capacity() <= SPARE_PARTS
+        {
+            // A kernel's own bytes that only this snapshot holds can be a
+            // later kernel's buffer (a page of the plane's size is taken
+            // for a plane page since replaced, and left to go).
+            for page in p.pages.drain(..) {
+                if page.len() < PAGE && Arc::strong_count(&page) == 1 && Arc::weak_count(&page) == 0
+                {
+                    let _ = SPARE_BUFFERS.try_with(|s| s.borrow_mut().keep(page));
+                }
+            }
+            p.parts.clear();
+            p.len = 0;
+            // `try_with`: a thread's pool may already be gone as it exits.
+            // Kept only on a thread that makes snapshots (a kernel thread
+            // of the thread executor that only drops tiles keeps none).
+            let _ = SPARE.try_with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len() < SPARE_SNAPSHOTS && TAKES_SNAPSHOTS.get() {
+                    s.push(a);
+                }
+            });
+        }
+    }
+}
+
+/// An empty, unshared snapshot allocation: a spare one where there is one.
+fn spare_parts() -> Arc<SnapshotParts> {
+    TAKES_SNAPSHOTS.set(true);
+    SPARE
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// Equal bytes (however they are held).
 impl PartialEq for Snapshot {
     fn eq(&self, other: &Snapshot) -> bool {
@@ -153,16 +281,32 @@ impl Eq for Snapshot {}
 
 impl Snapshot {
     /// A snapshot of bytes that lie in no plane (a kernel's own).
+    /// A snapshot of a kernel's own bytes, held where they were written.
+    pub fn from_own(bytes: OwnBytes) -> Snapshot {
+        let n = u32::try_from(bytes.0.len()).expect("a tile is under 4 GiB");
+        if n == 0 {
+            return Snapshot(None);
+        }
+        let mut arc = spare_parts();
+        let snap = Arc::get_mut(&mut arc).expect("a spare snapshot is not shared");
+        snap.pages.push(bytes.0);
+        snap.parts.push((0, 0, n));
+        snap.len = n as usize;
+        Snapshot(Some(arc))
+    }
+
     pub fn from_vec(bytes: Vec<u8>) -> Snapshot {
         let len = bytes.len();
-        let mut snap = SnapshotParts::default();
-        if len > 0 {
-            let n = u32::try_from(len).expect("a tile is under 4 GiB");
-            snap.pages.push(Arc::new(bytes.into_boxed_slice()));
-            snap.parts.push((0, 0, n));
-            snap.len = len;
+        if len == 0 {
+            return Snapshot(None);
         }
-        snap.into()
+        let n = u32::try_from(len).expect("a tile is under 4 GiB");
+        let mut arc = spare_parts();
+        let snap = Arc::get_mut(&mut arc).expect("a spare snapshot is not shared");
+        snap.pages.push(Arc::new(bytes.into_boxed_slice()));
+        snap.parts.push((0, 0, n));
+        snap.len = len;
+        Snapshot(Some(arc))
     }
 }
 
@@ -382,11 +526,17 @@ impl FingerprintCache {
             return c.fingerprint;
         }
         let fingerprint = hash();
-        *slot = Some(CachedPrint {
-            pages: snap.pages.iter().map(Arc::downgrade).collect(),
-            parts: snap.parts.clone(),
+        // A filled slot's vectors are reused (no allocation per miss).
+        let c = slot.get_or_insert_with(|| CachedPrint {
+            pages: Vec::new(),
+            parts: Vec::new(),
             fingerprint,
         });
+        c.pages.clear();
+        c.pages.extend(snap.pages.iter().map(Arc::downgrade));
+        c.parts.clear();
+        c.parts.extend_from_slice(&snap.parts);
+        c.fingerprint = fingerprint;
         fingerprint
     }
 }
@@ -649,11 +799,10 @@ impl DataPlane {
             parts += rows + ((rows * len) >> PAGE_BITS) + 1;
             pages += (span >> PAGE_BITS) + 2;
         }
-        let mut snap = SnapshotParts {
-            pages: Vec::with_capacity(pages.min(parts) as usize),
-            parts: Vec::with_capacity(parts as usize),
-            len: 0,
-        };
+        let mut arc = spare_parts();
+        let snap = Arc::get_mut(&mut arc).expect("a spare snapshot is not shared");
+        snap.pages.reserve(pages.min(parts) as usize);
+        snap.parts.reserve(parts as usize);
         // Rows of a tile share pages: look each page up once in a row.
         let mut last: Option<(u64, Option<&Page>)> = None;
         for x in pieces {
@@ -663,13 +812,16 @@ impl DataPlane {
             for r in 0..rows {
                 let pa = x.pa + r * stride;
                 if landed {
-                    self.push_row(pa, len, &mut snap, &mut last);
+                    self.push_row(pa, len, snap, &mut last);
                 } else {
-                    self.push_pages(pa, len, &mut snap, &mut last);
+                    self.push_pages(pa, len, snap, &mut last);
                 }
             }
         }
-        snap.into()
+        let empty = snap.len == 0;
+        let snap = Snapshot(Some(arc));
+        // An empty snapshot holds nothing (its allocation goes back).
+        if empty { Snapshot(None) } else { snap }
     }
 
     /// Whether any landed range overlaps `[pa, pa+len)`.
@@ -1401,6 +1553,71 @@ mod tests {
         d.write(21_050, &[77; 4]);
         let snap = d.snapshot(&src);
         assert_eq!(d.land(&dst, &snap, true), Some(expect(&d)));
+    }
+
+    /// A snapshot's allocation goes back to the pool only when its last
+    /// holder drops it: one still shared keeps its bytes.
+    #[test]
+    fn a_dropped_snapshot_is_reused_and_a_shared_one_is_not() {
+        let ptr = |s: &Snapshot| Arc::as_ptr(s.0.as_ref().expect("not empty"));
+        let mut d = DataPlane::new();
+        d.write(0, &[7u8; 300]);
+        let a = d.snapshot(&[Extent::contiguous(0, 300)]);
+        let kept = a.clone();
+        let p = ptr(&a);
+        drop(a);
+        let b = d.snapshot(&[Extent::contiguous(0, 300)]);
+        assert_ne!(ptr(&b), p, "still held: not reused");
+        assert_eq!(kept.to_vec(), vec![7u8; 300]);
+        drop(kept);
+        let c = d.snapshot(&[Extent::contiguous(100, 50)]);
+        assert_eq!(ptr(&c), p, "the last holder gave it back");
+        assert_eq!(c.to_vec(), vec![7u8; 50]);
+        assert_eq!(b.to_vec(), vec![7u8; 300]);
+    }
+
+    /// With the thread executor a kernel thread drops tiles it did not
+    /// make: it keeps no spares (each such thread would hold up to the
+    /// pool's bound); the thread that makes snapshots does.
+    #[test]
+    fn only_a_thread_that_makes_snapshots_keeps_spares() {
+        let mut d = DataPlane::new();
+        d.write(0, &[1u8; 64]);
+        let x = [Extent::contiguous(0, 64)];
+        let snaps: Vec<Snapshot> = (0..4).map(|_| d.snapshot(&x)).collect();
+        let kept = std::thread::spawn(move || {
+            drop(snaps);
+            SPARE.with(|s| s.borrow().len())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(kept, 0);
+        drop(d.snapshot(&x));
+        assert_eq!(SPARE.with(|s| s.borrow().len()), 1);
+    }
+
+    /// A kernel's own bytes go back for a later buffer of their size once
+    /// their snapshot is dropped, never while it is held.
+    #[test]
+    fn own_bytes_are_reused_once_their_snapshot_is_gone() {
+        let own = |len: usize, v: u8| {
+            let mut b = OwnBytes::new(len);
+            b.bytes_mut().fill(v);
+            let p = Arc::as_ptr(&b.0);
+            (Snapshot::from_own(b), p)
+        };
+        let (a, pa) = own(100, 1);
+        let (b, pb) = own(100, 2);
+        assert_ne!(pa, pb, "a held buffer is not handed out again");
+        drop(a);
+        let (c, pc) = own(64, 3);
+        assert_ne!(pc, pa, "only a buffer of the same size");
+        let (d, pd) = own(100, 4);
+        assert_eq!(pd, pa, "the dropped one, rewritten");
+        assert_eq!(
+            (b.to_vec(), c.to_vec(), d.to_vec()),
+            (vec![2; 100], vec![3; 64], vec![4; 100])
+        );
     }
 
     #[test]

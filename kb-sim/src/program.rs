@@ -2,7 +2,9 @@
 //! resumed when it completes. (The kernels issue replaces hand-written
 //! programs with `tl` kernels driven by a KernelRunner through this seam.)
 
-use kb_format::{Dtype, GemmParams, MathParams, MemoryParams, OpKind, Params, Ps, Space};
+use kb_format::{
+    Dtype, GemmParams, MathInput, MathParams, MemoryParams, OpKind, Params, Ps, Space,
+};
 
 use crate::machine::PeCoord;
 
@@ -108,6 +110,62 @@ impl DataOp for GemmParams {
     fn params(&self) -> Params {
         Params::Gemm(*self)
     }
+}
+
+thread_local! {
+    /// Math ops' input vectors, emptied, for the kernels' next math ops on
+    /// this thread: the engine copies a finished op's inputs into a vector
+    /// the trace writer handed back and returns the kernel's here, so a
+    /// run on the coroutine executor allocates none per math op (with the
+    /// thread executor a kernel thread finds none and allocates).
+    static MATH_INPUTS: Spare<MathInput> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Signal lists of finished waits (`Command::WaitSignal`), likewise.
+    static SIGNAL_LISTS: Spare<(u32, u64)> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Emptied vectors kept for reuse on one thread.
+type Spare<T> = std::cell::RefCell<Vec<Vec<T>>>;
+
+/// Spare vectors kept per thread, of each kind.
+const SPARE_VECS: usize = 256;
+
+/// An empty vector: a spare one from `pool` where there is one.
+fn take_spare<T: 'static>(pool: &'static std::thread::LocalKey<Spare<T>>) -> Vec<T> {
+    pool.try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Keep `v`, emptied, in `pool` (if it has room).
+fn keep_spare<T: 'static>(pool: &'static std::thread::LocalKey<Spare<T>>, mut v: Vec<T>) {
+    v.clear();
+    let _ = pool.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_VECS && v.capacity() > 0 {
+            s.push(v);
+        }
+    });
+}
+
+/// An empty vector for a math op's inputs: a spare one where there is one.
+pub fn math_inputs() -> Vec<MathInput> {
+    take_spare(&MATH_INPUTS)
+}
+
+/// Keep `v`, emptied, for a later math op on this thread.
+pub fn spare_math_inputs(v: Vec<MathInput>) {
+    keep_spare(&MATH_INPUTS, v)
+}
+
+/// An empty vector for a wait's signal list: a spare one where there is one.
+pub fn signal_list() -> Vec<(u32, u64)> {
+    take_spare(&SIGNAL_LISTS)
+}
+
+/// Keep `v`, emptied, for a later wait on this thread.
+pub fn spare_signal_list(v: Vec<(u32, u64)>) {
+    keep_spare(&SIGNAL_LISTS, v)
 }
 
 impl DataOp for MathParams {

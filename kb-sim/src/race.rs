@@ -36,7 +36,15 @@ pub struct Clocks {
     /// Per thread: its clock as last snapshotted, until it acquires again
     /// (a release changes only the own component, which checks never read).
     snap: Vec<Option<Rc<[u32]>>>,
+    /// Snapshots replaced by an acquire: once no op holds one any more,
+    /// a later snapshot reuses its allocation.
+    retired: Vec<Rc<[u32]>>,
+    /// Published clocks handed back once joined, for later releases.
+    spare: Vec<Vec<u32>>,
 }
+
+/// Retired snapshots and spare published clocks kept at most.
+const SPARE_CLOCKS: usize = 64;
 
 impl Clocks {
     /// Clocks of `threads` threads: each at 1 in its own component (its
@@ -53,6 +61,8 @@ impl Clocks {
         Clocks {
             vc,
             snap: vec![None; threads],
+            retired: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -64,17 +74,40 @@ impl Clocks {
     /// `t`'s clock, shared until it next acquires.
     pub fn snapshot(&mut self, t: u32) -> Rc<[u32]> {
         let t = t as usize;
-        self.snap[t]
-            .get_or_insert_with(|| self.vc[t].as_slice().into())
-            .clone()
+        if self.snap[t].is_none() {
+            // A retired snapshot that nothing holds any more, if any.
+            let free = self.retired.iter().position(|r| Rc::strong_count(r) == 1);
+            let snap = match free {
+                Some(i) => {
+                    let mut r = self.retired.swap_remove(i);
+                    Rc::get_mut(&mut r)
+                        .expect("held only here")
+                        .copy_from_slice(&self.vc[t]);
+                    r
+                }
+                None => self.vc[t].as_slice().into(),
+            };
+            self.snap[t] = Some(snap);
+        }
+        self.snap[t].clone().expect("set above")
     }
 
     /// Publish `t`'s clock and advance its own component.
     pub fn release(&mut self, t: u32) -> Vec<u32> {
         let t = t as usize;
-        let published = self.vc[t].clone();
+        let mut published = self.spare.pop().unwrap_or_default();
+        published.clear();
+        published.extend_from_slice(&self.vc[t]);
         self.vc[t][t] = self.vc[t][t].saturating_add(1);
         published
+    }
+
+    /// A published clock that was joined where it went, for a later
+    /// release to reuse.
+    pub fn give_back(&mut self, published: Vec<u32>) {
+        if self.spare.len() < SPARE_CLOCKS {
+            self.spare.push(published);
+        }
     }
 
     /// Join a published clock into `t`'s.
@@ -87,8 +120,11 @@ impl Clocks {
                 changed = true;
             }
         }
-        if changed {
-            self.snap[t] = None;
+        if changed
+            && let Some(old) = self.snap[t].take()
+            && self.retired.len() < SPARE_CLOCKS
+        {
+            self.retired.push(old);
         }
     }
 }
@@ -194,6 +230,9 @@ struct Bucket {
     /// Per read group: (thread, at most its least label; not raised on
     /// removal), apart from the ids so that skipping groups reads little.
     read_keys: Vec<(u32, u32)>,
+    /// The groups, `read_keys`' in order; those past them are empty and
+    /// kept with their vectors for the next threads (a group goes and
+    /// comes back as a thread's reads do).
     reads: Vec<ReadGroup>,
 }
 
@@ -218,7 +257,7 @@ fn take_id(ids: &mut Vec<u32>, id: u32) -> bool {
 
 impl Bucket {
     fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.reads.is_empty()
+        self.writes.is_empty() && self.read_keys.is_empty()
     }
 
     /// Add entry `id` (`e`), which starts in this bucket when `head`.
@@ -231,8 +270,10 @@ impl Bucket {
             Some(gi) => gi,
             None => {
                 self.read_keys.push((e.thread, e.label));
-                self.reads.push(ReadGroup::default());
-                self.reads.len() - 1
+                if self.reads.len() < self.read_keys.len() {
+                    self.reads.push(ReadGroup::default());
+                }
+                self.read_keys.len() - 1
             }
         };
         let key = &mut self.read_keys[gi];
@@ -256,7 +297,9 @@ impl Bucket {
                 take_id(&mut g.rest, id);
             }
             if g.heads.is_empty() && g.rest.is_empty() {
-                self.reads.swap_remove(gi);
+                // The last group takes its place; it goes to the spares.
+                let last = self.read_keys.len() - 1;
+                self.reads.swap(gi, last);
                 self.read_keys.swap_remove(gi);
             }
         }
@@ -782,5 +825,30 @@ mod tests {
         let mut j = vec![1, 7];
         join(&mut j, &[3, 2, 4]);
         assert_eq!(j, vec![3, 7, 4]);
+    }
+
+    /// Replaced snapshots are reused only once no one holds them, and a
+    /// published clock given back is reused by the next release; neither
+    /// shows in the values.
+    #[test]
+    fn clock_allocations_are_reused_only_when_free() {
+        let mut c = Clocks::new(2);
+        let held = c.snapshot(0);
+        c.acquire(0, &[0, 3]);
+        let second = c.snapshot(0);
+        assert!(!Rc::ptr_eq(&held, &second), "the first is still held");
+        assert_eq!((&*held, &*second), (&[1, 0][..], &[1, 3][..]));
+        let first = Rc::as_ptr(&held);
+        drop(held);
+        c.acquire(0, &[0, 4]);
+        let third = c.snapshot(0);
+        assert_eq!(Rc::as_ptr(&third), first, "reused once free");
+        assert_eq!(&*third, &[1, 4]);
+        assert_eq!(&*second, &[1, 3], "a held snapshot keeps its value");
+        let p = c.release(1);
+        let ptr = p.as_ptr();
+        c.give_back(p);
+        let q = c.release(1);
+        assert_eq!((q.as_ptr(), q), (ptr, vec![0, 2]));
     }
 }

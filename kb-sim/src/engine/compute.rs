@@ -42,8 +42,8 @@ pub(super) struct Compute {
     /// The PE's TCM, where operands are read and the result written.
     pub(super) tcm: NodeId,
     pub(super) work_ps: Ps,
-    /// Operand tiles in TCM, in order, and the result tile.
-    pub(super) inputs: Vec<Extent>,
+    /// The result tile in TCM; the operand tiles, in order, are the read
+    /// effect's ranges.
     pub(super) out: Extent,
     pub(super) read: Option<Effect>,
     pub(super) write: Option<Effect>,
@@ -78,6 +78,13 @@ impl From<ComputeAct> for Act {
 pub(super) enum ComputeOp {
     Gemm(Labeled<GemmParams>),
     Math(Labeled<MathParams>),
+}
+
+impl Compute {
+    /// Operand tiles in TCM, in order.
+    pub(super) fn inputs(&self) -> &[Extent] {
+        self.read.as_ref().map_or(&[], |e| &e.ranges)
+    }
 }
 
 impl ComputeOp {
@@ -123,7 +130,10 @@ impl<W: Write> Engine<'_, W> {
         let tile = |a: kb_format::Addr, rows: u32, cols: u32, d: Dtype| {
             Extent::contiguous(a.addr, rows as u64 * cols as u64 * d.size() as u64)
         };
-        let (inputs, out, unit_kind, work_ps) = match &op {
+        // The operands become the read effect: a vector an emitted record
+        // handed back.
+        let mut inputs = self.log.writer.take_ranges();
+        let (out, unit_kind, work_ps) = match &op {
             ComputeOp::Gemm(Labeled { op: g, .. }) => {
                 let (ar, ac) = if g.transpose_a {
                     (g.k, g.m)
@@ -135,7 +145,8 @@ impl<W: Write> Engine<'_, W> {
                 } else {
                     (g.k, g.n)
                 };
-                let mut inputs = vec![tile(g.a, ar, ac, g.dtype_in), tile(g.b, br, bc, g.dtype_in)];
+                inputs.push(tile(g.a, ar, ac, g.dtype_in));
+                inputs.push(tile(g.b, br, bc, g.dtype_in));
                 if let Some(acc) = g.acc {
                     inputs.push(tile(acc, g.m, g.n, g.dtype_acc));
                 }
@@ -143,15 +154,9 @@ impl<W: Write> Engine<'_, W> {
                 let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64;
                 let ps =
                     ((flops / tflops).ceil() as Ps).saturating_add(ns_to_ps(t.pe_gemm.setup_ns.0));
-                (
-                    inputs,
-                    tile(g.out, g.m, g.n, g.dtype_out),
-                    NodeKind::PeGemm,
-                    ps,
-                )
+                (tile(g.out, g.m, g.n, g.dtype_out), NodeKind::PeGemm, ps)
             }
             ComputeOp::Math(Labeled { op: m, .. }) => {
-                let mut inputs = Vec::new();
                 let mut elems = m.rows as u64 * m.cols as u64;
                 for i in &m.inputs {
                     if let MathInput::Tile {
@@ -168,12 +173,7 @@ impl<W: Write> Engine<'_, W> {
                 let gflops = rate(&t.pe_math.gflops, math_rate_dtype(m));
                 let ps = ((elems as f64 * 1000.0 / gflops).ceil() as Ps)
                     .saturating_add(ns_to_ps(t.pe_math.setup_ns.0));
-                (
-                    inputs,
-                    tile(m.out, m.rows, m.cols, m.dtype),
-                    NodeKind::PeMath,
-                    ps,
-                )
+                (tile(m.out, m.rows, m.cols, m.dtype), NodeKind::PeMath, ps)
             }
         };
         for x in inputs.iter().chain([&out]) {
@@ -191,8 +191,9 @@ impl<W: Write> Engine<'_, W> {
             }
         }
         let op_id = self.new_op_id();
-        let mut deps = Vec::new();
-        let mut waiting_on = Vec::new();
+        let mut deps = self.log.writer.take_deps();
+        let mut waiting_on = std::mem::take(&mut self.waiting_scratch);
+        waiting_on.clear();
         for x in &inputs {
             if let Some(p) = self.producers.get(&x.pa).copied() {
                 if !deps.contains(&p.op_id) {
@@ -220,22 +221,25 @@ impl<W: Write> Engine<'_, W> {
         let name = op.decl().op_name();
         self.race_check(pe, &inputs, false, op_id, name, &hb)?;
         self.race_check(pe, &[out], true, op_id, name, &hb)?;
-        let read = self.effect(inputs.clone());
-        let write = self.effect(vec![out]);
-        match constant_fill(&op) {
+        let read = self.effect(inputs);
+        let mut outs = self.log.writer.take_ranges();
+        outs.push(out);
+        let write = self.effect(outs);
+        let mut fill = std::mem::take(&mut self.fill_scratch);
+        if constant_fill(&op, &mut fill) {
             // A fill's value is known now: Phase 1 materializes it (the op
             // is still recorded and replayed), so masked tiles stay readable.
-            Some(bytes) => self.data.write(out.pa, &bytes),
-            None => {
-                self.data.register_writer(crate::program::Writer {
-                    op_id,
-                    op_name: op.decl().op_name(),
-                    pe: pc,
-                    time: now,
-                });
-                self.data.mark_pending(out.pa, out.len, op_id)
-            }
+            self.data.write(out.pa, &fill);
+        } else {
+            self.data.register_writer(crate::program::Writer {
+                op_id,
+                op_name: op.decl().op_name(),
+                pe: pc,
+                time: now,
+            });
+            self.data.mark_pending(out.pa, out.len, op_id)
         }
+        self.fill_scratch = fill;
         let unit = self.m.pe_node(pc, unit_kind);
         let tcm = self.m.pe_node(pc, NodeKind::Tcm);
         let c = self.computes.insert(Compute {
@@ -245,20 +249,20 @@ impl<W: Write> Engine<'_, W> {
             unit,
             tcm,
             work_ps,
-            inputs,
             out,
             read: Some(read),
             write: Some(write),
             out_pa: out.pa,
             deps,
             waiting_on: waiting_on.len() as u32,
-            dependents: Vec::new(),
+            dependents: self.dependents_spare.pop().unwrap_or_default(),
             open: None,
             operands_tail: 0,
         });
-        for p in waiting_on {
+        for &p in &waiting_on {
             self.computes.get(p).dependents.push(Waiter::Compute(c));
         }
+        self.waiting_scratch = waiting_on;
         self.producers.insert(
             out.pa,
             Producer {
@@ -287,35 +291,32 @@ impl<W: Write> Engine<'_, W> {
         }
         u.queue.pop_front();
         u.busy = true;
-        let (op, op_id) = {
+        let (name, kind, op_id) = {
             let x = self.computes.get(c);
-            (x.op.clone(), x.op_id)
+            (x.op.decl().op_name(), x.op.decl().op_kind(), x.op_id)
         };
-        let open = self.hook_start(unit, op.decl(), op_id);
+        let open = self.hook_start_named(unit, name, kind, op_id);
         self.computes.get(c).open = Some(open);
         let now = self.q.now();
-        let (tcm, reqs, work) = {
-            let x = self.computes.get(c);
-            let reqs: Vec<Request> = x.inputs.iter().map(tcm_request).collect();
-            (x.tcm, reqs, x.work_ps)
-        };
-        if reqs.is_empty() {
+        let burst = self.burst;
+        let x = self.computes.get(c);
+        if x.inputs().is_empty() {
             // No operands (a fill, an arange): the unit just computes.
+            let work = x.work_ps;
             self.at(now.saturating_add(work), ComputeAct::Done(c));
             return;
         }
-        let burst = self.burst;
-        let port = self.comps[tcm as usize]
+        let port = self.comps[x.tcm as usize]
             .as_mut()
             .expect("TCM has a timing model");
         let mut head = None;
         let mut end = now;
-        for req in &reqs {
-            let s = port.serve_read(now, req, burst);
+        for input in x.inputs() {
+            let s = port.serve_read(now, &tcm_request(input), burst);
             head.get_or_insert(s.head);
             end = end.max(s.end);
         }
-        self.computes.get(c).operands_tail = end;
+        x.operands_tail = end;
         self.at(head.unwrap_or(now), ComputeAct::OperandsHead(c));
     }
 
@@ -326,7 +327,7 @@ impl<W: Write> Engine<'_, W> {
             ComputeAct::OperandsHead(c) => {
                 let (tcm, unit, bytes, tail) = {
                     let x = self.computes.get(c);
-                    let bytes = x.inputs.iter().map(|e| e.bytes()).sum();
+                    let bytes = x.inputs().iter().map(|e| e.bytes()).sum();
                     (x.tcm, x.unit, bytes, x.operands_tail)
                 };
                 let route = self.m.route(tcm, unit);
@@ -374,9 +375,21 @@ impl<W: Write> Engine<'_, W> {
 
     fn finish_compute(&mut self, c: u32) -> Result<(), SimError> {
         let x = self.computes.remove(c);
+        let params = match x.op {
+            ComputeOp::Gemm(g) => g.params(),
+            ComputeOp::Math(m) => {
+                // The record takes a copy in a vector the writer handed
+                // back; the kernel's vector goes back to the kernels.
+                let mut op = m.op;
+                let mut inputs = self.log.writer.take_math_inputs();
+                inputs.extend_from_slice(&op.inputs);
+                crate::program::spare_math_inputs(std::mem::replace(&mut op.inputs, inputs));
+                kb_format::Params::Math(op)
+            }
+        };
         self.hook_end_with_deps(
             x.open.expect("started"),
-            x.op.decl(),
+            params,
             None,
             x.read,
             x.write,
@@ -387,7 +400,8 @@ impl<W: Write> Engine<'_, W> {
         {
             p.running = None;
         }
-        for w in x.dependents {
+        let mut dependents = x.dependents;
+        for &w in &dependents {
             match w {
                 Waiter::Compute(d) => {
                     let dep = self.computes.get(d);
@@ -398,6 +412,8 @@ impl<W: Write> Engine<'_, W> {
                 Waiter::DmaFetch(d) => self.at(self.q.now(), DmaAct::Fetch(d)),
             }
         }
+        dependents.clear();
+        self.dependents_spare.push(dependents);
         let pc = self.m.pe_coord(x.pe as usize);
         let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
         self.send(
@@ -457,27 +473,38 @@ fn math_rate_dtype(m: &kb_format::MathParams) -> Dtype {
 }
 
 /// The bytes of a constant fill (a copy of one scalar over the output) or
-/// an arange, the compute results Phase 1 can know without computing.
-fn constant_fill(op: &ComputeOp) -> Option<Vec<u8>> {
+/// an arange, the compute results Phase 1 can know without computing,
+/// into `out` (emptied first); false for any other op.
+fn constant_fill(op: &ComputeOp, out: &mut Vec<u8>) -> bool {
     let ComputeOp::Math(Labeled { op: m, .. }) = op else {
-        return None;
+        return false;
     };
+    out.clear();
+    let element = |v: f64| crate::kernel::encode_element(m.dtype, v);
     match (m.op, m.inputs.as_slice()) {
         (kb_format::MathOp::Copy, [MathInput::Scalar(v)]) => {
-            let one = crate::kernel::encode(m.dtype, *v);
-            Some(one.repeat(m.rows as usize * m.cols as usize))
+            let (b, n) = element(*v);
+            let total = m.rows as usize * m.cols as usize * n;
+            if total > 0 {
+                out.extend_from_slice(&b[..n]);
+            }
+            // Doubling copies, as `repeat` does.
+            while out.len() < total {
+                let k = (total - out.len()).min(out.len());
+                out.extend_from_within(..k);
+            }
+            true
         }
         (kb_format::MathOp::Arange, []) => {
-            let (rows, cols) = (m.rows as usize, m.cols as usize);
-            let mut out = Vec::with_capacity(rows * cols * m.dtype.size());
-            for i in 0..rows {
-                for j in 0..cols {
+            for i in 0..m.rows as usize {
+                for j in 0..m.cols as usize {
                     let v = if m.axis == Some(0) { i } else { j };
-                    out.extend_from_slice(&crate::kernel::encode(m.dtype, v as f64));
+                    let (b, n) = element(v as f64);
+                    out.extend_from_slice(&b[..n]);
                 }
             }
-            Some(out)
+            true
         }
-        _ => None,
+        _ => false,
     }
 }

@@ -112,6 +112,23 @@ impl Resolved {
     }
 }
 
+/// One side of a DMA for timing: its pieces grouped by serving node. The
+/// vectors are kept from one DMA to the next (`Engine::dma_sides`).
+#[derive(Debug, Default)]
+pub(super) struct Side {
+    groups: Vec<Group>,
+    /// The pieces, group after group, each group's in data order.
+    pieces: Vec<Extent>,
+}
+
+impl Side {
+    /// The pieces of group `g`.
+    fn pieces(&self, g: usize) -> &[Extent] {
+        let (lo, hi) = self.groups[g].pieces;
+        &self.pieces[lo as usize..hi as usize]
+    }
+}
+
 /// Physical pieces of one side served by one node.
 #[derive(Debug)]
 pub(super) struct Group {
@@ -123,7 +140,8 @@ pub(super) struct Group {
     /// Served by this PE's own TCM: no request or acknowledgement (the
     /// engine drives its TCM port); data still crosses its tcm_port link.
     local: bool,
-    pieces: Vec<Extent>,
+    /// Its pieces: `Side::pieces[lo..hi]`.
+    pieces: (u32, u32),
     bytes: u64,
     /// A source part: when its last byte is ready at the source.
     tail: Ps,
@@ -148,8 +166,8 @@ pub(super) struct Dma {
     pub(super) op_id: u64,
     cmd: DmaCmd,
     /// Parts per serving node (timing).
-    src: Vec<Group>,
-    dst: Vec<Group>,
+    src: Side,
+    dst: Side,
     /// Physical pieces in data order (data and effects).
     src_order: Vec<Extent>,
     dst_order: Vec<Extent>,
@@ -224,34 +242,41 @@ impl<W: Write> Engine<'_, W> {
         } else {
             (rows, row_bytes, stride)
         };
+        // The order becomes a record's effect: its vector is one an
+        // emitted record handed back.
+        let mut out = Resolved {
+            order: self.log.writer.take_ranges(),
+            paths: Vec::new(),
+        };
         if self.m.topo.address_model == AddressModel::La && a.space == Space::Hbm {
-            let mut pieces = Resolved::default();
             for r in 0..rows as u64 {
-                self.resolve_la(pe, a.addr + r * stride, row_bytes, &mut pieces)
+                self.resolve_la(pe, a.addr + r * stride, row_bytes, &mut out)
                     .map_err(|e| format!("DMA {side}: {e}"))?;
             }
-            return Ok(pieces);
+            return Ok(out);
         }
         if self.m.topo.address_model == AddressModel::Va && a.space == Space::Hbm {
             let table = &self.mmus[self.m.pe_index(pe)];
-            let folded = match table.extent_within_run(a.addr, rows, row_bytes, stride) {
+            match table.extent_within_run(a.addr, rows, row_bytes, stride) {
                 // Every row in one run of pages: one extent, as folding
                 // the rows' pieces would give.
-                Some(x) => vec![x],
+                Some(x) => out.order.push(x),
                 None => {
-                    let mut pieces = Vec::new();
+                    let mut pieces = std::mem::take(&mut self.va_pieces);
+                    pieces.clear();
                     let mut run = None;
                     for r in 0..rows as u64 {
                         self.translate(pe, a.addr + r * stride, row_bytes, &mut run, &mut pieces)
                             .map_err(|e| format!("DMA {side}: {e}"))?;
                     }
-                    super::mmu::fold_rows(pieces)
+                    super::mmu::fold_rows(&pieces, &mut out.order);
+                    self.va_pieces = pieces;
                 }
-            };
+            }
             // A folded extent that passes has every row pass; only when
             // one does not are its rows checked one by one (a tile can
             // straddle partitions row by row), naming the row at fault.
-            for x in &folded {
+            for x in &out.order {
                 if self.check_pa(pe, side, Space::Hbm, x).is_err() {
                     for r in 0..x.rows.max(1) as u64 {
                         let row = Extent::contiguous(x.pa + r * x.stride, x.len);
@@ -259,10 +284,7 @@ impl<W: Write> Engine<'_, W> {
                     }
                 }
             }
-            return Ok(Resolved {
-                order: folded,
-                paths: Vec::new(),
-            });
+            return Ok(out);
         }
         let x = Extent {
             pa: a.addr,
@@ -271,10 +293,8 @@ impl<W: Write> Engine<'_, W> {
             stride: if rows > 1 { stride } else { 0 },
         };
         self.check_pa(pe, side, a.space, &x)?;
-        Ok(Resolved {
-            order: vec![x],
-            paths: Vec::new(),
-        })
+        out.order.push(x);
+        Ok(out)
     }
 
     /// BAAW (ADR-0011 D-LA4): resolve `len` bytes at `la` through the PE's
@@ -397,39 +417,66 @@ impl<W: Write> Engine<'_, W> {
         Ok(())
     }
 
-    /// Group pieces by serving node, in order of first appearance.
-    fn group(&self, pe: PeCoord, side: &Resolved) -> Vec<Group> {
-        let mut groups: Vec<Group> = Vec::new();
+    /// The serving node of piece `i` of `side`, with its LA path:
+    /// (target, via, channels), the key pieces are grouped by.
+    fn group_key(&self, side: &Resolved, i: usize) -> (NodeId, Option<NodeId>, Option<(u32, u32)>) {
+        let target = self.memory_node(side.order[i].pa);
+        match side.path(i) {
+            Some(LaPath { via, channels }) => (target, Some(via), Some(channels)),
+            None => (target, None, None),
+        }
+    }
+
+    /// Group pieces by serving node, in order of first appearance, into
+    /// `out` (empty; its vectors are reused).
+    fn group(&self, pe: PeCoord, side: &Resolved, out: &mut Side) {
+        let groups = &mut out.groups;
         for (i, &x) in side.order.iter().enumerate() {
-            let path = side.path(i);
-            let p = Pa::decode(x.pa).expect("resolved pieces are PAs");
-            let own_tcm =
-                p.space == Space::Tcm && (p.sip, p.cube, p.pe) == (pe.sip, pe.cube, pe.pe);
-            let target = self.memory_node(x.pa);
-            let (via, channels) = match path {
-                Some(LaPath { via, channels }) => (Some(via), Some(channels)),
-                None => (None, None),
-            };
+            let key = self.group_key(side, i);
             match groups
                 .iter_mut()
-                .find(|g| (g.target, g.via, g.channels) == (target, via, channels))
+                .find(|g| (g.target, g.via, g.channels) == key)
             {
+                // `pieces.1` counts the group's pieces until they are placed.
                 Some(g) => {
                     g.bytes += x.bytes();
-                    g.pieces.push(x);
+                    g.pieces.1 += 1;
                 }
-                None => groups.push(Group {
-                    target,
-                    via,
-                    channels,
-                    local: own_tcm,
-                    bytes: x.bytes(),
-                    pieces: vec![x],
-                    tail: 0,
-                }),
+                None => {
+                    let p = Pa::decode(x.pa).expect("resolved pieces are PAs");
+                    let own_tcm =
+                        p.space == Space::Tcm && (p.sip, p.cube, p.pe) == (pe.sip, pe.cube, pe.pe);
+                    groups.push(Group {
+                        target: key.0,
+                        via: key.1,
+                        channels: key.2,
+                        local: own_tcm,
+                        bytes: x.bytes(),
+                        pieces: (0, 1),
+                        tail: 0,
+                    })
+                }
             }
         }
-        groups
+        // Each group's range of the pieces, then the pieces group by group
+        // (one group, the common case: the data order as it is).
+        let mut at = 0;
+        for g in groups.iter_mut() {
+            g.pieces = (at, at + g.pieces.1);
+            at = g.pieces.1;
+        }
+        if groups.len() == 1 {
+            out.pieces.extend_from_slice(&side.order);
+        } else {
+            for g in groups.iter() {
+                let key = (g.target, g.via, g.channels);
+                for (i, &x) in side.order.iter().enumerate() {
+                    if self.group_key(side, i) == key {
+                        out.pieces.push(x);
+                    }
+                }
+            }
+        }
     }
 
     /// Issue a DMA; a store or copy applies its data effects now. A copy
@@ -451,9 +498,12 @@ impl<W: Write> Engine<'_, W> {
             (Err(e), _) | (_, Err(e)) => return Err(self.kernel_err(pc, e)),
         };
         // Data and effects follow the pieces in order; groups are timing.
-        let (src_groups, dst_groups) = (self.group(pc, &src), self.group(pc, &dst));
+        let mut src_side = self.dma_sides.pop().unwrap_or_default();
+        let mut dst_side = self.dma_sides.pop().unwrap_or_default();
+        self.group(pc, &src, &mut src_side);
+        self.group(pc, &dst, &mut dst_side);
         let (src_order, dst_order) = (src.order, dst.order);
-        let (src, dst) = (src_groups, dst_groups);
+        let (src, dst) = (src_side, dst_side);
         if let Some(n) = notify {
             self.check_pe(pc, n.pe, "notify")?;
         }
@@ -503,12 +553,11 @@ impl<W: Write> Engine<'_, W> {
     /// (a compute result) make the matching destination bytes pending,
     /// naming the same writer.
     fn apply_at_issue(&mut self, d: u32) -> Result<(), SimError> {
-        let (src, dst) = {
-            let x = self.dmas.get(d);
-            // The source order's last use; the destination's is DstWrite.
-            (std::mem::take(&mut x.src_order), x.dst_order.clone())
-        };
-        let mut unknown = Vec::new();
+        // Both orders become the effects.
+        let src = std::mem::take(&mut self.dmas.get(d).src_order);
+        let dst = std::mem::take(&mut self.dmas.get(d).dst_order);
+        let mut unknown = std::mem::take(&mut self.unknown_scratch);
+        unknown.clear();
         self.data.unknown_in(&src, &mut unknown);
         let moved: u64 = src.iter().map(Extent::bytes).sum();
         let fingerprint = if moved > 0 && unknown.iter().map(|u| u.len as u64).sum::<u64>() == moved
@@ -522,6 +571,7 @@ impl<W: Write> Engine<'_, W> {
             self.data.land(&dst, &snap, unknown.is_empty())
         };
         self.data.mark_unknown(&dst, &unknown);
+        self.unknown_scratch = unknown;
         self.dma_race_check(d, &src, false)?;
         let read = self.effect(src);
         self.dma_race_check(d, &dst, true)?;
@@ -548,12 +598,13 @@ impl<W: Write> Engine<'_, W> {
     /// served by the part's node.
     fn serve_part_read(&mut self, d: u32, group: usize) -> Streamed {
         let (now, burst) = (self.q.now(), self.burst);
-        let g = &self.dmas.get(d).src[group];
+        let side = &self.dmas.get(d).src;
+        let g = &side.groups[group];
         let c = self.comps[g.target as usize]
             .as_mut()
             .expect("node has a timing model");
         let mut out: Option<Streamed> = None;
-        for x in &g.pieces {
+        for x in side.pieces(group) {
             let s = c.serve_read(now, &g.request(x), burst);
             out = Some(match out {
                 None => s,
@@ -573,12 +624,13 @@ impl<W: Write> Engine<'_, W> {
     /// returns when the last piece is written.
     fn serve_part_write(&mut self, d: u32, group: usize, head: Ps) -> Ps {
         let (now, burst) = (self.q.now(), self.burst);
-        let g = &self.dmas.get(d).dst[group];
+        let side = &self.dmas.get(d).dst;
+        let g = &side.groups[group];
         let c = self.comps[g.target as usize]
             .as_mut()
             .expect("node has a timing model");
         let mut end = now;
-        for x in &g.pieces {
+        for x in side.pieces(group) {
             end = end.max(c.serve_write(now, head, &g.request(x), burst).end);
         }
         end
@@ -604,7 +656,7 @@ impl<W: Write> Engine<'_, W> {
             }
             DmaArrive::ReqAtTarget { dma, group } => {
                 let s = self.serve_part_read(dma, group as usize);
-                self.dmas.get(dma).src[group as usize].tail = s.end;
+                self.dmas.get(dma).src.groups[group as usize].tail = s.end;
                 self.at(s.head, DmaAct::SrcHead { dma, group });
                 self.at(s.end, DmaAct::SrcPartDone(dma));
             }
@@ -651,12 +703,12 @@ impl<W: Write> Engine<'_, W> {
         let (_, dma) = self.dma_node(d);
         let (n, tail) = {
             let x = self.dmas.get(d);
-            (x.dst.len(), x.src_tail)
+            (x.dst.groups.len(), x.src_tail)
         };
         self.dmas.get(d).left = n as u32;
         for g in 0..n {
             let (target, via, bytes) = {
-                let grp = &self.dmas.get(d).dst[g];
+                let grp = &self.dmas.get(d).dst.groups[g];
                 (grp.target, grp.via, grp.bytes)
             };
             let route = self.route(dma, via, target);
@@ -702,13 +754,7 @@ impl<W: Write> Engine<'_, W> {
             }
             DmaAct::Fetch(d) => {
                 // A store of a pending tile moves it once its producer is done.
-                let first = self
-                    .dmas
-                    .get(d)
-                    .src
-                    .first()
-                    .and_then(|g| g.pieces.first())
-                    .map(|x| x.pa);
+                let first = self.dmas.get(d).src.pieces.first().map(|x| x.pa);
                 if let Some(pa) = first
                     && let Some(super::compute::Producer {
                         running: Some(c), ..
@@ -721,7 +767,7 @@ impl<W: Write> Engine<'_, W> {
                     return Ok(());
                 }
                 let (_, dma) = self.dma_node(d);
-                let n = self.dmas.get(d).src.len();
+                let n = self.dmas.get(d).src.groups.len();
                 {
                     let x = self.dmas.get(d);
                     x.reads_left = n as u32;
@@ -732,13 +778,13 @@ impl<W: Write> Engine<'_, W> {
                 }
                 for g in 0..n {
                     let (local, target, via) = {
-                        let grp = &self.dmas.get(d).src[g];
+                        let grp = &self.dmas.get(d).src.groups[g];
                         (grp.local, grp.target, grp.via)
                     };
                     if local {
                         // This PE's TCM: read as a stream right here.
                         let s = self.serve_part_read(d, g);
-                        self.dmas.get(d).src[g].tail = s.end;
+                        self.dmas.get(d).src.groups[g].tail = s.end;
                         self.at(
                             s.head,
                             DmaAct::SrcHead {
@@ -766,7 +812,7 @@ impl<W: Write> Engine<'_, W> {
                 // PE's TCM: over the DMA's tcm_port link); its head
                 // reaching the DMA engine starts the next stage.
                 let (target, via, bytes, tail) = {
-                    let g = &self.dmas.get(d).src[group as usize];
+                    let g = &self.dmas.get(d).src.groups[group as usize];
                     (g.target, g.via, g.bytes, g.tail)
                 };
                 let (_, dma) = self.dma_node(d);
@@ -813,13 +859,14 @@ impl<W: Write> Engine<'_, W> {
             }
             DmaAct::DstWrite(d) => {
                 let (_, dma) = self.dma_node(d);
-                let dst = std::mem::take(&mut self.dmas.get(d).dst_order);
-                for x in &dst {
+                // The destination's pieces (the order, grouped).
+                for x in &self.dmas.get(d).dst.pieces {
                     if Pa::decode(x.pa).is_some_and(|p| p.space == Space::Tcm) {
                         self.producers.remove(&x.pa);
                     }
                 }
                 if !self.dmas.get(d).at_issue {
+                    let dst = std::mem::take(&mut self.dmas.get(d).dst_order);
                     let data = std::mem::take(&mut self.dmas.get(d).data);
                     let unknown = std::mem::take(&mut self.dmas.get(d).unknown);
                     let fingerprint = self.data.land(&dst, &data, unknown.is_empty());
@@ -835,7 +882,13 @@ impl<W: Write> Engine<'_, W> {
                 // A copy's notification leaves the destination memory once
                 // the bytes are there.
                 if let Some((n, clock)) = self.dmas.get(d).notify.take() {
-                    let from = self.dmas.get(d).dst.first().map_or(dma, |g| g.target);
+                    let from = self
+                        .dmas
+                        .get(d)
+                        .dst
+                        .groups
+                        .first()
+                        .map_or(dma, |g| g.target);
                     let launch = self.dmas.get(d).hb.launch;
                     self.send_signal_update(
                         from,
@@ -846,24 +899,27 @@ impl<W: Write> Engine<'_, W> {
                         clock,
                     );
                 }
-                let remote: Vec<(NodeId, Option<NodeId>)> = self
-                    .dmas
-                    .get(d)
-                    .dst
-                    .iter()
-                    .filter(|g| !g.local)
-                    .map(|g| (g.target, g.via))
-                    .collect();
-                self.dmas.get(d).left = remote.len() as u32;
-                if remote.is_empty() {
+                let x = self.dmas.get(d);
+                let remote = x.dst.groups.iter().filter(|g| !g.local).count();
+                x.left = remote as u32;
+                if remote == 0 {
                     self.at(now, DmaAct::Finish(d));
                 }
-                for (target, via) in remote {
-                    self.send_via(target, via, dma, CONTROL_BYTES, DmaArrive::AckAtDma(d));
+                for g in 0..self.dmas.get(d).dst.groups.len() {
+                    let g = &self.dmas.get(d).dst.groups[g];
+                    if !g.local {
+                        let (target, via) = (g.target, g.via);
+                        self.send_via(target, via, dma, CONTROL_BYTES, DmaArrive::AckAtDma(d));
+                    }
                 }
             }
             DmaAct::Finish(d) => {
-                let x = self.dmas.remove(d);
+                let mut x = self.dmas.remove(d);
+                for mut side in [std::mem::take(&mut x.src), std::mem::take(&mut x.dst)] {
+                    side.groups.clear();
+                    side.pieces.clear();
+                    self.dma_sides.push(side);
+                }
                 self.hook_end(
                     x.op.expect("started"),
                     &x.cmd,

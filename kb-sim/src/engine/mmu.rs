@@ -383,11 +383,12 @@ impl PageRuns {
     }
 }
 
-/// Fold equally long, equally spaced contiguous pieces into 2-D extents.
-pub(super) fn fold_rows(pieces: Vec<Extent>) -> Vec<Extent> {
-    let mut out: Vec<Extent> = Vec::new();
-    for x in pieces {
-        if let Some(prev) = out.last_mut()
+/// Fold equally long, equally spaced contiguous pieces into 2-D extents,
+/// appended to `out`.
+pub(super) fn fold_rows(pieces: &[Extent], out: &mut Vec<Extent>) {
+    let start = out.len();
+    for &x in pieces {
+        if let Some(prev) = out[start..].last_mut()
             && x.rows == 1
             && x.len == prev.len
         {
@@ -403,7 +404,6 @@ pub(super) fn fold_rows(pieces: Vec<Extent>) -> Vec<Extent> {
         }
         out.push(x);
     }
-    out
 }
 
 #[cfg(test)]
@@ -509,7 +509,8 @@ mod tests {
                     at += n;
                 }
             }
-            let folded = fold_rows(pieces);
+            let mut folded = Vec::new();
+            fold_rows(&pieces, &mut folded);
             match runs.extent_within_run(va, rows, len, stride) {
                 Some(x) => {
                     prop_assert!(mapped);
@@ -529,7 +530,13 @@ mod tests {
     #[test]
     fn equally_spaced_pieces_fold_into_one_extent() {
         let p = |pa, len| Extent::contiguous(pa, len);
-        let folded = fold_rows(vec![p(100, 8), p(164, 8), p(228, 8), p(300, 8), p(400, 4)]);
+        let mut folded = vec![p(36, 8)];
+        fold_rows(
+            &[p(100, 8), p(164, 8), p(228, 8), p(300, 8), p(400, 4)],
+            &mut folded,
+        );
+        // What was there before is kept, and not folded into.
+        assert_eq!(folded.remove(0), p(36, 8));
         assert_eq!(
             folded,
             vec![

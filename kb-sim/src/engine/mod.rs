@@ -14,13 +14,13 @@
 //! effect is applied to the data plane by an event at the simulated time the
 //! record states, and numbered in application order (`seq`).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 use std::io::Write;
 use std::rc::Rc;
 
-use kb_format::{Effect, Extent, OpKind, Ps, Record, TraceWriter};
+use kb_format::{Effect, Extent, OpKind, Params, Ps, Record, TraceWriter};
 
 use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad};
 use crate::data::DataPlane;
@@ -146,6 +146,8 @@ struct Msg {
 #[derive(Debug, Clone, Copy)]
 struct OpenOp {
     op_id: u64,
+    /// Its number in the op log's open ops.
+    ticket: u64,
     t_start: Ps,
     component: u32,
     op_name: u32,
@@ -212,10 +214,53 @@ struct OpLog<W: Write> {
     next_op: u64,
     next_seq: u64,
     /// Seqs of effects applied by ops whose records are not yet pushed:
-    /// the floor below which no later record can have an effect.
-    held: BTreeSet<u64>,
-    open: BTreeSet<(Ps, u64)>,
+    /// the least is the floor below which no later record can have an
+    /// effect.
+    held: Live<()>,
+    /// Start times of the ops between hook_start and hook_end: the least
+    /// is the watermark before which every record has been pushed.
+    open: Live<Ps>,
     names: Vec<Option<u32>>,
+}
+
+/// Items numbered in the order they are added, each live until removed,
+/// with the first live one at hand: a queue with holes (no allocation once
+/// its ring has grown, unlike a `BTreeSet`'s nodes). The op log's seqs are
+/// numbered this way, and its open ops start in time order, so the first
+/// live item is the least.
+#[derive(Debug, Default)]
+struct Live<T> {
+    /// Items from number `base` on; `None` once removed.
+    items: VecDeque<Option<T>>,
+    base: u64,
+}
+
+impl<T: Copy> Live<T> {
+    /// Add `t`; returns its number.
+    fn push(&mut self, t: T) -> u64 {
+        self.items.push_back(Some(t));
+        self.base + self.items.len() as u64 - 1
+    }
+
+    /// Remove item `n` (if live).
+    fn remove(&mut self, n: u64) {
+        if let Some(slot) = n
+            .checked_sub(self.base)
+            .and_then(|i| self.items.get_mut(i as usize))
+        {
+            *slot = None;
+        }
+        while let Some(None) = self.items.front() {
+            self.items.pop_front();
+            self.base += 1;
+        }
+    }
+
+    /// The first live item and its number.
+    fn first(&self) -> Option<(u64, T)> {
+        // Removal pops the dead items in front.
+        self.items.front().map(|t| (self.base, t.expect("live")))
+    }
 }
 
 pub struct Engine<'m, W: Write> {
@@ -281,6 +326,18 @@ pub struct Engine<'m, W: Write> {
     /// Bytes a transfer streams in (`pe_dma.burst_bytes`).
     burst: u64,
     stats: RunStats,
+    /// Scratch vectors reused across ops (no allocation per op): a VA
+    /// side's row pieces before folding, a store's unknown source bytes,
+    /// the running producers a compute op waits on.
+    va_pieces: Vec<Extent>,
+    unknown_scratch: Vec<crate::program::Unknown>,
+    waiting_scratch: Vec<u32>,
+    /// The group and piece vectors of finished DMAs, for the next ones.
+    dma_sides: Vec<dma::Side>,
+    /// Finished compute ops' dependents vectors, for the next ones.
+    dependents_spare: Vec<Vec<compute::Waiter>>,
+    /// A constant fill's bytes, before they are written to the plane.
+    fill_scratch: Vec<u8>,
 }
 
 /// Per-PE kernel state (reset when a kernel starts).
@@ -474,8 +531,8 @@ impl<'m, W: Write> Engine<'m, W> {
                 writer,
                 next_op: 0,
                 next_seq: 0,
-                held: BTreeSet::new(),
-                open: BTreeSet::new(),
+                held: Live::default(),
+                open: Live::default(),
                 names: vec![None; m.nodes.len()],
             },
             tensors,
@@ -491,6 +548,12 @@ impl<'m, W: Write> Engine<'m, W> {
                 .map(|_| -> Box<dyn PeProgram> { Box::new(Script::new(Vec::new())) })
                 .collect(),
             stats: RunStats::default(),
+            va_pieces: Vec::new(),
+            unknown_scratch: Vec::new(),
+            waiting_scratch: Vec::new(),
+            dma_sides: Vec::new(),
+            dependents_spare: Vec::new(),
+            fill_scratch: Vec::new(),
         }
     }
 
@@ -728,7 +791,17 @@ impl<'m, W: Write> Engine<'m, W> {
     }
 
     fn hook_start(&mut self, node: NodeId, op: &dyn DataOp, op_id: u64) -> OpenOp {
-        let (op_name, kind) = (op.op_name(), op.op_kind());
+        self.hook_start_named(node, op.op_name(), op.op_kind(), op_id)
+    }
+
+    /// `hook_start` of an op by its name and kind.
+    fn hook_start_named(
+        &mut self,
+        node: NodeId,
+        op_name: &'static str,
+        kind: OpKind,
+        op_id: u64,
+    ) -> OpenOp {
         let t_start = self.q.now();
         let log = &mut self.log;
         let component = match log.names[node as usize] {
@@ -740,9 +813,10 @@ impl<'m, W: Write> Engine<'m, W> {
             }
         };
         let op_name = log.writer.intern(op_name);
-        log.open.insert((t_start, op_id));
+        let ticket = log.open.push(t_start);
         OpenOp {
             op_id,
+            ticket,
             t_start,
             component,
             op_name,
@@ -758,13 +832,17 @@ impl<'m, W: Write> Engine<'m, W> {
         read: Option<Effect>,
         write: Option<Effect>,
     ) -> Result<(), SimError> {
-        self.hook_end_with_deps(op, decl, fingerprint, read, write, Vec::new())
+        // An empty vector allocates nothing.
+        let params = decl.params();
+        self.hook_end_with_deps(op, params, fingerprint, read, write, Vec::new())
     }
 
+    /// The record of `op`, with its params (moved in: a math op's inputs
+    /// are not copied) and dependencies.
     fn hook_end_with_deps(
         &mut self,
         op: OpenOp,
-        decl: &dyn DataOp,
+        params: Params,
         fingerprint: Option<u64>,
         read: Option<Effect>,
         write: Option<Effect>,
@@ -772,11 +850,11 @@ impl<'m, W: Write> Engine<'m, W> {
     ) -> Result<(), SimError> {
         let now = self.q.now();
         let log = &mut self.log;
-        log.open.remove(&(op.t_start, op.op_id));
+        log.open.remove(op.ticket);
         for e in [&read, &write].into_iter().flatten() {
-            log.held.remove(&e.seq);
+            log.held.remove(e.seq);
         }
-        let floor = log.held.first().copied().unwrap_or(log.next_seq);
+        let floor = log.held.first().map_or(log.next_seq, |(seq, ())| seq);
         log.writer.set_seq_floor(floor);
         log.writer.push(Record {
             op_id: op.op_id,
@@ -785,13 +863,13 @@ impl<'m, W: Write> Engine<'m, W> {
             component: op.component,
             op_name: op.op_name,
             kind: op.kind,
-            params: decl.params(),
+            params,
             deps,
             fingerprint,
             read,
             write,
         })?;
-        let watermark = log.open.first().map_or(now, |&(t, _)| t.min(now));
+        let watermark = log.open.first().map_or(now, |(_, t)| t.min(now));
         log.writer.advance(watermark)?;
         Ok(())
     }
@@ -800,7 +878,8 @@ impl<'m, W: Write> Engine<'m, W> {
     fn effect(&mut self, ranges: Vec<Extent>) -> Effect {
         let seq = self.log.next_seq;
         self.log.next_seq += 1;
-        self.log.held.insert(seq);
+        let n = self.log.held.push(());
+        debug_assert_eq!(n, seq, "every seq is held once, in order");
         Effect {
             time: self.q.now(),
             seq,
@@ -948,6 +1027,7 @@ impl<'m, W: Write> Engine<'m, W> {
             Command::WaitSignal(any) => {
                 let launch = self.current_launch(pe);
                 if self.sync.acquire_reached(launch, pe, &any) {
+                    crate::program::spare_signal_list(any);
                     Some(Reply::Done)
                 } else {
                     self.pes[p].awaited = any;
@@ -1013,5 +1093,33 @@ impl<'m, W: Write> Engine<'m, W> {
         let s = &mut self.pes[pe as usize];
         s.deferred = Some(cmd);
         s.waiting = Wait::Fence(f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Live;
+
+    #[test]
+    fn live_items_give_the_first_one_not_removed() {
+        let mut l = Live::default();
+        assert_eq!(l.first(), None);
+        for t in [10u64, 20, 30, 40] {
+            l.push(t);
+        }
+        l.remove(1);
+        assert_eq!(l.first(), Some((0, 10)));
+        l.remove(0);
+        assert_eq!(l.first(), Some((2, 30)), "1 was removed before");
+        l.remove(7); // never added: nothing happens
+        l.remove(0); // already gone
+        assert_eq!(l.first(), Some((2, 30)));
+        assert_eq!(l.push(50), 4, "numbers go on");
+        l.remove(2);
+        l.remove(3);
+        assert_eq!(l.first(), Some((4, 50)));
+        l.remove(4);
+        assert_eq!(l.first(), None);
+        assert_eq!(l.push(60), 5);
     }
 }

@@ -449,6 +449,7 @@ impl<W: Write> Engine<'_, W> {
         let clock = self.sync.clocks.release(pe);
         let bar = self.sync.barriers.get(b);
         join(&mut bar.clock, &clock);
+        self.sync.clocks.give_back(clock);
         let coordinator = self.m.pe_coord(bar.members[0] as usize);
         self.pes[pe as usize].waiting = Wait::Barrier;
         let (from, to) = (
@@ -504,6 +505,7 @@ impl<W: Write> Engine<'_, W> {
                     SignalOp::Add(v) => s.value.saturating_add(v),
                 };
                 join(&mut s.clock, &clock);
+                self.sync.clocks.give_back(clock);
                 let p = pe as usize;
                 if self.pe_launches[p].current == Some(launch)
                     && self.pes[p].waiting == Wait::Signals
@@ -511,6 +513,7 @@ impl<W: Write> Engine<'_, W> {
                 {
                     let awaited = std::mem::take(&mut self.pes[p].awaited);
                     if self.sync.acquire_reached(launch, pe, &awaited) {
+                        crate::program::spare_signal_list(awaited);
                         self.pes[p].waiting = Wait::Nothing;
                         self.step_program(pe, Reply::Done)?;
                     } else {

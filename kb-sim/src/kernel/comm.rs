@@ -176,7 +176,9 @@ impl Tl<'_> {
     /// [`Tl::signal_value`] to see which.
     pub fn wait_any(&mut self, any: &[(u32, u64)]) {
         assert!(!any.is_empty(), "wait_any: no signal to wait for");
-        match self.port.call(Command::WaitSignal(any.to_vec())) {
+        let mut list = crate::program::signal_list();
+        list.extend_from_slice(any);
+        match self.port.call(Command::WaitSignal(list)) {
             Reply::Done => {}
             other => panic!("wait_any: the simulation answered {other:?}"),
         }

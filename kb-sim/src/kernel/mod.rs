@@ -426,6 +426,32 @@ fn broadcast_valid(out: (u32, u32), operands: &[ShapeValid]) -> (u32, u32) {
     })
 }
 
+/// A math op's inputs: `x` alone.
+fn one_input(x: MathInput) -> Vec<MathInput> {
+    let mut v = crate::program::math_inputs();
+    v.push(x);
+    v
+}
+
+/// Up to three operands' (shape, valid extent), without allocating: an
+/// elementwise op has at most three tiles (`where_`).
+#[derive(Clone, Copy, Default)]
+struct Tiles {
+    items: [ShapeValid; 3],
+    n: usize,
+}
+
+impl Tiles {
+    fn push(&mut self, t: ShapeValid) {
+        self.items[self.n] = t;
+        self.n += 1;
+    }
+
+    fn as_slice(&self) -> &[ShapeValid] {
+        &self.items[..self.n]
+    }
+}
+
 fn tile_input(x: &dyn Operand) -> MathInput {
     let (pa, rows, cols, dtype) = x.operand();
     MathInput::Tile {
@@ -525,14 +551,41 @@ pub fn accumulation_dtype(dtype: Dtype) -> Dtype {
 
 /// Encode one element from f64 (rounding to the dtype; integers saturate).
 pub fn encode(dtype: Dtype, v: f64) -> Vec<u8> {
-    match dtype {
-        Dtype::F32 => (v as f32).to_le_bytes().to_vec(),
-        Dtype::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
-        Dtype::Bf16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
-        Dtype::I8 => vec![(v as i8) as u8],
-        Dtype::U8 => vec![v as u8],
-        Dtype::I32 => (v as i32).to_le_bytes().to_vec(),
-    }
+    let (bytes, n) = encode_element(dtype, v);
+    bytes[..n].to_vec()
+}
+
+/// [`encode`] without allocating: the element's bytes in the first `n`
+/// of four (no dtype is wider).
+pub(crate) fn encode_element(dtype: Dtype, v: f64) -> ([u8; 4], usize) {
+    let mut b = [0; 4];
+    let n = match dtype {
+        Dtype::F32 => {
+            b = (v as f32).to_le_bytes();
+            4
+        }
+        Dtype::F16 => {
+            b[..2].copy_from_slice(&half::f16::from_f64(v).to_le_bytes());
+            2
+        }
+        Dtype::Bf16 => {
+            b[..2].copy_from_slice(&half::bf16::from_f64(v).to_le_bytes());
+            2
+        }
+        Dtype::I8 => {
+            b[0] = (v as i8) as u8;
+            1
+        }
+        Dtype::U8 => {
+            b[0] = v as u8;
+            1
+        }
+        Dtype::I32 => {
+            b = (v as i32).to_le_bytes();
+            4
+        }
+    };
+    (b, n)
 }
 
 /// Decode one element to f64.
@@ -558,6 +611,8 @@ pub struct Tl<'p> {
     tcm: Rc<RefCell<FreeList>>,
     /// Op-name override for commands issued now (pipeline stages).
     stage: Option<&'static str>,
+    /// Scratch: a masked load's bytes gathered from their pages.
+    gather: Vec<u8>,
 }
 
 impl std::fmt::Debug for Tl<'_> {
@@ -587,6 +642,7 @@ impl<'p> Tl<'p> {
             grid,
             tcm: Rc::new(RefCell::new(tcm)),
             stage: None,
+            gather: Vec::new(),
         }
     }
 
@@ -777,7 +833,7 @@ impl<'p> Tl<'p> {
 
     fn unary(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
         let (_, r, c, d) = x.operand();
-        self.math(op, vec![tile_input(x)], r, c, d, None, x.valid())
+        self.math(op, one_input(tile_input(x)), r, c, d, None, x.valid())
     }
 
     /// A float-only unary op (sigmoid, tanh, erf, exp2).
@@ -811,29 +867,30 @@ impl<'p> Tl<'p> {
     fn elementwise_inputs(
         op: MathOp,
         args: &[Rhs<'_>],
-    ) -> (Vec<MathInput>, (u32, u32), Dtype, Vec<ShapeValid>) {
-        let mut tiles: Vec<ShapeValid> = Vec::new();
+    ) -> (Vec<MathInput>, (u32, u32), Dtype, Tiles) {
+        let mut tiles = Tiles::default();
         let mut dtype = None;
-        let inputs = args
-            .iter()
-            .map(|a| match a {
-                Rhs::Tile(x) => {
-                    let (_, r, c, d) = x.operand();
-                    tiles.push(((r, c), x.valid()));
-                    match dtype {
-                        None => dtype = Some(d),
-                        Some(d0) => {
-                            assert_eq!(d0, d, "{}: operand dtypes differ ({d0} and {d})", op.name())
-                        }
+        let mut inputs = crate::program::math_inputs();
+        inputs.extend(args.iter().map(|a| match a {
+            Rhs::Tile(x) => {
+                let (_, r, c, d) = x.operand();
+                tiles.push(((r, c), x.valid()));
+                match dtype {
+                    None => dtype = Some(d),
+                    Some(d0) => {
+                        assert_eq!(d0, d, "{}: operand dtypes differ ({d0} and {d})", op.name())
                     }
-                    tile_input(*x)
                 }
-                Rhs::Scalar(v) => MathInput::Scalar(*v),
-            })
-            .collect();
+                tile_input(*x)
+            }
+            Rhs::Scalar(v) => MathInput::Scalar(*v),
+        }));
         let dtype = dtype.unwrap_or_else(|| panic!("{}: needs at least one tile", op.name()));
-        let shapes: Vec<(u32, u32)> = tiles.iter().map(|&(shape, _)| shape).collect();
-        let out = Self::broadcast(op, &shapes);
+        let mut shapes = [(0, 0); 3];
+        for (s, &(shape, _)) in shapes.iter_mut().zip(tiles.as_slice()) {
+            *s = shape;
+        }
+        let out = Self::broadcast(op, &shapes[..tiles.n]);
         (inputs, out, dtype, tiles)
     }
 
@@ -841,7 +898,7 @@ impl<'p> Tl<'p> {
     /// or a scalar.
     fn binary(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
         let (inputs, (r, c), d, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
-        let valid = broadcast_valid((r, c), &tiles);
+        let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(op, inputs, r, c, d, None, valid)
     }
 
@@ -849,7 +906,7 @@ impl<'p> Tl<'p> {
     /// in `ne`).
     fn compare(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
         let (inputs, (r, c), _, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
-        let valid = broadcast_valid((r, c), &tiles);
+        let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(op, inputs, r, c, Dtype::U8, None, valid)
     }
 
@@ -960,7 +1017,7 @@ impl<'p> Tl<'p> {
         let (r, c) = Self::broadcast(MathOp::Where, &[(r, c), (cr, cc)]);
         inputs.insert(0, tile_input(cond));
         tiles.push(((cr, cc), cond.valid()));
-        let valid = broadcast_valid((r, c), &tiles);
+        let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(MathOp::Where, inputs, r, c, d, None, valid)
     }
 
@@ -969,7 +1026,7 @@ impl<'p> Tl<'p> {
         let (_, r, c, _) = x.operand();
         self.math(
             MathOp::Cast,
-            vec![tile_input(x)],
+            one_input(tile_input(x)),
             r,
             c,
             dtype,
@@ -1051,7 +1108,7 @@ impl<'p> Tl<'p> {
         };
         self.math(
             op,
-            vec![tile_input(x)],
+            one_input(tile_input(x)),
             rows,
             cols,
             dtype.unwrap_or(d),
@@ -1220,7 +1277,7 @@ impl<'p> Tl<'p> {
         if (src.rows, src.cols) != (rows, cols) {
             let fill = MathParams {
                 op: MathOp::Copy,
-                inputs: vec![MathInput::Scalar(other)],
+                inputs: one_input(MathInput::Scalar(other)),
                 out: Addr {
                     space: Space::Tcm,
                     addr: pa,
@@ -1262,26 +1319,45 @@ impl<'p> Tl<'p> {
             // Nothing masked: the loaded bytes are the tile's.
             valid.bytes
         } else {
-            let fill = encode(src.dtype, other);
-            let mut data = Vec::with_capacity((rows as u64 * cols as u64 * es) as usize);
-            let loaded_owned;
+            let (fill, n) = encode_element(src.dtype, other);
+            let fill = &fill[..n];
+            let total = rows as usize * tr;
+            // The loaded bytes in one slice: where they lie, or gathered
+            // into this kernel's scratch (no vector per load).
+            let mut gathered = std::mem::take(&mut self.gather);
             let loaded = match valid.bytes.as_slice() {
                 Some(b) => b,
                 None => {
-                    loaded_owned = valid.bytes.to_vec();
-                    &loaded_owned
+                    gathered.clear();
+                    valid
+                        .bytes
+                        .append_range(0, valid.bytes.len(), &mut gathered);
+                    &gathered
                 }
             };
-            for r in 0..rows as usize {
-                let row_start = data.len();
-                if r < src.rows as usize {
-                    data.extend_from_slice(&loaded[r * vr..(r + 1) * vr]);
+            // Each row: its loaded bytes, then the fill to the tile's width
+            // (whole elements: both widths are multiples of one).
+            let data = if total == 0 {
+                Snapshot::default()
+            } else {
+                let mut own = crate::data::OwnBytes::new(total);
+                let out = own.bytes_mut();
+                for (r, row) in out.chunks_exact_mut(tr).enumerate() {
+                    let at = if r < src.rows as usize {
+                        row[..vr].copy_from_slice(&loaded[r * vr..(r + 1) * vr]);
+                        vr
+                    } else {
+                        0
+                    };
+                    debug_assert_eq!((tr - at) % n, 0, "the fill is whole elements");
+                    for e in row[at..].chunks_exact_mut(n) {
+                        e.copy_from_slice(fill);
+                    }
                 }
-                while data.len() < row_start + tr {
-                    data.extend_from_slice(&fill);
-                }
-            }
-            Snapshot::from_vec(data)
+                Snapshot::from_own(own)
+            };
+            self.gather = gathered;
+            data
         };
         // Unknown bytes move with their rows into the wider tile.
         for u in valid.unknown {
@@ -1402,4 +1478,30 @@ pub fn grid_body(
         }
         tl.wait_all();
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The non-allocating encoding gives each dtype's little-endian bytes,
+    /// rounded and saturated as the conversions do.
+    #[test]
+    fn elements_encode_as_their_dtype_does() {
+        for v in [0.0, 1.5, -2.25, 300.7, -1e9, 65504.0] {
+            let want: Vec<(Dtype, Vec<u8>)> = vec![
+                (Dtype::F32, (v as f32).to_le_bytes().to_vec()),
+                (Dtype::F16, half::f16::from_f64(v).to_le_bytes().to_vec()),
+                (Dtype::Bf16, half::bf16::from_f64(v).to_le_bytes().to_vec()),
+                (Dtype::I8, vec![(v as i8) as u8]),
+                (Dtype::U8, vec![v as u8]),
+                (Dtype::I32, (v as i32).to_le_bytes().to_vec()),
+            ];
+            for (d, bytes) in want {
+                let (b, n) = encode_element(d, v);
+                assert_eq!((&b[..n], n), (&bytes[..], d.size()), "{d} {v}");
+                assert_eq!(encode(d, v), bytes);
+            }
+        }
+    }
 }
