@@ -280,32 +280,28 @@ impl PartialEq for Snapshot {
 impl Eq for Snapshot {}
 
 impl Snapshot {
-    /// A snapshot of bytes that lie in no plane (a kernel's own).
     /// A snapshot of a kernel's own bytes, held where they were written.
     pub fn from_own(bytes: OwnBytes) -> Snapshot {
-        let n = u32::try_from(bytes.0.len()).expect("a tile is under 4 GiB");
+        Snapshot::of_page(bytes.0)
+    }
+
+    /// A snapshot of bytes that lie in no plane (a kernel's own).
+    pub fn from_vec(bytes: Vec<u8>) -> Snapshot {
+        Snapshot::of_page(Arc::new(bytes.into_boxed_slice()))
+    }
+
+    /// A snapshot of all of `page` (none when it is empty), in a spare
+    /// snapshot allocation where there is one.
+    fn of_page(page: Page) -> Snapshot {
+        let n = u32::try_from(page.len()).expect("a tile is under 4 GiB");
         if n == 0 {
             return Snapshot(None);
         }
         let mut arc = spare_parts();
         let snap = Arc::get_mut(&mut arc).expect("a spare snapshot is not shared");
-        snap.pages.push(bytes.0);
+        snap.pages.push(page);
         snap.parts.push((0, 0, n));
         snap.len = n as usize;
-        Snapshot(Some(arc))
-    }
-
-    pub fn from_vec(bytes: Vec<u8>) -> Snapshot {
-        let len = bytes.len();
-        if len == 0 {
-            return Snapshot(None);
-        }
-        let n = u32::try_from(len).expect("a tile is under 4 GiB");
-        let mut arc = spare_parts();
-        let snap = Arc::get_mut(&mut arc).expect("a spare snapshot is not shared");
-        snap.pages.push(Arc::new(bytes.into_boxed_slice()));
-        snap.parts.push((0, 0, n));
-        snap.len = len;
         Snapshot(Some(arc))
     }
 }

@@ -482,10 +482,11 @@ struct Queue {
 /// allocated only until decoding takes them, so they add no memory as a
 /// trace grows.
 #[derive(Debug, Default)]
-struct Recycled(
-    std::sync::Mutex<Vec<Arc<PendingOp>>>,
-    std::sync::Mutex<Vec<plan::PNode>>,
-);
+struct Recycled {
+    records: std::sync::Mutex<Vec<Arc<PendingOp>>>,
+    /// The largest node vector handed back, emptied.
+    nodes: std::sync::Mutex<Vec<plan::PNode>>,
+}
 
 /// Most records kept for reuse.
 const RECYCLED_MAX: usize = 1 << 15;
@@ -494,7 +495,7 @@ impl Recycled {
     /// Keep the records no node shares any more.
     fn give(&self, ops: Vec<Arc<PendingOp>>) {
         let mut bin = self
-            .0
+            .records
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let room = RECYCLED_MAX.saturating_sub(bin.len());
@@ -508,7 +509,7 @@ impl Recycled {
     /// Move every kept record to `into`.
     fn take_all(&self, into: &mut Vec<Arc<PendingOp>>) {
         let mut bin = self
-            .0
+            .records
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         into.append(&mut bin);
@@ -520,7 +521,7 @@ impl Recycled {
     fn give_nodes(&self, mut nodes: Vec<plan::PNode>) {
         nodes.clear();
         let mut kept = self
-            .1
+            .nodes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if nodes.capacity() > kept.capacity() {
@@ -532,7 +533,7 @@ impl Recycled {
     fn take_nodes(&self) -> Vec<plan::PNode> {
         std::mem::take(
             &mut *self
-                .1
+                .nodes
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         )

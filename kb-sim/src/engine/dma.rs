@@ -459,22 +459,28 @@ impl<W: Write> Engine<'_, W> {
             }
         }
         // Each group's range of the pieces, then the pieces group by group
-        // (one group, the common case: the data order as it is).
+        // (one group, the common case: the data order as it is), each put
+        // at its group's cursor, `pieces.1`, which ends at the range's end.
         let mut at = 0;
         for g in groups.iter_mut() {
-            g.pieces = (at, at + g.pieces.1);
-            at = g.pieces.1;
+            let n = g.pieces.1;
+            g.pieces = (at, at);
+            at += n;
         }
-        if groups.len() == 1 {
+        if let [g] = groups.as_mut_slice() {
             out.pieces.extend_from_slice(&side.order);
+            g.pieces.1 = at;
         } else {
-            for g in groups.iter() {
-                let key = (g.target, g.via, g.channels);
-                for (i, &x) in side.order.iter().enumerate() {
-                    if self.group_key(side, i) == key {
-                        out.pieces.push(x);
-                    }
-                }
+            out.pieces
+                .resize(side.order.len(), Extent::contiguous(0, 0));
+            for (i, &x) in side.order.iter().enumerate() {
+                let key = self.group_key(side, i);
+                let g = groups
+                    .iter_mut()
+                    .find(|g| (g.target, g.via, g.channels) == key)
+                    .expect("every piece's group was made above");
+                out.pieces[g.pieces.1 as usize] = x;
+                g.pieces.1 += 1;
             }
         }
     }

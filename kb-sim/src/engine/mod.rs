@@ -832,9 +832,8 @@ impl<'m, W: Write> Engine<'m, W> {
         read: Option<Effect>,
         write: Option<Effect>,
     ) -> Result<(), SimError> {
-        // An empty vector allocates nothing.
-        let params = decl.params();
-        self.hook_end_with_deps(op, params, fingerprint, read, write, Vec::new())
+        // No dependencies: an empty vector allocates nothing.
+        self.hook_end_with_deps(op, decl.params(), fingerprint, read, write, Vec::new())
     }
 
     /// The record of `op`, with its params (moved in: a math op's inputs
