@@ -25,7 +25,7 @@ pub mod record_codec;
 pub mod types;
 pub mod writer;
 
-pub use channels::ChannelUsage;
+pub use channels::{BusyLog, ChannelLog, ChannelUsage};
 pub use error::{FormatError, Result};
 pub use footer::{Footer, IndexEntry};
 pub use launch::Launch;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::{Fingerprinter, xxh3_64};
 
-use crate::channels::ChannelUsage;
+use crate::channels::{ChannelLog, ChannelUsage};
 use crate::chunk::{self, ALIGN, BLOCK, ChunkHeader, ChunkKind, Trailer};
 use crate::error::{FormatError, Result};
 use crate::footer::{Footer, IndexEntry};
@@ -164,7 +164,7 @@ pub struct TraceWriter<W: Write> {
     counts: Counts,
     tensor_sizes: Vec<u64>,
     /// HBM channel service, written at finish (before the launches).
-    channels: Vec<ChannelUsage>,
+    channels: Vec<ChannelLog>,
 }
 
 impl<W: Write> std::fmt::Debug for TraceWriter<W> {
@@ -450,7 +450,18 @@ impl<W: Write> TraceWriter<W> {
     /// written at finish). Channels must be in (sip, cube, channel) order,
     /// each once, with sorted disjoint non-empty busy intervals.
     pub fn channels(&mut self, usage: Vec<ChannelUsage>) -> Result<()> {
-        for w in usage.windows(2) {
+        let logs = usage
+            .iter()
+            .map(ChannelLog::of_usage)
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map_err(FormatError::Usage)?;
+        self.channel_logs(logs)
+    }
+
+    /// [`channels`](Self::channels) as a simulator logged them while it
+    /// ran (the intervals already encoded).
+    pub fn channel_logs(&mut self, logs: Vec<ChannelLog>) -> Result<()> {
+        for w in logs.windows(2) {
             if (w[0].sip, w[0].cube, w[0].channel) >= (w[1].sip, w[1].cube, w[1].channel) {
                 return Err(FormatError::Usage(format!(
                     "channels out of order: sip {} cube {} channel {} before sip {} cube {} channel {}",
@@ -458,19 +469,7 @@ impl<W: Write> TraceWriter<W> {
                 )));
             }
         }
-        for c in &usage {
-            let mut prev = 0;
-            for &(start, end) in &c.busy {
-                if start < prev || end <= start {
-                    return Err(FormatError::Usage(format!(
-                        "channel {} of sip {} cube {}: busy [{start}, {end}) is empty or overlaps the one before",
-                        c.channel, c.sip, c.cube
-                    )));
-                }
-                prev = end;
-            }
-        }
-        self.channels = usage;
+        self.channels = logs;
         Ok(())
     }
 
@@ -490,9 +489,7 @@ impl<W: Write> TraceWriter<W> {
         self.flush_records()?;
         self.flush_strings()?;
         if !self.channels.is_empty() {
-            let wire: Vec<crate::channels::Wire> = self.channels.iter().map(Into::into).collect();
-            let payload = postcard::to_stdvec(&wire)
-                .map_err(|e| FormatError::Usage(format!("encoding channels: {e}")))?;
+            let payload = crate::channels::encode(&self.channels);
             self.chunk(ChunkKind::Channels, [0, 0, 0], &payload)?;
         }
         if !launches.is_empty() {

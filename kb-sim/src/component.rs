@@ -3,7 +3,7 @@
 //! service ends. Components never log; the framework's op-log hook in
 //! `engine` records data ops around their service.
 
-use kb_format::ChannelUsage;
+use kb_format::ChannelLog;
 
 use crate::event::{Ps, ns_to_ps};
 use crate::topology::Topology;
@@ -97,7 +97,7 @@ pub trait Component: std::fmt::Debug {
 
     /// What each HBM pseudo channel of this component served so far (those
     /// that served anything), handed over once: an HBM controller's.
-    fn take_channel_usage(&mut self) -> Vec<ChannelUsage> {
+    fn take_channel_logs(&mut self) -> Vec<ChannelLog> {
         Vec::new()
     }
 }
@@ -114,14 +114,9 @@ pub struct HbmController {
     /// Channels by `kb_format::pa::hbm_channel`'s hash (PA, VA models).
     hashed: bool,
     scratch: Vec<u64>,
-    /// Per channel: bytes and busy intervals, for the trace.
-    usage: Vec<ChannelUsage>,
-    /// Per channel: the busy interval still growing, kept here so that
-    /// extending it does not touch the interval lists.
-    open: Vec<Option<(Ps, Ps)>>,
-    /// Per channel: the closed busy intervals (`usage[ch].busy` is filled
-    /// from these when the usage is taken).
-    closed: Vec<BusyLog>,
+    /// Per channel: bytes and busy intervals, for the trace (the
+    /// intervals encoded as they close).
+    logs: Vec<ChannelLog>,
     /// Service times by byte count, last two asked: a request's channels
     /// mostly serve equal shares.
     ser_memo: [(u64, Ps); 2],
@@ -138,11 +133,9 @@ impl HbmController {
             interleave: t.hbm.interleave_bytes as u64,
             hashed: t.hbm.hash_channels,
             scratch: vec![0; n],
-            open: vec![None; n],
-            closed: (0..n).map(|_| BusyLog::default()).collect(),
             ser_memo: [(u64::MAX, 0); 2],
-            usage: (0..n as u32)
-                .map(|channel| ChannelUsage {
+            logs: (0..n as u32)
+                .map(|channel| ChannelLog {
                     sip,
                     cube,
                     channel,
@@ -169,10 +162,8 @@ impl HbmController {
     fn occupy(&mut self, ch: usize, start: Ps, bytes: u64, write: bool) -> Ps {
         let end = start.saturating_add(self.channel_ser(bytes));
         self.channel_free[ch] = end;
-        if let Some(done) = kb_format::channels::extend_busy(&mut self.open[ch], start, end) {
-            self.closed[ch].push(done);
-        }
-        let u = &mut self.usage[ch];
+        let u = &mut self.logs[ch];
+        u.busy.serve(start, end);
         if write {
             u.bytes_written += bytes;
         } else {
@@ -312,53 +303,11 @@ impl Component for HbmController {
         }
     }
 
-    fn take_channel_usage(&mut self) -> Vec<ChannelUsage> {
-        for ((u, open), closed) in self
-            .usage
-            .iter_mut()
-            .zip(&mut self.open)
-            .zip(&mut self.closed)
-        {
-            u.busy = std::mem::take(closed).into_vec();
-            u.busy.extend(open.take());
-        }
-        std::mem::take(&mut self.usage)
+    fn take_channel_logs(&mut self) -> Vec<ChannelLog> {
+        std::mem::take(&mut self.logs)
             .into_iter()
             .filter(|u| u.bytes_read + u.bytes_written > 0)
             .collect()
-    }
-}
-
-/// A channel's closed busy intervals in blocks of a fixed size. A long
-/// run closes millions of them; one growing `Vec` re-copied them all at
-/// each doubling (realloc was about 5 % of a gemm_tiled 2048^3 run).
-#[derive(Debug, Default)]
-struct BusyLog {
-    blocks: Vec<Vec<(Ps, Ps)>>,
-}
-
-impl BusyLog {
-    /// Intervals per block (64 KiB).
-    const BLOCK: usize = 4096;
-
-    fn push(&mut self, interval: (Ps, Ps)) {
-        match self.blocks.last_mut() {
-            Some(b) if b.len() < Self::BLOCK => b.push(interval),
-            _ => {
-                let mut b = Vec::with_capacity(Self::BLOCK);
-                b.push(interval);
-                self.blocks.push(b);
-            }
-        }
-    }
-
-    /// Every interval in order, in one `Vec` of exactly their number.
-    fn into_vec(self) -> Vec<(Ps, Ps)> {
-        let mut all = Vec::with_capacity(self.blocks.iter().map(Vec::len).sum());
-        for b in self.blocks {
-            all.extend_from_slice(&b);
-        }
-        all
     }
 }
 
@@ -457,29 +406,14 @@ mod tests {
             interleave: 256,
             hashed: false,
             scratch: vec![0; 4],
-            open: vec![None; 4],
-            closed: (0..4).map(|_| BusyLog::default()).collect(),
             ser_memo: [(u64::MAX, 0); 2],
-            usage: (0..4)
-                .map(|channel| ChannelUsage {
+            logs: (0..4)
+                .map(|channel| ChannelLog {
                     channel,
                     ..Default::default()
                 })
                 .collect(),
         }
-    }
-
-    #[test]
-    fn busy_log_keeps_every_interval_in_order_across_blocks() {
-        let mut log = BusyLog::default();
-        let n = 2 * BusyLog::BLOCK as u64 + 3;
-        let want: Vec<(Ps, Ps)> = (0..n).map(|i| (10 * i, 10 * i + 5)).collect();
-        want.iter().for_each(|&iv| log.push(iv));
-        assert_eq!(log.blocks.len(), 3);
-        let got = log.into_vec();
-        assert_eq!(got.capacity(), got.len());
-        assert_eq!(got, want);
-        assert!(BusyLog::default().into_vec().is_empty());
     }
 
     #[test]
@@ -522,13 +456,16 @@ mod tests {
             },
             4096,
         );
-        let u = h.take_channel_usage();
+        let u = h.take_channel_logs();
         assert_eq!(u.len(), 4);
         assert_eq!((u[1].bytes_read, u[1].bytes_written), (256, 256));
-        assert_eq!(u[1].busy, vec![(0, 256_000), (600_000, 856_000)]);
+        assert_eq!(
+            u[1].busy.intervals(),
+            vec![(0, 256_000), (600_000, 856_000)]
+        );
         // Channel 2's two writes ran back to back: one interval.
         assert_eq!(
-            (u[2].bytes_written, u[2].busy.clone()),
+            (u[2].bytes_written, u[2].busy.intervals()),
             (512, vec![(0, 512_000)])
         );
     }

@@ -667,14 +667,14 @@ impl<'m, W: Write> Engine<'m, W> {
         self.stats.races = self.sync.race_count;
         self.stats.race_reports = std::mem::take(&mut self.sync.reports);
         let launches = self.launch_records();
-        let mut channels: Vec<kb_format::ChannelUsage> = self
+        let mut channels: Vec<kb_format::ChannelLog> = self
             .comps
             .iter_mut()
             .flatten()
-            .flat_map(|c| c.take_channel_usage())
+            .flat_map(|c| c.take_channel_logs())
             .collect();
         channels.sort_by_key(|c| (c.sip, c.cube, c.channel));
-        self.log.writer.channels(channels)?;
+        self.log.writer.channel_logs(channels)?;
         Ok((self.log.writer, self.stats, launches))
     }
 
