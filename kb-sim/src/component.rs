@@ -157,10 +157,11 @@ impl HbmController {
         }
     }
 
-    /// Channel `ch` serves `bytes` from `start`: busy until the returned
-    /// time.
-    fn occupy(&mut self, ch: usize, start: Ps, bytes: u64, write: bool) -> Ps {
-        let end = start.saturating_add(self.channel_ser(bytes));
+    /// Channel `ch` serves `bytes`, which take it `busy`, from `start`:
+    /// busy until the returned time.
+    #[inline]
+    fn occupy(&mut self, ch: usize, start: Ps, busy: Ps, bytes: u64, write: bool) -> Ps {
+        let end = start.saturating_add(busy);
         self.channel_free[ch] = end;
         let u = &mut self.logs[ch];
         u.busy.serve(start, end);
@@ -231,6 +232,39 @@ impl HbmController {
     }
 }
 
+/// The service times of one request's channel shares, by share size:
+/// the whole share's and its part of a first or last burst's. A request's
+/// channels mostly serve equal shares, so each size is timed once.
+struct ShareTimes {
+    bytes: u64,
+    times: (Ps, Ps),
+}
+
+impl Default for ShareTimes {
+    fn default() -> Self {
+        ShareTimes {
+            bytes: u64::MAX,
+            times: (0, 0),
+        }
+    }
+}
+
+impl ShareTimes {
+    /// `(busy, burst part)` for a share of `bytes` of a stream of `total`
+    /// bytes in `burst`-byte bursts.
+    #[inline]
+    fn of(&mut self, hbm: &mut HbmController, bytes: u64, burst: u64, total: u64) -> (Ps, Ps) {
+        if bytes != self.bytes {
+            self.bytes = bytes;
+            self.times = (
+                hbm.channel_ser(bytes),
+                hbm.channel_ser(burst_share(bytes, burst, total)),
+            );
+        }
+        self.times
+    }
+}
+
 /// The first multiple of `unit` above `at` (by a mask when `unit` is a
 /// power of two: this runs for every interleave block of every request).
 fn next_multiple(at: u64, unit: u64) -> u64 {
@@ -246,11 +280,13 @@ impl Component for HbmController {
     fn serve(&mut self, now: Ps, req: &Request) -> Service {
         self.shares(req);
         let mut done = now;
+        let mut times = ShareTimes::default();
         for ch in 0..self.scratch.len() {
             let bytes = self.scratch[ch];
             if bytes > 0 {
+                let (busy, _) = times.of(self, bytes, 0, 0);
                 let start = self.channel_free[ch].max(now);
-                done = done.max(self.occupy(ch, start, bytes, true));
+                done = done.max(self.occupy(ch, start, busy, bytes, true));
             }
         }
         Service {
@@ -265,13 +301,14 @@ impl Component for HbmController {
         self.shares(req);
         let total = req.bytes();
         let (mut head, mut done) = (now, now);
+        let mut times = ShareTimes::default();
         for ch in 0..self.scratch.len() {
             let bytes = self.scratch[ch];
             if bytes > 0 {
+                let (busy, first) = times.of(self, bytes, burst, total);
                 let start = self.channel_free[ch].max(now);
-                let first = burst_share(bytes, burst, total);
-                head = head.max(start.saturating_add(self.channel_ser(first)));
-                done = done.max(self.occupy(ch, start, bytes, false));
+                head = head.max(start.saturating_add(first));
+                done = done.max(self.occupy(ch, start, busy, bytes, false));
             }
         }
         Streamed {
@@ -287,14 +324,14 @@ impl Component for HbmController {
         self.shares(req);
         let total = req.bytes();
         let mut done = now;
+        let mut times = ShareTimes::default();
         for ch in 0..self.scratch.len() {
             let bytes = self.scratch[ch];
             if bytes > 0 {
-                let busy = self.channel_ser(bytes);
-                let last = self.channel_ser(burst_share(bytes, burst, total));
+                let (busy, last) = times.of(self, bytes, burst, total);
                 let just_in_time = (now + last).saturating_sub(busy);
                 let start = self.channel_free[ch].max(head).max(just_in_time);
-                done = done.max(self.occupy(ch, start, bytes, true));
+                done = done.max(self.occupy(ch, start, busy, bytes, true));
             }
         }
         Service {

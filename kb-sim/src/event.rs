@@ -189,6 +189,50 @@ mod tests {
         assert!(q.is_empty());
     }
 
+    /// The same against a plain sort with delays from 1 ps to 2^40 ps
+    /// (keys that differ in every bit of the time), many events pending
+    /// at once, and bursts at the current time.
+    #[test]
+    fn far_and_near_events_keep_time_then_insertion_order() {
+        let mut q = EventQueue::default();
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        let mut seq = 0u64;
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..300 {
+            let t = next() % (1 << 40);
+            q.push(t, seq);
+            want.push((t, seq));
+            seq += 1;
+        }
+        while let Some((t, e)) = q.pop() {
+            got.push((t, e));
+            assert_eq!(q.now(), t);
+            for _ in 0..next() % 3 {
+                if seq >= 20_000 {
+                    break;
+                }
+                let at = match next() % 4 {
+                    0 => t,
+                    1 => t + 1 + next() % 8,
+                    2 => t + (next() % (1 << 20)),
+                    _ => t + (next() % (1 << 40)),
+                };
+                q.push(at, seq);
+                want.push((at, seq));
+                seq += 1;
+            }
+        }
+        want.sort();
+        assert_eq!(got, want);
+        assert_eq!(q.len(), 0);
+    }
+
     #[test]
     fn ns_convert_to_integer_ps() {
         assert_eq!(ns_to_ps(1.5), 1500);
