@@ -224,12 +224,16 @@ pub(crate) fn encode(logs: &[ChannelLog]) -> Vec<u8> {
     out
 }
 
-/// Append `v` as a LEB128 varint (postcard's unsigned integers).
+/// Append `v` as a LEB128 varint (postcard's unsigned integers), a byte at
+/// a time: most are one or two bytes, which a slice copy would hand to
+/// memmove (a call per interval closed).
 #[inline]
-fn put_varint(out: &mut Vec<u8>, v: u64) {
-    let mut b = [0u8; crate::cursor::V];
-    let n = crate::record_codec::encode_varint(v, &mut b);
-    out.extend_from_slice(&b[..n]);
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
 }
 
 /// What is wrong with a channels payload: the byte offset (in the

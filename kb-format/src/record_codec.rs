@@ -378,7 +378,7 @@ impl RecordEncoder {
     }
 }
 
-pub(crate) fn encode_varint(mut v: u64, out: &mut [u8; V]) -> usize {
+fn encode_varint(mut v: u64, out: &mut [u8; V]) -> usize {
     let mut i = 0;
     while v >= 0x80 {
         out[i] = (v as u8) | 0x80;

@@ -28,15 +28,15 @@ pub fn ns_to_ps(ns: f64) -> Ps {
     (ns * PS_PER_NS as f64).round() as Ps
 }
 
+/// An event and its place: `time << 64 | seq` (one comparison orders it).
 struct Entry<E> {
-    time: Ps,
-    seq: u64,
+    key: u128,
     event: E,
 }
 
 impl<E> PartialEq for Entry<E> {
     fn eq(&self, other: &Self) -> bool {
-        (self.time, self.seq) == (other.time, other.seq)
+        self.key == other.key
     }
 }
 impl<E> Eq for Entry<E> {}
@@ -46,9 +46,10 @@ impl<E> PartialOrd for Entry<E> {
     }
 }
 impl<E> Ord for Entry<E> {
+    #[inline]
     fn cmp(&self, other: &Self) -> Ordering {
         // BinaryHeap is a max-heap: reverse for earliest-first.
-        (other.time, other.seq).cmp(&(self.time, self.seq))
+        other.key.cmp(&self.key)
     }
 }
 
@@ -91,8 +92,7 @@ impl<E> EventQueue<E> {
             self.now_fifo.push_back(event);
         } else {
             self.heap.push(Entry {
-                time,
-                seq: self.seq,
+                key: (time as u128) << 64 | self.seq as u128,
                 event,
             });
         }
@@ -103,10 +103,15 @@ impl<E> EventQueue<E> {
     #[inline]
     pub fn pop(&mut self) -> Option<(Ps, E)> {
         // Heap events at `now` were scheduled earlier than any in the FIFO.
-        if self.heap.peek().is_some_and(|e| e.time == self.now) || self.now_fifo.is_empty() {
+        if self
+            .heap
+            .peek()
+            .is_some_and(|e| (e.key >> 64) as Ps == self.now)
+            || self.now_fifo.is_empty()
+        {
             let e = self.heap.pop()?;
-            self.now = e.time;
-            return Some((e.time, e.event));
+            self.now = (e.key >> 64) as Ps;
+            return Some((self.now, e.event));
         }
         self.now_fifo.pop_front().map(|e| (self.now, e))
     }
