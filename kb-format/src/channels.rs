@@ -72,17 +72,25 @@ pub struct ChannelLog {
 /// A channel's busy intervals, served in order (the rule of
 /// [`extend_busy`]): the one still growing, and the closed ones encoded
 /// as the channels chunk holds them, (gap after the previous end, length)
-/// varint pairs.
+/// varint pairs, in blocks of fixed capacity: a log grows by a block
+/// now and then, never by copying what it holds (one growing `Vec` per
+/// channel reallocated a few times per channel as a run went on).
 #[derive(Debug, Clone, Default)]
 pub struct BusyLog {
     open: Option<(Ps, Ps)>,
     /// End of the last closed interval (0 before the first).
     closed_end: Ps,
     closed: u64,
-    wire: Vec<u8>,
+    /// The block being filled, and the full ones before it: whole pairs
+    /// only, a pair never straddles two blocks.
+    block: Vec<u8>,
+    full: Vec<Vec<u8>>,
 }
 
 impl BusyLog {
+    /// Bytes per block (a pair takes at most 20).
+    const BLOCK: usize = 16 << 10;
+
     /// Add service `[start, end)`, starting no earlier than every service
     /// before it started; it merges into the open interval when they touch.
     #[inline]
@@ -93,10 +101,25 @@ impl BusyLog {
     }
 
     fn close(&mut self, (start, end): (Ps, Ps)) {
-        put_varint(&mut self.wire, start - self.closed_end);
-        put_varint(&mut self.wire, end - start);
+        if self.block.capacity() - self.block.len() < 2 * crate::cursor::V {
+            let next = Vec::with_capacity(Self::BLOCK);
+            let done = std::mem::replace(&mut self.block, next);
+            if !done.is_empty() {
+                self.full.push(done);
+            }
+        }
+        put_varint(&mut self.block, start - self.closed_end);
+        put_varint(&mut self.block, end - start);
         self.closed_end = end;
         self.closed += 1;
+    }
+
+    /// The blocks in order.
+    fn blocks(&self) -> impl Iterator<Item = &[u8]> {
+        self.full
+            .iter()
+            .map(Vec::as_slice)
+            .chain(std::iter::once(self.block.as_slice()))
     }
 
     /// How many intervals there are.
@@ -110,23 +133,31 @@ impl BusyLog {
 
     /// The intervals, `[start, end)` in order.
     pub fn intervals(&self) -> Vec<(Ps, Ps)> {
-        let mut cur = Cur::new(&self.wire);
+        let mut out = Vec::with_capacity(self.len() as usize);
         let mut end = 0;
-        let mut out: Vec<(Ps, Ps)> = (0..self.closed)
-            .map(|_| {
+        for b in self.blocks() {
+            let mut cur = Cur::new(b);
+            while cur.left() > 0 {
                 let start = end + cur.varint();
                 end = start + cur.varint();
-                (start, end)
-            })
-            .collect();
+                out.push((start, end));
+            }
+        }
         out.extend(self.open);
         out
+    }
+
+    /// Bytes of the closed pairs.
+    fn wire_len(&self) -> usize {
+        self.blocks().map(<[u8]>::len).sum()
     }
 
     /// The wire form: the count, then the pairs.
     fn encode(&self, out: &mut Vec<u8>) {
         put_varint(out, self.len());
-        out.extend_from_slice(&self.wire);
+        for b in self.blocks() {
+            out.extend_from_slice(b);
+        }
         if let Some((s, e)) = self.open {
             put_varint(out, s - self.closed_end);
             put_varint(out, e - s);
@@ -209,7 +240,7 @@ pub(crate) fn encode(logs: &[ChannelLog]) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         10 + logs
             .iter()
-            .map(|c| 50 + 10 + c.busy.wire.len() + 20)
+            .map(|c| 50 + 10 + c.busy.wire_len() + 20)
             .sum::<usize>(),
     );
     put_varint(&mut out, logs.len() as u64);
@@ -419,6 +450,34 @@ mod tests {
         assert_eq!(
             (c.sip, c.bytes_read, c.busy[0]),
             (u32::MAX, u64::MAX, (u64::MAX - 1, u64::MAX))
+        );
+    }
+
+    /// A log long enough to fill several blocks keeps every interval, in
+    /// order, and encodes as postcard does.
+    #[test]
+    fn a_log_across_blocks_keeps_every_interval() {
+        let mut usage = ChannelUsage::default();
+        let mut log = ChannelLog::default();
+        let mut start = 0;
+        for i in 0..12_000u64 {
+            // Gaps and lengths of 1 to 8 varint bytes.
+            start += 1 + (i * 0x9e37_79b9) % (1 << (7 * (1 + i % 8)));
+            let end = start + 1 + i % 1000;
+            usage.serve(start, end);
+            log.busy.serve(start, end);
+            start = end;
+        }
+        assert!(
+            log.busy.full.len() > 1,
+            "{} full blocks",
+            log.busy.full.len()
+        );
+        assert_eq!(log.busy.intervals(), usage.busy);
+        assert_eq!(log.busy.len(), 12_000);
+        assert_eq!(
+            encode(std::slice::from_ref(&log)),
+            wire(std::slice::from_ref(&usage))
         );
     }
 
