@@ -1161,10 +1161,23 @@ impl DataPlane {
     }
 
     fn clear_pending(&mut self, pa: u64, len: u64) {
-        if self.pending.is_empty() || !self.any_pending(pa, len) {
+        if self.pending.is_empty() || len == 0 {
             return;
         }
         let end = pa + len;
+        // The last interval starting before `end` says at once when
+        // nothing is pending here, and when exactly these bytes are (a
+        // result rewritten in place: intervals are disjoint, so no other
+        // one overlaps them).
+        match self.pending.range(..end).next_back() {
+            None => return,
+            Some((_, &(e, _))) if e <= pa => return,
+            Some((&s, &(e, _))) if s == pa && e == end => {
+                self.remove_pending(pa);
+                return;
+            }
+            _ => {}
+        }
         // Trim or remove each overlapping interval; at most the first and
         // last one survive in part.
         while let Some(hit) = self.first_pending(pa, len) {
@@ -1404,6 +1417,51 @@ mod tests {
             at: u64,
             len: u64,
         },
+    }
+
+    proptest::proptest! {
+        /// Pending marks and writes, often over exactly the bytes marked
+        /// before (a result rewritten in place), keep every byte's writer
+        /// as a byte-level model does, the intervals disjoint, and each
+        /// writer counted once per interval naming it.
+        #[test]
+        fn pending_marks_follow_a_byte_model(
+            ops in proptest::collection::vec(
+                (proptest::bool::ANY, 0u64..6, proptest::option::of((0u64..600, 1u64..200))),
+                1..40,
+            )
+        ) {
+            const SLOT: u64 = 100;
+            let mut d = DataPlane::new();
+            let mut model = vec![None::<u64>; 800];
+            let mut next = 0;
+            for (mark, slot, free) in ops {
+                let (at, len) = free.unwrap_or((slot * SLOT, SLOT));
+                let bytes = at as usize..(at + len) as usize;
+                if mark {
+                    next += 1;
+                    d.register_writer(writer(next));
+                    d.mark_pending(at, len, next);
+                    model[bytes].iter_mut().for_each(|b| *b = Some(next));
+                } else {
+                    d.write(at, &vec![1; len as usize]);
+                    model[bytes].iter_mut().for_each(|b| *b = None);
+                }
+                let mut got = vec![None; 800];
+                let mut counts = std::collections::BTreeMap::new();
+                let mut prev_end = 0;
+                for (&s, &(e, w)) in &d.pending {
+                    proptest::prop_assert!(s >= prev_end && e > s, "[{}, {}) after {}", s, e, prev_end);
+                    prev_end = e;
+                    got[s as usize..e as usize].iter_mut().for_each(|b| *b = Some(w));
+                    *counts.entry(w).or_insert(0u32) += 1;
+                }
+                proptest::prop_assert_eq!(&got, &model);
+                let held: std::collections::BTreeMap<u64, u32> =
+                    d.writers.iter().map(|(&w, &(_, n))| (w, n)).collect();
+                proptest::prop_assert_eq!(held, counts);
+            }
+        }
     }
 
     fn tcm_op() -> impl proptest::strategy::Strategy<Value = TcmOp> {
