@@ -1034,8 +1034,9 @@ impl DataPlane {
         for x in pieces {
             let (rows, len, stride) = rows_of(x);
             // One search for the whole extent's span first: most moves
-            // touch no pending byte at all.
-            if rows == 0 || !self.any_pending(x.pa, (rows - 1) * stride + len) {
+            // touch no pending byte at all (a single row's own search
+            // says as much).
+            if rows == 0 || rows > 1 && !self.any_pending(x.pa, (rows - 1) * stride + len) {
                 at += rows * len;
                 continue;
             }
@@ -1068,8 +1069,9 @@ impl DataPlane {
         for x in pieces {
             let (rows, len, stride) = rows_of(x);
             // One search over the extent's span first: most writes land
-            // on no pending byte (as in `unknown_in`).
-            if rows == 0 || !self.any_pending(x.pa, (rows - 1) * stride + len) {
+            // on no pending byte (as in `unknown_in`; a single row's own
+            // search says as much).
+            if rows == 0 || rows > 1 && !self.any_pending(x.pa, (rows - 1) * stride + len) {
                 continue;
             }
             for r in 0..rows {
@@ -1082,6 +1084,18 @@ impl DataPlane {
     /// with `[pa, pa+len)`, in address order.
     fn pending_in(&self, pa: u64, len: u64, mut f: impl FnMut(u64, u64, u64)) {
         let end = pa + len;
+        // The last interval starting before `end` settles the common
+        // cases in one search: none overlaps, or one covers `pa` (and so
+        // is the only one, the intervals being disjoint).
+        match self.pending.range(..end).next_back() {
+            None => return,
+            Some((_, &(e, _))) if e <= pa => return,
+            Some((&s, &(e, w))) if s <= pa => {
+                f(pa, e.min(end), w);
+                return;
+            }
+            _ => {}
+        }
         if let Some((_, &(e, w))) = self.pending.range(..pa).next_back()
             && e > pa
         {
@@ -1460,6 +1474,35 @@ mod tests {
                 let held: std::collections::BTreeMap<u64, u32> =
                     d.writers.iter().map(|(&w, &(_, n))| (w, n)).collect();
                 proptest::prop_assert_eq!(held, counts);
+                // A move's view of them: each slot, a span across slots,
+                // and rows with gaps, listed as runs of one writer.
+                let queries = (0..7)
+                    .map(|k| Extent::contiguous(k * SLOT, SLOT))
+                    .chain([
+                        Extent::contiguous(50, 700),
+                        Extent { pa: 20, len: 60, rows: 5, stride: 150 },
+                    ]);
+                for x in queries {
+                    let mut want: Vec<(usize, usize, u64)> = Vec::new();
+                    let mut at = 0;
+                    for r in 0..x.rows as u64 {
+                        let row = x.pa + r * x.stride;
+                        for b in row..row + x.len {
+                            if let Some(w) = model[b as usize] {
+                                match want.last_mut() {
+                                    Some(u) if u.2 == w && u.0 + u.1 == at => u.1 += 1,
+                                    _ => want.push((at, 1, w)),
+                                }
+                            }
+                            at += 1;
+                        }
+                    }
+                    let mut unknown = Vec::new();
+                    d.unknown_in(&[x], &mut unknown);
+                    let got: Vec<(usize, usize, u64)> =
+                        unknown.iter().map(|u| (u.offset, u.len, u.writer.op_id)).collect();
+                    proptest::prop_assert_eq!(got, want, "{:?}", x);
+                }
             }
         }
     }
