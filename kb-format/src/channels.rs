@@ -108,8 +108,7 @@ impl BusyLog {
                 self.full.push(done);
             }
         }
-        put_varint(&mut self.block, start - self.closed_end);
-        put_varint(&mut self.block, end - start);
+        put_pair(&mut self.block, self.closed_end, (start, end));
         self.closed_end = end;
         self.closed += 1;
     }
@@ -158,9 +157,8 @@ impl BusyLog {
         for b in self.blocks() {
             out.extend_from_slice(b);
         }
-        if let Some((s, e)) = self.open {
-            put_varint(out, s - self.closed_end);
-            put_varint(out, e - s);
+        if let Some(iv) = self.open {
+            put_pair(out, self.closed_end, iv);
         }
     }
 }
@@ -196,9 +194,11 @@ impl ChannelLog {
 }
 
 /// On the wire (postcard): intervals as (gap after the previous end, or
-/// after 0 for the first; length), which keeps their varints short. Read
-/// back by [`Payload`], not through serde: a long run's chunk holds
-/// millions of intervals (serde's visitors took 120 instructions each).
+/// after 0 for the first; length), which keeps their varints short.
+/// Written by [`encode`] and read back by [`Payload`], neither through
+/// serde (a long run's chunk holds millions of intervals; serde's visitors
+/// took 120 instructions each): this is postcard's own encoding, which
+/// the tests hold both to.
 #[cfg(test)]
 #[derive(serde::Serialize)]
 pub(crate) struct Wire {
@@ -253,6 +253,14 @@ pub(crate) fn encode(logs: &[ChannelLog]) -> Vec<u8> {
         c.busy.encode(&mut out);
     }
     out
+}
+
+/// Append interval `[start, end)` as the wire has it: (gap after
+/// `prev_end`, length).
+#[inline]
+fn put_pair(out: &mut Vec<u8>, prev_end: Ps, (start, end): (Ps, Ps)) {
+    put_varint(out, start - prev_end);
+    put_varint(out, end - start);
 }
 
 /// Append `v` as a LEB128 varint (postcard's unsigned integers), a byte at

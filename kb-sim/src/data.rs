@@ -431,14 +431,25 @@ impl SnapshotParts {
 }
 
 /// Whether any of `map`'s disjoint ranges (start -> value, `end` of the
-/// value) overlaps `[pa, pa+len)`: only the last one starting before the
-/// end can reach past `pa`, so one search answers.
+/// value) overlaps `[pa, pa+len)`.
 fn overlaps<V>(map: &BTreeMap<u64, V>, pa: u64, len: u64, end: impl Fn(&V) -> u64) -> bool {
-    len > 0
-        && map
-            .range(..pa.saturating_add(len))
-            .next_back()
-            .is_some_and(|(_, v)| end(v) > pa)
+    len > 0 && last_overlapping(map, pa, len, end).is_some()
+}
+
+/// The last of `map`'s disjoint ranges that starts before `pa + len` and
+/// ends after `pa`: only the last one starting before the end can reach
+/// past `pa`, so one search says whether any overlaps, and when this one
+/// starts at or before `pa` it is the only one.
+fn last_overlapping<V>(
+    map: &BTreeMap<u64, V>,
+    pa: u64,
+    len: u64,
+    end: impl Fn(&V) -> u64,
+) -> Option<(u64, &V)> {
+    map.range(..pa.saturating_add(len))
+        .next_back()
+        .filter(|(_, v)| end(v) > pa)
+        .map(|(&s, v)| (s, v))
 }
 
 /// `(rows, len, stride)` of `x`, touching rows merged into one.
@@ -1098,17 +1109,15 @@ impl DataPlane {
     /// with `[pa, pa+len)`, in address order.
     fn pending_in(&self, pa: u64, len: u64, mut f: impl FnMut(u64, u64, u64)) {
         let end = pa + len;
-        // The last interval starting before `end` settles the common
-        // cases in one search: none overlaps, or one covers `pa` (and so
-        // is the only one, the intervals being disjoint).
-        match self.pending.range(..end).next_back() {
+        // One search settles the common cases: none overlaps, or one
+        // covers `pa` (and so is the only one).
+        match last_overlapping(&self.pending, pa, len, |&(e, _)| e) {
             None => return,
-            Some((_, &(e, _))) if e <= pa => return,
-            Some((&s, &(e, w))) if s <= pa => {
+            Some((s, &(e, w))) if s <= pa => {
                 f(pa, e.min(end), w);
                 return;
             }
-            _ => {}
+            Some(_) => {}
         }
         if let Some((_, &(e, w))) = self.pending.range(..pa).next_back()
             && e > pa
@@ -1193,18 +1202,16 @@ impl DataPlane {
             return;
         }
         let end = pa + len;
-        // The last interval starting before `end` says at once when
-        // nothing is pending here, and when exactly these bytes are (a
-        // result rewritten in place: intervals are disjoint, so no other
-        // one overlaps them).
-        match self.pending.range(..end).next_back() {
+        // One search says when nothing is pending here, and when exactly
+        // these bytes are (a result rewritten in place: no other interval
+        // overlaps them).
+        match last_overlapping(&self.pending, pa, len, |&(e, _)| e) {
             None => return,
-            Some((_, &(e, _))) if e <= pa => return,
-            Some((&s, &(e, _))) if s == pa && e == end => {
+            Some((s, &(e, _))) if s == pa && e == end => {
                 self.remove_pending(pa);
                 return;
             }
-            _ => {}
+            Some(_) => {}
         }
         // Trim or remove each overlapping interval; at most the first and
         // last one survive in part.

@@ -154,36 +154,44 @@ mod tests {
         assert_eq!(q.now(), 5);
     }
 
-    /// The FIFO for events at the current time keeps (time, sequence)
-    /// order: checked against a plain sort of every push, with events
-    /// pushed while popping (some at the current time, some later).
-    #[test]
-    fn same_time_events_keep_time_then_insertion_order() {
+    /// A xorshift64 generator: the tests' pseudo-random times.
+    fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        }
+    }
+
+    /// Push `first` events at `initial()` times, then pop everything,
+    /// each pop pushing zero to two reactions at `delay(now)` (until
+    /// `limit` pushes in all); the pops must come in the order of a plain
+    /// sort of every push by (time, sequence).
+    fn pops_as_a_sort_of_pushes(
+        next: &mut impl FnMut() -> u64,
+        first: usize,
+        limit: u64,
+        initial: impl Fn(&mut dyn FnMut() -> u64) -> Ps,
+        delay: impl Fn(&mut dyn FnMut() -> u64, Ps) -> Ps,
+    ) {
         let mut q = EventQueue::default();
-        let mut want: Vec<(Ps, u64)> = Vec::new();
+        let (mut want, mut got) = (Vec::new(), Vec::new());
         let mut seq = 0u64;
-        let mut got = Vec::new();
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
-        for _ in 0..20 {
-            let t = next() % 5;
+        for _ in 0..first {
+            let t = initial(next);
             q.push(t, seq);
             want.push((t, seq));
             seq += 1;
         }
         while let Some((t, e)) = q.pop() {
             got.push((t, e));
-            // Reactions: zero to two new events, at now or up to 3 later.
+            assert_eq!(q.now(), t);
             for _ in 0..next() % 3 {
-                if seq >= 400 {
+                if seq >= limit {
                     break;
                 }
-                let at = t + next() % 2 * (next() % 4);
+                let at = delay(next, t);
                 q.push(at, seq);
                 want.push((at, seq));
                 seq += 1;
@@ -194,48 +202,37 @@ mod tests {
         assert!(q.is_empty());
     }
 
-    /// The same against a plain sort with delays from 1 ps to 2^40 ps
-    /// (keys that differ in every bit of the time), many events pending
-    /// at once, and bursts at the current time.
+    /// The FIFO for events at the current time keeps (time, sequence)
+    /// order: events pushed while popping, some at the current time,
+    /// some up to 3 later.
+    #[test]
+    fn same_time_events_keep_time_then_insertion_order() {
+        pops_as_a_sort_of_pushes(
+            &mut xorshift(0x2545_f491_4f6c_dd1d),
+            20,
+            400,
+            |next| next() % 5,
+            |next, t| t + next() % 2 * (next() % 4),
+        );
+    }
+
+    /// The same with delays from 1 ps to 2^40 ps (keys that differ in
+    /// every bit of the time), many events pending at once, and bursts at
+    /// the current time.
     #[test]
     fn far_and_near_events_keep_time_then_insertion_order() {
-        let mut q = EventQueue::default();
-        let (mut want, mut got) = (Vec::new(), Vec::new());
-        let mut seq = 0u64;
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
-        for _ in 0..300 {
-            let t = next() % (1 << 40);
-            q.push(t, seq);
-            want.push((t, seq));
-            seq += 1;
-        }
-        while let Some((t, e)) = q.pop() {
-            got.push((t, e));
-            assert_eq!(q.now(), t);
-            for _ in 0..next() % 3 {
-                if seq >= 20_000 {
-                    break;
-                }
-                let at = match next() % 4 {
-                    0 => t,
-                    1 => t + 1 + next() % 8,
-                    2 => t + (next() % (1 << 20)),
-                    _ => t + (next() % (1 << 40)),
-                };
-                q.push(at, seq);
-                want.push((at, seq));
-                seq += 1;
-            }
-        }
-        want.sort();
-        assert_eq!(got, want);
-        assert_eq!(q.len(), 0);
+        pops_as_a_sort_of_pushes(
+            &mut xorshift(0x9e37_79b9_7f4a_7c15),
+            300,
+            20_000,
+            |next| next() % (1 << 40),
+            |next, t| match next() % 4 {
+                0 => t,
+                1 => t + 1 + next() % 8,
+                2 => t + (next() % (1 << 20)),
+                _ => t + (next() % (1 << 40)),
+            },
+        );
     }
 
     #[test]

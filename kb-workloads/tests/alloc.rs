@@ -68,7 +68,9 @@ fn counted(f: impl FnOnce() -> u64) -> (u64, u64) {
 
 /// Allocations per extra record between a run of `small` and one of
 /// `large`, printed with both runs' figures.
-fn per_extra_record(what: &str, small: (u64, u64), large: (u64, u64)) -> f64 {
+/// Asserts that the larger run allocated fewer than `bound` times per
+/// record it made beyond the smaller one.
+fn assert_per_extra_record(what: &str, small: (u64, u64), large: (u64, u64), bound: f64) {
     let (a0, r0) = small;
     let (a1, r1) = large;
     assert!(r1 > 2 * r0, "{what}: the larger run has many more records");
@@ -76,7 +78,10 @@ fn per_extra_record(what: &str, small: (u64, u64), large: (u64, u64)) -> f64 {
     eprintln!(
         "{what}: {a0} allocations for {r0} records, {a1} for {r1}: {per:.3} per extra record"
     );
-    per
+    assert!(
+        per < bound,
+        "{what}: {per:.3} allocations per record (bound {bound})"
+    );
 }
 
 fn gemm_tiled(k: u64, races: RacePolicy) -> u64 {
@@ -128,11 +133,7 @@ fn gemm_tiled_allocates_almost_nothing_per_record() {
         let small = counted(|| gemm_tiled(256, races));
         let large = counted(|| gemm_tiled(1024, races));
         let what = format!("gemm_tiled 512x512 f32, k 256 -> 1024, races {races:?}");
-        let per = per_extra_record(&what, small, large);
-        assert!(
-            per < bound,
-            "{what}: {per:.3} allocations per record (bound {bound})"
-        );
+        assert_per_extra_record(&what, small, large, bound);
     }
 }
 
@@ -144,11 +145,7 @@ fn masked_tiles_allocate_almost_nothing_per_record() {
     let small = counted(|| gemm_tiled_on("large", 1000, 256, RacePolicy::Off));
     let large = counted(|| gemm_tiled_on("large", 1000, 1024, RacePolicy::Off));
     let what = "gemm_tiled 1000x1000 f32 on large, k 256 -> 1024, races Off";
-    let per = per_extra_record(what, small, large);
-    assert!(
-        per < BOUND,
-        "{what}: {per:.3} allocations per record (bound {BOUND})"
-    );
+    assert_per_extra_record(what, small, large, BOUND);
 }
 
 /// The kernel benchmark's shape (kb-sim/benches/kernels.rs): every PE
@@ -223,14 +220,11 @@ fn kernel_loop(kernel: fn(&mut Tl<'_>, &KernelArgs), y_dtype: Dtype, iters: u64)
 fn the_kernel_benchmark_loop_allocates_almost_nothing_per_record() {
     let small = counted(|| kernel_loop(peer_kernel, Dtype::F32, 20));
     let large = counted(|| kernel_loop(peer_kernel, Dtype::F32, 80));
-    let per = per_extra_record(
+    assert_per_extra_record(
         "load -> dot -> store loop, 20 -> 80 iterations",
         small,
         large,
-    );
-    assert!(
-        per < BOUND,
-        "{per:.3} allocations per record (bound {BOUND})"
+        BOUND,
     );
 }
 
@@ -238,13 +232,10 @@ fn the_kernel_benchmark_loop_allocates_almost_nothing_per_record() {
 fn a_loop_of_math_ops_allocates_almost_nothing_per_record() {
     let small = counted(|| kernel_loop(math_kernel, Dtype::F16, 10));
     let large = counted(|| kernel_loop(math_kernel, Dtype::F16, 40));
-    let per = per_extra_record(
+    assert_per_extra_record(
         "load -> exp, add, sum, add -> store loop, 10 -> 40 iterations",
         small,
         large,
-    );
-    assert!(
-        per < BOUND,
-        "{per:.3} allocations per record (bound {BOUND})"
+        BOUND,
     );
 }
