@@ -127,9 +127,16 @@ fn main() {
             handshake(ex)
         );
     }
+    // KB_BENCH_RUNS=n repeats the workload n times (default 3; more for
+    // profiling).
+    let repeats = std::env::var("KB_BENCH_RUNS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3);
     for ex in executors() {
         let runs: Vec<(u64, u64, f64, Option<f64>)> =
-            (0..3).map(|_| peer_workload(ex, 200)).collect();
+            (0..repeats).map(|_| peer_workload(ex, 200)).collect();
         let wall = median(runs.iter().map(|r| r.2).collect());
         let (ops, events, _, _) = runs[0];
         println!(

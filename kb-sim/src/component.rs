@@ -5,7 +5,7 @@
 
 use kb_format::ChannelLog;
 
-use crate::event::{Ps, ns_to_ps};
+use crate::event::{Ps, ceil_ps, ns_to_ps};
 use crate::topology::Topology;
 
 /// A request presented to a component.
@@ -55,7 +55,7 @@ pub struct Streamed {
 
 /// Time to move `bytes` at `gbs` GB/s, rounded up to a picosecond.
 fn ser(bytes: u64, gbs: f64) -> Ps {
-    (bytes as f64 * 1000.0 / gbs).ceil() as Ps
+    ceil_ps(bytes as f64 * 1000.0 / gbs)
 }
 
 /// The part of `share` bytes that a stream's first (or last) burst of
@@ -394,7 +394,7 @@ impl Component for Scratchpad {
 
     fn serve(&mut self, now: Ps, req: &Request) -> Service {
         let start = self.free.max(now);
-        let busy = (req.bytes() as f64 * 1000.0 / self.bw_gbs).ceil() as Ps;
+        let busy = ceil_ps(req.bytes() as f64 * 1000.0 / self.bw_gbs);
         self.free = start.saturating_add(busy);
         Service {
             start,

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap as HashMap;
 use std::rc::Rc;
 
-use crate::event::{Ps, ns_to_ps};
+use crate::event::{Ps, ceil_ps, ns_to_ps};
 use crate::topology::{AddressModel, LinkSpec, MappingMode, Positive, Topology};
 
 pub type NodeId = u32;
@@ -99,7 +99,7 @@ impl Link {
     #[inline]
     pub fn serialize_ps(&self, bytes: u64) -> Ps {
         // GB/s = bytes per ns; x1000 for ps.
-        (bytes as f64 * 1000.0 / self.bw_gbs).ceil() as Ps
+        ceil_ps(bytes as f64 * 1000.0 / self.bw_gbs)
     }
 }
 

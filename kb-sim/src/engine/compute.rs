@@ -20,7 +20,7 @@ use kb_format::{Dtype, Effect, Extent, GemmParams, MathInput, MathParams, Ps, Sp
 use super::dma::DmaAct;
 use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, ns};
 use crate::component::Request;
-use crate::event::ns_to_ps;
+use crate::event::{ceil_ps, ns_to_ps};
 use crate::machine::{NodeId, NodeKind, PeCoord};
 use crate::program::{DataOp, Labeled};
 
@@ -152,8 +152,7 @@ impl<W: Write> Engine<'_, W> {
                 }
                 let tflops = rate(&t.pe_gemm.tflops, g.dtype_in);
                 let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64;
-                let ps =
-                    ((flops / tflops).ceil() as Ps).saturating_add(ns_to_ps(t.pe_gemm.setup_ns.0));
+                let ps = ceil_ps(flops / tflops).saturating_add(ns_to_ps(t.pe_gemm.setup_ns.0));
                 (tile(g.out, g.m, g.n, g.dtype_out), NodeKind::PeGemm, ps)
             }
             ComputeOp::Math(Labeled { op: m, .. }) => {
@@ -171,7 +170,7 @@ impl<W: Write> Engine<'_, W> {
                     }
                 }
                 let gflops = rate(&t.pe_math.gflops, math_rate_dtype(m));
-                let ps = ((elems as f64 * 1000.0 / gflops).ceil() as Ps)
+                let ps = ceil_ps(elems as f64 * 1000.0 / gflops)
                     .saturating_add(ns_to_ps(t.pe_math.setup_ns.0));
                 (tile(m.out, m.rows, m.cols, m.dtype), NodeKind::PeMath, ps)
             }
@@ -330,7 +329,7 @@ impl<W: Write> Engine<'_, W> {
                     let bytes = x.inputs().iter().map(|e| e.bytes()).sum();
                     (x.tcm, x.unit, bytes, x.operands_tail)
                 };
-                let route = self.m.route(tcm, unit);
+                let route = self.route(tcm, None, unit);
                 self.send_streamed(route, bytes, Arrive::OperandsAtUnit(c), tail, true);
             }
             ComputeAct::Done(c) => {
@@ -342,7 +341,7 @@ impl<W: Write> Engine<'_, W> {
                 };
                 self.units[unit as usize].busy = false;
                 self.try_start(unit);
-                let route = self.m.route(unit, tcm);
+                let route = self.route(unit, None, tcm);
                 self.send_streamed(route, bytes, Arrive::ResultAtTcm(c), now, false);
             }
             ComputeAct::End(c) => self.finish_compute(c)?,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use kb_format::Ps;
 
-use super::{Act, Arrive, CONTROL_BYTES, Engine, SimError};
+use super::{Arrive, CONTROL_BYTES, Engine, SimError};
 use crate::component::Request;
 use crate::event::ns_to_ps;
 use crate::kernel::{self, Executor, KernelArgs, KernelFn};
@@ -166,12 +166,6 @@ impl From<LaunchArrive> for Arrive {
     }
 }
 
-impl From<LaunchAct> for Act {
-    fn from(a: LaunchAct) -> Act {
-        Act::Launch(a)
-    }
-}
-
 /// Per-PE launch state.
 #[derive(Debug, Default)]
 pub(super) struct PeLaunches {
@@ -322,7 +316,7 @@ impl<W: Write> Engine<'_, W> {
                 let io = self.m.sip_node(sip, NodeKind::IoCpu);
                 let end = self.serve(io, Request::control());
                 let target = end.saturating_add(self.launch_lead(launch, sip));
-                self.at(
+                self.at_launch(
                     end,
                     LaunchAct::IoFanout {
                         launch,
@@ -339,7 +333,7 @@ impl<W: Write> Engine<'_, W> {
             } => {
                 let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
                 let end = self.serve(mcpu, Request::control());
-                self.at(
+                self.at_launch(
                     end,
                     LaunchAct::McpuFanout {
                         launch,
@@ -354,7 +348,7 @@ impl<W: Write> Engine<'_, W> {
                     .m
                     .pe_node(self.m.pe_coord(pe as usize), NodeKind::PeCpu);
                 let end = self.serve(cpu, Request::control());
-                self.at(end.max(target), LaunchAct::KernelStart { launch, pe });
+                self.at_launch(end.max(target), LaunchAct::KernelStart { launch, pe });
             }
             LaunchArrive::DoneAtMcpu { launch, sip, cube } => {
                 let c = self.m.topo.counts;
@@ -364,7 +358,7 @@ impl<W: Write> Engine<'_, W> {
                     [(sip * c.cubes_per_sip + cube) as usize];
                 *left -= 1;
                 if *left == 0 {
-                    self.at(end, LaunchAct::McpuReport { launch, sip, cube });
+                    self.at_launch(end, LaunchAct::McpuReport { launch, sip, cube });
                 }
             }
             LaunchArrive::DoneAtIo { launch, sip } => {
@@ -373,7 +367,7 @@ impl<W: Write> Engine<'_, W> {
                 let left = &mut self.launches[launch as usize].sip_left[sip as usize];
                 *left -= 1;
                 if *left == 0 {
-                    self.at(end, LaunchAct::IoReport { launch, sip });
+                    self.at_launch(end, LaunchAct::IoReport { launch, sip });
                 }
             }
             LaunchArrive::DoneAtHost { launch } => {

@@ -11,7 +11,7 @@ use kb_format::pa::Pa;
 use kb_format::{Extent, Ps, Space};
 
 use super::host::HostArrive;
-use super::{Act, Arrive, Engine};
+use super::{Arrive, Engine};
 use crate::component::Request;
 use crate::machine::{NodeKind, PeCoord};
 
@@ -47,12 +47,6 @@ pub(super) struct MapMsg {
 impl From<MmuArrive> for Arrive {
     fn from(a: MmuArrive) -> Arrive {
         Arrive::Mmu(a)
-    }
-}
-
-impl From<MmuAct> for Act {
-    fn from(a: MmuAct) -> Act {
-        Act::Mmu(a)
     }
 }
 
@@ -135,12 +129,12 @@ impl<W: Write> Engine<'_, W> {
             MmuArrive::Io { msg, sip } => {
                 let io = self.m.sip_node(sip, NodeKind::IoCpu);
                 let end = self.serve(io, Request::control());
-                self.at(end, MmuAct::IoFanout { msg, sip });
+                self.at_mmu(end, MmuAct::IoFanout { msg, sip });
             }
             MmuArrive::Mcpu { msg, sip, cube } => {
                 let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
                 let end = self.serve(mcpu, Request::control());
-                self.at(end, MmuAct::McpuFanout { msg, sip, cube });
+                self.at_mmu(end, MmuAct::McpuFanout { msg, sip, cube });
             }
             MmuArrive::Mmu { msg, pe } => {
                 let mapping = &self.tensors[msg.tensor as usize].mappings[msg.group as usize];

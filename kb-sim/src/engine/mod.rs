@@ -18,7 +18,6 @@ use std::collections::VecDeque;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 use std::io::Write;
-use std::rc::Rc;
 
 use kb_format::{Effect, Extent, OpKind, Params, Ps, Record, TraceWriter};
 
@@ -103,13 +102,17 @@ enum Done {
     Compute,
 }
 
-/// A protocol step scheduled at a time.
+/// A protocol step scheduled at a time. The rare steps with large
+/// payloads (launch and mapping fan-out) wait in slabs, named by index:
+/// every event stays small, and the event heap moves less per level.
 #[derive(Debug, Clone, Copy)]
 enum Act {
     Host(HostAct),
     Dma(DmaAct),
-    Mmu(MmuAct),
-    Launch(LaunchAct),
+    /// `Engine::mmu_acts[i]`.
+    Mmu(u32),
+    /// `Engine::launch_acts[i]`.
+    Launch(u32),
     Sync(SyncAct),
     Compute(ComputeAct),
 }
@@ -126,9 +129,39 @@ enum Ev {
     Act(Act),
 }
 
+// The event heap's entries are a 16-byte key and an event: keep the event
+// within 16 bytes (a larger payload goes in a slab, as `Act::Launch` does).
+const _: () = assert!(std::mem::size_of::<Ev>() <= 16);
+
+/// A route's links: `Routes::links[start..start + len]`.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    start: u32,
+    len: u32,
+}
+
+impl Route {
+    fn is_empty(self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The routes this run's messages took, each copied once out of the
+/// machine's route memo into one array: a message names its route by a
+/// `Copy` handle and a hop reads its link from there (no reference count
+/// per message, no borrow of the machine's memo per send).
+#[derive(Debug, Default)]
+struct Routes {
+    /// `(from, via or NO_VIA, to)` -> its route.
+    known: HashMap<(NodeId, NodeId, NodeId), Route>,
+    links: Vec<LinkId>,
+}
+
+const NO_VIA: NodeId = NodeId::MAX;
+
 #[derive(Debug)]
 struct Msg {
-    route: Rc<[LinkId]>,
+    route: Route,
     hop: usize,
     bytes: u64,
     /// When the tail is at the current node (at the source: when the last
@@ -293,6 +326,10 @@ pub struct Engine<'m, W: Write> {
     /// Write snapshots of compute inputs (`--capture-inputs`).
     capture_inputs: bool,
     msgs: Slab<Msg>,
+    routes: Routes,
+    /// Payloads of scheduled `Act::Launch` and `Act::Mmu` steps.
+    launch_acts: Slab<LaunchAct>,
+    mmu_acts: Slab<MmuAct>,
     dmas: Slab<Dma>,
     computes: Slab<Compute>,
     units: Vec<UnitQueue>,
@@ -509,6 +546,9 @@ impl<'m, W: Write> Engine<'m, W> {
             tcm_buffers,
             capture_inputs: false,
             msgs: Slab::new(),
+            routes: Routes::default(),
+            launch_acts: Slab::new(),
+            mmu_acts: Slab::new(),
             dmas: Slab::new(),
             computes: Slab::new(),
             units: (0..m.nodes.len()).map(|_| UnitQueue::default()).collect(),
@@ -681,7 +721,7 @@ impl<'m, W: Write> Engine<'m, W> {
     // ---- fabric ----
 
     fn send(&mut self, from: NodeId, to: NodeId, bytes: u64, then: impl Into<Arrive>) {
-        let route = self.m.route(from, to);
+        let route = self.route(from, None, to);
         self.send_route(route, bytes, then.into());
     }
 
@@ -699,14 +739,25 @@ impl<'m, W: Write> Engine<'m, W> {
     }
 
     /// The route `from -> via -> to`, or `from -> to` without a via.
-    fn route(&self, from: NodeId, via: Option<NodeId>, to: NodeId) -> Rc<[LinkId]> {
-        match via {
+    fn route(&mut self, from: NodeId, via: Option<NodeId>, to: NodeId) -> Route {
+        let key = (from, via.unwrap_or(NO_VIA), to);
+        if let Some(&r) = self.routes.known.get(&key) {
+            return r;
+        }
+        let links = match via {
             Some(v) => self.m.route_via(from, v, to),
             None => self.m.route(from, to),
-        }
+        };
+        let r = Route {
+            start: self.routes.links.len() as u32,
+            len: links.len() as u32,
+        };
+        self.routes.links.extend_from_slice(&links);
+        self.routes.known.insert(key, r);
+        r
     }
 
-    fn send_route(&mut self, route: Rc<[LinkId]>, bytes: u64, then: Arrive) {
+    fn send_route(&mut self, route: Route, bytes: u64, then: Arrive) {
         let now = self.q.now();
         self.send_streamed(route, bytes, then, now, false);
     }
@@ -715,14 +766,7 @@ impl<'m, W: Write> Engine<'m, W> {
     /// at the source at `tail` (a streamed transfer: no link carries the
     /// tail before it is ready); handle it when its head arrives with
     /// `on_head`, else when its tail does.
-    fn send_streamed(
-        &mut self,
-        route: Rc<[LinkId]>,
-        bytes: u64,
-        then: Arrive,
-        tail: Ps,
-        on_head: bool,
-    ) {
+    fn send_streamed(&mut self, route: Route, bytes: u64, then: Arrive, tail: Ps, on_head: bool) {
         let now = self.q.now();
         let local = route.is_empty();
         let tail = tail.max(now);
@@ -745,7 +789,7 @@ impl<'m, W: Write> Engine<'m, W> {
         let now = self.q.now();
         let flit = self.m.first_flit_ps;
         let msg = self.msgs.get(id);
-        let l = msg.route[msg.hop] as usize;
+        let l = self.routes.links[(msg.route.start as usize) + msg.hop] as usize;
         let link = &self.m.links[l];
         let start = now.max(self.link_free[l]);
         // Saturating: a run that passes the time limit stops with an error
@@ -756,7 +800,7 @@ impl<'m, W: Write> Engine<'m, W> {
         self.link_free[l] = end;
         msg.tail = end.saturating_add(link.latency_ps);
         msg.hop += 1;
-        if msg.hop == msg.route.len() {
+        if msg.hop == msg.route.len as usize {
             msg.head = start.saturating_add(link.latency_ps);
             let at = if msg.on_head { msg.head } else { msg.tail };
             self.q.push(at, Ev::Arrive(id));
@@ -777,6 +821,16 @@ impl<'m, W: Write> Engine<'m, W> {
     fn at(&mut self, t: Ps, a: impl Into<Act>) {
         let a = a.into();
         self.q.push(t, Ev::Act(a));
+    }
+
+    fn at_launch(&mut self, t: Ps, a: LaunchAct) {
+        let i = self.launch_acts.insert(a);
+        self.at(t, Act::Launch(i));
+    }
+
+    fn at_mmu(&mut self, t: Ps, a: MmuAct) {
+        let i = self.mmu_acts.insert(a);
+        self.at(t, Act::Mmu(i));
     }
 
     // ---- op-log hook ----
@@ -939,8 +993,14 @@ impl<'m, W: Write> Engine<'m, W> {
         match a {
             Act::Host(a) => self.host_act(a)?,
             Act::Dma(a) => self.dma_act(a)?,
-            Act::Mmu(a) => self.mmu_act(a),
-            Act::Launch(a) => self.launch_act(a)?,
+            Act::Mmu(i) => {
+                let a = self.mmu_acts.remove(i);
+                self.mmu_act(a)
+            }
+            Act::Launch(i) => {
+                let a = self.launch_acts.remove(i);
+                self.launch_act(a)?
+            }
             Act::Sync(a) => self.sync_act(a)?,
             Act::Compute(a) => self.compute_act(a)?,
         }
