@@ -13,7 +13,6 @@
 //! into one TCM range lands by reference to its [`Snapshot`] (no copy);
 //! reads see such ranges first and writes trim them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -21,6 +20,9 @@ use rustc_hash::FxHashMap;
 use kb_format::Extent;
 
 use crate::program::{Unknown, Writer};
+
+mod ranges;
+use ranges::{RangeMap, Span};
 
 const PAGE_BITS: u32 = 16;
 /// Bytes per data-plane page.
@@ -430,26 +432,17 @@ impl SnapshotParts {
     }
 }
 
-/// Whether any of `map`'s disjoint ranges (start -> value, `end` of the
-/// value) overlaps `[pa, pa+len)`.
-fn overlaps<V>(map: &BTreeMap<u64, V>, pa: u64, len: u64, end: impl Fn(&V) -> u64) -> bool {
-    len > 0 && last_overlapping(map, pa, len, end).is_some()
+/// Whether any of `map`'s disjoint ranges overlaps `[pa, pa+len)`.
+fn overlaps<V: Span>(map: &RangeMap<V>, pa: u64, len: u64) -> bool {
+    len > 0 && last_overlapping(map, pa, len).is_some()
 }
 
 /// The last of `map`'s disjoint ranges that starts before `pa + len` and
 /// ends after `pa`: only the last one starting before the end can reach
 /// past `pa`, so one search says whether any overlaps, and when this one
 /// starts at or before `pa` it is the only one.
-fn last_overlapping<V>(
-    map: &BTreeMap<u64, V>,
-    pa: u64,
-    len: u64,
-    end: impl Fn(&V) -> u64,
-) -> Option<(u64, &V)> {
-    map.range(..pa.saturating_add(len))
-        .next_back()
-        .filter(|(_, v)| end(v) > pa)
-        .map(|(&s, v)| (s, v))
+fn last_overlapping<V: Span>(map: &RangeMap<V>, pa: u64, len: u64) -> Option<(u64, &V)> {
+    map.last_before_ending_after(pa.saturating_add(len), pa)
 }
 
 /// `(rows, len, stride)` of `x`, touching rows merged into one.
@@ -469,6 +462,19 @@ struct Landed {
     end: u64,
     snap: Snapshot,
     skip: usize,
+}
+
+impl Span for Landed {
+    fn end(&self) -> u64 {
+        self.end
+    }
+}
+
+/// A pending range's value: its end and its writer's op id.
+impl Span for (u64, u64) {
+    fn end(&self) -> u64 {
+        self.0
+    }
 }
 
 /// Fingerprints of bytes moved recently, by the pages that held them: a
@@ -557,9 +563,9 @@ pub struct DataPlane {
     /// only overwritten by the next load, so copying them into pages was
     /// the largest single cost of a run. Every read looks here first;
     /// every write trims what it covers.
-    landed: BTreeMap<u64, Landed>,
+    landed: RangeMap<Landed>,
     /// start -> (end, writer op id); disjoint intervals.
-    pending: BTreeMap<u64, (u64, u64)>,
+    pending: RangeMap<(u64, u64)>,
     /// Who each writer named in `pending` is, with the number of pending
     /// intervals naming it (dropped at zero, so this stays as small as the
     /// pending set).
@@ -721,7 +727,7 @@ impl DataPlane {
     }
 
     fn remove_pending(&mut self, start: u64) -> Option<(u64, u64)> {
-        let v = self.pending.remove(&start)?;
+        let v = self.pending.remove(start)?;
         self.unref(v.1);
         Some(v)
     }
@@ -759,13 +765,15 @@ impl DataPlane {
         let mut start = pa;
         let mut end = pa + len;
         if !first {
-            if let Some((&s, &(e, w))) = self.pending.range(..pa).next_back()
+            if let Some((s, &(e, w))) = self
+                .pending
+                .last_before_ending_after(pa, pa.saturating_sub(1))
                 && e == pa
                 && w == writer
             {
                 start = s;
             }
-            if let Some(&(e, w)) = self.pending.get(&end)
+            if let Some(&(e, w)) = self.pending.get(end)
                 && w == writer
             {
                 end = e;
@@ -847,7 +855,7 @@ impl DataPlane {
 
     /// Whether any landed range overlaps `[pa, pa+len)`.
     fn landed_in(&self, pa: u64, len: u64) -> bool {
-        overlaps(&self.landed, pa, len, |l| l.end)
+        overlaps(&self.landed, pa, len)
     }
 
     /// Push the bytes `[pa, pa+len)` onto `snap`: landed ranges by their
@@ -862,12 +870,11 @@ impl DataPlane {
         let end = pa + len;
         let mut at = pa;
         // The landed range holding `pa`, if any, then those starting inside.
-        let first = self
-            .landed
-            .range(..=pa)
-            .next_back()
-            .filter(|(_, l)| l.end > pa);
-        for (&s, l) in first.into_iter().chain(self.landed.range(pa + 1..end)) {
+        let first = self.landed.last_upto_ending_after(pa, pa);
+        for (s, l) in first
+            .into_iter()
+            .chain(self.landed.starting_in(pa + 1, end))
+        {
             if s > at {
                 self.push_pages(at, s - at, snap, last);
                 at = s;
@@ -921,10 +928,8 @@ impl DataPlane {
         // `pa`: ranges are disjoint, so this walks the overlaps from the
         // last, and the parts kept (outside `[pa, end)`) are never met
         // again.
-        while let Some((&s, l)) = self.landed.range(..end).next_back()
-            && l.end > pa
-        {
-            let l = self.landed.remove(&s).expect("found");
+        while let Some((s, _)) = self.landed.last_before_ending_after(end, pa) {
+            let l = self.landed.remove(s).expect("found");
             if s < pa {
                 self.landed.insert(
                     s,
@@ -1111,7 +1116,7 @@ impl DataPlane {
         let end = pa + len;
         // One search settles the common cases: none overlaps, or one
         // covers `pa` (and so is the only one).
-        match last_overlapping(&self.pending, pa, len, |&(e, _)| e) {
+        match last_overlapping(&self.pending, pa, len) {
             None => return,
             Some((s, &(e, w))) if s <= pa => {
                 f(pa, e.min(end), w);
@@ -1119,12 +1124,10 @@ impl DataPlane {
             }
             Some(_) => {}
         }
-        if let Some((_, &(e, w))) = self.pending.range(..pa).next_back()
-            && e > pa
-        {
+        if let Some((_, &(e, w))) = self.pending.last_before_ending_after(pa, pa) {
             f(pa, e.min(end), w);
         }
-        for (&s, &(e, w)) in self.pending.range(pa..end) {
+        for (s, &(e, w)) in self.pending.starting_in(pa, end) {
             f(s, e.min(end), w);
         }
     }
@@ -1171,23 +1174,21 @@ impl DataPlane {
 
     /// Whether any pending interval overlaps `[pa, pa+len)`.
     fn any_pending(&self, pa: u64, len: u64) -> bool {
-        overlaps(&self.pending, pa, len, |&(end, _)| end)
+        overlaps(&self.pending, pa, len)
     }
 
     /// The first pending interval overlapping `[pa, pa+len)`.
     fn first_pending(&self, pa: u64, len: u64) -> Option<PendingRead> {
         let end = pa + len;
         // The interval starting at or before pa, then any starting inside.
-        if let Some((&s, &(e, w))) = self.pending.range(..=pa).next_back()
-            && e > pa
-        {
+        if let Some((s, &(e, w))) = self.pending.last_upto_ending_after(pa, pa) {
             return Some(PendingRead {
                 pa: s.max(pa),
                 end: e.min(end),
                 writer: w,
             });
         }
-        if let Some((&s, &(e, w))) = self.pending.range(pa..end).next() {
+        if let Some((s, &(e, w))) = self.pending.starting_in(pa, end).next() {
             return Some(PendingRead {
                 pa: s,
                 end: e.min(end),
@@ -1205,7 +1206,7 @@ impl DataPlane {
         // One search says when nothing is pending here, and when exactly
         // these bytes are (a result rewritten in place: no other interval
         // overlaps them).
-        match last_overlapping(&self.pending, pa, len, |&(e, _)| e) {
+        match last_overlapping(&self.pending, pa, len) {
             None => return,
             Some((s, &(e, _))) if s == pa && e == end => {
                 self.remove_pending(pa);
@@ -1218,11 +1219,10 @@ impl DataPlane {
         while let Some(hit) = self.first_pending(pa, len) {
             let start = self
                 .pending
-                .range(..=hit.pa)
-                .next_back()
-                .map(|(&s, _)| s)
+                .last_upto_ending_after(hit.pa, hit.pa)
+                .map(|(s, _)| s)
                 .expect("an overlapping interval starts at or before the hit");
-            let (e, w) = *self.pending.get(&start).expect("listed");
+            let (e, w) = *self.pending.get(start).expect("listed");
             // Re-insert the surviving parts before dropping the original,
             // so the writer's count never passes through zero.
             if e > end {
@@ -1491,7 +1491,7 @@ mod tests {
                 let mut got = vec![None; 800];
                 let mut counts = std::collections::BTreeMap::new();
                 let (mut prev_end, mut prev_writer) = (0, None);
-                for (&s, &(e, w)) in &d.pending {
+                for (s, &(e, w)) in d.pending.iter() {
                     proptest::prop_assert!(s >= prev_end && e > s, "[{}, {}) after {}", s, e, prev_end);
                     proptest::prop_assert!(
                         s > prev_end || prev_writer != Some(w),
@@ -1804,15 +1804,18 @@ mod tests {
         let mut marked = setup();
         marked.clear_extents(&dst);
         marked.mark_unknown(&dst, &unknown);
-        assert_eq!(copied.pending, marked.pending);
-        assert_eq!(marked.pending[&120], (128, 3));
+        assert_eq!(
+            copied.pending.iter().collect::<Vec<_>>(),
+            marked.pending.iter().collect::<Vec<_>>()
+        );
+        assert_eq!(*marked.pending.get(120).unwrap(), (128, 3));
         // The second piece's 24 bytes: 8 more of 3's, then 16 of 4's.
-        assert_eq!(marked.pending[&140], (148, 3));
-        assert_eq!(marked.pending[&148], (164, 4));
+        assert_eq!(*marked.pending.get(140).unwrap(), (148, 3));
+        assert_eq!(*marked.pending.get(148).unwrap(), (164, 4));
         // Writer 5's mark survives where neither move wrote (128..130 is
         // not pending: 130..140 and 164..170 are 5's).
-        assert_eq!(marked.pending[&130], (140, 5));
-        assert_eq!(marked.pending[&164], (170, 5));
+        assert_eq!(*marked.pending.get(130).unwrap(), (140, 5));
+        assert_eq!(*marked.pending.get(164).unwrap(), (170, 5));
         assert!(marked.read(128, &mut [0u8; 2]).is_ok());
     }
 
@@ -1832,7 +1835,7 @@ mod tests {
         d.mark_pending(40, 10, 7);
         d.mark_pending(60, 10, 8);
         assert_eq!(d.pending.len(), 2);
-        assert_eq!(d.pending[&0], (50, 7));
+        assert_eq!(*d.pending.get(0).unwrap(), (50, 7));
         d.mark_pending_extent(
             &Extent {
                 pa: 100,

@@ -58,6 +58,9 @@ pub struct EventQueue<E> {
     /// FIFOs of later times, and emptied ones kept for reuse (`spare`).
     fifos: Vec<VecDeque<E>>,
     spare: Vec<u32>,
+    /// The later time pushed to last and its FIFO (time 0: none; no later
+    /// time is 0): consecutive pushes often share a time.
+    last: (Ps, u32),
     len: usize,
     seq: u64,
     now: Ps,
@@ -80,6 +83,7 @@ impl<E> Default for EventQueue<E> {
             at: FxHashMap::default(),
             fifos: Vec::new(),
             spare: Vec::new(),
+            last: (0, 0),
             len: 0,
             seq: 0,
             now: 0,
@@ -96,20 +100,26 @@ impl<E> EventQueue<E> {
         if time <= self.now {
             self.current.push_back(event);
         } else {
-            let i = match self.at.get(&time) {
-                Some(&i) => i,
-                None => {
-                    let i = match self.spare.pop() {
-                        Some(i) => i,
-                        None => {
-                            self.fifos.push(VecDeque::new());
-                            (self.fifos.len() - 1) as u32
-                        }
-                    };
-                    self.at.insert(time, i);
-                    self.times.push(Reverse(time));
-                    i
-                }
+            let i = if self.last.0 == time {
+                self.last.1
+            } else {
+                let i = match self.at.get(&time) {
+                    Some(&i) => i,
+                    None => {
+                        let i = match self.spare.pop() {
+                            Some(i) => i,
+                            None => {
+                                self.fifos.push(VecDeque::new());
+                                (self.fifos.len() - 1) as u32
+                            }
+                        };
+                        self.at.insert(time, i);
+                        self.times.push(Reverse(time));
+                        i
+                    }
+                };
+                self.last = (time, i);
+                i
             };
             self.fifos[i as usize].push_back(event);
         }
@@ -123,9 +133,15 @@ impl<E> EventQueue<E> {
         if self.current.is_empty() {
             let Reverse(t) = self.times.pop()?;
             let i = self.at.remove(&t).expect("every pending time has a FIFO");
-            // The emptied current FIFO is kept for a later time.
+            // The emptied current FIFO is kept for a later time, from the
+            // start of its buffer again (`clear` rewinds it): the FIFOs
+            // then reuse the same few cache lines.
+            self.current.clear();
             std::mem::swap(&mut self.current, &mut self.fifos[i as usize]);
             self.spare.push(i);
+            if self.last.0 == t {
+                self.last.0 = 0;
+            }
             self.now = t;
         }
         let e = self.current.pop_front()?;
