@@ -8,6 +8,9 @@ use kb_format::ChannelLog;
 use crate::event::{Ps, ceil_ps, ns_to_ps};
 use crate::topology::Topology;
 
+mod channels;
+use channels::Channels;
+
 /// A request presented to a component.
 #[derive(Debug, Clone, Copy)]
 pub struct Request {
@@ -107,16 +110,14 @@ pub trait Component: std::fmt::Debug {
 /// `channel_bw`; a fixed access latency on top.
 #[derive(Debug)]
 pub struct HbmController {
-    channel_free: Vec<Ps>,
+    /// When each channel is free, and what each served.
+    chans: Channels,
     channel_bw_gbs: f64,
     latency_ps: Ps,
     interleave: u64,
     /// Channels by `kb_format::pa::hbm_channel`'s hash (PA, VA models).
     hashed: bool,
     scratch: Vec<u64>,
-    /// Per channel: bytes and busy intervals, for the trace (the
-    /// intervals encoded as they close).
-    logs: Vec<ChannelLog>,
     /// Service times by byte count, last two asked: a request's channels
     /// mostly serve equal shares.
     ser_memo: [(u64, Ps); 2],
@@ -127,21 +128,13 @@ impl HbmController {
     pub fn new(t: &Topology, sip: u32, cube: u32) -> Self {
         let n = t.hbm.pseudo_channels as usize;
         HbmController {
-            channel_free: vec![0; n],
+            chans: Channels::new(sip, cube, n),
             channel_bw_gbs: t.hbm.channel_bw_gbs.0,
             latency_ps: ns_to_ps(t.hbm.latency_ns.0),
             interleave: t.hbm.interleave_bytes as u64,
             hashed: t.hbm.hash_channels,
             scratch: vec![0; n],
             ser_memo: [(u64::MAX, 0); 2],
-            logs: (0..n as u32)
-                .map(|channel| ChannelLog {
-                    sip,
-                    cube,
-                    channel,
-                    ..Default::default()
-                })
-                .collect(),
         }
     }
 
@@ -157,46 +150,38 @@ impl HbmController {
         }
     }
 
-    /// Channel `ch` serves `bytes`, which take it `busy`, from `start`:
-    /// busy until the returned time.
-    #[inline]
-    fn occupy(&mut self, ch: usize, start: Ps, busy: Ps, bytes: u64, write: bool) -> Ps {
-        let end = start.saturating_add(busy);
-        self.channel_free[ch] = end;
-        let u = &mut self.logs[ch];
-        u.busy.serve(start, end);
-        if write {
-            u.bytes_written += bytes;
-        } else {
-            u.bytes_read += bytes;
-        }
-        end
-    }
-
     /// Which pseudo channel serves the byte at `pa` (by address; the LA
     /// model pins requests instead).
     pub fn channel_of(&self, pa: u64) -> usize {
-        kb_format::pa::hbm_channel(
-            pa,
-            self.interleave,
-            self.channel_free.len() as u64,
-            self.hashed,
-        ) as usize
+        kb_format::pa::hbm_channel(pa, self.interleave, self.chans.len() as u64, self.hashed)
+            as usize
     }
 }
 
 impl HbmController {
     /// Each channel's bytes of `req` into `scratch` (pinned: spread evenly
-    /// over its channels).
-    fn shares(&mut self, req: &Request) {
+    /// over its channels); or, for whole rounds over every channel (a
+    /// contiguous range of a multiple of `interleave` x channels bytes at
+    /// such an address), the share each gets, with `scratch` untouched.
+    fn shares(&mut self, req: &Request) -> Option<u64> {
+        let n = self.chans.len() as u64;
+        let span = self.interleave * n;
+        let bytes = req.bytes();
+        if req.channels.is_none()
+            && (req.rows == 1 || req.stride == req.row_bytes)
+            && bytes > 0
+            && req.pa.is_multiple_of(span)
+            && bytes.is_multiple_of(span)
+        {
+            return Some(bytes / span * self.interleave);
+        }
         self.scratch.iter_mut().for_each(|b| *b = 0);
-        let n = self.channel_free.len() as u64;
         if let Some((first, count)) = req.channels {
             let share = req.bytes().div_ceil(count as u64);
             for ch in first as u64..(first + count) as u64 {
                 self.scratch[(ch % n) as usize] += share;
             }
-            return;
+            return None;
         }
         // Rows that touch are one contiguous range.
         let req = &if req.rows > 1 && req.stride == req.row_bytes {
@@ -212,7 +197,6 @@ impl HbmController {
             let mut at = req.pa + r * req.stride;
             let end = at + req.row_bytes;
             // Whole rounds over every channel, then the remainder piecewise.
-            let span = self.interleave * n;
             while at < end {
                 if end - at >= span && at.is_multiple_of(span) {
                     let rounds = (end - at) / span;
@@ -229,6 +213,7 @@ impl HbmController {
                 at += piece;
             }
         }
+        None
     }
 }
 
@@ -278,15 +263,26 @@ fn next_multiple(at: u64, unit: u64) -> u64 {
 impl Component for HbmController {
     /// A plain request is a write: the host deploying a tensor.
     fn serve(&mut self, now: Ps, req: &Request) -> Service {
-        self.shares(req);
         let mut done = now;
         let mut times = ShareTimes::default();
+        if let Some(bytes) = self.shares(req) {
+            let (busy, _) = times.of(self, bytes, 0, 0);
+            if let Some(start) = self.chans.common_start(now) {
+                let end = self.chans.serve_all(start, busy, bytes, true);
+                return Service {
+                    start: now,
+                    end: end.max(now).saturating_add(self.latency_ps),
+                };
+            }
+            self.scratch.fill(bytes);
+        }
+        self.chans.split();
         for ch in 0..self.scratch.len() {
             let bytes = self.scratch[ch];
             if bytes > 0 {
                 let (busy, _) = times.of(self, bytes, 0, 0);
-                let start = self.channel_free[ch].max(now);
-                done = done.max(self.occupy(ch, start, busy, bytes, true));
+                let start = self.chans.free(ch).max(now);
+                done = done.max(self.chans.serve_one(ch, start, busy, bytes, true));
             }
         }
         Service {
@@ -298,17 +294,31 @@ impl Component for HbmController {
     /// Channels serve their shares in parallel; each channel's part of the
     /// first burst is ready after that part's service.
     fn serve_read(&mut self, now: Ps, req: &Request, burst: u64) -> Streamed {
-        self.shares(req);
         let total = req.bytes();
         let (mut head, mut done) = (now, now);
         let mut times = ShareTimes::default();
+        if let Some(bytes) = self.shares(req) {
+            let (busy, first) = times.of(self, bytes, burst, total);
+            if let Some(start) = self.chans.common_start(now) {
+                let end = self.chans.serve_all(start, busy, bytes, false);
+                return Streamed {
+                    head: start
+                        .saturating_add(first)
+                        .max(now)
+                        .saturating_add(self.latency_ps),
+                    end: end.max(now).saturating_add(self.latency_ps),
+                };
+            }
+            self.scratch.fill(bytes);
+        }
+        self.chans.split();
         for ch in 0..self.scratch.len() {
             let bytes = self.scratch[ch];
             if bytes > 0 {
                 let (busy, first) = times.of(self, bytes, burst, total);
-                let start = self.channel_free[ch].max(now);
+                let start = self.chans.free(ch).max(now);
                 head = head.max(start.saturating_add(first));
-                done = done.max(self.occupy(ch, start, busy, bytes, false));
+                done = done.max(self.chans.serve_one(ch, start, busy, bytes, false));
             }
         }
         Streamed {
@@ -321,17 +331,29 @@ impl Component for HbmController {
     /// than the first byte (`head`), than it is free, or than it must to
     /// finish its part of the last burst right after the last byte.
     fn serve_write(&mut self, now: Ps, head: Ps, req: &Request, burst: u64) -> Service {
-        self.shares(req);
         let total = req.bytes();
         let mut done = now;
         let mut times = ShareTimes::default();
+        if let Some(bytes) = self.shares(req) {
+            let (busy, last) = times.of(self, bytes, burst, total);
+            let just_in_time = (now + last).saturating_sub(busy);
+            if let Some(start) = self.chans.common_start(head.max(just_in_time)) {
+                let end = self.chans.serve_all(start, busy, bytes, true);
+                return Service {
+                    start: now,
+                    end: end.max(now).saturating_add(self.latency_ps),
+                };
+            }
+            self.scratch.fill(bytes);
+        }
+        self.chans.split();
         for ch in 0..self.scratch.len() {
             let bytes = self.scratch[ch];
             if bytes > 0 {
                 let (busy, last) = times.of(self, bytes, burst, total);
                 let just_in_time = (now + last).saturating_sub(busy);
-                let start = self.channel_free[ch].max(head).max(just_in_time);
-                done = done.max(self.occupy(ch, start, busy, bytes, true));
+                let start = self.chans.free(ch).max(head).max(just_in_time);
+                done = done.max(self.chans.serve_one(ch, start, busy, bytes, true));
             }
         }
         Service {
@@ -341,10 +363,7 @@ impl Component for HbmController {
     }
 
     fn take_channel_logs(&mut self) -> Vec<ChannelLog> {
-        std::mem::take(&mut self.logs)
-            .into_iter()
-            .filter(|u| u.bytes_read + u.bytes_written > 0)
-            .collect()
+        self.chans.take_logs()
     }
 }
 
@@ -435,21 +454,24 @@ impl Component for ControlCpu {
 mod tests {
     use super::*;
 
+    impl HbmController {
+        fn frees(&mut self) -> Vec<Ps> {
+            self.chans.split();
+            (0..self.chans.len())
+                .map(|ch| self.chans.free(ch))
+                .collect()
+        }
+    }
+
     fn hbm() -> HbmController {
         HbmController {
-            channel_free: vec![0; 4],
+            chans: Channels::new(0, 0, 4),
             channel_bw_gbs: 1.0, // 1 byte per ns
             latency_ps: 10_000,
             interleave: 256,
             hashed: false,
             scratch: vec![0; 4],
             ser_memo: [(u64::MAX, 0); 2],
-            logs: (0..4)
-                .map(|channel| ChannelLog {
-                    channel,
-                    ..Default::default()
-                })
-                .collect(),
         }
     }
 
@@ -480,7 +502,7 @@ mod tests {
             },
         );
         assert_eq!(s.end, 512_000 + 10_000);
-        assert_eq!(h.channel_free, vec![256_000, 256_000, 512_000, 256_000]);
+        assert_eq!(h.frees(), vec![256_000, 256_000, 512_000, 256_000]);
         // A read of 256 B on channel 1 after both: its usage shows it.
         h.serve_read(
             600_000,
@@ -522,7 +544,7 @@ mod tests {
                 channels: None,
             },
         );
-        assert_eq!(h.channel_free, vec![312_000, 288_000, 0, 0]);
+        assert_eq!(h.frees(), vec![312_000, 288_000, 0, 0]);
     }
 
     #[test]
