@@ -94,37 +94,50 @@ impl<E> Default for EventQueue<E> {
 impl<E> EventQueue<E> {
     /// Schedule `event` at `time`. Scheduling in the past is a logic error
     /// and is clamped to now, so time never runs backwards.
-    #[inline]
+    ///
+    /// Inlined, with the hash lookup out of line: the event then goes
+    /// from the caller's registers into its FIFO (passed through memory,
+    /// the 16-byte load of a value just stored in parts stalled on every
+    /// push).
+    #[inline(always)]
     pub fn push(&mut self, time: Ps, event: E) {
         debug_assert!(time >= self.now, "event scheduled in the past");
-        if time <= self.now {
-            self.current.push_back(event);
+        let fifo = if time <= self.now {
+            &mut self.current
         } else {
             let i = if self.last.0 == time {
                 self.last.1
             } else {
-                let i = match self.at.get(&time) {
-                    Some(&i) => i,
-                    None => {
-                        let i = match self.spare.pop() {
-                            Some(i) => i,
-                            None => {
-                                self.fifos.push(VecDeque::new());
-                                (self.fifos.len() - 1) as u32
-                            }
-                        };
-                        self.at.insert(time, i);
-                        self.times.push(Reverse(time));
-                        i
-                    }
-                };
-                self.last = (time, i);
-                i
+                self.fifo_of(time)
             };
-            self.fifos[i as usize].push_back(event);
-        }
+            &mut self.fifos[i as usize]
+        };
+        fifo.push_back(event);
         self.len += 1;
         self.seq += 1;
+    }
+
+    /// The FIFO of later time `time`, made if there is none; remembered
+    /// as the last one pushed to.
+    #[inline(never)]
+    fn fifo_of(&mut self, time: Ps) -> u32 {
+        let i = match self.at.get(&time) {
+            Some(&i) => i,
+            None => {
+                let i = match self.spare.pop() {
+                    Some(i) => i,
+                    None => {
+                        self.fifos.push(VecDeque::new());
+                        (self.fifos.len() - 1) as u32
+                    }
+                };
+                self.at.insert(time, i);
+                self.times.push(Reverse(time));
+                i
+            }
+        };
+        self.last = (time, i);
+        i
     }
 
     /// The next event, advancing `now` to its time.

@@ -135,6 +135,9 @@ pub struct Machine {
     sip_base: Vec<NodeId>,
     cube_base: Vec<NodeId>,
     pe_base: Vec<NodeId>,
+    /// Per PE (dense index), its coordinates: the engine asks for them on
+    /// most steps, and computing them takes three divisions.
+    pe_coords: Vec<PeCoord>,
     routes: RefCell<RouteCache>,
     via_routes: RefCell<ViaRouteCache>,
     /// Per PE (dense index), its PE_MMU node, in the VA model.
@@ -156,6 +159,7 @@ impl Machine {
             sip_base: Vec::new(),
             cube_base: Vec::new(),
             pe_base: Vec::new(),
+            pe_coords: Vec::new(),
             routes: RefCell::new(HashMap::default()),
             via_routes: RefCell::new(HashMap::default()),
             mmu_nodes: Vec::new(),
@@ -174,6 +178,11 @@ impl Machine {
                 }
                 for p in 0..c.pes_per_cube {
                     m.pe_base.push(m.nodes.len() as NodeId);
+                    m.pe_coords.push(PeCoord {
+                        sip: s,
+                        cube: q,
+                        pe: p,
+                    });
                     for k in NodeKind::PE_KINDS {
                         m.add_node(format!("sip{s}.cube{q}.pe{p}.{}", k.name()), k, s, q, p);
                     }
@@ -364,6 +373,9 @@ impl Machine {
     }
 
     pub fn pe_coord(&self, index: usize) -> PeCoord {
+        if let Some(&pc) = self.pe_coords.get(index) {
+            return pc;
+        }
         let c = self.topo.counts;
         let i = index as u32;
         PeCoord {
@@ -455,5 +467,33 @@ impl Machine {
             head += link.latency_ps;
         }
         tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The coordinates table agrees with the arithmetic, and with
+    /// `pe_index`, on every PE of the built-in topologies.
+    #[test]
+    fn pe_coords_are_the_dense_order() {
+        for name in ["small", "default", "large"] {
+            let m = Machine::build(&Topology::load(name).expect("built-in topology"));
+            let c = m.topo.counts;
+            let n = m.topo.total_pes() as usize;
+            assert_eq!(m.pe_coords.len(), n);
+            for i in 0..n {
+                let pc = m.pe_coord(i);
+                let j = i as u32;
+                let want = PeCoord {
+                    sip: j / (c.cubes_per_sip * c.pes_per_cube),
+                    cube: (j / c.pes_per_cube) % c.cubes_per_sip,
+                    pe: j % c.pes_per_cube,
+                };
+                assert_eq!(pc, want, "{name} PE {i}");
+                assert_eq!(m.pe_index(pc), i);
+            }
+        }
     }
 }

@@ -254,6 +254,21 @@ struct OpLog<W: Write> {
     /// is the watermark before which every record has been pushed.
     open: Live<Ps>,
     names: Vec<Option<u32>>,
+    /// Op names' string ids by the name's address and length (names are
+    /// `'static`; a handful in a run): no string hash per op.
+    op_names: Vec<((usize, usize), u32)>,
+}
+
+impl<W: Write> OpLog<W> {
+    fn op_name_id(&mut self, name: &'static str) -> u32 {
+        let key = (name.as_ptr() as usize, name.len());
+        if let Some(&(_, id)) = self.op_names.iter().find(|(k, _)| *k == key) {
+            return id;
+        }
+        let id = self.writer.intern(name);
+        self.op_names.push((key, id));
+        id
+    }
 }
 
 /// Items numbered in the order they are added, each live until removed,
@@ -574,6 +589,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 held: Live::default(),
                 open: Live::default(),
                 names: vec![None; m.nodes.len()],
+                op_names: Vec::new(),
             },
             tensors,
             pes: (0..n_pes).map(|_| PeState::default()).collect(),
@@ -866,7 +882,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 id
             }
         };
-        let op_name = log.writer.intern(op_name);
+        let op_name = log.op_name_id(op_name);
         let ticket = log.open.push(t_start);
         OpenOp {
             op_id,
