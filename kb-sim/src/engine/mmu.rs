@@ -270,12 +270,17 @@ impl<W: Write> Engine<'_, W> {
 pub(super) struct PageRuns {
     /// VA start -> (VA end, PA of the start); disjoint, page-aligned.
     runs: BTreeMap<u64, (u64, u64)>,
+    /// The runs found last (VA start, VA end, PA; empty: start == end),
+    /// cleared when the map changes: a kernel's DMAs mostly go to the one
+    /// or two tensors it streams.
+    recent: std::cell::Cell<[(u64, u64, u64); 2]>,
 }
 
 impl PageRuns {
     /// Map (or unmap) `pages` (VA page, PA page), in order, each `page`
     /// bytes long.
     pub(super) fn apply(&mut self, pages: &[(u64, u64)], page: u64, unmap: bool) {
+        self.recent.set(Default::default());
         // (VA start, VA end, PA of the start) of the run being gathered.
         let mut run: Option<(u64, u64, u64)> = None;
         for &(va, pa) in pages {
@@ -348,8 +353,14 @@ impl PageRuns {
 
     /// The run holding `va`: (VA start, VA end, PA of the start).
     pub(super) fn run_at(&self, va: u64) -> Option<(u64, u64, u64)> {
+        let recent = self.recent.get();
+        if let Some(&r) = recent.iter().find(|&&(s, e, _)| s <= va && va < e) {
+            return Some(r);
+        }
         let (&s, &(e, p)) = self.runs.range(..=va).next_back()?;
-        (va < e).then_some((s, e, p))
+        let found = (va < e).then_some((s, e, p))?;
+        self.recent.set([found, recent[0]]);
+        Some(found)
     }
 
     /// `rows` rows of `len` bytes, `stride` apart (rows that touch already
