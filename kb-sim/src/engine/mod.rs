@@ -155,7 +155,13 @@ struct Routes {
     /// `(from, via or NO_VIA, to)` -> its route.
     known: HashMap<(NodeId, NodeId, NodeId), Route>,
     links: Vec<LinkId>,
+    /// Per node: the last routes asked from it, `(via, to, route)`, the
+    /// newest first: a node sends to a few others over and over (a PE's
+    /// DMA engine to its CPU, its TCM and its cube's HBM).
+    near: Vec<[(NodeId, NodeId, Route); NEAR_ROUTES]>,
 }
+
+const NEAR_ROUTES: usize = 4;
 
 const NO_VIA: NodeId = NodeId::MAX;
 
@@ -561,7 +567,13 @@ impl<'m, W: Write> Engine<'m, W> {
             tcm_buffers,
             capture_inputs: false,
             msgs: Slab::new(),
-            routes: Routes::default(),
+            routes: Routes {
+                near: vec![
+                    [(NO_VIA, NO_VIA, Route { start: 0, len: 0 }); NEAR_ROUTES];
+                    m.nodes.len()
+                ],
+                ..Routes::default()
+            },
             launch_acts: Slab::new(),
             mmu_acts: Slab::new(),
             dmas: Slab::new(),
@@ -757,7 +769,13 @@ impl<'m, W: Write> Engine<'m, W> {
     /// The route `from -> via -> to`, or `from -> to` without a via.
     fn route(&mut self, from: NodeId, via: Option<NodeId>, to: NodeId) -> Route {
         let key = (from, via.unwrap_or(NO_VIA), to);
+        let near = &mut self.routes.near[from as usize];
+        if let Some(&(_, _, r)) = near.iter().find(|&&(v, t, _)| (v, t) == (key.1, key.2)) {
+            return r;
+        }
         if let Some(&r) = self.routes.known.get(&key) {
+            near.rotate_right(1);
+            near[0] = (key.1, key.2, r);
             return r;
         }
         let links = match via {
@@ -770,6 +788,9 @@ impl<'m, W: Write> Engine<'m, W> {
         };
         self.routes.links.extend_from_slice(&links);
         self.routes.known.insert(key, r);
+        let near = &mut self.routes.near[from as usize];
+        near.rotate_right(1);
+        near[0] = (key.1, key.2, r);
         r
     }
 
