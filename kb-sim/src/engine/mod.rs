@@ -103,8 +103,8 @@ enum Done {
 }
 
 /// A protocol step scheduled at a time. The rare steps with large
-/// payloads (launch and mapping fan-out) wait in slabs, named by index:
-/// every event stays small, and the event heap moves less per level.
+/// payloads (launch and mapping fan-out) wait in slabs, named by index,
+/// so that every event stays small.
 #[derive(Debug, Clone, Copy)]
 enum Act {
     Host(HostAct),
@@ -129,8 +129,8 @@ enum Ev {
     Act(Act),
 }
 
-// The event heap's entries are a 16-byte key and an event: keep the event
-// within 16 bytes (a larger payload goes in a slab, as `Act::Launch` does).
+// Events are copied into and out of the event queue's FIFOs: keep them
+// within 16 bytes (a larger payload goes in a slab, as `Act::Launch`'s).
 const _: () = assert!(std::mem::size_of::<Ev>() <= 16);
 
 /// A route's links: `Routes::links[start..start + len]`.
