@@ -261,34 +261,11 @@ fn next_multiple(at: u64, unit: u64) -> u64 {
 }
 
 impl Component for HbmController {
-    /// A plain request is a write: the host deploying a tensor.
+    /// A plain request is a write: the host deploying a tensor. Its bytes
+    /// are all there now (a write whose first byte arrived now, with no
+    /// burst to wait for).
     fn serve(&mut self, now: Ps, req: &Request) -> Service {
-        let mut done = now;
-        let mut times = ShareTimes::default();
-        if let Some(bytes) = self.shares(req) {
-            let (busy, _) = times.of(self, bytes, 0, 0);
-            if let Some(start) = self.chans.common_start(now) {
-                let end = self.chans.serve_all(start, busy, bytes, true);
-                return Service {
-                    start: now,
-                    end: end.max(now).saturating_add(self.latency_ps),
-                };
-            }
-            self.scratch.fill(bytes);
-        }
-        self.chans.split();
-        for ch in 0..self.scratch.len() {
-            let bytes = self.scratch[ch];
-            if bytes > 0 {
-                let (busy, _) = times.of(self, bytes, 0, 0);
-                let start = self.chans.free(ch).max(now);
-                done = done.max(self.chans.serve_one(ch, start, busy, bytes, true));
-            }
-        }
-        Service {
-            start: now,
-            end: done.saturating_add(self.latency_ps),
-        }
+        self.serve_write(now, now, req, 0)
     }
 
     /// Channels serve their shares in parallel; each channel's part of the

@@ -798,6 +798,24 @@ mod tests {
         }
     }
 
+    /// Access `ext` with `a` (the `i`th access) in both: the same races,
+    /// and as many accesses kept after.
+    fn same_access(
+        shadow: &mut Shadow,
+        naive: &mut Naive,
+        ext: &Extent,
+        a: &Access,
+        i: usize,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        shadow.access(ext, a, &mut got);
+        naive.access(ext, a, &mut want);
+        want.sort_by_key(|r| r.first.op.op_id);
+        proptest::prop_assert_eq!(&got, &want, "access {}", i);
+        proptest::prop_assert_eq!(shadow.len(), naive.entries.len(), "after access {}", i);
+        Ok(())
+    }
+
     proptest::proptest! {
         /// Buckets, blocks, read groups and the skips give the races and
         /// the replacements of a walk over every recorded access (extents
@@ -817,12 +835,7 @@ mod tests {
                 let pa = (1 << (BUCKET_BITS + BLOCK_BITS)) - 3 * BUCKET + off;
                 let ext = x(pa, len, rows, if rows > 1 { len + gap } else { 0 });
                 let a = acc(thread, label, &clock, write, i as u64);
-                let (mut got, mut want) = (Vec::new(), Vec::new());
-                shadow.access(&ext, &a, &mut got);
-                naive.access(&ext, &a, &mut want);
-                want.sort_by_key(|r| r.first.op.op_id);
-                proptest::prop_assert_eq!(&got, &want, "access {}", i);
-                proptest::prop_assert_eq!(shadow.len(), naive.entries.len(), "after access {}", i);
+                same_access(&mut shadow, &mut naive, &ext, &a, i)?;
             }
         }
 
@@ -844,12 +857,7 @@ mod tests {
                 let (off, len, rows, gap) = pool[k];
                 let ext = x(base + off, len, rows, if rows > 1 { len + gap } else { 0 });
                 let a = acc(thread, label, &clock, write, i as u64);
-                let (mut got, mut want) = (Vec::new(), Vec::new());
-                shadow.access(&ext, &a, &mut got);
-                naive.access(&ext, &a, &mut want);
-                want.sort_by_key(|r| r.first.op.op_id);
-                proptest::prop_assert_eq!(&got, &want, "access {}", i);
-                proptest::prop_assert_eq!(shadow.len(), naive.entries.len(), "after access {}", i);
+                same_access(&mut shadow, &mut naive, &ext, &a, i)?;
             }
         }
     }
