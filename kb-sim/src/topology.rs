@@ -232,6 +232,21 @@ pub struct PerDtype {
 pub struct GemmSpec {
     pub tflops: PerDtype,
     pub setup_ns: NonNegative,
+    /// The unit's accumulator buffer: a dot whose result fits stays in the
+    /// unit, and the next dot on the unit that accumulates into it reads it
+    /// there instead of through the TCM port; it is written back to TCM only
+    /// when another op needs it or the buffer needs room. 0: every
+    /// accumulator goes through the TCM port on each dot (the model before
+    /// the buffer).
+    #[serde(default = "default_acc_kib")]
+    pub acc_kib: u32,
+}
+
+/// Room for one 256 x 256 f32 accumulator tile.
+pub const DEFAULT_ACC_KIB: u32 = 256;
+
+fn default_acc_kib() -> u32 {
+    DEFAULT_ACC_KIB
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -320,9 +335,10 @@ fn check_units(
                 .map(|i| path[i].as_str())
                 .unwrap_or("");
             let x = n.as_f64().unwrap_or(f64::NAN);
+            // A GEMM unit may have no accumulator buffer (`acc_kib: 0`).
             let positive = key.ends_with("_gbs")
                 || key.ends_with("_gib")
-                || key.ends_with("_kib")
+                || key.ends_with("_kib") && key != "acc_kib"
                 || parent == "tflops"
                 || parent == "gflops";
             if positive && !(x.is_finite() && x > 0.0) {
@@ -567,6 +583,14 @@ impl Topology {
             self.pe_dma.burst_bytes >= 64 && self.pe_dma.burst_bytes <= 1 << 30,
             "pe_dma.burst_bytes",
             format!("must be 64 B to 1 GiB, got {}", self.pe_dma.burst_bytes),
+        )?;
+        check(
+            self.pe_gemm.acc_kib <= 1 << 20,
+            "pe_gemm.acc_kib",
+            format!(
+                "must be 0 to 1048576 KiB (1 GiB), got {}",
+                self.pe_gemm.acc_kib
+            ),
         )?;
         check(
             (1..=64).contains(&self.pe_dma.engines),

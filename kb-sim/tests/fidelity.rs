@@ -410,7 +410,7 @@ fn add(pe: PeCoord, (x, y, out): (u64, u64, u64), (rows, cols): (u32, u32)) -> C
 
 #[test]
 fn a_gemm_streams_its_operands_through_the_tcm_port_exactly() {
-    let topo = Topology::load("pa").unwrap();
+    let mut topo = Topology::load("pa").unwrap();
     assert_eq!((topo.tcm.latency_ns.0, topo.tcm.bw_gbs.0), (2.0, 1024.0));
     assert_eq!(
         (
@@ -425,15 +425,20 @@ fn a_gemm_streams_its_operands_through_the_tcm_port_exactly() {
         (64.0, 20.0)
     );
     // 64 x 64 x 64, f16 in (8 KiB per operand), f32 out (16 KiB).
-    let recs = simulate(
-        &topo,
-        vec![(PE0, vec![gemm(PE0, (0, 8 << 10, 16 << 10), (64, 64, 64))])],
-    );
-    let (g, comp, _) = recs
-        .iter()
-        .find(|(_, _, n)| n.starts_with("gemm"))
-        .expect("a gemm record");
-    assert_eq!(comp, "sip0.cube0.pe0.pe_gemm");
+    let run = |topo: &Topology| {
+        let recs = simulate(
+            topo,
+            vec![(PE0, vec![gemm(PE0, (0, 8 << 10, 16 << 10), (64, 64, 64))])],
+        );
+        let (g, comp, _) = recs
+            .iter()
+            .find(|(_, _, n)| n.starts_with("gemm"))
+            .expect("a gemm record")
+            .clone();
+        assert_eq!(comp, "sip0.cube0.pe0.pe_gemm");
+        g
+    };
+    let g = run(&topo);
     // From the op's start: TCM reads A (8 ns) then B (8 ns) through its
     // one port; the first 4 KiB burst is out after 4 ns + 2 ns latency,
     // the last byte at 16 + 2 = 18 ns.
@@ -448,6 +453,14 @@ fn a_gemm_streams_its_operands_through_the_tcm_port_exactly() {
     let work = (2.0 * 64f64.powi(3) / 64.0).ceil() as u64 + 20_000;
     let done = (at_unit + work).max(tail_at_unit);
     assert_eq!(done, 35_192, "compute-bound: the stream hides under it");
+    // With the accumulator buffer (the default) the result stays in the
+    // unit: the op ends when it is computed. The unit computed its FLOPs
+    // at peak for the last 8.192 ns of it.
+    assert_eq!(g.t_end - g.t_start, done);
+    assert_eq!(g.active, Some((g.t_start + done - 8_192, g.t_end)));
+    // Without one (`acc_kib: 0`):
+    topo.pe_gemm.acc_kib = 0;
+    let g = run(&topo);
     // The 16 KiB result crosses pe_gemm -> tcm (16 ns + 1 ns); TCM writes
     // it as it comes, finishing one burst's time (4 ns) after the last
     // byte arrives, plus its 2 ns latency.
@@ -475,8 +488,10 @@ fn tcm_traffic(recs: &[(Record, String, String)], comp: &str) -> (u64, u64) {
 fn a_gemm_whose_operands_stream_slower_than_it_computes_is_port_bound() {
     let mut topo = Topology::load("pa").unwrap();
     // A narrow TCM: 128 x 128 x 128 f16 reads 64 KiB of operands, 512 ns
-    // at 128 GB/s, against 65.536 + 20 ns of work.
+    // at 128 GB/s, against 65.536 + 20 ns of work. The result goes back
+    // through the port (no accumulator buffer).
     topo.tcm.bw_gbs.0 = 128.0;
+    topo.pe_gemm.acc_kib = 0;
     let recs = simulate(
         &topo,
         vec![(
@@ -512,6 +527,8 @@ fn a_gemm_stream_and_a_math_stream_share_one_tcm_port_evenly() {
     topo.pe_math.gflops.f32.0 = 1e6;
     topo.pe_gemm.setup_ns.0 = 0.0;
     topo.pe_math.setup_ns.0 = 0.0;
+    // Every result through the port too.
+    topo.pe_gemm.acc_kib = 0;
     let port = topo.tcm.bw_gbs.0;
     let n = 64;
     // GEMMs of 64 x 64 x 64 (8 + 8 KiB in, 16 KiB out) and adds of two
@@ -614,4 +631,245 @@ fn the_trace_says_when_each_hbm_channel_served() {
         assert_eq!((c.bytes_read, c.bytes_written), (32 << 10, 0));
         assert_eq!(c.busy, vec![(start, start + ser(32 << 10, 32.0))]);
     }
+}
+
+/// `out (+)= a x b`: [`gemm`] accumulating into `out` when `acc`.
+fn dot(pe: PeCoord, tiles: (u64, u64, u64), dims: (u32, u32, u32), acc: bool) -> Command {
+    let mut c = gemm(pe, tiles, dims);
+    if let Command::Gemm(g) = &mut c
+        && acc
+    {
+        g.op.acc = Some(g.op.out);
+    }
+    c
+}
+
+/// The gemm and math records of `recs`, in op id order.
+fn compute_ops(recs: &[(Record, String, String)]) -> Vec<Record> {
+    let mut v: Vec<Record> = recs
+        .iter()
+        .filter(|(_, c, _)| c.ends_with("pe_gemm") || c.ends_with("pe_math"))
+        .map(|(r, _, _)| r.clone())
+        .collect();
+    v.sort_by_key(|r| r.op_id);
+    v
+}
+
+// The accumulator buffer. On `pa`, a 64 x 64 x 64 f16 dot streams its two
+// 8 KiB operands in 35.192 ns from its start to done (see
+// a_gemm_streams_its_operands_through_the_tcm_port_exactly). A 16 KiB
+// tile written back from the unit crosses pe_gemm -> tcm (16 ns + 1 ns)
+// and TCM writes it as it comes: uncontended, the write starts one burst
+// (4 ns) before the last byte's arrival less its 16 ns, i.e. 5 ns after
+// the writeback starts, and ends 16 + 2 ns later: 23 ns in all.
+const DOT_PS: u64 = 35_192;
+const WRITEBACK_PS: u64 = 23_000;
+
+#[test]
+fn a_k_chain_that_fits_keeps_its_accumulator_in_the_unit() {
+    let topo = Topology::load("pa").unwrap();
+    assert_eq!(topo.pe_gemm.acc_kib, 256);
+    let (a, b, x, y) = (0, 8 << 10, 16 << 10, 32 << 10);
+    let d = (64, 64, 64);
+    let recs = simulate(
+        &topo,
+        vec![(
+            PE0,
+            vec![
+                dot(PE0, (a, b, x), d, false),
+                dot(PE0, (a, b, x), d, true),
+                dot(PE0, (a, b, x), d, true),
+                // Reads the chain's result: it is written back first.
+                add(PE0, (x, x, y), (64, 64)),
+            ],
+        )],
+    );
+    let ops = compute_ops(&recs);
+    let [g1, g2, g3, sum] = &ops[..] else {
+        panic!("4 compute ops, got {}", ops.len())
+    };
+    // Each dot streams only A and B (the accumulator stays in the unit)
+    // and ends when computed; the next starts at once.
+    for (i, g) in [g1, g2, g3].iter().enumerate() {
+        assert_eq!(g.t_end - g.t_start, DOT_PS, "dot {i}");
+    }
+    assert_eq!((g2.t_start, g3.t_start), (g1.t_end, g2.t_end));
+    // The add waits for the writeback of the accumulator.
+    assert_eq!(sum.t_start, g3.t_end + WRITEBACK_PS);
+
+    // The same chain with no buffer: dots 2 and 3 also read the 16 KiB
+    // accumulator (32 KiB in all: first burst out at 6 ns, the last byte
+    // at the unit at 6 + 32 + 1 = 39 ns, after 7 + 28.192 ns of work) and
+    // write the result back (16 + 1 + 4 + 2 ns), and each dot starts when
+    // the one before ended.
+    let mut topo = topo;
+    topo.pe_gemm.acc_kib = 0;
+    let ops = compute_ops(&simulate(
+        &topo,
+        vec![(
+            PE0,
+            vec![
+                dot(PE0, (a, b, x), d, false),
+                dot(PE0, (a, b, x), d, true),
+                dot(PE0, (a, b, x), d, true),
+            ],
+        )],
+    ));
+    assert_eq!(ops[0].t_end - ops[0].t_start, DOT_PS + WRITEBACK_PS);
+    for g in &ops[1..] {
+        assert_eq!(g.t_end - g.t_start, 39_000 + WRITEBACK_PS);
+    }
+    assert_eq!(ops[2].t_start, ops[1].t_end);
+}
+
+#[test]
+fn accumulators_that_do_not_fit_together_are_evicted_and_read_again() {
+    let mut topo = Topology::load("pa").unwrap();
+    // Room for one 16 KiB f32 tile.
+    topo.pe_gemm.acc_kib = 16;
+    let (a, b, x, y) = (0, 8 << 10, 16 << 10, 32 << 10);
+    let d = (64, 64, 64);
+    let ops = compute_ops(&simulate(
+        &topo,
+        vec![(
+            PE0,
+            vec![
+                dot(PE0, (a, b, x), d, false),
+                dot(PE0, (a, b, y), d, false),
+                dot(PE0, (a, b, x), d, true),
+            ],
+        )],
+    ));
+    let [x1, y1, x2] = &ops[..] else {
+        panic!("3 dots, got {}", ops.len())
+    };
+    assert_eq!(x1.t_end - x1.t_start, DOT_PS);
+    // Y needs X's room: X is written back (23 ns) before Y starts.
+    assert_eq!(y1.t_start, x1.t_end + WRITEBACK_PS);
+    assert_eq!(y1.t_end - y1.t_start, DOT_PS);
+    // X again: Y is evicted first; X is no longer in the unit, so it is
+    // read from TCM with the operands (39 ns to done, as without a
+    // buffer), and its result stays.
+    assert_eq!(x2.t_start, y1.t_end + WRITEBACK_PS);
+    assert_eq!(x2.t_end - x2.t_start, 39_000);
+
+    // A tile larger than the buffer never enters it: 64 x 128 f32 is
+    // 32 KiB. The dot reads 8 + 16 KiB of f16 operands (24 ns; last byte
+    // at the unit at 6 + 24 + 1 = 31 ns, before 7 + 16.384 + 20 = 43.384 ns
+    // of work) and writes 32 KiB back (32 + 1 + 4 + 2 ns).
+    let ops = compute_ops(&simulate(
+        &topo,
+        vec![(PE0, vec![dot(PE0, (a, b, x), (64, 64, 128), false)])],
+    ));
+    assert_eq!(ops[0].t_end - ops[0].t_start, 43_384 + 39_000);
+}
+
+#[test]
+fn an_accumulator_read_mid_chain_is_written_back_and_the_chain_goes_on() {
+    let topo = Topology::load("pa").unwrap();
+    let (a, b, x, y) = (0, 8 << 10, 16 << 10, 32 << 10);
+    let d = (64, 64, 64);
+    let ops = compute_ops(&simulate(
+        &topo,
+        vec![(
+            PE0,
+            vec![
+                dot(PE0, (a, b, x), d, false),
+                add(PE0, (x, x, y), (64, 64)),
+                dot(PE0, (a, b, x), d, true),
+            ],
+        )],
+    ));
+    let [g1, sum, g2] = &ops[..] else {
+        panic!("3 compute ops, got {}", ops.len())
+    };
+    // The second dot keeps using the unit's copy while it is written back:
+    // it starts when the first ends and streams only A and B.
+    assert_eq!(g2.t_start, g1.t_end);
+    assert_eq!(g2.t_end - g2.t_start, DOT_PS);
+    // The writeback leaves at g1's end; its bytes reach TCM 17 ns later,
+    // but the port is reading g2's operands until 16 ns after g1's end,
+    // so TCM writes them from then (16 ns + 2 ns): the add starts 34 ns
+    // after g1's end.
+    assert_eq!(sum.t_start, g1.t_end + 16_000 + 16_000 + 2_000);
+}
+
+/// A store of `bytes` from PE0's TCM at `tcm_at` to its HBM at `hbm_at`.
+fn store_cmd(tcm_at: u64, hbm_at: u64, bytes: u64) -> DmaCmd {
+    let mut c = read_cmd(PE0, hbm_at, PE0, bytes);
+    std::mem::swap(&mut c.mem.src, &mut c.mem.dst);
+    c.mem.src.addr = pa(Space::Tcm, PE0, tcm_at);
+    c
+}
+
+#[test]
+fn a_pes_dmas_on_the_same_bytes_keep_issue_order_in_time() {
+    let topo = Topology::load("pa").unwrap();
+    let kib = 16 << 10;
+    let dmas = |recs: &[(Record, String, String)]| -> Vec<Record> {
+        let mut v: Vec<Record> = recs
+            .iter()
+            .filter(|(_, c, _)| c.ends_with("pe_dma"))
+            .map(|(r, _, _)| r.clone())
+            .collect();
+        v.sort_by_key(|r| r.op_id);
+        v
+    };
+    // RAW: a store of HBM bytes, then a load of them: the load is held
+    // until the store has finished, then runs as a lone read.
+    let recs = simulate(
+        &topo,
+        vec![(
+            PE0,
+            vec![
+                Command::Store(store_cmd(0, 0, kib)),
+                Command::Dma(read_cmd(PE0, 0, PE0, kib)),
+            ],
+        )],
+    );
+    let [st, ld] = &dmas(&recs)[..] else {
+        panic!("two DMAs")
+    };
+    // (It also writes the TCM bytes the store read: a WAR, held alike.)
+    assert_eq!(ld.t_start, st.t_end);
+    assert_eq!(ld.t_end - ld.t_start, lone_read_on_pa(kib));
+
+    // Other bytes, in HBM and TCM: no hold; the load starts as soon as its
+    // command is at the engine, well before the store ends.
+    let mut moved = read_cmd(PE0, 1 << 20, PE0, kib);
+    moved.mem.dst.addr = pa(Space::Tcm, PE0, 64 << 10);
+    let recs = simulate(
+        &topo,
+        vec![(
+            PE0,
+            vec![Command::Store(store_cmd(0, 0, kib)), Command::Dma(moved)],
+        )],
+    );
+    let [st3, ld3] = &dmas(&recs)[..] else {
+        panic!("two DMAs")
+    };
+    assert!(ld3.t_start < st3.t_end);
+    assert_eq!(ld3.t_end - ld3.t_start, lone_read_on_pa(kib));
+
+    // WAR and WAW: an asynchronous load of HBM bytes, then a store over
+    // them, then another store over them: each starts when the one
+    // before it has finished.
+    let recs = simulate(
+        &topo,
+        vec![(
+            PE0,
+            vec![
+                Command::DmaAsync(read_cmd(PE0, 0, PE0, kib)),
+                Command::Store(store_cmd(64 << 10, 0, kib)),
+                Command::Store(store_cmd(128 << 10, 0, kib)),
+                Command::WaitAll,
+            ],
+        )],
+    );
+    let [l, s1, s2] = &dmas(&recs)[..] else {
+        panic!("three DMAs")
+    };
+    assert_eq!(s1.t_start, l.t_end);
+    assert_eq!(s2.t_start, s1.t_end);
+    assert_eq!(s2.t_end - s2.t_start, s1.t_end - s1.t_start);
 }

@@ -33,7 +33,7 @@ pub use tp_mlp::TpMlp;
 pub use vector_add::VectorAdd;
 
 use kb_format::{Dtype, Expr, Tolerance};
-use kb_sim::kernel::{Block, Pending, ShardArg, TensorArg, Tl};
+use kb_sim::kernel::{Block, LoadHandle, Pending, ShardArg, TensorArg, Tl};
 use kb_sim::machine::PeCoord;
 use kb_sim::workload::{Params, Program, Workload, WorkloadError};
 
@@ -177,6 +177,11 @@ fn matmul_shard(
 /// Tiles are fixed `bm` x `bk` and `bk` x `bn`; edge tiles are masked and
 /// padded with zeros, which add nothing. Returns the `bm` x `bn`
 /// accumulator (f32 for float inputs, i32 for integer ones).
+///
+/// Software-pipelined as a Triton kernel with `num_stages=3` is: the
+/// full tiles of the next two K steps are loading (asynchronously) while
+/// this step's dot runs, when the PE's TCM has room for the three stages;
+/// edge tiles are loaded masked when they are needed.
 #[allow(clippy::too_many_arguments)]
 fn matmul_tile(
     tl: &mut Tl<'_>,
@@ -187,14 +192,53 @@ fn matmul_tile(
     (bm, bn, bk): (u32, u32, u32),
 ) -> Pending {
     let k = sa.row_bytes / a.elem_bytes();
-    let mut acc = None;
-    for kk in (0..k).step_by(bk as usize) {
+    // The stages' operand tiles, the accumulator and a narrowed copy of it.
+    let operands = (bm as u64 * bk as u64 + bk as u64 * bn as u64) * a.elem_bytes();
+    let acc_bytes = bm as u64 * bn as u64 * 4;
+    let pipelined = tl.tcm_available() >= STAGES as u64 * operands + 2 * acc_bytes;
+    let step = |tl: &mut Tl<'_>, kk: u64| {
         let tk = (bk as u64).min(k - kk) as u32;
-        let ta = tl.load_masked(Block::in_shard(a, sa, i, kk, tm, tk), bm, bk, 0.0);
-        let tb = tl.load_masked(Block::in_shard(b, sb, kk, j, tk, tn), bk, bn, 0.0);
+        let (ba, bb) = (
+            Block::in_shard(a, sa, i, kk, tm, tk),
+            Block::in_shard(b, sb, kk, j, tk, tn),
+        );
+        if pipelined && (tm, tn, tk) == (bm, bn, bk) {
+            Stage::Loading(tl.load_async(ba), tl.load_async(bb))
+        } else {
+            Stage::Masked(ba, bb)
+        }
+    };
+    let mut acc = None;
+    let mut ahead = std::collections::VecDeque::with_capacity(STAGES);
+    let mut kk = 0;
+    while kk < k && ahead.len() < STAGES - 1 {
+        ahead.push_back(step(tl, kk));
+        kk += bk as u64;
+    }
+    while let Some(stage) = ahead.pop_front() {
+        let (ta, tb) = match stage {
+            Stage::Loading(ha, hb) => (tl.wait(ha), tl.wait(hb)),
+            Stage::Masked(ba, bb) => (
+                tl.load_masked(ba, bm, bk, 0.0),
+                tl.load_masked(bb, bk, bn, 0.0),
+            ),
+        };
+        if kk < k {
+            ahead.push_back(step(tl, kk));
+            kk += bk as u64;
+        }
         acc = Some(tl.dot(&ta, &tb, acc));
     }
     acc.expect("k >= 1")
+}
+
+/// K steps in flight in [`matmul_tile`]: this one and two loading.
+const STAGES: usize = 3;
+
+/// One K step's operand tiles: loading, or to be loaded masked.
+enum Stage {
+    Loading(LoadHandle, LoadHandle),
+    Masked(Block, Block),
 }
 
 /// A reference to tensor `name`.

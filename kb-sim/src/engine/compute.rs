@@ -9,7 +9,10 @@
 //! earlier than the last byte's: `done = max(head + work, tail)`, so an
 //! op whose operands arrive slower than it computes is port-bound. The
 //! unit takes its next op at `done`; the result then streams back over
-//! the link into TCM, and the op ends when it is written.
+//! the link into TCM, and the op ends when it is written. A GEMM's result
+//! that fits the unit's accumulator buffer stays in the unit instead (the
+//! op ends when computed) and a dot accumulating into it reads it there
+//! (`acc.rs`).
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -27,8 +30,13 @@ use crate::program::{DataOp, Labeled};
 /// Something waiting for a compute op's result.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Waiter {
+    /// A compute op waiting for its producers (`waiting_on`).
     Compute(u32),
+    /// A DMA whose fetch waits.
     DmaFetch(u32),
+    /// A compute op at its unit's queue front waiting for an accumulator
+    /// writeback: its unit tries to start it again.
+    Start(u32),
 }
 
 /// A GEMM or math op between issue and completion. Its data effects were
@@ -42,6 +50,13 @@ pub(super) struct Compute {
     /// The PE's TCM, where operands are read and the result written.
     pub(super) tcm: NodeId,
     pub(super) work_ps: Ps,
+    /// The part of `work_ps` the unit computes (the FLOPs at its peak
+    /// rate, without setup): the record's active interval ends at done.
+    pub(super) compute_ps: Ps,
+    /// How it uses its unit's accumulator buffer (GEMM).
+    pub(super) acc: super::acc::AccUse,
+    /// Operand bytes streamed out of TCM.
+    pub(super) streamed: u64,
     /// The result tile in TCM; the operand tiles, in order, are the read
     /// effect's ranges.
     pub(super) out: Extent,
@@ -66,6 +81,8 @@ pub(super) enum ComputeAct {
     Done(u32),
     /// The result is written: the op ends.
     End(u32),
+    /// An accumulator writeback (`Engine::writebacks`) is written to TCM.
+    Written(u32),
 }
 
 impl From<ComputeAct> for Act {
@@ -133,7 +150,7 @@ impl<W: Write> Engine<'_, W> {
         // The operands become the read effect: a vector an emitted record
         // handed back.
         let mut inputs = self.log.writer.take_ranges();
-        let (out, unit_kind, work_ps) = match &op {
+        let (out, unit_kind, (compute_ps, setup_ps)) = match &op {
             ComputeOp::Gemm(Labeled { op: g, .. }) => {
                 let (ar, ac) = if g.transpose_a {
                     (g.k, g.m)
@@ -152,8 +169,12 @@ impl<W: Write> Engine<'_, W> {
                 }
                 let tflops = rate(&t.pe_gemm.tflops, g.dtype_in);
                 let flops = 2.0 * g.m as f64 * g.n as f64 * g.k as f64;
-                let ps = ceil_ps(flops / tflops).saturating_add(ns_to_ps(t.pe_gemm.setup_ns.0));
-                (tile(g.out, g.m, g.n, g.dtype_out), NodeKind::PeGemm, ps)
+                let ps = ceil_ps(flops / tflops);
+                (
+                    tile(g.out, g.m, g.n, g.dtype_out),
+                    NodeKind::PeGemm,
+                    (ps, ns_to_ps(t.pe_gemm.setup_ns.0)),
+                )
             }
             ComputeOp::Math(Labeled { op: m, .. }) => {
                 let mut elems = m.rows as u64 * m.cols as u64;
@@ -170,9 +191,12 @@ impl<W: Write> Engine<'_, W> {
                     }
                 }
                 let gflops = rate(&t.pe_math.gflops, math_rate_dtype(m));
-                let ps = ceil_ps(elems as f64 * 1000.0 / gflops)
-                    .saturating_add(ns_to_ps(t.pe_math.setup_ns.0));
-                (tile(m.out, m.rows, m.cols, m.dtype), NodeKind::PeMath, ps)
+                let ps = ceil_ps(elems as f64 * 1000.0 / gflops);
+                (
+                    tile(m.out, m.rows, m.cols, m.dtype),
+                    NodeKind::PeMath,
+                    (ps, ns_to_ps(t.pe_math.setup_ns.0)),
+                )
             }
         };
         for x in inputs.iter().chain([&out]) {
@@ -247,7 +271,10 @@ impl<W: Write> Engine<'_, W> {
             op,
             unit,
             tcm,
-            work_ps,
+            work_ps: compute_ps.saturating_add(setup_ps),
+            compute_ps,
+            acc: Default::default(),
+            streamed: 0,
             out,
             read: Some(read),
             write: Some(write),
@@ -288,6 +315,10 @@ impl<W: Write> Engine<'_, W> {
         if self.computes.get(c).waiting_on > 0 {
             return;
         }
+        if self.acc_cap > 0 && !self.acc_ready(c) {
+            return;
+        }
+        let u = &mut self.units[unit as usize];
         u.queue.pop_front();
         u.busy = true;
         let (name, kind, op_id) = {
@@ -310,12 +341,17 @@ impl<W: Write> Engine<'_, W> {
             .expect("TCM has a timing model");
         let mut head = None;
         let mut end = now;
-        for input in x.inputs() {
+        let mut streamed = 0;
+        // An accumulator in the unit (the third GEMM operand) is not read.
+        let n = x.inputs().len() - usize::from(x.acc.acc_in_unit);
+        for input in &x.inputs()[..n] {
             let s = port.serve_read(now, &tcm_request(input), burst);
             head.get_or_insert(s.head);
             end = end.max(s.end);
+            streamed += input.bytes();
         }
         x.operands_tail = end;
+        x.streamed = streamed;
         self.at(head.unwrap_or(now), ComputeAct::OperandsHead(c));
     }
 
@@ -326,8 +362,7 @@ impl<W: Write> Engine<'_, W> {
             ComputeAct::OperandsHead(c) => {
                 let (tcm, unit, bytes, tail) = {
                     let x = self.computes.get(c);
-                    let bytes = x.inputs().iter().map(|e| e.bytes()).sum();
-                    (x.tcm, x.unit, bytes, x.operands_tail)
+                    (x.tcm, x.unit, x.streamed, x.operands_tail)
                 };
                 let route = self.route(tcm, None, unit);
                 self.send_streamed(route, bytes, Arrive::OperandsAtUnit(c), tail, true);
@@ -335,16 +370,26 @@ impl<W: Write> Engine<'_, W> {
             ComputeAct::Done(c) => {
                 // The unit is free for its next op; the result streams
                 // back into TCM.
-                let (unit, tcm, bytes) = {
+                let (unit, tcm, bytes, keep) = {
                     let x = self.computes.get(c);
-                    (x.unit, x.tcm, x.out.bytes())
+                    // The unit computed for the last `compute_ps` (at its
+                    // peak rate) before done.
+                    let open = x.open.as_mut().expect("started");
+                    open.active = Some((now.saturating_sub(x.compute_ps).max(open.t_start), now));
+                    (x.unit, x.tcm, x.out.bytes(), x.acc.keep)
                 };
                 self.units[unit as usize].busy = false;
                 self.try_start(unit);
-                let route = self.route(unit, None, tcm);
-                self.send_streamed(route, bytes, Arrive::ResultAtTcm(c), now, false);
+                if keep {
+                    // The result stays in the unit's accumulator buffer.
+                    self.at(now, ComputeAct::End(c));
+                } else {
+                    let route = self.route(unit, None, tcm);
+                    self.send_streamed(route, bytes, Arrive::ResultAtTcm(c), now, false);
+                }
             }
             ComputeAct::End(c) => self.finish_compute(c)?,
+            ComputeAct::Written(w) => self.acc_written(w),
         }
         Ok(())
     }
@@ -409,6 +454,8 @@ impl<W: Write> Engine<'_, W> {
                     self.try_start(unit);
                 }
                 Waiter::DmaFetch(d) => self.at(self.q.now(), DmaAct::Fetch(d)),
+                // Only writebacks wake these.
+                Waiter::Start(_) => {}
             }
         }
         dependents.clear();
@@ -428,6 +475,42 @@ impl<W: Write> Engine<'_, W> {
         Ok(())
     }
 
+    /// Whether op `c` can start as far as accumulator buffers go: the
+    /// bytes it reads are in TCM (a writeback of a unit's copy started and
+    /// waited for otherwise), entries it overwrites dropped, and, for a
+    /// GEMM, room for its result in its unit's buffer. False: it is woken
+    /// when what it waits for has landed.
+    fn acc_ready(&mut self, c: u32) -> bool {
+        let (n, acc, out, gemm) = {
+            let x = self.computes.get(c);
+            let gemm = matches!(x.op, ComputeOp::Gemm(_));
+            let acc = match &x.op {
+                ComputeOp::Gemm(g) if g.op.acc.is_some() => x.inputs().get(2).copied(),
+                _ => None,
+            };
+            (x.inputs().len(), acc, x.out, gemm)
+        };
+        let mut wait = false;
+        for i in 0..n {
+            let input = self.computes.get(c).inputs()[i];
+            // A GEMM's own accumulator may stay where it is.
+            let chain = acc.filter(|_| gemm && i == 2).map(|a| a.pa);
+            wait |= self.acc_access(&input, false, chain, Waiter::Start(c));
+        }
+        let own = (gemm && out.bytes() <= self.acc_cap).then_some(out.pa);
+        wait |= self.acc_access(&out, true, own, Waiter::Start(c));
+        if wait {
+            return false;
+        }
+        if gemm {
+            match self.acc_reserve(c, acc.as_ref(), &out) {
+                Some(u) => self.computes.get(c).acc = u,
+                None => return false,
+            }
+        }
+        true
+    }
+
     pub(super) fn compute_arrive(&mut self, c: u32) {
         let unit = self.computes.get(c).unit;
         self.units[unit as usize].queue.push_back(c);
@@ -436,7 +519,7 @@ impl<W: Write> Engine<'_, W> {
 }
 
 /// A TCM access to one tile.
-fn tcm_request(x: &Extent) -> Request {
+pub(super) fn tcm_request(x: &Extent) -> Request {
     Request {
         pa: x.pa,
         row_bytes: x.len,

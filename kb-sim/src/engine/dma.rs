@@ -118,7 +118,7 @@ impl Resolved {
 pub(super) struct Side {
     groups: Vec<Group>,
     /// The pieces, group after group, each group's in data order.
-    pieces: Vec<Extent>,
+    pub(super) pieces: Vec<Extent>,
 }
 
 impl Side {
@@ -166,8 +166,8 @@ pub(super) struct Dma {
     pub(super) op_id: u64,
     cmd: DmaCmd,
     /// Parts per serving node (timing).
-    src: Side,
-    dst: Side,
+    pub(super) src: Side,
+    pub(super) dst: Side,
     /// Physical pieces in data order (data and effects).
     src_order: Vec<Extent>,
     dst_order: Vec<Extent>,
@@ -188,12 +188,16 @@ pub(super) struct Dma {
     dst_done: bool,
     /// Both effects were applied at issue (stores, copies): the rest is
     /// timing.
-    at_issue: bool,
+    pub(super) at_issue: bool,
     /// Raised once the destination is written (a copy's notification),
     /// with the clock the copy released.
     notify: Option<(Notify, Vec<u32>)>,
     /// The issuing PE's clock at issue, for race checks.
     hb: HbTag,
+    /// When its bytes started to move (after setup and any wait for a
+    /// producer or an accumulator writeback): its record's active
+    /// interval runs from here to the last byte written.
+    xfer_start: Ps,
     op: Option<OpenOp>,
     data: crate::data::Snapshot,
     /// Bytes of `data` that are compute results unknown in Phase 1.
@@ -209,6 +213,10 @@ pub(super) struct Dma {
 pub(super) struct DmaEngines {
     pub(super) idle: u32,
     pub(super) waiting: VecDeque<u32>,
+    /// The PE's DMAs issued and not finished, in issue order (`order.rs`).
+    pub(super) unfinished: Vec<u32>,
+    /// Those held until an earlier one touching the same bytes finishes.
+    pub(super) held: Vec<u32>,
 }
 
 impl<W: Write> Engine<'_, W> {
@@ -535,6 +543,7 @@ impl<W: Write> Engine<'_, W> {
             at_issue: false,
             notify,
             hb,
+            xfer_start: 0,
             op: None,
             data: Default::default(),
             unknown: Vec::new(),
@@ -542,6 +551,7 @@ impl<W: Write> Engine<'_, W> {
             read: None,
             write: None,
         });
+        self.engines[pe as usize].unfinished.push(d);
         self.pes[pe as usize].outstanding += 1;
         match mode {
             DmaMode::Load => self.pes[pe as usize].unsettled += 1,
@@ -652,12 +662,11 @@ impl<W: Write> Engine<'_, W> {
         match a {
             DmaArrive::CmdAtDma(d) => {
                 let pe = self.dmas.get(d).pe as usize;
-                let e = &mut self.engines[pe];
-                if e.idle > 0 {
-                    e.idle -= 1;
-                    self.at(now, DmaAct::Begin(d));
+                if self.dma_hazard(d) {
+                    self.engines[pe].held.push(d);
+                    self.stats.dma_hazards += 1;
                 } else {
-                    e.waiting.push_back(d);
+                    self.dma_ready(pe, d);
                 }
             }
             DmaArrive::ReqAtTarget { dma, group } => {
@@ -772,6 +781,11 @@ impl<W: Write> Engine<'_, W> {
                         .push(super::compute::Waiter::DmaFetch(d));
                     return Ok(());
                 }
+                // Bytes a GEMM unit holds are written back to TCM first.
+                if self.acc_cap > 0 && self.dma_acc_wait(d) {
+                    return Ok(());
+                }
+                self.dmas.get(d).xfer_start = now;
                 let (_, dma) = self.dma_node(d);
                 let n = self.dmas.get(d).src.groups.len();
                 {
@@ -865,6 +879,11 @@ impl<W: Write> Engine<'_, W> {
             }
             DmaAct::DstWrite(d) => {
                 let (_, dma) = self.dma_node(d);
+                {
+                    let x = self.dmas.get(d);
+                    let start = x.xfer_start;
+                    x.op.as_mut().expect("started").active = Some((start, now));
+                }
                 // The destination's pieces (the order, grouped).
                 for x in &self.dmas.get(d).dst.pieces {
                     if Pa::decode(x.pa).is_some_and(|p| p.space == Space::Tcm) {
@@ -952,11 +971,7 @@ impl<W: Write> Engine<'_, W> {
                         self.async_data.insert(x.op_id, loaded);
                     }
                 }
-                let e = &mut self.engines[pe];
-                match e.waiting.pop_front() {
-                    Some(next) => self.at(now, DmaAct::Begin(next)),
-                    None => e.idle += 1,
-                }
+                self.dma_finished(pe, d);
                 let pc = self.m.pe_coord(pe);
                 let (dma, cpu) = (
                     self.m.pe_node(pc, NodeKind::PeDma),

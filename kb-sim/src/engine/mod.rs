@@ -31,11 +31,13 @@ use crate::runtime::Tensor;
 /// Size of a control message (requests, acks, launch, command issue).
 pub const CONTROL_BYTES: u64 = 64;
 
+mod acc;
 mod compute;
 mod dma;
 mod host;
 mod launch;
 mod mmu;
+mod order;
 mod sync;
 
 use launch::{HostWait, LaunchAct, LaunchArrive, LaunchState, PeLaunches};
@@ -86,6 +88,8 @@ enum Arrive {
     OperandsAtUnit(u32),
     /// A compute op's result reaches TCM.
     ResultAtTcm(u32),
+    /// An accumulator writeback (`Engine::writebacks`) reaches TCM.
+    AccAtTcm(u32),
     /// An op's completion notice reaches its PE's pe_cpu.
     CmdDoneAtCpu {
         pe: u32,
@@ -191,6 +195,9 @@ struct OpenOp {
     component: u32,
     op_name: u32,
     kind: OpKind,
+    /// When the serving unit computed or transferred (within the op's
+    /// span); `None`: all of it.
+    active: Option<(Ps, Ps)>,
 }
 
 /// A pool of items addressed by u32 index, reusing freed slots.
@@ -225,6 +232,10 @@ impl<T> Slab<T> {
         self.items[i as usize].as_mut().expect("live slab entry")
     }
 
+    fn peek(&self, i: u32) -> &T {
+        self.items[i as usize].as_ref().expect("live slab entry")
+    }
+
     fn remove(&mut self, i: u32) -> T {
         self.free.push(i);
         self.items[i as usize].take().expect("live slab entry")
@@ -244,6 +255,11 @@ pub struct RunStats {
     pub races: u64,
     /// The first races, described (both ops, the bytes they share).
     pub race_reports: Vec<String>,
+    /// Accumulator tiles written back from GEMM units to TCM.
+    pub acc_writebacks: u64,
+    /// DMAs held until an earlier DMA of their PE touching the same bytes
+    /// had finished.
+    pub dma_hazards: u64,
 }
 
 /// The op log: assigns op ids and effect sequence numbers, feeds the
@@ -354,6 +370,11 @@ pub struct Engine<'m, W: Write> {
     dmas: Slab<Dma>,
     computes: Slab<Compute>,
     units: Vec<UnitQueue>,
+    /// Per PE (dense index): its GEMM unit's accumulator buffer.
+    accs: Vec<acc::AccBuffer>,
+    /// Its size in bytes (0: no buffer).
+    acc_cap: u64,
+    writebacks: Slab<acc::Writeback>,
     producers: HashMap<u64, Producer>,
     host_writes: Slab<HostWrite>,
     host_pending: usize,
@@ -552,6 +573,8 @@ impl<'m, W: Write> Engine<'m, W> {
                 .map(|_| DmaEngines {
                     idle: t.pe_dma.engines,
                     waiting: VecDeque::new(),
+                    unfinished: Vec::new(),
+                    held: Vec::new(),
                 })
                 .collect(),
             dma_setup_ps: ns_to_ps(t.pe_dma.setup_ns.0),
@@ -579,6 +602,9 @@ impl<'m, W: Write> Engine<'m, W> {
             dmas: Slab::new(),
             computes: Slab::new(),
             units: (0..m.nodes.len()).map(|_| UnitQueue::default()).collect(),
+            accs: (0..n_pes).map(|_| acc::AccBuffer::default()).collect(),
+            acc_cap: u64::from(t.pe_gemm.acc_kib) * 1024,
+            writebacks: Slab::new(),
             producers: HashMap::default(),
             host_writes: Slab::new(),
             host_pending: 0,
@@ -912,6 +938,7 @@ impl<'m, W: Write> Engine<'m, W> {
             component,
             op_name,
             kind,
+            active: None,
         }
     }
 
@@ -989,6 +1016,7 @@ impl<'m, W: Write> Engine<'m, W> {
             Arrive::ComputeAtUnit(c) => self.compute_arrive(c),
             Arrive::OperandsAtUnit(c) => self.operands_at_unit(c),
             Arrive::ResultAtTcm(c) => self.result_at_tcm(c),
+            Arrive::AccAtTcm(w) => self.acc_at_tcm(w),
             Arrive::CmdDoneAtCpu { pe, cmd, kind } => {
                 self.in_flight.remove(&cmd.0);
                 let s = &mut self.pes[pe as usize];

@@ -1,0 +1,329 @@
+//! The GEMM units' accumulator buffers (`pe_gemm.acc_kib`): timing only.
+//!
+//! A GEMM result that fits the buffer stays in its unit: the op ends when
+//! the unit has computed it, and the next dot on the unit that
+//! accumulates into the same tile (`acc` at the entry's address) reads it
+//! there, not through the TCM port. The tile reaches TCM only when it
+//! leaves the unit:
+//!
+//! - another op reads bytes of it (a store, a copy, a math op, a dot that
+//!   uses it as `a` or `b`): the entry is written back (unit -> `tcm_port`
+//!   -> TCM, timed like a result) and the reader waits until it is
+//!   written; the entry stays, clean, so the chain may go on;
+//! - the buffer needs room for another result: the least recently used
+//!   entries are evicted, a dirty one written back first; the new op
+//!   starts once they have left;
+//! - another op writes bytes of it: the entry is dropped (its bytes are
+//!   replaced), after any writeback in flight has landed.
+//!
+//! Data effects are untouched: every compute op applies them at issue, so
+//! an entry only says where the tile's latest bytes are in time. Every
+//! writer of a tile's bytes other than the chain drops its entry, so an
+//! entry at an address always holds that address's latest value.
+
+use std::io::Write;
+
+use kb_format::pa::Pa;
+use kb_format::{Extent, Space};
+
+use super::compute::{ComputeAct, Waiter};
+use super::dma::DmaAct;
+use super::{Arrive, Engine};
+use crate::machine::{NodeKind, PeCoord};
+
+/// One tile held by a GEMM unit.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AccEntry {
+    /// The tile's TCM range (contiguous).
+    pub(super) pa: u64,
+    pub(super) len: u64,
+    /// TCM's copy is older than the unit's.
+    dirty: bool,
+    /// Bumped at every result into the entry: a writeback cleans it only
+    /// if no result came after the writeback started.
+    version: u32,
+    /// A writeback in flight (`Engine::writebacks` index).
+    writeback: Option<u32>,
+    /// Evicted: leaves the buffer when its writeback lands.
+    leaving: bool,
+    last_use: u64,
+}
+
+/// A GEMM unit's accumulator buffer.
+#[derive(Debug, Default)]
+pub(super) struct AccBuffer {
+    entries: Vec<AccEntry>,
+    /// Use stamps, for least-recently-used eviction.
+    stamp: u64,
+}
+
+/// An entry on its way from the unit to TCM.
+#[derive(Debug)]
+pub(super) struct Writeback {
+    pe: u32,
+    pa: u64,
+    len: u64,
+    version: u32,
+    waiters: Vec<Waiter>,
+}
+
+/// How a compute op uses its unit's buffer, decided when it starts.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct AccUse {
+    /// The accumulator operand is read from the buffer (not streamed).
+    pub(super) acc_in_unit: bool,
+    /// The result stays in the buffer (not streamed back to TCM).
+    pub(super) keep: bool,
+}
+
+impl AccEntry {
+    fn overlaps(&self, x: &Extent) -> bool {
+        let (lo, hi) = super::order::bounds(x);
+        self.pa < hi
+            && lo < self.pa + self.len
+            && crate::race::overlap(x, &Extent::contiguous(self.pa, self.len)).is_some()
+    }
+}
+
+impl<W: Write> Engine<'_, W> {
+    /// The dense index of the PE whose TCM holds `pa`, if its GEMM unit
+    /// holds anything.
+    fn acc_pe(&self, pa: u64) -> Option<usize> {
+        let p = Pa::decode(pa).filter(|p| p.space == Space::Tcm)?;
+        let i = self.m.pe_index(PeCoord {
+            sip: p.sip,
+            cube: p.cube,
+            pe: p.pe,
+        });
+        (!self.accs.get(i)?.entries.is_empty()).then_some(i)
+    }
+
+    /// Make the bytes of `x` current in TCM for an access (a write when
+    /// `write`) by an op other than the chain whose accumulator is at
+    /// `chain`: true when the op must wait (`waiter` is woken when the
+    /// writeback it waits for has landed).
+    pub(super) fn acc_access(
+        &mut self,
+        x: &Extent,
+        write: bool,
+        chain: Option<u64>,
+        waiter: Waiter,
+    ) -> bool {
+        let Some(pe) = self.acc_pe(x.pa) else {
+            return false;
+        };
+        let mut wait = false;
+        let mut i = 0;
+        while i < self.accs[pe].entries.len() {
+            let e = self.accs[pe].entries[i];
+            let hit = Some(e.pa) != chain && e.overlaps(x);
+            if !hit {
+                i += 1;
+                continue;
+            }
+            if let Some(w) = e.writeback {
+                wait_on(&mut self.writebacks.get(w).waiters, waiter);
+                wait = true;
+            } else if write {
+                // Its bytes are being replaced: it is dead.
+                self.accs[pe].entries.remove(i);
+                continue;
+            } else if e.dirty {
+                let w = self.start_writeback(pe, i);
+                wait_on(&mut self.writebacks.get(w).waiters, waiter);
+                wait = true;
+            }
+            i += 1;
+        }
+        wait
+    }
+
+    /// Decide how GEMM op `c` uses its unit's buffer as it starts: whether
+    /// its accumulator is there and whether its result can stay, evicting
+    /// (and writing back) older entries, least recently used first, for
+    /// room. `None`: it must wait for an eviction to land (it is woken
+    /// then).
+    pub(super) fn acc_reserve(
+        &mut self,
+        c: u32,
+        acc: Option<&Extent>,
+        out: &Extent,
+    ) -> Option<AccUse> {
+        let cap = self.acc_cap;
+        let pe = self.computes.get(c).pe as usize;
+        let buf = &mut self.accs[pe];
+        let chain = acc.and_then(|a| {
+            buf.entries
+                .iter()
+                .position(|e| e.pa == a.pa && e.len == a.bytes() && a.rows <= 1 && !e.leaving)
+        });
+        let acc_in_unit = chain.is_some();
+        let contiguous = out.rows <= 1 || out.stride == out.len;
+        // The result replaces the chain's entry when it is at its address;
+        // the chain's accumulator elsewhere is never evicted for it.
+        let own = chain.filter(|&i| buf.entries[i].pa == out.pa);
+        let pinned: u64 = chain
+            .filter(|_| own.is_none())
+            .map_or(0, |i| buf.entries[i].len);
+        if !contiguous || out.bytes().saturating_add(pinned) > cap {
+            return Some(AccUse {
+                acc_in_unit,
+                keep: false,
+            });
+        }
+        let mut held: u64 = buf
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| Some(i) != own)
+            .map(|(_, e)| e.len)
+            .sum();
+        // Entries already leaving free their room first, then the least
+        // recently used.
+        let mut order: Vec<usize> = (0..buf.entries.len())
+            .filter(|&i| Some(i) != own && Some(i) != chain)
+            .collect();
+        order.sort_by_key(|&i| (!buf.entries[i].leaving, buf.entries[i].last_use));
+        let mut wait = false;
+        let mut gone = Vec::new();
+        for i in order {
+            if held + out.bytes() <= cap {
+                break;
+            }
+            let e = &mut buf.entries[i];
+            held -= e.len;
+            if e.leaving || e.dirty || e.writeback.is_some() {
+                e.leaving = true;
+                wait = true;
+            } else {
+                gone.push(i);
+            }
+        }
+        gone.sort_unstable();
+        for &i in gone.iter().rev() {
+            self.accs[pe].entries.remove(i);
+        }
+        if wait {
+            for i in 0..self.accs[pe].entries.len() {
+                let e = self.accs[pe].entries[i];
+                if !e.leaving {
+                    continue;
+                }
+                let w = match e.writeback {
+                    Some(w) => w,
+                    None => self.start_writeback(pe, i),
+                };
+                wait_on(&mut self.writebacks.get(w).waiters, Waiter::Start(c));
+            }
+            return None;
+        }
+        let buf = &mut self.accs[pe];
+        buf.stamp += 1;
+        let stamp = buf.stamp;
+        if let Some(i) = chain {
+            buf.entries[i].last_use = stamp;
+        }
+        match buf.entries.iter_mut().find(|e| e.pa == out.pa) {
+            Some(e) => {
+                e.len = out.bytes();
+                e.dirty = true;
+                e.version = e.version.wrapping_add(1);
+                e.last_use = stamp;
+            }
+            None => buf.entries.push(AccEntry {
+                pa: out.pa,
+                len: out.bytes(),
+                dirty: true,
+                version: 0,
+                writeback: None,
+                leaving: false,
+                last_use: stamp,
+            }),
+        }
+        Some(AccUse {
+            acc_in_unit,
+            keep: true,
+        })
+    }
+
+    /// Send entry `i` of PE `pe`'s buffer to TCM over the unit's TCM port.
+    fn start_writeback(&mut self, pe: usize, i: usize) -> u32 {
+        let e = self.accs[pe].entries[i];
+        let w = self.writebacks.insert(Writeback {
+            pe: pe as u32,
+            pa: e.pa,
+            len: e.len,
+            version: e.version,
+            waiters: self.dependents_spare.pop().unwrap_or_default(),
+        });
+        self.accs[pe].entries[i].writeback = Some(w);
+        let pc = self.m.pe_coord(pe);
+        let (unit, tcm) = (
+            self.m.pe_node(pc, NodeKind::PeGemm),
+            self.m.pe_node(pc, NodeKind::Tcm),
+        );
+        let route = self.route(unit, None, tcm);
+        let now = self.q.now();
+        self.send_streamed(route, e.len, Arrive::AccAtTcm(w), now, false);
+        self.stats.acc_writebacks += 1;
+        w
+    }
+
+    /// A writeback's bytes reached TCM: it is written as they come.
+    pub(super) fn acc_at_tcm(&mut self, w: u32) {
+        let (head, now, burst) = (self.arrival.0, self.q.now(), self.burst);
+        let (pe, pa, len) = {
+            let x = self.writebacks.get(w);
+            (x.pe, x.pa, x.len)
+        };
+        let tcm = self.m.pe_node(self.m.pe_coord(pe as usize), NodeKind::Tcm);
+        let req = super::compute::tcm_request(&Extent::contiguous(pa, len));
+        let end = self.comps[tcm as usize]
+            .as_mut()
+            .expect("TCM has a timing model")
+            .serve_write(now, head, &req, burst)
+            .end;
+        self.at(end, ComputeAct::Written(w));
+    }
+
+    /// A writeback landed: its entry is clean (or gone, if evicted), and
+    /// whoever waited for it tries again.
+    pub(super) fn acc_written(&mut self, w: u32) {
+        let mut x = self.writebacks.remove(w);
+        let buf = &mut self.accs[x.pe as usize];
+        if let Some(i) = buf.entries.iter().position(|e| e.writeback == Some(w)) {
+            let e = &mut buf.entries[i];
+            e.writeback = None;
+            if e.version == x.version {
+                e.dirty = false;
+            }
+            if e.leaving {
+                buf.entries.remove(i);
+            }
+        }
+        let now = self.q.now();
+        for &waiter in &x.waiters {
+            match waiter {
+                Waiter::Start(c) => {
+                    let unit = self.computes.get(c).unit;
+                    self.try_start(unit);
+                }
+                Waiter::DmaFetch(d) => self.at(now, DmaAct::Fetch(d)),
+                // Only ops that start or fetch wait on a writeback.
+                Waiter::Compute(_) => {}
+            }
+        }
+        x.waiters.clear();
+        self.dependents_spare.push(x.waiters);
+    }
+}
+
+fn wait_on(waiters: &mut Vec<Waiter>, w: Waiter) {
+    let same = |a: &Waiter| match (a, &w) {
+        (Waiter::Start(x), Waiter::Start(y)) | (Waiter::DmaFetch(x), Waiter::DmaFetch(y)) => x == y,
+        _ => false,
+    };
+    if !waiters.iter().any(same) {
+        waiters.push(w);
+    }
+}

@@ -1,0 +1,178 @@
+//! Ordering in time of one PE's DMAs that touch the same bytes.
+//!
+//! Data effects follow issue order (stores and copies apply theirs at
+//! issue, loads when served), but a transfer's timing could let a later
+//! DMA read bytes before an earlier one's write of them had landed. So a
+//! DMA whose bytes overlap those of an earlier-issued, unfinished DMA of
+//! the same PE (it reads what that one writes, writes what it reads, or
+//! writes what it writes: RAW, WAR, WAW) is held when its command reaches
+//! the PE's DMA engines, without taking an engine, until every such DMA
+//! has finished (its record ended); it then queues for an engine in issue
+//! order. Later DMAs that touch other bytes pass it. Across PEs, ordering
+//! is the kernel's job (signals, barriers) and the race detector's.
+//!
+//! The check compares the physical pieces of the two DMAs' sides (a
+//! PE has a handful of DMAs in flight): bounding ranges first, then the
+//! exact overlap of strided rows (`race::overlap`).
+
+use std::io::Write;
+
+use kb_format::Extent;
+
+use super::Engine;
+use super::compute::Waiter;
+use super::dma::{Dma, DmaAct};
+
+/// `[first byte, past the last byte)` of an extent.
+pub(super) fn bounds(x: &Extent) -> (u64, u64) {
+    let rows = u64::from(x.rows.max(1));
+    (x.pa, x.pa + (rows - 1) * x.stride + x.len)
+}
+
+/// The bounding range of a side's pieces.
+fn hull(xs: &[Extent]) -> Option<(u64, u64)> {
+    xs.iter()
+        .map(bounds)
+        .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+}
+
+/// Whether any byte of `a`'s pieces is a byte of `b`'s.
+fn sides_overlap(a: &[Extent], b: &[Extent]) -> bool {
+    let (Some(ha), Some(hb)) = (hull(a), hull(b)) else {
+        return false;
+    };
+    if ha.1 <= hb.0 || hb.1 <= ha.0 {
+        return false;
+    }
+    let exact = |x: &Extent, y: &Extent| {
+        let (bx, by) = (bounds(x), bounds(y));
+        bx.0 < by.1 && by.0 < bx.1 && crate::race::overlap(x, y).is_some()
+    };
+    if a.len().saturating_mul(b.len()) <= 4096 {
+        return a.iter().any(|x| b.iter().any(|y| exact(x, y)));
+    }
+    // Many pieces (LA stripes): sweep both sides in address order.
+    let sorted = |xs: &[Extent]| {
+        let mut v: Vec<(u64, u64, usize)> = xs
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let (lo, hi) = bounds(x);
+                (lo, hi, i)
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let (sa, sb) = (sorted(a), sorted(b));
+    let mut j0 = 0;
+    for &(lo, hi, i) in &sa {
+        // A piece of `b` that ends before this one starts ends before
+        // every later one starts too (they start in order).
+        while j0 < sb.len() && sb[j0].1 <= lo {
+            j0 += 1;
+        }
+        for &(ylo, yhi, j) in &sb[j0..] {
+            if ylo >= hi {
+                break;
+            }
+            if lo < yhi && exact(&a[i], &b[j]) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Whether `later` must wait for `earlier` (both of one PE).
+fn conflicts(later: &Dma, earlier: &Dma) -> bool {
+    sides_overlap(&later.src.pieces, &earlier.dst.pieces)
+        || sides_overlap(&later.dst.pieces, &earlier.src.pieces)
+        || sides_overlap(&later.dst.pieces, &earlier.dst.pieces)
+}
+
+impl<W: Write> Engine<'_, W> {
+    /// Whether DMA `d` touches bytes of an earlier-issued, unfinished DMA
+    /// of its PE (RAW, WAR or WAW).
+    pub(super) fn dma_hazard(&self, d: u32) -> bool {
+        let x = self.dmas.peek(d);
+        let list = &self.engines[x.pe as usize].unfinished;
+        list.iter()
+            .take_while(|&&e| e != d)
+            .any(|&e| conflicts(x, self.dmas.peek(e)))
+    }
+
+    /// DMA `d` may start: it takes an idle engine or queues, in issue order.
+    pub(super) fn dma_ready(&mut self, pe: usize, d: u32) {
+        let now = self.q.now();
+        let op_id = self.dmas.peek(d).op_id;
+        if self.engines[pe].idle > 0 {
+            self.engines[pe].idle -= 1;
+            self.at(now, DmaAct::Begin(d));
+            return;
+        }
+        let at = {
+            let e = &self.engines[pe];
+            e.waiting
+                .iter()
+                .rposition(|&w| self.dmas.peek(w).op_id < op_id)
+                .map_or(0, |i| i + 1)
+        };
+        self.engines[pe].waiting.insert(at, d);
+    }
+
+    /// DMA `d` of PE `pe` finished: the DMAs it held may go, then its
+    /// engine takes the next one queued.
+    pub(super) fn dma_finished(&mut self, pe: usize, d: u32) {
+        let e = &mut self.engines[pe];
+        if let Some(i) = e.unfinished.iter().position(|&x| x == d) {
+            e.unfinished.remove(i);
+        }
+        if !self.engines[pe].held.is_empty() {
+            let held = std::mem::take(&mut self.engines[pe].held);
+            let mut still = Vec::new();
+            for h in held {
+                if self.dma_hazard(h) {
+                    still.push(h);
+                } else {
+                    self.dma_ready(pe, h);
+                }
+            }
+            self.engines[pe].held = still;
+        }
+        let now = self.q.now();
+        let e = &mut self.engines[pe];
+        match e.waiting.pop_front() {
+            Some(next) => self.at(now, DmaAct::Begin(next)),
+            None => e.idle += 1,
+        }
+    }
+
+    /// Whether DMA `d`'s fetch must wait for accumulator writebacks (the
+    /// bytes it reads, or overwrites, that a GEMM unit holds).
+    pub(super) fn dma_acc_wait(&mut self, d: u32) -> bool {
+        let mut wait = false;
+        for (side, write) in [(0, false), (1, true)] {
+            let n = {
+                let x = self.dmas.peek(d);
+                if side == 0 {
+                    x.src.pieces.len()
+                } else {
+                    x.dst.pieces.len()
+                }
+            };
+            for i in 0..n {
+                let piece = {
+                    let x = self.dmas.peek(d);
+                    if side == 0 {
+                        x.src.pieces[i]
+                    } else {
+                        x.dst.pieces[i]
+                    }
+                };
+                wait |= self.acc_access(&piece, write, None, Waiter::DmaFetch(d));
+            }
+        }
+        wait
+    }
+}
