@@ -84,6 +84,7 @@ fn dma_record(i: u64) -> Record {
             seq: 2 * i + 1,
             ranges: vec![extent(dst, row_bytes)],
         }),
+        active: None,
     }
 }
 

@@ -3,7 +3,8 @@
 //! Owns the bytes of a trace and nothing else: the data model ([`types`]),
 //! the chunked container ([`chunk`], [`footer`]), the record encoding
 //! ([`record_codec`]), the writer ([`TraceWriter`], [`AtomicFile`]) and the
-//! readers ([`StreamReader`] over any `io::Read`, [`MmapTrace`] over a file).
+//! readers ([`StreamReader`] over any `io::Read`, [`MmapTrace`] over a file),
+//! and the one definition of utilisation over records ([`usage`]).
 //! It knows nothing of simulation or replay semantics.
 //!
 //! A trace is a 64-byte header, then 64-byte-aligned chunks (meta first;
@@ -23,6 +24,7 @@ pub mod pa;
 pub mod reader;
 pub mod record_codec;
 pub mod types;
+pub mod usage;
 pub mod writer;
 
 pub use channels::{BusyLog, ChannelLog, ChannelUsage};

@@ -19,7 +19,10 @@ const F_FINGERPRINT: u8 = 1 << 0;
 const F_READ: u8 = 1 << 1;
 const F_WRITE: u8 = 1 << 2;
 const F_DEPS: u8 = 1 << 3;
-const F_KNOWN: u8 = F_FINGERPRINT | F_READ | F_WRITE | F_DEPS;
+/// An active interval follows the duration (format 3.3): two varints,
+/// `start - t_start` and `end - start`.
+const F_ACTIVE: u8 = 1 << 4;
+const F_KNOWN: u8 = F_FINGERPRINT | F_READ | F_WRITE | F_DEPS | F_ACTIVE;
 
 /// Address predictor of the read-side params.
 const RD: usize = 0;
@@ -108,7 +111,8 @@ fn size_bound(r: &Record) -> usize {
         Params::Gemm(_) => 4 * (1 + V) + 1 + 3 * V + 4,
         Params::Math(m) => 1 + V + m.inputs.len() * (2 + 3 * V + 1) + (1 + V) + 2 * V + 2,
     };
-    2 + 5 * V + 8 + V + r.deps.len() * V + effect(&r.read) + effect(&r.write) + V + params
+    let active = if r.active.is_some() { 2 * V } else { 0 };
+    2 + 5 * V + active + 8 + V + r.deps.len() * V + effect(&r.read) + effect(&r.write) + V + params
 }
 
 /// A cursor writing into a slice known to be large enough.
@@ -330,7 +334,8 @@ impl RecordEncoder {
         let flags = ((r.fingerprint.is_some() as u8) * F_FINGERPRINT)
             | ((r.read.is_some() as u8) * F_READ)
             | ((r.write.is_some() as u8) * F_WRITE)
-            | ((!r.deps.is_empty() as u8) * F_DEPS);
+            | ((!r.deps.is_empty() as u8) * F_DEPS)
+            | ((r.active.is_some() as u8) * F_ACTIVE);
         o.byte(flags);
         o.byte(r.kind.code());
         o.signed(r.op_id.wrapping_sub(st.op_id) as i64);
@@ -338,6 +343,12 @@ impl RecordEncoder {
         o.varint(r.t_start.wrapping_sub(st.t_start));
         st.t_start = r.t_start;
         o.varint(r.t_end.saturating_sub(r.t_start));
+        if let Some((a0, a1)) = r.active {
+            // The writer refuses an interval outside the span; saturating
+            // keeps a direct caller's bad interval from panicking.
+            o.varint(a0.saturating_sub(r.t_start));
+            o.varint(a1.saturating_sub(a0));
+        }
         o.varint(r.component as u64);
         o.varint(r.op_name as u64);
         st.enter(r.component, r.op_name);
@@ -520,6 +531,27 @@ impl<'a> RecordDecoder<'a> {
         r.t_start = t_start;
         r.t_end = t_end;
         self.state.t_start = t_start;
+        r.active = if flags & F_ACTIVE != 0 {
+            let off = self.cur.varint();
+            let len = self.cur.varint();
+            if let Some((at, what)) = self.cur.bad {
+                return Err(self.cursor_error(at, what));
+            }
+            match t_start
+                .checked_add(off)
+                .and_then(|a0| Some((a0, a0.checked_add(len)?)))
+            {
+                Some((a0, a1)) if a1 <= t_end => Some((a0, a1)),
+                _ => {
+                    return Err(self.err(format!(
+                        "op {}: active interval (+{off} ps, {len} ps long) is not within its span [{t_start}, {t_end}] ps",
+                        r.op_id
+                    )));
+                }
+            }
+        } else {
+            None
+        };
         r.component = self.cur.varint_u32();
         r.op_name = self.cur.varint_u32();
         self.state.enter(r.component, r.op_name);
@@ -901,6 +933,58 @@ mod tests {
         // 0x1040 against 0x5000: zigzag(-0x3fc0) = 0x7f7f.
         assert_eq!(&bytes[2][10..13], &[0xff, 0xfe, 0x01]);
         assert_eq!(decode_all(&bytes.concat(), 3), records);
+    }
+
+    #[test]
+    fn an_active_interval_is_two_varints_after_the_duration() {
+        let r = Record {
+            op_id: 0,
+            t_start: 1000,
+            t_end: 1500,
+            active: Some((1100, 1400)),
+            ..Record::default()
+        };
+        let bytes = encode_each(std::slice::from_ref(&r)).concat();
+        // flags (active), kind, op_id, t_start 1000, duration 500,
+        // active: +100, 300 long; component, op_name, params length.
+        assert_eq!(
+            bytes,
+            [
+                0x10, 0x00, 0x00, 0xe8, 0x07, 0xf4, 0x03, 0x64, 0xac, 0x02, 0x00, 0x00, 0x00
+            ]
+        );
+        assert_eq!(decode_all(&bytes, 1), [r]);
+    }
+
+    fn decode_err(bytes: &[u8]) -> String {
+        let mut d = RecordDecoder::new(bytes, 0, 1);
+        d.next_into(&mut Record::default()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn an_active_interval_outside_the_span_is_refused() {
+        // Span [5, 15]: the interval +4 (at 9), 7 long, ends at 16.
+        let past_end = [0x10, 0x00, 0x00, 0x05, 0x0a, 0x04, 0x07, 0x00, 0x00, 0x00];
+        let e = decode_err(&past_end);
+        assert!(
+            e.contains(
+                "op 0: active interval (+4 ps, 7 ps long) is not within its span [5, 15] ps"
+            ),
+            "{e}"
+        );
+        // +4 and 6 long ends at 15 exactly: accepted.
+        let mut at_end = past_end;
+        at_end[6] = 0x06;
+        assert_eq!(decode_all(&at_end, 1)[0].active, Some((9, 15)));
+        // A start past 2^64: t_start 5 plus a 10-byte varint of u64::MAX.
+        let mut overflow = vec![0x10, 0x00, 0x00, 0x05, 0x0a];
+        overflow.extend([0xff; 9]);
+        overflow.extend([0x01, 0x00, 0x00, 0x00, 0x00]);
+        let e = decode_err(&overflow);
+        assert!(e.contains("is not within its span"), "{e}");
+        // Truncated inside the interval.
+        let e = decode_err(&past_end[..6]);
+        assert!(e.contains("past the end"), "{e}");
     }
 
     #[test]

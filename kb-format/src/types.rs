@@ -444,6 +444,14 @@ pub struct Record {
     pub fingerprint: Option<u64>,
     pub read: Option<Effect>,
     pub write: Option<Effect>,
+    /// The part `[start, end)` of `[t_start, t_end]` during which the
+    /// serving unit computes or transfers (its busy time, as opposed to the
+    /// whole span it holds the op: operand streaming, setup, waiting for a
+    /// producer). `None` means the whole span is active: traces before
+    /// format 3.3, host and CPU records. When present,
+    /// `t_start <= start <= end <= t_end`; writers and readers refuse
+    /// anything else. `kb_format::usage` turns it into utilisation.
+    pub active: Option<(Ps, Ps)>,
 }
 
 /// How a tensor's bytes are laid out on the device: each shard is a block of

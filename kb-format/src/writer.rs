@@ -532,7 +532,8 @@ impl<W: Write> TraceWriter<W> {
 
 /// Reject records that would not read back as written: params that do not
 /// match the kind, reserved codes, counts above the decoder's limits,
-/// dependencies that do not precede the op.
+/// an active interval outside the op's span, dependencies that do not
+/// precede the op.
 fn check_record(r: &Record) -> Result<()> {
     let bad = |what: String| Err(FormatError::Usage(format!("op {}: {what}", r.op_id)));
     let params_ok = matches!(
@@ -579,6 +580,14 @@ fn check_record(r: &Record) -> Result<()> {
                 e.ranges.len()
             ));
         }
+    }
+    if let Some((a0, a1)) = r.active
+        && !(r.t_start <= a0 && a0 <= a1 && a1 <= r.t_end)
+    {
+        return bad(format!(
+            "active interval [{a0}, {a1}) ps is not within its span [{}, {}] ps",
+            r.t_start, r.t_end
+        ));
     }
     if r.deps.len() > MAX_DEPS {
         return bad(format!("{} dependencies, at most {MAX_DEPS}", r.deps.len()));

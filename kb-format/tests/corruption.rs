@@ -440,6 +440,61 @@ fn dependency_that_does_not_precede_is_dangling() {
 }
 
 #[test]
+fn an_active_interval_outside_the_span_is_malformed() {
+    // The encoder writes what it is given (the writer would refuse it):
+    // span [400, 450], active [420, 460) runs past the end; [390, 445)
+    // starts before it (encoded from the start: +0, 55 long).
+    for (active, detail) in [
+        ((420, 460), "active interval (+20 ps, 40 ps long)"),
+        ((390, 445), "active interval (+0 ps, 55 ps long)"),
+    ] {
+        let mut r = sample_record(4, 0, 1);
+        r.deps.clear();
+        r.active = Some(active);
+        let b = RawTrace::default()
+            .meta(&sample_meta())
+            .strings(0, &["c", "n"])
+            .records(&[r])
+            .verify(&sample_verify())
+            .build();
+        let (s, m) = both_errors(&b);
+        for e in [s, m] {
+            assert!(matches!(e, FormatError::Malformed { .. }), "{e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(detail) && msg.contains("not within its span [400, 450] ps"),
+                "{msg}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_minor_version_2_trace_reads_as_before() {
+    // The sample written today, with no active interval, relabelled 3.2:
+    // the same records come back, each with `active: None`.
+    let mut recs: Vec<Record> = (0..4).map(|i| sample_record(i, 0, 1)).collect();
+    for r in &mut recs {
+        r.active = None;
+    }
+    let mut b = RawTrace::default()
+        .meta(&sample_meta())
+        .strings(0, &["c", "n"])
+        .records(&recs)
+        .verify(&sample_verify())
+        .build();
+    assert_eq!(u16::from_le_bytes([b[10], b[11]]), 3, "written as 3.3");
+    b[10..12].copy_from_slice(&2u16.to_le_bytes());
+    reseal_block(&mut b, 0);
+    refooter(&mut b);
+    let dir = tempfile::tempdir().unwrap();
+    let s = read_stream(&b).unwrap();
+    let m = read_mmap_bytes(&dir.path().join("t.kbt"), &b).unwrap();
+    assert_eq!(s.records, recs);
+    assert_eq!(m.records, recs);
+}
+
+#[test]
 fn records_out_of_order_across_chunks_are_an_error() {
     let b = RawTrace::default()
         .meta(&sample_meta())

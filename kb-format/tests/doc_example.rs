@@ -63,6 +63,7 @@ fn tiny_trace() -> Vec<u8> {
             seq: 1,
             ranges: vec![Extent::contiguous(dst, 16)],
         }),
+        active: None,
     })
     .unwrap();
     let spec = VerifySpec {

@@ -286,6 +286,18 @@ struct Draft {
     fingerprint: Option<u64>,
     read: Option<Effect>,
     write: Option<Effect>,
+    /// The active interval as two points per mille of the span (in either
+    /// order): 0 and 1000 are the span's ends, equal points an empty one.
+    active: Option<(u16, u16)>,
+}
+
+impl Draft {
+    fn active(&self) -> Option<(u64, u64)> {
+        self.active.map(|(a, b)| {
+            let at = |m: u16| self.t_start + (self.dur as u128 * m as u128 / 1000) as u64;
+            (at(a.min(b)), at(a.max(b)))
+        })
+    }
 }
 
 fn draft() -> impl Strategy<Value = Draft> {
@@ -298,6 +310,10 @@ fn draft() -> impl Strategy<Value = Draft> {
         proptest::option::of(any::<u64>()),
         proptest::option::of(effect()),
         proptest::option::of(effect()),
+        proptest::option::of((
+            prop_oneof![Just(0u16), 0..=1000u16, Just(1000u16)],
+            prop_oneof![Just(0u16), 0..=1000u16, Just(1000u16)],
+        )),
     )
         .prop_map(
             |(
@@ -309,6 +325,7 @@ fn draft() -> impl Strategy<Value = Draft> {
                 fingerprint,
                 read,
                 write,
+                active,
             )| {
                 Draft {
                     t_start,
@@ -321,6 +338,7 @@ fn draft() -> impl Strategy<Value = Draft> {
                     fingerprint,
                     read,
                     write,
+                    active,
                 }
             },
         )
@@ -442,6 +460,7 @@ fn write_case(c: &Case) -> (Vec<u8>, Dump) {
                     fingerprint: d.fingerprint,
                     read: d.read.clone(),
                     write: d.write.clone(),
+                    active: d.active(),
                 }
             })
             .collect()
@@ -772,8 +791,8 @@ fn sum_blocks_and_tile_verify_specs_round_trip() {
     })
     .unwrap();
     let bytes = w.finish(&spec).unwrap();
-    // Written as version 3.1 or later (3.2).
-    assert_eq!(&bytes[8..12], &[3, 0, 2, 0]);
+    // Written as version 3.1 or later (3.3).
+    assert_eq!(&bytes[8..12], &[3, 0, 3, 0]);
     let dir = tempfile::tempdir().unwrap();
     assert_eq!(read_stream(&bytes).unwrap().verify, spec);
     assert_eq!(

@@ -33,6 +33,7 @@ fn memory_is_bounded_by_the_reorder_window_not_the_run() {
         let mut r = sample_record(i, c, name);
         r.t_start = i * 100 + (i * 7919) % 300;
         r.t_end = r.t_start + 50;
+        r.active = r.active.map(|_| (r.t_start + 20, r.t_start + 45));
         r.deps.clear();
         w.push(r).unwrap();
         // Ops created later start at or after (i + 1) * 100.
@@ -187,6 +188,27 @@ fn records_that_would_not_read_back_are_refused() {
                 ..ok()
             },
         ),
+        (
+            "active interval [9, 15) ps is not within its span [10, 20] ps",
+            Record {
+                active: Some((9, 15)),
+                ..ok()
+            },
+        ),
+        (
+            "not within its span",
+            Record {
+                active: Some((12, 21)),
+                ..ok()
+            },
+        ),
+        (
+            "not within its span",
+            Record {
+                active: Some((15, 14)),
+                ..ok()
+            },
+        ),
     ];
     for (what, r) in bad {
         let e = w.push(r).unwrap_err();
@@ -218,6 +240,36 @@ fn records_that_would_not_read_back_are_refused() {
         matches!(&e, FormatError::Usage(m) if m.contains("duplicate")),
         "{e}"
     );
+}
+
+#[test]
+fn active_intervals_within_the_span_are_written_and_read_back() {
+    let mut w = TraceWriter::new(Vec::new(), &sample_meta()).unwrap();
+    let c = w.intern("c");
+    // The span's ends, an empty interval at either end, one inside.
+    let actives = [
+        Some((10, 20)),
+        Some((20, 20)),
+        Some((10, 10)),
+        Some((12, 17)),
+        None,
+    ];
+    for (i, &active) in actives.iter().enumerate() {
+        w.push(Record {
+            op_id: i as u64,
+            t_start: 10,
+            t_end: 20,
+            component: c,
+            op_name: c,
+            active,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    let b = w.finish(&VerifySpec::default()).unwrap();
+    let got = read_stream(&b).unwrap();
+    let back: Vec<_> = got.records.iter().map(|r| r.active).collect();
+    assert_eq!(back, actives);
 }
 
 #[test]

@@ -166,6 +166,7 @@ fn generate(path: &Path, n: u64) {
                     4096,
                 )],
             }),
+            active: None,
         })
         .unwrap();
         if id % 4096 == 0 {

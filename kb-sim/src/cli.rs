@@ -82,8 +82,9 @@ kernel_ns (first launch start to last launch end), records, bytes and kernel_byt
 the kernel window), achieved_gbs (kernel_bytes / kernel_ns), flops (executed) and
 useful_flops (padding of edge tiles left out), achieved_gflops (useful) and executed_gflops
 (per kernel ns), per unit kind K (pe_dma, pe_gemm, pe_math, hbm_channel...) K_units, K_busy_ns
-(union of each unit's op intervals in the kernel window, summed) and K_util
-(busy / (units x kernel_ns)), verdict (with --verify: PASS, FAIL or ERROR from kb-replay),
+(union of each unit's active intervals, when it computes or transfers, in the kernel window,
+summed), K_util (busy / (units x kernel_ns)), K_held_ns (union of its op spans, waiting
+included) and K_held_util (held / (units x kernel_ns)), verdict (with --verify: PASS, FAIL or ERROR from kb-replay),
 trace (with --traces) and wall_s. A point that fails keeps its row (status error: ...,
 metrics empty) and the sweep exits 2 after writing the table.
 

@@ -8,9 +8,14 @@
 //! back for the row: simulated time, the kernels' window (first launch
 //! start to last launch end), bytes moved, FLOPs executed and useful,
 //! achieved bandwidth and FLOP rate over the kernel window, and per unit
-//! kind (`pe_dma`, `pe_gemm`, `pe_math`, `hbm_ctrl`, ...) the busy time
-//! (union of each unit's op intervals within the window, summed over the
-//! units of that kind) and utilisation (busy / (units x window)). With
+//! kind (`pe_dma`, `pe_gemm`, `pe_math`, `hbm_ctrl`, ...) the busy time,
+//! held time and utilisations as [`kb_format::usage`] defines them: busy
+//! is the union of each unit's active intervals (when it computes or
+//! transfers) within the window, held the union of its op spans (when it
+//! holds work, waiting included), each summed over the units of that kind;
+//! `K_util` = busy / (units x window), `K_held_util` = held / (units x
+//! window). HBM channels (`hbm_channel`) are timed by the trace's channels
+//! chunk, whose intervals are service time: busy = held there. With
 //! `--verify` each trace is replayed by `kb-replay --verify` and the
 //! verdict recorded. `--traces DIR` keeps each point's trace.
 //!
@@ -31,6 +36,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use kb_format::usage::{self, UnitTime};
 use kb_format::{MmapTrace, OpKind, Params};
 use kb_table::{Table, Values};
 
@@ -138,53 +144,27 @@ pub struct PointStats {
     pub flops: u64,
     /// The useful part of them (padding of edge tiles left out).
     pub useful_flops: u64,
-    /// Per unit kind: (busy ps within the kernel window summed over its
-    /// units, units of that kind in the machine).
-    pub units: BTreeMap<String, (u64, u64)>,
+    /// Per unit kind: busy and held time within the kernel window summed
+    /// over its units, and the units of that kind in the machine.
+    pub units: BTreeMap<String, UnitUse>,
+}
+
+/// One unit kind's time in a point's kernel window ([`kb_format::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnitUse {
+    /// Active time (computing or transferring), summed over the units (ps).
+    pub busy: u64,
+    /// Held time (op spans, waiting included), summed over the units (ps).
+    pub held: u64,
+    /// Units of that kind in the machine.
+    pub units: u64,
 }
 
 /// The unit kind of a node or component name: the name less its leading
 /// `sipN.`, `cubeN.`, `peN.` coordinates (`sip0.cube1.pe3.pe_dma` ->
-/// `pe_dma`).
+/// `pe_dma`); [`kb_format::usage::unit_kind`].
 pub fn unit_kind(name: &str) -> &str {
-    let mut rest = name;
-    for prefix in ["sip", "cube", "pe"] {
-        if let Some((seg, tail)) = rest.split_once('.')
-            && seg
-                .strip_prefix(prefix)
-                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-        {
-            rest = tail;
-        }
-    }
-    rest
-}
-
-/// Union of intervals given in start order, clipped to a window.
-#[derive(Debug, Default, Clone, Copy)]
-struct Busy {
-    done: u64,
-    cur: Option<(u64, u64)>,
-}
-
-impl Busy {
-    fn add(&mut self, t0: u64, t1: u64) {
-        if t1 <= t0 {
-            return;
-        }
-        self.cur = match self.cur {
-            Some((s, e)) if t0 <= e => Some((s, e.max(t1))),
-            Some((s, e)) => {
-                self.done += e - s;
-                Some((t0, t1))
-            }
-            None => Some((t0, t1)),
-        };
-    }
-
-    fn total(&self) -> u64 {
-        self.done + self.cur.map_or(0, |(s, e)| e - s)
-    }
+    usage::unit_kind(name)
 }
 
 /// Units of each kind in a machine (`pe_dma` -> 32 on `default`).
@@ -213,15 +193,11 @@ pub fn analyze(trace: &Path, counts: &BTreeMap<String, u64>) -> Result<PointStat
         useful_flops: launches.iter().map(|l| l.useful_flops).sum(),
         ..Default::default()
     };
-    let window = if launches.is_empty() {
-        None
-    } else {
-        Some((
-            launches.iter().map(|l| l.t_start).min().unwrap_or(0),
-            launches.iter().map(|l| l.t_end).max().unwrap_or(0),
-        ))
-    };
-    let mut busy: Vec<Busy> = Vec::new();
+    let window = usage::kernel_window(launches);
+    // Without launches the whole run (its end is known only after the
+    // records: clip at u64::MAX, which the run cannot pass).
+    let clip = window.unwrap_or((0, u64::MAX));
+    let mut time: Vec<Option<UnitTime>> = Vec::new();
     t.for_each_record(|r, _| {
         s.records += 1;
         s.sim_ps = s.sim_ps.max(r.t_end);
@@ -235,15 +211,15 @@ pub fn analyze(trace: &Path, counts: &BTreeMap<String, u64>) -> Result<PointStat
             0
         };
         s.bytes = s.bytes.saturating_add(b);
-        let (k0, k1) = window.unwrap_or((0, u64::MAX));
+        let (k0, k1) = clip;
         if r.t_start >= k0 && r.t_start <= k1 {
             s.kernel_bytes = s.kernel_bytes.saturating_add(b);
         }
         let i = r.component as usize;
-        if i >= busy.len() {
-            busy.resize(i + 1, Busy::default());
+        if i >= time.len() {
+            time.resize(i + 1, None);
         }
-        busy[i].add(r.t_start.max(k0), r.t_end.min(k1));
+        time[i].get_or_insert_with(|| UnitTime::new(clip)).add(r);
         Ok(())
     })
     .map_err(|e| format!("{}: {e}", trace.display()))?;
@@ -252,24 +228,33 @@ pub fn analyze(trace: &Path, counts: &BTreeMap<String, u64>) -> Result<PointStat
     s.sim_ps = s.sim_ps.max(t.footer().counts.max_t_end);
     s.kernel_window_ps = window.unwrap_or((0, s.sim_ps));
     let strings = t.strings();
-    for (id, b) in busy.iter().enumerate() {
-        let total = b.total();
+    for (id, u) in time.iter_mut().enumerate() {
+        let Some(u) = u else { continue };
+        let total = u.finish(clip);
         let name = strings.name(id as u32);
         let kind = unit_kind(&name).to_string();
-        let n = counts.get(&kind).copied().unwrap_or(1);
-        let e = s.units.entry(kind).or_insert((0, n));
-        e.0 += total;
+        let units = counts.get(&kind).copied().unwrap_or(1);
+        let e = s.units.entry(kind).or_insert(UnitUse {
+            units,
+            ..UnitUse::default()
+        });
+        e.busy += total.busy;
+        e.held += total.held;
     }
     // Components with no ops were idle: the unit kinds that compute or move
     // data always get a column.
     for k in ["pe_dma", "pe_gemm", "pe_math"] {
-        if let Some(&n) = counts.get(k) {
-            s.units.entry(k.to_string()).or_insert((0, n));
+        if let Some(&units) = counts.get(k) {
+            s.units.entry(k.to_string()).or_insert(UnitUse {
+                units,
+                ..UnitUse::default()
+            });
         }
     }
-    // HBM channels: their busy intervals in the kernel window.
-    if let Some(&n) = counts.get("hbm_channel") {
-        let (k0, k1) = window.unwrap_or((0, u64::MAX));
+    // HBM channels: their busy intervals in the kernel window (service
+    // time: held = busy).
+    if let Some(&units) = counts.get("hbm_channel") {
+        let (k0, k1) = clip;
         let busy = t
             .channels()
             .map_err(|e| format!("{}: {e}", trace.display()))?
@@ -277,11 +262,18 @@ pub fn analyze(trace: &Path, counts: &BTreeMap<String, u64>) -> Result<PointStat
             .flat_map(|c| c.busy.iter())
             .map(|&(a, b)| b.min(k1).saturating_sub(a.max(k0)))
             .fold(0u64, u64::saturating_add);
-        s.units.insert("hbm_channel".into(), (busy, n));
+        s.units.insert(
+            "hbm_channel".into(),
+            UnitUse {
+                busy,
+                held: busy,
+                units,
+            },
+        );
     }
     // Op-name strings are not components: drop kinds no node has.
     s.units
-        .retain(|k, v| counts.contains_key(k) && (v.0 > 0 || v.1 > 0));
+        .retain(|k, v| counts.contains_key(k) && (v.held > 0 || v.units > 0));
     Ok(s)
 }
 
@@ -470,21 +462,23 @@ fn table(cfg: &SweepConfig, all: &[Vec<usize>], outcomes: &[Outcome]) -> Table {
     kinds.sort();
     kinds.dedup();
     for k in &kinds {
-        t.push(
-            format!("{k}_units"),
-            su(&|s| s.units.get(k).map_or(0, |u| u.1)),
-        );
+        let unit = |s: &PointStats| s.units.get(k).copied().unwrap_or_default();
+        t.push(format!("{k}_units"), su(&|s| unit(s).units));
         t.push(
             format!("{k}_busy_ns"),
-            st(&|s| Some(s.units.get(k).map_or(0, |u| u.0) as f64 / 1e3)),
+            st(&|s| Some(unit(s).busy as f64 / 1e3)),
         );
         t.push(
             format!("{k}_util"),
-            st(&|s| {
-                let (busy, n) = s.units.get(k).copied().unwrap_or((0, 0));
-                let w = s.kernel_window_ps.1 - s.kernel_window_ps.0;
-                (n > 0 && w > 0).then(|| busy as f64 / (n as f64 * w as f64))
-            }),
+            st(&|s| usage::utilisation(unit(s).busy, unit(s).units, s.kernel_window_ps)),
+        );
+        t.push(
+            format!("{k}_held_ns"),
+            st(&|s| Some(unit(s).held as f64 / 1e3)),
+        );
+        t.push(
+            format!("{k}_held_util"),
+            st(&|s| usage::utilisation(unit(s).held, unit(s).units, s.kernel_window_ps)),
         );
     }
     if cfg.verify {
@@ -821,13 +815,136 @@ mod tests {
         assert_eq!(c.to_str(), Some("res.csv"));
     }
 
+    /// A trace of two PE GEMM units and one DMA engine, kernel window
+    /// [1000, 5000) from two launches, some records with active intervals.
     #[test]
-    fn busy_time_is_a_union() {
-        let mut b = Busy::default();
-        b.add(0, 10);
-        b.add(5, 20);
-        b.add(30, 31);
-        b.add(40, 40);
-        assert_eq!(b.total(), 21);
+    fn busy_is_active_time_and_held_the_spans_in_the_kernel_window() {
+        use kb_format::{Launch, Meta, Record, TraceWriter, VerifySpec};
+        let mut w = TraceWriter::new(Vec::new(), &Meta::default()).unwrap();
+        let g0 = w.intern("sip0.cube0.pe0.pe_gemm");
+        let g1 = w.intern("sip0.cube0.pe1.pe_gemm");
+        let dma = w.intern("sip0.cube0.pe0.pe_dma");
+        let host = w.intern("host");
+        let recs = [
+            // Host upload before the window: not counted anywhere.
+            (host, 0, 1000, None),
+            // DMA: two transfers in flight, moving bytes out of order.
+            (dma, 1000, 3000, Some((2500, 3000))),
+            (dma, 1500, 2500, Some((2000, 2400))),
+            // GEMM pe0: held [1200,2200) active [2000,2200); then [4500,
+            // 6000) active [5500,6000), past the window's end.
+            (g0, 1200, 2200, Some((2000, 2200))),
+            (g0, 4500, 6000, Some((5500, 6000))),
+            // GEMM pe1: no active interval (all of it busy).
+            (g1, 3000, 3500, None),
+        ];
+        let mut sorted = recs.to_vec();
+        sorted.sort_by_key(|r| r.1);
+        for (i, (c, t0, t1, active)) in sorted.into_iter().enumerate() {
+            w.push(Record {
+                op_id: i as u64,
+                t_start: t0,
+                t_end: t1,
+                component: c,
+                op_name: c,
+                active,
+                ..Record::default()
+            })
+            .unwrap();
+        }
+        let launch = |t_start, t_end| Launch {
+            kernel: "k".into(),
+            grid: [1, 1],
+            pes: vec![[0, 0, 0]],
+            t_start,
+            t_end,
+            flops: 0,
+            useful_flops: 0,
+        };
+        let bytes = w
+            .finish_with_launches(
+                &[launch(1000, 3000), launch(3000, 5000)],
+                &VerifySpec::default(),
+            )
+            .unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("t.kbt");
+        std::fs::write(&path, bytes).unwrap();
+        let counts: BTreeMap<String, u64> =
+            [("pe_gemm", 4), ("pe_dma", 4), ("pe_math", 4), ("host", 1)]
+                .into_iter()
+                .map(|(k, n)| (k.to_string(), n))
+                .collect();
+        let s = analyze(&path, &counts).unwrap();
+        assert_eq!(s.kernel_window_ps, (1000, 5000));
+        let u = |k: &str| s.units[k];
+        // DMA: active [2000,2400) u [2500,3000) = 900; held [1000,3000).
+        assert_eq!(
+            u("pe_dma"),
+            UnitUse {
+                busy: 900,
+                held: 2000,
+                units: 4
+            }
+        );
+        // GEMM: pe0 active 200 (+ 0 in the window), held 1000 + 500;
+        // pe1 500 and 500.
+        assert_eq!(
+            u("pe_gemm"),
+            UnitUse {
+                busy: 700,
+                held: 2000,
+                units: 4
+            }
+        );
+        assert_eq!(
+            u("pe_math"),
+            UnitUse {
+                busy: 0,
+                held: 0,
+                units: 4
+            }
+        );
+        // The host's upload lies before the window.
+        assert_eq!(
+            u("host"),
+            UnitUse {
+                busy: 0,
+                held: 0,
+                units: 1
+            }
+        );
+        // The table: util = busy / (4 x 4000 ps).
+        let o = Outcome {
+            point: 0,
+            status: "ok".into(),
+            stats: Some(s),
+            verdict: None,
+            trace: None,
+            wall_s: 0.0,
+        };
+        let cfg = SweepConfig {
+            topology: "small".into(),
+            bench: None,
+            seed: 0,
+            axes: vec![],
+            inputs: vec![],
+            races: String::new(),
+            jobs: 1,
+            traces: None,
+            verify: false,
+            replay: None,
+            out: PathBuf::new(),
+            point: None,
+            exe: PathBuf::new(),
+        };
+        let t = table(&cfg, &[vec![]], &[o]);
+        let col = |name: &str| t.column(name).and_then(|c| c.values.f64(0));
+        assert_eq!(col("pe_gemm_busy_ns"), Some(0.7));
+        assert_eq!(col("pe_gemm_util"), Some(700.0 / 16000.0));
+        assert_eq!(col("pe_gemm_held_ns"), Some(2.0));
+        assert_eq!(col("pe_gemm_held_util"), Some(2000.0 / 16000.0));
+        assert_eq!(col("pe_dma_util"), Some(900.0 / 16000.0));
+        assert_eq!(col("pe_dma_held_util"), Some(0.125));
     }
 }

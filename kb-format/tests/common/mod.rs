@@ -220,10 +220,13 @@ pub fn sample_record(i: u64, component: u32, op_name: u32) -> Record {
                 stride: 16,
             }],
         }),
+        active: None,
     };
     if i % 3 == 2 {
         r.kind = OpKind::Gemm;
         r.fingerprint = None;
+        // Computing part of the span (format 3.3).
+        r.active = Some((t + 20, t + 45));
         r.params = Params::Gemm(GemmParams {
             a: Addr {
                 space: Space::Tcm,

@@ -292,6 +292,7 @@ fn build_full(
             fingerprint: op.fingerprint,
             read: op.read.clone(),
             write: op.write.clone(),
+            active: None,
         })
         .expect("push");
     }
