@@ -42,6 +42,8 @@ pub(super) struct AccEntry {
     /// Bumped at every result into the entry: a writeback cleans it only
     /// if no result came after the writeback started.
     version: u32,
+    /// The op whose result the entry holds.
+    writer: u64,
     /// A writeback in flight (`Engine::writebacks` index).
     writeback: Option<u32>,
     /// Evicted: leaves the buffer when its writeback lands.
@@ -64,6 +66,8 @@ pub(super) struct Writeback {
     pa: u64,
     len: u64,
     version: u32,
+    /// The op whose result it carries.
+    writer: u64,
     waiters: Vec<Waiter>,
 }
 
@@ -99,14 +103,17 @@ impl<W: Write> Engine<'_, W> {
     }
 
     /// Make the bytes of `x` current in TCM for an access (a write when
-    /// `write`) by an op other than the chain whose accumulator is at
+    /// `write`) by op `by`, other than the chain whose accumulator is at
     /// `chain`: true when the op must wait (`waiter` is woken when the
-    /// writeback it waits for has landed).
+    /// writeback it waits for has landed). A reader issued before the op
+    /// whose result an entry holds needs the value before it, which a
+    /// writeback took (or waits for the one in flight).
     pub(super) fn acc_access(
         &mut self,
         x: &Extent,
         write: bool,
         chain: Option<u64>,
+        by: u64,
         waiter: Waiter,
     ) -> bool {
         let Some(pe) = self.acc_pe(x.pa) else {
@@ -122,13 +129,18 @@ impl<W: Write> Engine<'_, W> {
                 continue;
             }
             if let Some(w) = e.writeback {
+                if !write && e.writer > by && self.writebacks.peek(w).writer > by {
+                    // It carries a later result than this reader reads.
+                    i += 1;
+                    continue;
+                }
                 wait_on(&mut self.writebacks.get(w).waiters, waiter);
                 wait = true;
             } else if write {
                 // Its bytes are being replaced: it is dead.
                 self.accs[pe].entries.remove(i);
                 continue;
-            } else if e.dirty {
+            } else if e.dirty && e.writer < by {
                 let w = self.start_writeback(pe, i);
                 wait_on(&mut self.writebacks.get(w).waiters, waiter);
                 wait = true;
@@ -217,6 +229,7 @@ impl<W: Write> Engine<'_, W> {
             }
             return None;
         }
+        let writer = self.computes.get(c).op_id;
         let buf = &mut self.accs[pe];
         buf.stamp += 1;
         let stamp = buf.stamp;
@@ -228,6 +241,7 @@ impl<W: Write> Engine<'_, W> {
                 e.len = out.bytes();
                 e.dirty = true;
                 e.version = e.version.wrapping_add(1);
+                e.writer = writer;
                 e.last_use = stamp;
             }
             None => buf.entries.push(AccEntry {
@@ -235,6 +249,7 @@ impl<W: Write> Engine<'_, W> {
                 len: out.bytes(),
                 dirty: true,
                 version: 0,
+                writer,
                 writeback: None,
                 leaving: false,
                 last_use: stamp,
@@ -254,6 +269,7 @@ impl<W: Write> Engine<'_, W> {
             pa: e.pa,
             len: e.len,
             version: e.version,
+            writer: e.writer,
             waiters: self.dependents_spare.pop().unwrap_or_default(),
         });
         self.accs[pe].entries[i].writeback = Some(w);

@@ -481,24 +481,24 @@ impl<W: Write> Engine<'_, W> {
     /// GEMM, room for its result in its unit's buffer. False: it is woken
     /// when what it waits for has landed.
     fn acc_ready(&mut self, c: u32) -> bool {
-        let (n, acc, out, gemm) = {
+        let (n, acc, out, gemm, op_id) = {
             let x = self.computes.get(c);
             let gemm = matches!(x.op, ComputeOp::Gemm(_));
             let acc = match &x.op {
                 ComputeOp::Gemm(g) if g.op.acc.is_some() => x.inputs().get(2).copied(),
                 _ => None,
             };
-            (x.inputs().len(), acc, x.out, gemm)
+            (x.inputs().len(), acc, x.out, gemm, x.op_id)
         };
         let mut wait = false;
         for i in 0..n {
             let input = self.computes.get(c).inputs()[i];
             // A GEMM's own accumulator may stay where it is.
             let chain = acc.filter(|_| gemm && i == 2).map(|a| a.pa);
-            wait |= self.acc_access(&input, false, chain, Waiter::Start(c));
+            wait |= self.acc_access(&input, false, chain, op_id, Waiter::Start(c));
         }
         let own = (gemm && out.bytes() <= self.acc_cap).then_some(out.pa);
-        wait |= self.acc_access(&out, true, own, Waiter::Start(c));
+        wait |= self.acc_access(&out, true, own, op_id, Waiter::Start(c));
         if wait {
             return false;
         }

@@ -985,7 +985,7 @@ impl<'m, W: Write> Engine<'m, W> {
             fingerprint,
             read,
             write,
-            active: None,
+            active: op.active,
         })?;
         let watermark = log.open.first().map_or(now, |(_, t)| t.min(now));
         log.writer.advance(watermark)?;

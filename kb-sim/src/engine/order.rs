@@ -152,6 +152,7 @@ impl<W: Write> Engine<'_, W> {
     /// bytes it reads, or overwrites, that a GEMM unit holds).
     pub(super) fn dma_acc_wait(&mut self, d: u32) -> bool {
         let mut wait = false;
+        let by = self.dmas.peek(d).op_id;
         for (side, write) in [(0, false), (1, true)] {
             let n = {
                 let x = self.dmas.peek(d);
@@ -170,7 +171,7 @@ impl<W: Write> Engine<'_, W> {
                         x.dst.pieces[i]
                     }
                 };
-                wait |= self.acc_access(&piece, write, None, Waiter::DmaFetch(d));
+                wait |= self.acc_access(&piece, write, None, by, Waiter::DmaFetch(d));
             }
         }
         wait
