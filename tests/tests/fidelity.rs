@@ -83,9 +83,12 @@ fn la_one_to_one_and_n_to_one_agree_on_copy_and_differ_on_gather_by_the_channel_
     let dir = tempfile::tempdir().unwrap();
     let launch = |topo, bench| launch_ps(&summary(&dir, &["-t", topo, "-b", bench]));
     // copy streams tiles through every channel the PE owns either way.
+    // (Within 2 %: a load into a tile waits until the store before it has
+    // read the tile (WAR), which 1:1's per-channel queues feel a little
+    // more: 4303.5 against 4236 ns, 0.08 % apart before that rule.)
     let (one, agg) = (launch("la-1to1", "copy"), launch("la-nto1", "copy"));
     let diff = one.abs_diff(agg) as f64 / agg as f64;
-    assert!(diff < 0.01, "copy: 1:1 {one} ps, n:1 {agg} ps");
+    assert!(diff < 0.02, "copy: 1:1 {one} ps, n:1 {agg} ps");
 
     // gather's chain per PE: the index load (32 x 4 B = 128 B), then per
     // row a 256 B load (the next waits for it) and an asynchronous store;

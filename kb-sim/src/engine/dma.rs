@@ -182,9 +182,11 @@ pub(super) struct Dma {
     src_tail: Ps,
     /// Destination parts not yet written, then acknowledgements not yet in.
     left: u32,
-    /// The read effect was applied; the destination parts were written (the
-    /// write effect waits for both).
-    read_done: bool,
+    /// The source was read (a load's read effect applied then); the
+    /// destination parts were written (the write effect waits for both).
+    /// Once the source is read, a later DMA of the PE that only writes
+    /// what this one reads may start (`order.rs`).
+    pub(super) read_done: bool,
     dst_done: bool,
     /// Both effects were applied at issue (stores, copies): the rest is
     /// timing.
@@ -866,6 +868,8 @@ impl<W: Write> Engine<'_, W> {
                 if x.dst_done {
                     self.at(now, DmaAct::DstWrite(d));
                 }
+                let pe = self.dmas.peek(d).pe as usize;
+                self.release_held(pe);
             }
             DmaAct::DstPartDone(d) => {
                 let x = self.dmas.get(d);

@@ -4,12 +4,13 @@
 //! issue, loads when served), but a transfer's timing could let a later
 //! DMA read bytes before an earlier one's write of them had landed. So a
 //! DMA whose bytes overlap those of an earlier-issued, unfinished DMA of
-//! the same PE (it reads what that one writes, writes what it reads, or
-//! writes what it writes: RAW, WAR, WAW) is held when its command reaches
-//! the PE's DMA engines, without taking an engine, until every such DMA
-//! has finished (its record ended); it then queues for an engine in issue
-//! order. Later DMAs that touch other bytes pass it. Across PEs, ordering
-//! is the kernel's job (signals, barriers) and the race detector's.
+//! the same PE is held when its command reaches the PE's DMA engines,
+//! without taking an engine: until that DMA has finished (its record
+//! ended) when it reads or writes what that one writes (RAW, WAW), and
+//! until that DMA has read its source when it only writes what that one
+//! reads (WAR). It then queues for an engine in issue order. Later DMAs
+//! that touch other bytes pass it. Across PEs, ordering is the kernel's
+//! job (signals, barriers) and the race detector's.
 //!
 //! The check compares the physical pieces of the two DMAs' sides (a
 //! PE has a handful of DMAs in flight): bounding ranges first, then the
@@ -84,11 +85,11 @@ fn sides_overlap(a: &[Extent], b: &[Extent]) -> bool {
     false
 }
 
-/// Whether `later` must wait for `earlier` (both of one PE).
+/// Whether `later` must still wait for `earlier` (both of one PE).
 fn conflicts(later: &Dma, earlier: &Dma) -> bool {
     sides_overlap(&later.src.pieces, &earlier.dst.pieces)
-        || sides_overlap(&later.dst.pieces, &earlier.src.pieces)
         || sides_overlap(&later.dst.pieces, &earlier.dst.pieces)
+        || !earlier.read_done && sides_overlap(&later.dst.pieces, &earlier.src.pieces)
 }
 
 impl<W: Write> Engine<'_, W> {
@@ -128,6 +129,17 @@ impl<W: Write> Engine<'_, W> {
         if let Some(i) = e.unfinished.iter().position(|&x| x == d) {
             e.unfinished.remove(i);
         }
+        self.release_held(pe);
+        let now = self.q.now();
+        let e = &mut self.engines[pe];
+        match e.waiting.pop_front() {
+            Some(next) => self.at(now, DmaAct::Begin(next)),
+            None => e.idle += 1,
+        }
+    }
+
+    /// The held DMAs of PE `pe` that no longer conflict go to the engines.
+    pub(super) fn release_held(&mut self, pe: usize) {
         if !self.engines[pe].held.is_empty() {
             let held = std::mem::take(&mut self.engines[pe].held);
             let mut still = Vec::new();
@@ -139,12 +151,6 @@ impl<W: Write> Engine<'_, W> {
                 }
             }
             self.engines[pe].held = still;
-        }
-        let now = self.q.now();
-        let e = &mut self.engines[pe];
-        match e.waiting.pop_front() {
-            Some(next) => self.at(now, DmaAct::Begin(next)),
-            None => e.idle += 1,
         }
     }
 
