@@ -410,6 +410,20 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
                 }
             );
         }
+        if let Some(w) = kb_format::usage::kernel_window(&report.launches) {
+            // The one utilisation definition (kb_format::usage): time
+            // computing over (units x kernel window).
+            let pes = u64::from(cfg.topology.total_pes());
+            let pct = |busy| kb_format::usage::utilisation(busy, pes, w).unwrap_or(0.0) * 100.0;
+            eprintln!(
+                "kb-sim: over the kernels' {:.3} us, {pes} PEs: pe_gemm computing {:.1} %, pe_math {:.1} %; {} accumulator writebacks; {} DMAs held behind an earlier one on the same bytes",
+                (w.1 - w.0) as f64 / 1e6,
+                pct(stats.gemm_busy),
+                pct(stats.math_busy),
+                stats.acc_writebacks,
+                stats.dma_hazards,
+            );
+        }
         let m = stats.mmu;
         if m.maps > 0 {
             let what = match cfg.topology.address_model {

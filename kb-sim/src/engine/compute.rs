@@ -375,7 +375,13 @@ impl<W: Write> Engine<'_, W> {
                     // The unit computed for the last `compute_ps` (at its
                     // peak rate) before done.
                     let open = x.open.as_mut().expect("started");
-                    open.active = Some((now.saturating_sub(x.compute_ps).max(open.t_start), now));
+                    let from = now.saturating_sub(x.compute_ps).max(open.t_start);
+                    open.active = Some((from, now));
+                    let busy = match x.op {
+                        ComputeOp::Gemm(_) => &mut self.stats.gemm_busy,
+                        ComputeOp::Math(_) => &mut self.stats.math_busy,
+                    };
+                    *busy += now - from;
                     (x.unit, x.tcm, x.out.bytes(), x.acc.keep)
                 };
                 self.units[unit as usize].busy = false;

@@ -257,6 +257,11 @@ pub struct RunStats {
     pub race_reports: Vec<String>,
     /// Accumulator tiles written back from GEMM units to TCM.
     pub acc_writebacks: u64,
+    /// Time the GEMM and the math units computed (their ops' FLOPs at
+    /// peak rate: the active intervals, which never overlap on a serial
+    /// unit), summed over the units.
+    pub gemm_busy: Ps,
+    pub math_busy: Ps,
     /// DMAs held until an earlier DMA of their PE touching the same bytes
     /// had finished.
     pub dma_hazards: u64,
