@@ -196,6 +196,9 @@ pub(super) struct Dma {
     notify: Option<(Notify, Vec<u32>)>,
     /// The issuing PE's clock at issue, for race checks.
     hb: HbTag,
+    /// Its fetch went ahead (a DMA woken by two writebacks landing at one
+    /// time fetches once).
+    fetched: bool,
     /// When its bytes started to move (after setup and any wait for a
     /// producer or an accumulator writeback): its record's active
     /// interval runs from here to the last byte written.
@@ -546,6 +549,7 @@ impl<W: Write> Engine<'_, W> {
             notify,
             hb,
             xfer_start: 0,
+            fetched: false,
             op: None,
             data: Default::default(),
             unknown: Vec::new(),
@@ -770,6 +774,9 @@ impl<W: Write> Engine<'_, W> {
                 );
             }
             DmaAct::Fetch(d) => {
+                if self.dmas.peek(d).fetched {
+                    return Ok(());
+                }
                 // A store of a pending tile moves it once its producer is done.
                 let first = self.dmas.get(d).src.pieces.first().map(|x| x.pa);
                 if let Some(pa) = first
@@ -787,7 +794,11 @@ impl<W: Write> Engine<'_, W> {
                 if self.acc_cap > 0 && self.dma_acc_wait(d) {
                     return Ok(());
                 }
-                self.dmas.get(d).xfer_start = now;
+                {
+                    let x = self.dmas.get(d);
+                    x.xfer_start = now;
+                    x.fetched = true;
+                }
                 let (_, dma) = self.dma_node(d);
                 let n = self.dmas.get(d).src.groups.len();
                 {
