@@ -340,7 +340,7 @@ impl Collector {
         let inside = if p.t_end > p.t_start {
             p.t_start < w1 && p.t_end > w0
         } else {
-            w0 <= p.t_start && p.t_start < w1
+            (w0..w1).contains(&p.t_start)
         };
         if !inside {
             return;
