@@ -299,7 +299,7 @@ impl Collector {
                     self.kind_of.resize(c + 1, None);
                 }
                 match self.kind_of[c] {
-                    Some(k) => k,
+                    Some(_) => {}
                     None => {
                         let name = strings?.name(r.component);
                         let kind = usage::unit_kind(&name);
@@ -312,9 +312,11 @@ impl Collector {
                             }
                         };
                         self.kind_of[c] = Some(k);
-                        k
                     }
                 }
+                // Each unit (component) keeps its own unions: the kind's
+                // busy time is their sum (`finish_with`), as sweep's.
+                c
             }
         })
     }
@@ -403,20 +405,36 @@ impl Collector {
             _ => clip,
         };
         let rate = |x: u64, busy: Ps| (busy > 0).then(|| x as f64 * 1000.0 / busy as f64);
-        let mut rows = Vec::new();
+        // Totals per row: by unit, the sums over the kind's components.
+        let mut sums: Vec<(String, Option<u64>, Acc, usage::Totals)> = Vec::new();
         for (k, a) in self.groups.iter_mut().enumerate() {
             let Some(a) = a else { continue };
             let t = a.time.finish(clip);
-            let key = match self.by {
-                GroupBy::OpKind => kind_name(OpKind::from_code(k as u8)),
-                GroupBy::Route => self.routes[k].to_string(),
-                GroupBy::Unit => self.kinds[k].0.clone(),
-                _ => strings.name(k as u32).into_owned(),
+            let (key, n) = match self.by {
+                GroupBy::OpKind => (kind_name(OpKind::from_code(k as u8)), Some(1)),
+                GroupBy::Route => (self.routes[k].to_string(), Some(1)),
+                GroupBy::Unit => {
+                    let Some(Some(kind)) = self.kind_of.get(k).copied() else {
+                        continue;
+                    };
+                    (self.kinds[kind].0.clone(), units(self.kinds[kind].1))
+                }
+                _ => (strings.name(k as u32).into_owned(), Some(1)),
             };
-            let n = match self.by {
-                GroupBy::Unit => units(self.kinds[k].1),
-                _ => Some(1),
-            };
+            match sums.iter_mut().find(|s| s.0 == key) {
+                Some(s) => {
+                    s.2.count += a.count;
+                    s.2.op_time = s.2.op_time.saturating_add(a.op_time);
+                    s.2.bytes = s.2.bytes.saturating_add(a.bytes);
+                    s.2.flops = s.2.flops.saturating_add(a.flops);
+                    s.3.busy = s.3.busy.saturating_add(t.busy);
+                    s.3.held = s.3.held.saturating_add(t.held);
+                }
+                None => sums.push((key, n, a.clone(), t)),
+            }
+        }
+        let mut rows = Vec::new();
+        for (key, n, a, t) in sums {
             let util = |x: Ps| n.and_then(|n| usage::utilisation(x, n, window));
             rows.push(Row {
                 count: a.count,
