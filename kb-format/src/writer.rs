@@ -582,7 +582,7 @@ fn check_record(r: &Record) -> Result<()> {
         }
     }
     if let Some((a0, a1)) = r.active
-        && !(r.t_start <= a0 && a0 <= a1 && a1 <= r.t_end)
+        && (a0 < r.t_start || a1 < a0 || r.t_end < a1)
     {
         return bad(format!(
             "active interval [{a0}, {a1}) ps is not within its span [{}, {}] ps",

@@ -857,7 +857,8 @@ mod tests {
             .iter()
             .find(|d| d.component == testutil::PE_DMA)
             .unwrap();
-        assert_eq!((dma.a, dma.b, dma.delta()), (Some(4000), Some(4500), 500));
+        // Busy is pe_dma's active time (testutil::sample_ops): 1900 ps.
+        assert_eq!((dma.a, dma.b, dma.delta()), (Some(1900), Some(2400), 500));
         let mut out = Vec::new();
         assert!(!run(&a, &b, Format::Text, &mut out).unwrap());
         let text = String::from_utf8(out).unwrap();

@@ -1521,6 +1521,7 @@ mod tests {
                 r.op_id = id;
                 r.t_start += shift;
                 r.t_end += shift;
+                r.active = r.active.map(|(a0, a1)| (a0 + shift, a1 + shift));
                 r.deps = (id % 3 == 1).then(|| id - 1).into_iter().collect();
                 if let kb_format::Params::Math(p) = &mut r.params
                     && rep % 2 == 1

@@ -115,6 +115,9 @@ enum By {
     Route,
     /// HBM pseudo channels (sipS.cubeC.chN): bytes and busy time, from the trace's channels chunk
     Channel,
+    /// Unit kinds (pe_dma, pe_gemm, pe_math, hbm_ctrl...): utilisation over the kind's units
+    /// in the trace's topology, idle ones included
+    Unit,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -154,10 +157,15 @@ enum Cmd {
     },
     /// Per-group count, busy time, utilisation, bytes, FLOPs, bandwidth and FLOP rate
     #[command(
-        after_help = "busy time: length of the union of the group's op intervals \
-        (overlapping ops count once); op time: sum of durations; utilisation: busy time / \
-        simulated time (the run's end as kb-sim reports it, at least the end of the last op, \
-        counted or not); bytes: memory ops' \
+        after_help = "window: the kernel window, first launch start to last launch end \
+        (--launch N: launch N's); a trace without launches: the whole run (the output says so). \
+        Only ops overlapping the window count, clipped to it. busy time: the time the group \
+        computes or transfers, the union of its ops' active intervals (the whole op where a \
+        record has none; overlapping ops count once); held time: the union of its op spans \
+        (waiting for operands and producers included); op time: sum of durations; \
+        utilisation: busy / (units x window), held%: held / (units x window); one unit per \
+        group except --by unit (the units of that kind in the trace's topology, idle ones \
+        included) - the same definition as kb-sim sweep's K_util; bytes: memory ops' \
         write extent bytes; FLOPs: gemm 2*m*n*k, math rows*cols (one per element); GB/s = \
         bytes / busy ns; GFLOP/s = FLOPs / busy ns.\n\n\
         route: a memory op's SRC -> DST, the memory of the first range of its read effect and \
@@ -180,6 +188,10 @@ enum Cmd {
         /// exactly); repeatable
         #[arg(long = "name", value_name = "GLOB")]
         names: Vec<String>,
+        /// Utilisation over launch N's window only (its index in `summary`'s list), counting
+        /// the ops that overlap it, clipped to it; default: the kernel window of all launches
+        #[arg(long, value_name = "N")]
+        launch: Option<usize>,
         #[arg(long, value_enum, default_value = "table")]
         format: StatsFormat,
     },
@@ -341,6 +353,7 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
             trace,
             by,
             names,
+            launch,
             format,
         } => {
             let by = match by {
@@ -349,13 +362,14 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 By::OpKind => stats::GroupBy::OpKind,
                 By::Route => stats::GroupBy::Route,
                 By::Channel => stats::GroupBy::Channel,
+                By::Unit => stats::GroupBy::Unit,
             };
             let f = match format {
                 StatsFormat::Table => stats::Format::Table,
                 StatsFormat::Json => stats::Format::Json,
                 StatsFormat::Csv => stats::Format::Csv,
             };
-            stats::run(&Input::parse(&trace), by, &names, f, out)?;
+            stats::run(&Input::parse(&trace), by, &names, launch, f, out)?;
         }
         Cmd::Timeline {
             trace,

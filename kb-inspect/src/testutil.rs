@@ -256,12 +256,24 @@ pub const PE_DMA: &str = "sip0.cube0.pe0.pe_dma";
 /// | 4 | pe_dma | dma_write | memory | 5000 | 6000 | 32 | |
 /// | 5 | cube1.pe0.vec | exp | math | 6000 | 7000 | | 2*8 = 16 |
 /// | 6 | sip0.pcie_ep | d2h | memory | 7000 | 10000 | 256 | |
+///
+/// Active intervals (the rest of each span is waiting): op 1 [2500,
+/// 3000), op 2 [2000, 2400) (the later-issued transfer moves first), op 3
+/// [5500, 6000); the others have none (all of their span is active).
 pub fn sample_ops() -> Vec<Op> {
+    let active = |mut op: Op, a0: Ps, a1: Ps| {
+        op.rec.active = Some((a0, a1));
+        op
+    };
     vec![
         mem(0, 0, 1000, "host", "h2d", 64),
-        mem(1, 1000, 3000, PE_DMA, "dma_read", 64),
-        mem(2, 2000, 4000, PE_DMA, "dma_read", 128),
-        gemm(3, 4000, 6000, "sip0.cube0.pe0.gemm", 2, 3, 4),
+        active(mem(1, 1000, 3000, PE_DMA, "dma_read", 64), 2500, 3000),
+        active(mem(2, 2000, 4000, PE_DMA, "dma_read", 128), 2000, 2400),
+        active(
+            gemm(3, 4000, 6000, "sip0.cube0.pe0.gemm", 2, 3, 4),
+            5500,
+            6000,
+        ),
         mem(4, 5000, 6000, PE_DMA, "dma_write", 32),
         math(5, 6000, 7000, "sip0.cube1.pe0.vec", 2, 8),
         mem(6, 7000, 10000, "sip0.pcie_ep", "d2h", 256),

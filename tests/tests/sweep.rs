@@ -362,3 +362,137 @@ fn emitted_jobs_run_as_a_slurm_array_and_merge_into_the_sweep_table() {
     assert_eq!(merged.rows(), 4);
     assert_eq!(rows(&merged), rows(&whole));
 }
+
+/// The one definition of utilisation (kb_format::usage): on a
+/// three-launch trace, `kb-inspect stats` per component, summed per unit
+/// kind and divided by the kind's units, and `--by unit` both give the
+/// sweep's `K_util` and `K_held_util` (same kernel window).
+#[test]
+fn stats_utilisation_per_kind_is_the_sweeps() {
+    let d = tempfile::tempdir().unwrap();
+    let traces = d.path().join("traces");
+    let out = d.path().join("sw");
+    let o = run(
+        "kb-sim",
+        &[
+            "sweep",
+            "-t",
+            "small",
+            "-b",
+            "mlp",
+            "-j",
+            "1",
+            "--traces",
+            traces.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = Table::load(&d.path().join("sw.parquet")).unwrap();
+    let trace = std::fs::read_dir(&traces)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "kbt"))
+        .expect("a kept trace");
+    let summary = json(&run(
+        "kb-inspect",
+        &["summary", trace.to_str().unwrap(), "--format", "json"],
+        b"",
+    ));
+    assert_eq!(
+        summary["launches"].as_array().unwrap().len(),
+        3,
+        "mlp launches three kernels"
+    );
+    let stats = |by: &str| {
+        let o = run(
+            "kb-inspect",
+            &[
+                "stats",
+                trace.to_str().unwrap(),
+                "--by",
+                by,
+                "--format",
+                "json",
+            ],
+            b"",
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        json(&o)
+    };
+    let comp = stats("component");
+    let unit = stats("unit");
+    for k in ["pe_dma", "pe_gemm", "pe_math"] {
+        let units = t
+            .column(&format!("{k}_units"))
+            .unwrap()
+            .values
+            .f64(0)
+            .unwrap();
+        let sum = |field: &str| -> f64 {
+            comp["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|g| g["key"].as_str().unwrap().ends_with(&format!(".{k}")))
+                .map(|g| g[field].as_f64().unwrap())
+                .sum()
+        };
+        for (col, field) in [("util", "utilisation"), ("held_util", "held_utilisation")] {
+            let want = t
+                .column(&format!("{k}_{col}"))
+                .unwrap()
+                .values
+                .f64(0)
+                .unwrap();
+            let got = sum(field) / units;
+            assert!(
+                (got - want).abs() < 1e-12,
+                "{k}_{col}: stats {got}, sweep {want}"
+            );
+            let row = unit["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|g| g["key"] == k);
+            let by_unit = row.map_or(0.0, |g| g[field].as_f64().unwrap());
+            assert!(
+                (by_unit - want).abs() < 1e-12,
+                "{k}_{col}: by unit {by_unit}, sweep {want}"
+            );
+        }
+        let busy_ns = t
+            .column(&format!("{k}_busy_ns"))
+            .unwrap()
+            .values
+            .f64(0)
+            .unwrap();
+        assert!((sum("busy_ps") / 1e3 - busy_ns).abs() < 1e-6, "{k} busy");
+        let held_ns = t
+            .column(&format!("{k}_held_ns"))
+            .unwrap()
+            .values
+            .f64(0)
+            .unwrap();
+        assert!(held_ns >= busy_ns, "{k}: held {held_ns} < busy {busy_ns}");
+    }
+    assert_eq!(
+        (
+            comp["window_start_ps"].as_u64(),
+            comp["window_end_ps"].as_u64()
+        ),
+        (
+            Some(
+                (t.column("kernel_start_ns").unwrap().values.f64(0).unwrap() * 1e3).round() as u64
+            ),
+            Some(
+                ((t.column("kernel_start_ns").unwrap().values.f64(0).unwrap()
+                    + t.column("kernel_ns").unwrap().values.f64(0).unwrap())
+                    * 1e3)
+                    .round() as u64
+            )
+        )
+    );
+}
