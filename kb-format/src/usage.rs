@@ -125,24 +125,20 @@ impl Sink {
 }
 
 /// The union of intervals that may arrive out of start order, as long as
-/// none starts before the last `settle` frontier.
-#[derive(Debug, Clone)]
-struct Union {
+/// none starts before the last [`Intervals::settle`] frontier: merged
+/// intervals are handed out, final, once they end at or before it (what
+/// [`UnitTime`] and the timeline's utilisation counters build on).
+#[derive(Debug, Clone, Default)]
+pub struct Intervals {
     /// Merged, disjoint, non-empty intervals not yet final, sorted by
     /// start (so by end too).
     open: Vec<(Ps, Ps)>,
-    sink: Sink,
 }
 
-impl Union {
-    fn new(sink: Sink) -> Union {
-        Union {
-            open: Vec::new(),
-            sink,
-        }
-    }
-
-    fn insert(&mut self, a: Ps, b: Ps) {
+impl Intervals {
+    /// Add `[a, b)` (nothing if empty); `a` must not be before the last
+    /// settle frontier.
+    pub fn insert(&mut self, a: Ps, b: Ps) {
         if b <= a {
             return;
         }
@@ -161,12 +157,38 @@ impl Union {
         self.open.splice(i..j, [(s, e)]);
     }
 
-    /// Finalise the intervals that end at or before `frontier`.
-    fn settle(&mut self, frontier: Ps) {
+    /// Hand `f` the merged intervals that end at or before `frontier`, in
+    /// order: no later insert can touch them.
+    pub fn settle(&mut self, frontier: Ps, mut f: impl FnMut(Ps, Ps)) {
         let n = self.open.partition_point(|&(_, e)| e <= frontier);
-        for iv in self.open.drain(..n) {
-            self.sink.push(iv);
+        for (s, e) in self.open.drain(..n) {
+            f(s, e);
         }
+    }
+}
+
+/// [`Intervals`] whose final intervals go to a [`Sink`].
+#[derive(Debug, Clone)]
+struct Union {
+    open: Intervals,
+    sink: Sink,
+}
+
+impl Union {
+    fn new(sink: Sink) -> Union {
+        Union {
+            open: Intervals::default(),
+            sink,
+        }
+    }
+
+    fn insert(&mut self, a: Ps, b: Ps) {
+        self.open.insert(a, b);
+    }
+
+    fn settle(&mut self, frontier: Ps) {
+        let sink = &mut self.sink;
+        self.open.settle(frontier, |s, e| sink.push((s, e)));
     }
 
     fn total(&mut self, window: (Ps, Ps)) -> Ps {

@@ -288,6 +288,8 @@ pub fn record_json(r: &Record, s: &Strings) -> Value {
         "t_start_ps": r.t_start,
         "t_end_ps": r.t_end,
         "dur_ps": r.t_end.saturating_sub(r.t_start),
+        "active_start_ps": kb_format::usage::active(r).0,
+        "active_end_ps": kb_format::usage::active(r).1,
         "component": s.name(r.component),
         "op_name": s.name(r.op_name),
         "kind": kind_name(r.kind),
@@ -346,11 +348,13 @@ fn push_effect_json(out: &mut Vec<u8>, e: &Option<Effect>) {
 pub fn push_record_json(out: &mut Vec<u8>, r: &Record, s: &Strings) {
     let _ = write!(
         out,
-        "{{\"op_id\":{},\"t_start_ps\":{},\"t_end_ps\":{},\"dur_ps\":{},\"component\":",
+        "{{\"op_id\":{},\"t_start_ps\":{},\"t_end_ps\":{},\"dur_ps\":{},\"active_start_ps\":{},\"active_end_ps\":{},\"component\":",
         r.op_id,
         r.t_start,
         r.t_end,
-        r.t_end.saturating_sub(r.t_start)
+        r.t_end.saturating_sub(r.t_start),
+        kb_format::usage::active(r).0,
+        kb_format::usage::active(r).1
     );
     push_str_json(out, &s.name(r.component));
     out.extend_from_slice(b",\"op_name\":");

@@ -34,7 +34,8 @@
 //!   reading or writing its HBM), `link -> sipS.cubeC GB/s` (copies to
 //!   another cube or SIP), `util pe_dma|pe_gemm|pe_math` (busy fraction
 //!   of the cube's units of that kind that have ops: union of each
-//!   unit's op intervals); per PE `peN noc GB/s` (bytes its DMA moved)
+//!   unit's active intervals, the time it computes or transfers, as
+//!   `kb_format::usage` defines busy); per PE `peN noc GB/s` (bytes its DMA moved)
 //!   and `peN tcm high-water bytes` (the highest TCM byte its ops wrote,
 //!   since the PE's current launch began: the kernel allocator fills TCM
 //!   from the bottom, so this tracks the footprint).
@@ -147,8 +148,9 @@ struct Comp {
     place: Place,
     /// (end of the last op in ns, tid) per lane.
     lanes: Vec<(u64, u32)>,
-    /// Union of op intervals so far (ps), for utilisation.
-    busy_end: Ps,
+    /// Its ops' active intervals not yet final, for utilisation
+    /// (`kb_format::usage`: busy is the union of the active intervals).
+    busy: kb_format::usage::Intervals,
     unit_series: Option<usize>,
 }
 
@@ -471,7 +473,7 @@ impl<W: Write> Writer<W> {
                 json: json_str(&full),
                 place,
                 lanes: Vec::new(),
-                busy_end: 0,
+                busy: Default::default(),
                 unit_series,
             });
         }
@@ -531,14 +533,15 @@ impl<W: Write> Writer<W> {
     fn counters(&mut self, r: &Record) -> io::Result<()> {
         let c = self.comps[r.component as usize].as_ref().expect("made");
         let (pid, place, unit_series) = (c.pid, c.place.clone(), c.unit_series);
-        // Utilisation: the part of this op not already covered on its unit.
+        // Utilisation: the union of the unit's active intervals, binned
+        // as each merged interval becomes final.
         if let Some(k) = unit_series {
             let c = self.comps[r.component as usize].as_mut().expect("made");
-            let from = r.t_start.max(c.busy_end);
-            c.busy_end = c.busy_end.max(r.t_end);
-            if r.t_end > from {
-                self.bins.add(k, from, r.t_end, (r.t_end - from) as f64);
-            }
+            let bins = &mut self.bins;
+            c.busy
+                .settle(r.t_start, |s, e| bins.add(k, s, e, (e - s) as f64));
+            let (a0, a1) = kb_format::usage::active(r);
+            c.busy.insert(a0, a1);
         }
         if r.kind != OpKind::Memory {
             return Ok(());
@@ -1139,6 +1142,14 @@ impl<W: Write> Visitor for Writer<W> {
     }
 
     fn end(&mut self, end: &End<'_>) -> Result<()> {
+        // The units' last active intervals are final now.
+        for c in self.comps.iter_mut().flatten() {
+            if let Some(k) = c.unit_series {
+                let bins = &mut self.bins;
+                c.busy
+                    .settle(Ps::MAX, |s, e| bins.add(k, s, e, (e - s) as f64));
+            }
+        }
         if let Out::Pb(pb) = &mut self.out {
             pb.write_all_deferred().map_err(wio)?;
         }
