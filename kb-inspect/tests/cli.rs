@@ -164,8 +164,14 @@ fn stats_on_both_sources() {
         .iter()
         .find(|g| g["key"] == testutil::PE_DMA)
         .unwrap();
-    assert_eq!(dma["busy_ps"], 4000);
-    assert_eq!(dma["utilisation"], 0.4);
+    // testutil::sample_ops: spans held 4000 ps, active 1900 ps, in the
+    // kernel window [0, 7000) of its two launches.
+    assert_eq!(
+        (dma["busy_ps"].as_u64(), dma["held_ps"].as_u64()),
+        (Some(1900), Some(4000))
+    );
+    assert_eq!(dma["utilisation"], 1900.0 / 7000.0);
+    assert_eq!(dma["held_utilisation"], 4000.0 / 7000.0);
     for by in ["op_name", "op_kind"] {
         let o = run(&["stats", "-", "--by", by], Some(&f.bytes));
         ok(&o);
@@ -197,20 +203,24 @@ fn stats_by_route_and_name_on_both_sources() {
     ok(&b);
     assert_eq!(stdout(&a), stdout(&b));
     // Hand-computed in testutil::route_ops: ops 2 and 3 overlap, so the
-    // first route is busy [2000, 5000) ps for 4000 ps of op time.
+    // first route is busy [2000, 5000) ps for 4000 ps of op time. Its ops
+    // carry no active interval (busy = held) and it has no launches (the
+    // window is the whole run, 10 000 ps).
     assert_eq!(
         stdout(&a),
-        "route,count,busy_ns,op_time_ns,utilisation,bytes,flops,bandwidth_gbps,gflops\n\
-         sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm,2,3.000,4.000,0.3,192,0,64,0\n\
-         sip0.cube0.pe0.tcm -> sip0.cube1.sram,1,1.000,1.000,0.1,32,0,32,0\n\
-         sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm,1,1.000,1.000,0.1,16,0,16,0\n"
+        "route,count,busy_ns,held_ns,op_time_ns,utilisation,held_utilisation,bytes,flops,bandwidth_gbps,gflops\n\
+         sip0.cube0.pe0.tcm -> sip0.cube0.pe1.tcm,2,3.000,3.000,4.000,0.3,0.3,192,0,64,0\n\
+         sip0.cube0.pe0.tcm -> sip0.cube1.sram,1,1.000,1.000,1.000,0.1,0.1,32,0,32,0\n\
+         sip1.cube0.pe2.tcm -> sip1.cube0.pe10.tcm,1,1.000,1.000,1.000,0.1,0.1,16,0,16,0\n"
     );
     // Every route, as a table.
     let o = run(&["stats", s(&trace), "--by", "route"], None);
     ok(&o);
     let t = stdout(&o);
     assert!(
-        t.starts_with("run time 10.000 ns, 10 records, by route: 8 counted (memory ops)\n"),
+        t.starts_with(
+            "run time 10.000 ns, no launches: utilisation over the whole run, 10 records, by route: 8 counted (memory ops)\n"
+        ),
         "{t}"
     );
     for key in ["host -> sip0.cube0.hbm", "? -> sip0.cube0.hbm"] {

@@ -118,14 +118,15 @@ fn the_copies_are_listed_and_costed_per_route() {
         let to = format!("sip0.cube0.pe{}.tcm", (k + 1) % 8);
         let sums = row(&format!("sip0.cube0.pe{k}.tcm -> {to}"));
         let chunks = row(&format!("sip0.cube0.hbm -> {to}"));
-        // route,count,busy_ns,op_time_ns,utilisation,bytes,...
+        // route,count,busy_ns,held_ns,op_time_ns,utilisation,
+        // held_utilisation,bytes,...
         assert_eq!(
-            (sums[1].as_str(), sums[5].as_str()),
+            (sums[1].as_str(), sums[7].as_str()),
             ("6", "196608"),
             "{sums:?}"
         );
         assert_eq!(
-            (chunks[1].as_str(), chunks[5].as_str()),
+            (chunks[1].as_str(), chunks[7].as_str()),
             ("8", "262144"),
             "{chunks:?}"
         );

@@ -109,7 +109,16 @@ fn la_one_to_one_and_n_to_one_agree_on_copy_and_differ_on_gather_by_the_channel_
     let slower = |bytes| 2 * (ser(bytes, ch) - ser(bytes, ch * n)) + ser(64, ch) - ser(64, ch * n);
     let rows = 256 / pes; // gather's default: 256 indices, row-wise
     let (one, agg) = (launch("la-1to1", "gather"), launch("la-nto1", "gather"));
-    assert_eq!(one - agg, slower(rows * 4) + (rows + 1) * slower(256));
+    let channel_time = slower(rows * 4) + (rows + 1) * slower(256);
+    // A row's load starts once the store before it has read the row from
+    // TCM (a PE's DMAs on the same bytes stay in order), when the store's
+    // 256 B are on their way: under 1:1 the load's request can queue
+    // behind them on the router link, at most their serialization (8 ns)
+    // per row. Measured: 34.5 ns over that.
+    assert!(
+        (channel_time..=channel_time + (rows + 1) * ser(256, ch)).contains(&(one - agg)),
+        "gather: 1:1 {one} ps, n:1 {agg} ps, channel time {channel_time} ps"
+    );
 }
 
 #[test]
@@ -168,9 +177,15 @@ fn stats_by_channel_accounts_for_every_hbm_byte() {
     assert_eq!(groups.len(), 32);
     let mut total = 0;
     for g in groups {
-        let (bytes, busy) = (g["bytes"].as_u64().unwrap(), g["busy_ps"].as_u64().unwrap());
-        // Every share is whole 256 B blocks: 8 ns each at 32 GB/s.
-        assert_eq!(busy, bytes * 1000 / 32, "{g}");
+        let (bytes, service) = (
+            g["bytes"].as_u64().unwrap(),
+            g["op_time_ps"].as_u64().unwrap(),
+        );
+        // Every share is whole 256 B blocks: 8 ns each at 32 GB/s, over
+        // the whole run (busy_ps is the part in the kernel window: the
+        // deploy's writes come before it).
+        assert_eq!(service, bytes * 1000 / 32, "{g}");
+        assert!(g["busy_ps"].as_u64().unwrap() < service, "{g}");
         total += bytes;
     }
     // What the records say went in and out of HBM: the host's deploy of
@@ -186,10 +201,23 @@ fn stats_by_channel_accounts_for_every_hbm_byte() {
             .as_u64()
             .unwrap()
     };
-    let x = 2048 * 512 * 4;
-    assert_eq!(
-        (bytes("host_write"), bytes("dma_read"), bytes("dma_write")),
-        (x, x, x)
+    // The deploy's writes come before the kernel window `stats` counts:
+    // sum them from the op list.
+    let o = run(
+        "kb-inspect",
+        &["ops", t, "--name", "host_write", "--format", "jsonl"],
+        b"",
     );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let host: u64 = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["bytes"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    let x = 2048 * 512 * 4;
+    assert_eq!((host, bytes("dma_read"), bytes("dma_write")), (x, x, x));
     assert_eq!(total, 3 * x);
 }

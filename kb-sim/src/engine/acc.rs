@@ -49,6 +49,8 @@ pub(super) struct AccEntry {
     /// Evicted: leaves the buffer when its writeback lands.
     leaving: bool,
     last_use: u64,
+    /// Scratch: already taken as a victim by the room search under way.
+    counted: bool,
 }
 
 /// A GEMM unit's accumulator buffer.
@@ -171,11 +173,14 @@ impl<W: Write> Engine<'_, W> {
         });
         let acc_in_unit = chain.is_some();
         let contiguous = out.rows <= 1 || out.stride == out.len;
-        // The result replaces the chain's entry when it is at its address;
-        // the chain's accumulator elsewhere is never evicted for it.
-        let own = chain.filter(|&i| buf.entries[i].pa == out.pa);
+        // The result replaces the entry at its address (the chain's, in a
+        // chain); the chain's accumulator elsewhere is never evicted for it.
+        let own = buf
+            .entries
+            .iter()
+            .position(|e| e.pa == out.pa && !e.leaving);
         let pinned: u64 = chain
-            .filter(|_| own.is_none())
+            .filter(|&i| Some(i) != own)
             .map_or(0, |i| buf.entries[i].len);
         if !contiguous || out.bytes().saturating_add(pinned) > cap {
             return Some(AccUse {
@@ -190,30 +195,35 @@ impl<W: Write> Engine<'_, W> {
             .filter(|&(i, _)| Some(i) != own)
             .map(|(_, e)| e.len)
             .sum();
-        // Entries already leaving free their room first, then the least
-        // recently used.
-        let mut order: Vec<usize> = (0..buf.entries.len())
-            .filter(|&i| Some(i) != own && Some(i) != chain)
-            .collect();
-        order.sort_by_key(|&i| (!buf.entries[i].leaving, buf.entries[i].last_use));
+        // Victims one at a time (a buffer holds a few entries): entries
+        // already leaving first, then the least recently used. Clean ones
+        // go at once, dirty ones are marked to leave (written back below).
+        // By address: removals shift indices.
+        let chain_pa = chain.map(|i| buf.entries[i].pa);
+        let own_pa = own.map(|i| buf.entries[i].pa);
         let mut wait = false;
-        let mut gone = Vec::new();
-        for i in order {
-            if held + out.bytes() <= cap {
-                break;
-            }
+        while held + out.bytes() > cap {
+            let victim = buf
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| Some(e.pa) != chain_pa && Some(e.pa) != own_pa)
+                .filter(|(_, e)| !e.counted)
+                .min_by_key(|(_, e)| (!e.leaving, e.last_use))
+                .map(|(i, _)| i);
+            let Some(i) = victim else { break };
             let e = &mut buf.entries[i];
             held -= e.len;
             if e.leaving || e.dirty || e.writeback.is_some() {
                 e.leaving = true;
+                e.counted = true;
                 wait = true;
             } else {
-                gone.push(i);
+                buf.entries.remove(i);
             }
         }
-        gone.sort_unstable();
-        for &i in gone.iter().rev() {
-            self.accs[pe].entries.remove(i);
+        for e in &mut self.accs[pe].entries {
+            e.counted = false;
         }
         if wait {
             for i in 0..self.accs[pe].entries.len() {
@@ -233,10 +243,14 @@ impl<W: Write> Engine<'_, W> {
         let buf = &mut self.accs[pe];
         buf.stamp += 1;
         let stamp = buf.stamp;
-        if let Some(i) = chain {
-            buf.entries[i].last_use = stamp;
+        if let Some(e) = buf.entries.iter_mut().find(|e| Some(e.pa) == chain_pa) {
+            e.last_use = stamp;
         }
-        match buf.entries.iter_mut().find(|e| e.pa == out.pa) {
+        match buf
+            .entries
+            .iter_mut()
+            .find(|e| e.pa == out.pa && !e.leaving)
+        {
             Some(e) => {
                 e.len = out.bytes();
                 e.dirty = true;
@@ -253,6 +267,7 @@ impl<W: Write> Engine<'_, W> {
                 writeback: None,
                 leaving: false,
                 last_use: stamp,
+                counted: false,
             }),
         }
         Some(AccUse {

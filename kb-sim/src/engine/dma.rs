@@ -188,6 +188,9 @@ pub(super) struct Dma {
     /// what this one reads may start (`order.rs`).
     pub(super) read_done: bool,
     dst_done: bool,
+    /// Its destination is written (a later DMA of the PE writing the same
+    /// bytes may go: `order.rs`).
+    pub(super) landed: bool,
     /// Both effects were applied at issue (stores, copies): the rest is
     /// timing.
     pub(super) at_issue: bool,
@@ -545,6 +548,7 @@ impl<W: Write> Engine<'_, W> {
             left: 0,
             read_done: false,
             dst_done: false,
+            landed: false,
             at_issue: false,
             notify,
             hb,
@@ -668,12 +672,7 @@ impl<W: Write> Engine<'_, W> {
         match a {
             DmaArrive::CmdAtDma(d) => {
                 let pe = self.dmas.get(d).pe as usize;
-                if self.dma_hazard(d) {
-                    self.engines[pe].held.push(d);
-                    self.stats.dma_hazards += 1;
-                } else {
-                    self.dma_ready(pe, d);
-                }
+                self.dma_ready(pe, d);
             }
             DmaArrive::ReqAtTarget { dma, group } => {
                 let s = self.serve_part_read(dma, group as usize);
@@ -751,6 +750,11 @@ impl<W: Write> Engine<'_, W> {
         let now = self.q.now();
         match a {
             DmaAct::Begin(d) => {
+                // On its engine: held there until an earlier DMA of the PE
+                // on the same bytes allows it (`order.rs`).
+                if self.dma_hold(d) {
+                    return Ok(());
+                }
                 let (_, dma) = self.dma_node(d);
                 let (cmd, op_id) = {
                     let x = self.dmas.get(d);
@@ -898,6 +902,9 @@ impl<W: Write> Engine<'_, W> {
                     let x = self.dmas.get(d);
                     let start = x.xfer_start;
                     x.op.as_mut().expect("started").active = Some((start, now));
+                    x.landed = true;
+                    let pe = x.pe as usize;
+                    self.release_held(pe);
                 }
                 // The destination's pieces (the order, grouped).
                 for x in &self.dmas.get(d).dst.pieces {

@@ -4,12 +4,15 @@
 //! issue, loads when served), but a transfer's timing could let a later
 //! DMA read bytes before an earlier one's write of them had landed. So a
 //! DMA whose bytes overlap those of an earlier-issued, unfinished DMA of
-//! the same PE is held when its command reaches the PE's DMA engines,
-//! without taking an engine: until that DMA has finished (its record
-//! ended) when it reads or writes what that one writes (RAW, WAW), and
-//! until that DMA has read its source when it only writes what that one
-//! reads (WAR). It then queues for an engine in issue order. Later DMAs
-//! that touch other bytes pass it. Across PEs, ordering is the kernel's
+//! the same PE is held on the engine it got (in issue order, so the DMA
+//! it waits for has one), before it begins: until that DMA has finished (its record
+//! ended) when it reads what that one writes (RAW), until that DMA's
+//! write has landed when it writes what that one writes (WAW), and until
+//! that DMA has read its source when it writes what that one reads
+//! (WAR). It then begins (its record starts). Later DMAs that touch
+//! other bytes pass it; one held keeps its engine, as a descriptor in a
+//! DMA engine's queue would, so a kernel cannot run ahead of its DMAs
+//! without bound. Across PEs, ordering is the kernel's
 //! job (signals, barriers) and the race detector's.
 //!
 //! The check compares the physical pieces of the two DMAs' sides (a
@@ -85,10 +88,13 @@ fn sides_overlap(a: &[Extent], b: &[Extent]) -> bool {
     false
 }
 
-/// Whether `later` must still wait for `earlier` (both of one PE).
+/// Whether `later` must still wait for `earlier` (both of one PE): a
+/// read of what it writes until it finished (RAW), a write of what it
+/// writes until its write landed (WAW), a write of what it reads until
+/// its source was read (WAR).
 fn conflicts(later: &Dma, earlier: &Dma) -> bool {
     sides_overlap(&later.src.pieces, &earlier.dst.pieces)
-        || sides_overlap(&later.dst.pieces, &earlier.dst.pieces)
+        || !earlier.landed && sides_overlap(&later.dst.pieces, &earlier.dst.pieces)
         || !earlier.read_done && sides_overlap(&later.dst.pieces, &earlier.src.pieces)
 }
 
@@ -103,7 +109,8 @@ impl<W: Write> Engine<'_, W> {
             .any(|&e| conflicts(x, self.dmas.peek(e)))
     }
 
-    /// DMA `d` may start: it takes an idle engine or queues, in issue order.
+    /// DMA `d` reached its engines: it takes an idle one or queues, in
+    /// issue order.
     pub(super) fn dma_ready(&mut self, pe: usize, d: u32) {
         let now = self.q.now();
         let op_id = self.dmas.peek(d).op_id;
@@ -138,19 +145,31 @@ impl<W: Write> Engine<'_, W> {
         }
     }
 
-    /// The held DMAs of PE `pe` that no longer conflict go to the engines.
+    /// Whether DMA `d`, on an engine, must wait for an earlier one: then
+    /// it is held there.
+    pub(super) fn dma_hold(&mut self, d: u32) -> bool {
+        if !self.dma_hazard(d) {
+            return false;
+        }
+        let pe = self.dmas.peek(d).pe as usize;
+        self.engines[pe].held.push(d);
+        self.stats.dma_hazards += 1;
+        true
+    }
+
+    /// The held DMAs of PE `pe` that no longer conflict begin, in issue
+    /// order (in place: no allocation).
     pub(super) fn release_held(&mut self, pe: usize) {
-        if !self.engines[pe].held.is_empty() {
-            let held = std::mem::take(&mut self.engines[pe].held);
-            let mut still = Vec::new();
-            for h in held {
-                if self.dma_hazard(h) {
-                    still.push(h);
-                } else {
-                    self.dma_ready(pe, h);
-                }
+        let now = self.q.now();
+        let mut i = 0;
+        while i < self.engines[pe].held.len() {
+            let h = self.engines[pe].held[i];
+            if self.dma_hazard(h) {
+                i += 1;
+            } else {
+                self.engines[pe].held.remove(i);
+                self.at(now, DmaAct::Begin(h));
             }
-            self.engines[pe].held = still;
         }
     }
 
