@@ -4,8 +4,9 @@
 //! - **a trace**: utilisation over time per unit kind (`pe_dma`,
 //!   `pe_gemm`, `pe_math`, `hbm_ctrl`, ...): in each of up to
 //!   [`crate::timeline::BINS`] time bins, the busy fraction of that kind's
-//!   units (the union of each unit's op intervals, over the units of that
-//!   kind that have ops x the bin width);
+//!   units (the union of each unit's active intervals, the time it
+//!   computes or transfers as `kb_format::usage` defines busy, over the
+//!   units of that kind that have ops x the bin width);
 //! - **a sweep table** (`.parquet` or `.csv`, as `kb-sim sweep` writes):
 //!   a metric (`--y`, default `sim_ns`) against a swept column (`--x`,
 //!   default the first swept one), one line per combination of the other
@@ -111,8 +112,9 @@ pub fn svg(c: &Chart) -> Result<String> {
 struct Util {
     bins: Bins,
     places: Places,
-    /// Per component: (series, end of the union so far).
-    comps: Vec<Option<(usize, u64)>>,
+    /// Per component: its series and its active intervals not yet final
+    /// (busy is their union: `kb_format::usage`).
+    comps: Vec<Option<(usize, kb_format::usage::Intervals)>>,
     /// Unit kind -> (series, units with ops).
     kinds: BTreeMap<String, (usize, u64)>,
     end: u64,
@@ -137,20 +139,24 @@ impl Visitor for Util {
                     k
                 }
             };
-            self.comps[i] = Some((k, 0));
+            self.comps[i] = Some((k, Default::default()));
         }
-        let (k, busy_end) = self.comps[i].expect("set");
-        let from = r.t_start.max(busy_end);
-        if r.t_end > from {
-            self.bins.add(k, from, r.t_end, (r.t_end - from) as f64);
-        }
-        self.comps[i] = Some((k, busy_end.max(r.t_end)));
+        let (k, busy) = self.comps[i].as_mut().expect("set");
+        let (k, bins) = (*k, &mut self.bins);
+        busy.settle(r.t_start, |a, b| bins.add(k, a, b, (b - a) as f64));
+        let (a0, a1) = kb_format::usage::active(r);
+        busy.insert(a0, a1);
         self.end = self.end.max(r.t_end);
         Ok(Flow::Continue)
     }
 
     fn end(&mut self, _: &End<'_>) -> Result<()> {
         self.bins.fit(self.end);
+        let bins = &mut self.bins;
+        for (k, busy) in self.comps.iter_mut().flatten() {
+            let k = *k;
+            busy.settle(u64::MAX, |a, b| bins.add(k, a, b, (b - a) as f64));
+        }
         Ok(())
     }
 }
@@ -382,14 +388,12 @@ mod tests {
                 "vec (1 unit)"
             ]
         );
-        // 10 ns of run in 1 ns bins; pe_dma busy [1,4) and [5,6) ns.
+        // 10 ns of run in 1 ns bins; pe_dma active [2, 2.4), [2.5, 3) and
+        // [5, 6) ns (testutil::sample_ops): 90 % of bin 2, all of bin 5.
         let dma = &c.lines[3].points;
         assert_eq!(dma.len(), 10);
         let busy: Vec<f64> = dma.iter().map(|p| p.1).collect();
-        assert_eq!(
-            busy,
-            [0.0, 100.0, 100.0, 100.0, 0.0, 100.0, 0.0, 0.0, 0.0, 0.0]
-        );
+        assert_eq!(busy, [0.0, 0.0, 90.0, 0.0, 0.0, 100.0, 0.0, 0.0, 0.0, 0.0]);
         assert_eq!(dma[1].0, 1.5);
         let d = tempfile::tempdir().unwrap();
         let out = d.path().join("util.svg");

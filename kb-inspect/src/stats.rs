@@ -627,9 +627,10 @@ impl Stats {
         let (w0, w1) = self.window;
         match self.window_kind {
             Window::Kernels { launches } => format!(
-                "kernel window {}..{} ns ({launches} launches)",
+                "kernel window {}..{} ns ({launches} launch{})",
                 ns(w0),
-                ns(w1)
+                ns(w1),
+                if launches == 1 { "" } else { "es" }
             ),
             Window::Launch { index } => {
                 format!("launch {index} window {}..{} ns", ns(w0), ns(w1))

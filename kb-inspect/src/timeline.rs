@@ -1658,6 +1658,37 @@ mod tests {
     }
 
     #[test]
+    fn utilisation_counts_the_units_active_intervals() {
+        // One pe_dma: op b spans [2, 4) ns but moves bytes in [3, 4); op c,
+        // which starts later, in [2.6, 2.9): busy 0.3 of bin 2, all of
+        // bin 3.
+        let mut b = mem(0, 2000, 4000, testutil::PE_DMA, "b", 128);
+        b.rec.active = Some((3000, 4000));
+        let mut c = mem(1, 2500, 3500, testutil::PE_DMA, "c", 64);
+        c.rec.active = Some((2600, 2900));
+        let bytes = testutil::build(&testutil::sample_meta(), &[], &[b, c], &Default::default());
+        let (_, v) = timeline(&bytes, &Filter::default());
+        let util: Vec<(f64, f64)> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "C" && e["name"] == "util pe_dma")
+            .map(|e| {
+                (
+                    e["ts"].as_f64().unwrap(),
+                    e["args"]["value"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        let want = [(0.0, 0.0), (0.002, 0.3), (0.003, 1.0), (0.004, 0.0)];
+        assert_eq!(util.len(), want.len(), "{util:?}");
+        for ((t, u), (wt, wu)) in util.iter().zip(want) {
+            assert_eq!(*t, wt);
+            assert!((u - wu).abs() < 1e-9, "{util:?}");
+        }
+    }
+
+    #[test]
     fn bins_double_and_keep_totals() {
         let mut b = Bins {
             width: 1000,
