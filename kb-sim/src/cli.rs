@@ -464,8 +464,31 @@ fn cmd_list(workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    print!("{out}");
-    Ok(())
+    emit(&out)
+}
+
+/// `writeln!` into a `String` (which cannot fail).
+macro_rules! w {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// Write a command's text to stdout at once. A reader that closed the
+/// pipe early (`| head -1`) is not an error: it took what it wanted.
+fn emit(text: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("writing to stdout: {e}"))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn cmd_sweep(a: SweepArgs) -> Result<(), String> {
@@ -515,27 +538,32 @@ fn cmd_sweep(a: SweepArgs) -> Result<(), String> {
 
 fn cmd_topology(name: &str, sets: &[(String, String)], fields: bool) -> Result<(), String> {
     let t = crate::overrides::apply(&Topology::load(name).map_err(|e| e.to_string())?, sets)?;
+    let mut out = String::new();
     if fields {
         for (k, v) in crate::overrides::fields(&t) {
-            println!("{k} = {v}");
+            w!(out, "{k} = {v}");
         }
-        return Ok(());
+        return emit(&out);
     }
     let built = Instant::now();
     let m = Machine::build(&t);
     let build_s = built.elapsed().as_secs_f64();
     let c = t.counts;
-    println!(
+    w!(
+        out,
         "topology {} (address model {})",
         t.name,
         t.address_model.name()
     );
     match (t.address_model, t.memory_map) {
-        (AddressModel::Va, _) => println!(
+        (AddressModel::Va, _) => w!(
+            out,
             "pe_mmu: {}-byte pages, {} ns TLB overhead per translated DMA side",
-            t.pe_mmu.page_bytes, t.pe_mmu.tlb_overhead_ns.0
+            t.pe_mmu.page_bytes,
+            t.pe_mmu.tlb_overhead_ns.0
         ),
-        (AddressModel::La, Some(mm)) => println!(
+        (AddressModel::La, Some(mm)) => w!(
+            out,
             "memory_map: {:?}, {} of {} pseudo channels per PE x {} GB/s",
             mm.hbm_mapping_mode,
             mm.hbm_channels_per_pe,
@@ -544,14 +572,16 @@ fn cmd_topology(name: &str, sets: &[(String, String)], fields: bool) -> Result<(
         ),
         _ => {}
     }
-    println!(
+    w!(
+        out,
         "counts: {} SIPs x {} cubes x {} PEs = {} PEs",
         c.sips,
         c.cubes_per_sip,
         c.pes_per_cube,
         t.total_pes()
     );
-    println!(
+    w!(
+        out,
         "nodes: {}, directed links: {} (built in {:.3} s)",
         m.nodes.len(),
         m.links.len(),
@@ -561,7 +591,8 @@ fn cmd_topology(name: &str, sets: &[(String, String)], fields: bool) -> Result<(
     for n in &m.nodes {
         *kinds.entry(n.kind.name()).or_default() += 1;
     }
-    println!(
+    w!(
+        out,
         "node kinds: {}",
         kinds
             .iter()
@@ -576,11 +607,12 @@ fn cmd_topology(name: &str, sets: &[(String, String)], fields: bool) -> Result<(
             .or_insert((0, l.latency_ps as f64 / 1000.0, l.bw_gbs));
         e.0 += 1;
     }
-    println!("link classes:");
+    w!(out, "link classes:");
     for (class, (n, lat, bw)) in classes {
-        println!("  {class:<12} x{n:<5} latency {lat} ns, {bw} GB/s");
+        w!(out, "  {class:<12} x{n:<5} latency {lat} ns, {bw} GB/s");
     }
-    println!(
+    w!(
+        out,
         "hbm per cube: {} GiB, {} pseudo channels x {} GB/s = {} GB/s",
         t.hbm.size_gib.0,
         t.hbm.pseudo_channels,
@@ -589,11 +621,17 @@ fn cmd_topology(name: &str, sets: &[(String, String)], fields: bool) -> Result<(
     );
     let last = m.pe_coord(t.total_pes() as usize - 1);
     let from = format!("{last}.pe_dma");
-    print_route(&m, &from, "sip0.cube0.hbm_ctrl", 4096)?;
-    Ok(())
+    print_route(&mut out, &m, &from, "sip0.cube0.hbm_ctrl", 4096)?;
+    emit(&out)
 }
 
-fn print_route(m: &Machine, from: &str, to: &str, bytes: u64) -> Result<(), String> {
+fn print_route(
+    out: &mut String,
+    m: &Machine,
+    from: &str,
+    to: &str,
+    bytes: u64,
+) -> Result<(), String> {
     let node = |n: &str| {
         m.node_by_name(n)
             .ok_or_else(|| format!("topology {}: no node named {n:?}", m.topo.name))
@@ -607,12 +645,14 @@ fn print_route(m: &Machine, from: &str, to: &str, bytes: u64) -> Result<(), Stri
             .map(|&l| m.nodes[m.links[l as usize].to as usize].name.clone()),
     );
     let ps = m.uncontended_ps(&route, bytes);
-    println!(
+    w!(
+        out,
         "route {from} -> {to} ({} hops): {}",
         route.len(),
         path.join(" -> ")
     );
-    println!(
+    w!(
+        out,
         "  {bytes} bytes: latency {:.3} ns, effective bandwidth {:.2} GB/s",
         ps as f64 / 1000.0,
         if ps > 0 {
@@ -636,5 +676,7 @@ fn cmd_probe(topology: &str, from: &str, to: &str, bytes: u64) -> Result<(), Str
     }
     let t = Topology::load(topology).map_err(|e| e.to_string())?;
     let m = Machine::build(&t);
-    print_route(&m, from, to, bytes)
+    let mut out = String::new();
+    print_route(&mut out, &m, from, to, bytes)?;
+    emit(&out)
 }

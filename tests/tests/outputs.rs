@@ -118,3 +118,38 @@ fn binary_output_is_not_written_to_a_terminal_whatever_its_name() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(o.stdout.starts_with(b"\x93NUMPY"));
 }
+
+/// kb-sim's text commands whose reader has gone (`| head -1` that already
+/// exited): they exit 0, say nothing, and never panic.
+#[test]
+fn text_commands_survive_a_closed_stdout() {
+    let cases: [&[&str]; 4] = [
+        &["topology", "large", "--fields"],
+        &["topology", "large"],
+        &[
+            "probe",
+            "-t",
+            "large",
+            "--from",
+            "sip0.cube0.pe0.pe_dma",
+            "--to",
+            "sip0.cube0.hbm_ctrl",
+        ],
+        &["list"],
+    ];
+    for args in cases {
+        // A pipe whose reading end is closed before kb-sim starts: its
+        // first write fails with EPIPE, every time.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(bin("kb-sim"))
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "kb-sim {args:?}: {err}");
+        assert!(err.is_empty(), "kb-sim {args:?}: {err}");
+    }
+}
