@@ -49,8 +49,6 @@ pub(super) struct AccEntry {
     /// Evicted: leaves the buffer when its writeback lands.
     leaving: bool,
     last_use: u64,
-    /// Scratch: already taken as a victim by the room search under way.
-    counted: bool,
 }
 
 /// A GEMM unit's accumulator buffer.
@@ -152,6 +150,35 @@ impl<W: Write> Engine<'_, W> {
         wait
     }
 
+    /// Whether DMA `d`'s fetch must wait for accumulator writebacks (the
+    /// bytes it reads, or overwrites, that a GEMM unit holds).
+    pub(super) fn dma_acc_wait(&mut self, d: u32) -> bool {
+        let mut wait = false;
+        let by = self.dmas.peek(d).op_id;
+        for (side, write) in [(0, false), (1, true)] {
+            let n = {
+                let x = self.dmas.peek(d);
+                if side == 0 {
+                    x.src.pieces.len()
+                } else {
+                    x.dst.pieces.len()
+                }
+            };
+            for i in 0..n {
+                let piece = {
+                    let x = self.dmas.peek(d);
+                    if side == 0 {
+                        x.src.pieces[i]
+                    } else {
+                        x.dst.pieces[i]
+                    }
+                };
+                wait |= self.acc_access(&piece, write, None, by, Waiter::DmaFetch(d));
+            }
+        }
+        wait
+    }
+
     /// Decide how GEMM op `c` uses its unit's buffer as it starts: whether
     /// its accumulator is there and whether its result can stay, evicting
     /// (and writing back) older entries, least recently used first, for
@@ -195,35 +222,41 @@ impl<W: Write> Engine<'_, W> {
             .filter(|&(i, _)| Some(i) != own)
             .map(|(_, e)| e.len)
             .sum();
-        // Victims one at a time (a buffer holds a few entries): entries
-        // already leaving first, then the least recently used. Clean ones
-        // go at once, dirty ones are marked to leave (written back below).
-        // By address: removals shift indices.
+        // Room: entries already leaving free theirs first (the op waits
+        // for them), then the least recently used go one at a time (a
+        // buffer holds a few): clean ones at once, dirty ones marked to
+        // leave (written back below). By address: removals shift indices.
         let chain_pa = chain.map(|i| buf.entries[i].pa);
         let own_pa = own.map(|i| buf.entries[i].pa);
+        let evictable = |e: &AccEntry| Some(e.pa) != chain_pa && Some(e.pa) != own_pa;
         let mut wait = false;
+        if held + out.bytes() > cap {
+            let going: u64 = buf
+                .entries
+                .iter()
+                .filter(|e| e.leaving && evictable(e))
+                .map(|e| e.len)
+                .sum();
+            wait = going > 0;
+            held -= going;
+        }
         while held + out.bytes() > cap {
             let victim = buf
                 .entries
                 .iter()
                 .enumerate()
-                .filter(|(_, e)| Some(e.pa) != chain_pa && Some(e.pa) != own_pa)
-                .filter(|(_, e)| !e.counted)
-                .min_by_key(|(_, e)| (!e.leaving, e.last_use))
+                .filter(|(_, e)| !e.leaving && evictable(e))
+                .min_by_key(|(_, e)| e.last_use)
                 .map(|(i, _)| i);
             let Some(i) = victim else { break };
             let e = &mut buf.entries[i];
             held -= e.len;
-            if e.leaving || e.dirty || e.writeback.is_some() {
+            if e.dirty || e.writeback.is_some() {
                 e.leaving = true;
-                e.counted = true;
                 wait = true;
             } else {
                 buf.entries.remove(i);
             }
-        }
-        for e in &mut self.accs[pe].entries {
-            e.counted = false;
         }
         if wait {
             for i in 0..self.accs[pe].entries.len() {
@@ -267,7 +300,6 @@ impl<W: Write> Engine<'_, W> {
                 writeback: None,
                 leaving: false,
                 last_use: stamp,
-                counted: false,
             }),
         }
         Some(AccUse {
@@ -302,18 +334,12 @@ impl<W: Write> Engine<'_, W> {
 
     /// A writeback's bytes reached TCM: it is written as they come.
     pub(super) fn acc_at_tcm(&mut self, w: u32) {
-        let (head, now, burst) = (self.arrival.0, self.q.now(), self.burst);
         let (pe, pa, len) = {
             let x = self.writebacks.get(w);
             (x.pe, x.pa, x.len)
         };
         let tcm = self.m.pe_node(self.m.pe_coord(pe as usize), NodeKind::Tcm);
-        let req = super::compute::tcm_request(&Extent::contiguous(pa, len));
-        let end = self.comps[tcm as usize]
-            .as_mut()
-            .expect("TCM has a timing model")
-            .serve_write(now, head, &req, burst)
-            .end;
+        let end = self.tcm_write_end(tcm, &Extent::contiguous(pa, len));
         self.at(end, ComputeAct::Written(w));
     }
 

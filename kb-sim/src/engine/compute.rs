@@ -410,17 +410,23 @@ impl<W: Write> Engine<'_, W> {
 
     /// The result's bytes reached TCM; the op ends when they are written.
     pub(super) fn result_at_tcm(&mut self, c: u32) {
-        let (head, now, burst) = (self.arrival.0, self.q.now(), self.burst);
-        let (tcm, req) = {
+        let (tcm, out) = {
             let x = self.computes.get(c);
-            (x.tcm, tcm_request(&x.out))
+            (x.tcm, x.out)
         };
-        let end = self.comps[tcm as usize]
+        let end = self.tcm_write_end(tcm, &out);
+        self.at(end, ComputeAct::End(c));
+    }
+
+    /// When TCM `tcm` has written tile `x`, whose bytes arrive from the
+    /// message's head to now (a result or an accumulator writeback).
+    pub(super) fn tcm_write_end(&mut self, tcm: NodeId, x: &Extent) -> Ps {
+        let (head, now, burst) = (self.arrival.0, self.q.now(), self.burst);
+        self.comps[tcm as usize]
             .as_mut()
             .expect("TCM has a timing model")
-            .serve_write(now, head, &req, burst)
-            .end;
-        self.at(end, ComputeAct::End(c));
+            .serve_write(now, head, &tcm_request(x), burst)
+            .end
     }
 
     fn finish_compute(&mut self, c: u32) -> Result<(), SimError> {
@@ -525,7 +531,7 @@ impl<W: Write> Engine<'_, W> {
 }
 
 /// A TCM access to one tile.
-pub(super) fn tcm_request(x: &Extent) -> Request {
+fn tcm_request(x: &Extent) -> Request {
     Request {
         pa: x.pa,
         row_bytes: x.len,

@@ -24,7 +24,6 @@ use std::io::Write;
 use kb_format::Extent;
 
 use super::Engine;
-use super::compute::Waiter;
 use super::dma::{Dma, DmaAct};
 
 /// `[first byte, past the last byte)` of an extent.
@@ -171,34 +170,5 @@ impl<W: Write> Engine<'_, W> {
                 self.at(now, DmaAct::Begin(h));
             }
         }
-    }
-
-    /// Whether DMA `d`'s fetch must wait for accumulator writebacks (the
-    /// bytes it reads, or overwrites, that a GEMM unit holds).
-    pub(super) fn dma_acc_wait(&mut self, d: u32) -> bool {
-        let mut wait = false;
-        let by = self.dmas.peek(d).op_id;
-        for (side, write) in [(0, false), (1, true)] {
-            let n = {
-                let x = self.dmas.peek(d);
-                if side == 0 {
-                    x.src.pieces.len()
-                } else {
-                    x.dst.pieces.len()
-                }
-            };
-            for i in 0..n {
-                let piece = {
-                    let x = self.dmas.peek(d);
-                    if side == 0 {
-                        x.src.pieces[i]
-                    } else {
-                        x.dst.pieces[i]
-                    }
-                };
-                wait |= self.acc_access(&piece, write, None, by, Waiter::DmaFetch(d));
-            }
-        }
-        wait
     }
 }
