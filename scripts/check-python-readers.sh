@@ -50,7 +50,8 @@ for t in ["tiled", "copy"]:
     check(f"{t}: pandas op_id", list(df.op_id) == [r["op_id"] for r in ref])
     check(f"{t}: pandas start_ps", list(df.start_ps) == [r["t_start_ps"] for r in ref])
     check(f"{t}: pandas start_ns", all(abs(a - r["t_start_ps"] / 1000) < 1e-9 for a, r in zip(df.start_ns, ref)))
-    check(f"{t}: pandas deps", [list(d) for d in df.deps] == [r["deps"] for r in ref])
+    check(f"{t}: pandas deps", [list(d) for d in df.deps] == [[d["op"] for d in r["deps"]] for r in ref])
+    check(f"{t}: pandas dep_kinds", [list(k) for k in df.dep_kinds] == [[d["kind"] for d in r["deps"]] for r in ref])
     check(f"{t}: pandas flops", list(df.flops) == [r["flops"] for r in ref])
     check(f"{t}: dtypes", str(df.op_id.dtype) == "uint64" and str(df.start_ns.dtype) == "float64",
           str(df.dtypes.to_dict()))
@@ -70,7 +71,7 @@ for t in ["tiled", "copy"]:
     check(f"{t}: duckdb deps list", nd == sum(1 for r in ref if r["deps"]))
     c = pd.read_csv(f"{work}/{t}.csv")
     check(f"{t}: csv rows", len(c) == len(ref))
-    check(f"{t}: csv deps are text", pd.api.types.is_string_dtype(c.deps) and all(json.loads(d) == r["deps"] for d, r in zip(c.deps, ref)))
+    check(f"{t}: csv deps are text", pd.api.types.is_string_dtype(c.deps) and all(json.loads(d) == [x["op"] for x in r["deps"]] for d, r in zip(c.deps, ref)))
     check(f"{t}: csv times", list(c.start_ps) == [r["t_start_ps"] for r in ref] and str(c.start_ns.dtype) == "float64")
     cn = pd.read_csv(f"{work}/{t}.csv", dtype_backend="numpy_nullable")
     check(f"{t}: csv nullable m is Int", str(cn.m.dtype) in ("Int64", "UInt64"), str(cn.m.dtype))

@@ -11,7 +11,7 @@ pub const CHUNK_MAGIC: [u8; 4] = *b"KBCH";
 pub const VERSION_MAJOR: u16 = 3;
 /// 3.1 added the `SumBlocks` and `Tile` reference expressions; 3.2 the
 /// channels chunk; 3.3 a record's optional active interval.
-pub const VERSION_MINOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 4;
 
 /// Size of the file header, every chunk header and the trailer.
 pub const BLOCK: usize = 64;

@@ -226,12 +226,12 @@ impl<'a> RecordChunk<'a> {
                 });
             }
         }
-        for &d in &r.deps {
-            if d >= r.op_id {
+        for d in &r.deps {
+            if d.op >= r.op_id {
                 return Err(FormatError::DanglingId {
                     offset: at,
                     what: "dependency",
-                    id: d,
+                    id: d.op,
                     detail: format!("op {} depends on an op that does not precede it", r.op_id),
                 });
             }

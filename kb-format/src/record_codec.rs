@@ -18,11 +18,16 @@ use crate::types::*;
 const F_FINGERPRINT: u8 = 1 << 0;
 const F_READ: u8 = 1 << 1;
 const F_WRITE: u8 = 1 << 2;
+/// Dependencies, all data ones (before format 3.4): a count, then each
+/// as a signed varint `op_id - dep`. Read, never written.
 const F_DEPS: u8 = 1 << 3;
 /// An active interval follows the duration (format 3.3): two varints,
 /// `start - t_start` and `end - start`.
 const F_ACTIVE: u8 = 1 << 4;
-const F_KNOWN: u8 = F_FINGERPRINT | F_READ | F_WRITE | F_DEPS | F_ACTIVE;
+/// Causal edges (format 3.4): a count, then each as a varint
+/// `(op_id - dep) << 3 | kind`.
+const F_EDGES: u8 = 1 << 5;
+const F_KNOWN: u8 = F_FINGERPRINT | F_READ | F_WRITE | F_DEPS | F_ACTIVE | F_EDGES;
 
 /// Address predictor of the read-side params.
 const RD: usize = 0;
@@ -334,7 +339,7 @@ impl RecordEncoder {
         let flags = ((r.fingerprint.is_some() as u8) * F_FINGERPRINT)
             | ((r.read.is_some() as u8) * F_READ)
             | ((r.write.is_some() as u8) * F_WRITE)
-            | ((!r.deps.is_empty() as u8) * F_DEPS)
+            | ((!r.deps.is_empty() as u8) * F_EDGES)
             | ((r.active.is_some() as u8) * F_ACTIVE);
         o.byte(flags);
         o.byte(r.kind.code());
@@ -357,8 +362,10 @@ impl RecordEncoder {
         }
         if !r.deps.is_empty() {
             o.varint(r.deps.len() as u64);
-            for &d in &r.deps {
-                o.signed(r.op_id.wrapping_sub(d) as i64);
+            for d in &r.deps {
+                // The writer checks that a dependency precedes the op and
+                // that the distance fits in 61 bits.
+                o.varint(r.op_id.wrapping_sub(d.op) << 3 | d.kind as u64);
             }
         }
         if let Some(e) = &r.read {
@@ -560,19 +567,33 @@ impl<'a> RecordDecoder<'a> {
         } else {
             None
         };
-        if flags & F_DEPS != 0 {
+        r.deps.clear();
+        if flags & (F_DEPS | F_EDGES) != 0 {
+            if flags & F_DEPS != 0 && flags & F_EDGES != 0 {
+                self.cur.fail("both dependency flags set");
+            }
             let n = self.cur.count(MAX_DEPS);
             if n == 0 {
                 // The flag says there are some (a writer omits the field
                 // otherwise); also the count after a failure.
                 self.cur.fail("dependency flag set, but no dependencies");
             }
-            r.deps.resize(n, 0);
-            for d in r.deps.iter_mut() {
-                *d = r.op_id.wrapping_sub(self.cur.signed());
+            for _ in 0..n {
+                let d = if flags & F_EDGES != 0 {
+                    let v = self.cur.varint();
+                    let Some(kind) = DepKind::from_code((v & 7) as u8) else {
+                        self.cur.fail("unknown dependency kind");
+                        break;
+                    };
+                    Dep {
+                        op: r.op_id.wrapping_sub(v >> 3),
+                        kind,
+                    }
+                } else {
+                    Dep::data(r.op_id.wrapping_sub(self.cur.signed()))
+                };
+                r.deps.push(d);
             }
-        } else {
-            r.deps.clear();
         }
         self.opt_effect(flags & F_READ != 0, RD, t_start, &mut r.read);
         self.opt_effect(flags & F_WRITE != 0, WR, t_start, &mut r.write);
@@ -613,6 +634,12 @@ impl<'a> RecordDecoder<'a> {
             return Ok(());
         }
         match r.kind {
+            OpKind::Sync => {
+                return Err(self.err(format!(
+                    "sync op {} has params (sync ops have none)",
+                    r.op_id
+                )));
+            }
             OpKind::Unknown(_) => {
                 let bytes = &self.cur.b[self.cur.p..end];
                 if let Params::Raw(v) = &mut r.params {
@@ -985,6 +1012,63 @@ mod tests {
         // Truncated inside the interval.
         let e = decode_err(&past_end[..6]);
         assert!(e.contains("past the end"), "{e}");
+    }
+
+    #[test]
+    fn edges_carry_their_kind_in_the_low_three_bits() {
+        let r = Record {
+            op_id: 9,
+            deps: vec![
+                Dep {
+                    op: 7,
+                    kind: DepKind::Resource,
+                },
+                Dep::data(1),
+            ],
+            ..Record::default()
+        };
+        let bytes = encode_each(std::slice::from_ref(&r)).concat();
+        // flags (edges), kind, op_id zigzag(9), t_start, duration,
+        // component, op_name; 2 edges: 2 << 3 | 4, 8 << 3 | 0; params.
+        assert_eq!(
+            bytes,
+            [
+                0x20, 0x00, 0x12, 0x00, 0x00, 0x00, 0x00, 0x02, 0x14, 0x40, 0x00
+            ]
+        );
+        assert_eq!(decode_all(&bytes, 1), [r]);
+    }
+
+    #[test]
+    fn dependencies_before_3_4_read_as_data_edges() {
+        // Flag bit 3: a count, then signed deltas (zigzag(9 - 7) = 4).
+        let old = [0x08, 0x00, 0x12, 0x00, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00];
+        assert_eq!(decode_all(&old, 1)[0].deps, [Dep::data(7)]);
+        // Both forms at once, and edge kinds 5 to 7, are refused.
+        let mut both = old;
+        both[0] = 0x28;
+        assert!(decode_err(&both).contains("both dependency flags"));
+        let unknown = [0x20, 0x00, 0x12, 0x00, 0x00, 0x00, 0x00, 0x01, 0x15, 0x00];
+        assert!(decode_err(&unknown).contains("unknown dependency kind"));
+    }
+
+    #[test]
+    fn a_sync_op_has_no_params() {
+        let r = Record {
+            kind: OpKind::Sync,
+            ..Record::default()
+        };
+        let bytes = encode_each(std::slice::from_ref(&r)).concat();
+        assert_eq!(decode_all(&bytes, 1), [r]);
+        // The same record with one params byte.
+        let mut with = bytes.clone();
+        *with.last_mut().unwrap() = 1;
+        with.push(0);
+        assert!(
+            decode_err(&with).contains("sync op 0 has params"),
+            "{}",
+            decode_err(&with)
+        );
     }
 
     #[test]

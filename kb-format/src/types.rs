@@ -100,6 +100,12 @@ pub enum OpKind {
     Memory,
     Gemm,
     Math,
+    /// Synchronization and control (format 3.4): a kernel's run on a PE,
+    /// the time a kernel waited (for a signal, a barrier, its ops), a
+    /// signal's flight, a launch, a VA map message. No params and no data
+    /// effects: replay has nothing to do for them; they are on record so
+    /// that every wait in a run has a cause a reader can follow.
+    Sync,
     /// A kind this reader does not know (written by a newer tool). Its
     /// params are kept as raw bytes; replay skips it and counts it.
     Unknown(u8),
@@ -111,6 +117,7 @@ impl OpKind {
             OpKind::Memory => 0,
             OpKind::Gemm => 1,
             OpKind::Math => 2,
+            OpKind::Sync => 3,
             OpKind::Unknown(c) => c,
         }
     }
@@ -120,6 +127,7 @@ impl OpKind {
             0 => OpKind::Memory,
             1 => OpKind::Gemm,
             2 => OpKind::Math,
+            3 => OpKind::Sync,
             c => OpKind::Unknown(c),
         }
     }
@@ -129,6 +137,7 @@ impl OpKind {
             OpKind::Memory => "memory",
             OpKind::Gemm => "gemm",
             OpKind::Math => "math",
+            OpKind::Sync => "sync",
             OpKind::Unknown(_) => "unknown",
         }
     }
@@ -425,6 +434,72 @@ impl Params {
     }
 }
 
+/// Why an op could not start earlier: the kind of a causal edge
+/// ([`Dep`]). Codes are the low three bits of an encoded edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(u8)]
+pub enum DepKind {
+    /// Memory order on the same bytes: the op reads what the other wrote,
+    /// or writes what the other reads or writes. The only kind replay
+    /// orders by (traces before 3.4 have no other).
+    #[default]
+    Data = 0,
+    /// The op's kernel issued it after the other op (or wait) completed:
+    /// the kernel's program had stopped for it.
+    Program = 1,
+    /// A synchronization: a signal before the wait it ends, a barrier's
+    /// arrivals before its release, a copy's notification before the wait
+    /// on it.
+    Sync = 2,
+    /// The host's program: an upload or map before a launch, a launch
+    /// before a kernel starts, kernels before their launch ends.
+    Host = 3,
+    /// The op waited for the unit (a DMA engine, a GEMM or math unit) the
+    /// other op held.
+    Resource = 4,
+}
+
+impl DepKind {
+    pub const ALL: [DepKind; 5] = [
+        DepKind::Data,
+        DepKind::Program,
+        DepKind::Sync,
+        DepKind::Host,
+        DepKind::Resource,
+    ];
+
+    pub fn from_code(code: u8) -> Option<DepKind> {
+        DepKind::ALL.get(code as usize).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DepKind::Data => "data",
+            DepKind::Program => "program",
+            DepKind::Sync => "sync",
+            DepKind::Host => "host",
+            DepKind::Resource => "resource",
+        }
+    }
+}
+
+/// A causal edge: op `op` (always an earlier id) had to happen before the
+/// record's op could start, for reason `kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Dep {
+    pub op: u64,
+    pub kind: DepKind,
+}
+
+impl Dep {
+    pub fn data(op: u64) -> Dep {
+        Dep {
+            op,
+            kind: DepKind::Data,
+        }
+    }
+}
+
 /// One op record: what ran where and when, what it touched, and a
 /// fingerprint of the bytes it moved (memory ops, where Phase 1 knew them).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -439,8 +514,9 @@ pub struct Record {
     pub op_name: u32,
     pub kind: OpKind,
     pub params: Params,
-    /// Explicit dependencies: op ids that must run before this one.
-    pub deps: Vec<u64>,
+    /// Causal edges: the ops that had to happen before this one could
+    /// start, each with why. Replay orders by the [`DepKind::Data`] ones.
+    pub deps: Vec<Dep>,
     pub fingerprint: Option<u64>,
     pub read: Option<Effect>,
     pub write: Option<Effect>,

@@ -5,6 +5,9 @@
 //!   length of the union of its records' active intervals
 //!   ([`Record::active`], or the whole span `[t_start, t_end)` where a
 //!   record has none).
+//! - Sync records ([`OpKind::Sync`]: kernels, waits, signals, launches,
+//!   map messages) are never busy: they say when something waited or
+//!   was in flight, not that a unit worked.
 //! - Its **held** time is the time it holds work: the length of the union
 //!   of its records' spans `[t_start, t_end)` (operand streaming, setup
 //!   and waiting for a producer included). Busy <= held.
@@ -29,13 +32,17 @@
 //! known, and memory grows with the number of disjoint intervals.
 
 use crate::launch::Launch;
-use crate::types::{Ps, Record};
+use crate::types::{OpKind, Ps, Record};
 
 /// The part of `r`'s span during which its unit computes or transfers:
 /// its active interval, or the whole span `[t_start, t_end)` where it has
-/// none. Clamped to the span (readers refuse anything else; this keeps a
-/// hand-built record from counting time outside its span).
+/// none; empty for a sync record. Clamped to the span (readers refuse
+/// anything else; this keeps a hand-built record from counting time
+/// outside its span).
 pub fn active(r: &Record) -> (Ps, Ps) {
+    if r.kind == OpKind::Sync {
+        return (r.t_start, r.t_start);
+    }
     let t1 = r.t_end.max(r.t_start);
     match r.active {
         Some((a0, a1)) => {

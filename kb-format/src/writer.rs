@@ -6,7 +6,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::{Fingerprinter, xxh3_64};
+use crate::{Dep, Fingerprinter, xxh3_64};
 
 use crate::channels::{ChannelLog, ChannelUsage};
 use crate::chunk::{self, ALIGN, BLOCK, ChunkHeader, ChunkKind, Trailer};
@@ -51,7 +51,7 @@ struct Reorder {
     slab: Vec<Record>,
     free: Vec<usize>,
     spare_ranges: Vec<Vec<Extent>>,
-    spare_deps: Vec<Vec<u64>>,
+    spare_deps: Vec<Vec<Dep>>,
     spare_math_inputs: Vec<Vec<MathInput>>,
 }
 
@@ -292,7 +292,7 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// An empty vector for a record's dependencies, as [`Self::take_ranges`].
-    pub fn take_deps(&mut self) -> Vec<u64> {
+    pub fn take_deps(&mut self) -> Vec<Dep> {
         self.reorder.spare_deps.pop().unwrap_or_default()
     }
 
@@ -558,7 +558,7 @@ fn check_record(r: &Record) -> Result<()> {
         ));
     }
     if let OpKind::Unknown(c) = r.kind
-        && c < 3
+        && c < 4
     {
         return bad(format!("OpKind::Unknown({c}) has the code of a known kind"));
     }
@@ -592,8 +592,14 @@ fn check_record(r: &Record) -> Result<()> {
     if r.deps.len() > MAX_DEPS {
         return bad(format!("{} dependencies, at most {MAX_DEPS}", r.deps.len()));
     }
-    if let Some(&d) = r.deps.iter().find(|&&d| d >= r.op_id) {
-        return bad(format!("dependency {d} does not precede the op"));
+    if let Some(d) = r.deps.iter().find(|d| d.op >= r.op_id) {
+        return bad(format!("dependency {} does not precede the op", d.op));
+    }
+    if let Some(d) = r.deps.iter().find(|d| r.op_id - d.op >= 1 << 61) {
+        return bad(format!(
+            "dependency {} is 2^61 or more ops before the op",
+            d.op
+        ));
     }
     Ok(())
 }

@@ -415,7 +415,7 @@ fn tensor_id_that_points_nowhere_is_dangling() {
 #[test]
 fn dependency_that_does_not_precede_is_dangling() {
     let mut r = sample_record(4, 0, 1);
-    r.deps = vec![1, 4];
+    r.deps = vec![Dep::data(1), Dep::data(4)];
     let b = RawTrace::default()
         .meta(&sample_meta())
         .strings(0, &["c", "n"])
@@ -483,7 +483,7 @@ fn a_minor_version_2_trace_reads_as_before() {
         .records(&recs)
         .verify(&sample_verify())
         .build();
-    assert_eq!(u16::from_le_bytes([b[10], b[11]]), 3, "written as 3.3");
+    assert_eq!(u16::from_le_bytes([b[10], b[11]]), 4, "written as 3.4");
     b[10..12].copy_from_slice(&2u16.to_le_bytes());
     reseal_block(&mut b, 0);
     refooter(&mut b);

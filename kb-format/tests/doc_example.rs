@@ -51,7 +51,10 @@ fn tiny_trace() -> Vec<u8> {
             dst_stride: 16,
             dtype: Some(Dtype::F32),
         }),
-        deps: vec![3],
+        deps: vec![Dep {
+            op: 3,
+            kind: DepKind::Program,
+        }],
         fingerprint: Some(fingerprint(&[0x11; 16])),
         read: Some(Effect {
             time: 1000,

@@ -261,13 +261,18 @@ fn math_params() -> impl Strategy<Value = MathParams> {
 
 /// A kind and params that go together.
 fn kind_params() -> impl Strategy<Value = (OpKind, Params)> {
-    let known = select(vec![OpKind::Memory, OpKind::Gemm, OpKind::Math]);
+    let known = select(vec![
+        OpKind::Memory,
+        OpKind::Gemm,
+        OpKind::Math,
+        OpKind::Sync,
+    ]);
     prop_oneof![
-        (prop_oneof![known, (3..=255u8).prop_map(OpKind::Unknown)]).prop_map(|k| (k, Params::None)),
+        (prop_oneof![known, (4..=255u8).prop_map(OpKind::Unknown)]).prop_map(|k| (k, Params::None)),
         memory_params().prop_map(|p| (OpKind::Memory, Params::Memory(p))),
         gemm_params().prop_map(|p| (OpKind::Gemm, Params::Gemm(p))),
         math_params().prop_map(|p| (OpKind::Math, Params::Math(p))),
-        (3..=255u8, vec(any::<u8>(), 1..40))
+        (4..=255u8, vec(any::<u8>(), 1..40))
             .prop_map(|(c, raw)| (OpKind::Unknown(c), Params::Raw(raw))),
     ]
 }
@@ -282,7 +287,7 @@ struct Draft {
     op_name: usize,
     kind: OpKind,
     params: Params,
-    deps: Vec<u64>,
+    deps: Vec<(u64, DepKind)>,
     fingerprint: Option<u64>,
     read: Option<Effect>,
     write: Option<Effect>,
@@ -306,7 +311,7 @@ fn draft() -> impl Strategy<Value = Draft> {
         prop_oneof![Just(0u64), 0..1000u64, Just(u64::MAX / 2)],
         (0..8usize, 0..8usize),
         kind_params(),
-        vec(any::<u64>(), 0..4),
+        vec((any::<u64>(), select(DepKind::ALL.to_vec())), 0..4),
         proptest::option::of(any::<u64>()),
         proptest::option::of(effect()),
         proptest::option::of(effect()),
@@ -455,7 +460,13 @@ fn write_case(c: &Case) -> (Vec<u8>, Dump) {
                     deps: if op_id == 0 {
                         vec![]
                     } else {
-                        d.deps.iter().map(|x| x % op_id).collect()
+                        d.deps
+                            .iter()
+                            .map(|&(x, kind)| Dep {
+                                op: x % op_id,
+                                kind,
+                            })
+                            .collect()
                     },
                     fingerprint: d.fingerprint,
                     read: d.read.clone(),

@@ -184,7 +184,7 @@ fn records_that_would_not_read_back_are_refused() {
         (
             "does not precede",
             Record {
-                deps: vec![1, 5],
+                deps: vec![Dep::data(1), Dep::data(5)],
                 ..ok()
             },
         ),

@@ -148,7 +148,7 @@ fn generate(path: &Path, n: u64) {
             kind,
             params,
             deps: if id >= units {
-                vec![id - units]
+                vec![kb_format::Dep::data(id - units)]
             } else {
                 vec![]
             },

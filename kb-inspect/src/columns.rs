@@ -9,7 +9,7 @@
 //! | `component` | str | the serving component (`sip0.cube1.pe3.pe_dma`) |
 //! | `sip`, `cube`, `pe` | u32, null where the component has none | its coordinates |
 //! | `unit` | str | the component less its coordinates (`pe_dma`, `hbm_ctrl`, `host`) |
-//! | `kind`, `name` | str | op kind (`memory`, `gemm`, `math`, `unknown(N)`) and op name |
+//! | `kind`, `name` | str | op kind (`memory`, `gemm`, `math`, `sync`, `unknown(N)`) and op name |
 //! | `bytes` | u64 | bytes moved (memory ops' write extents; 0 for compute) |
 //! | `flops` | u64 | FLOPs executed (gemm `2*m*n*k`, math one per element), padding of edge tiles included: a launch's useful FLOPs are in `summary` |
 //! | `fingerprint` | str | hex data fingerprint (memory ops Phase 1 knew), else null |
@@ -23,7 +23,8 @@
 //! | `src_space`, `src_addr`, `dst_space`, `dst_addr` | str, u64 | addresses as the kernel used them: memory src/dst; gemm a/out; math first tile input/out |
 //! | `read_pa`, `write_pa` | u64 | first physical address of the read and write effects |
 //! | `route_src`, `route_dst` | str | a memory op's route endpoints (as `stats --by route`) |
-//! | `deps` | list of u64 | explicit dependencies (op ids) |
+//! | `deps` | list of u64 | causal edges: the op ids that had to happen before this op could start |
+//! | `dep_kinds` | list of str | each edge's kind, parallel to `deps`: `data`, `program`, `sync`, `host`, `resource` |
 //! | `launch`, `kernel` | u32, str | the launch (index in `summary`'s list) and kernel whose window on the op's PE holds the op's start; null for ops off PEs, and when reading standard input (launches come at the end of a stream) |
 //!
 //! In CSV every column keeps one type: lists are written as JSON text
@@ -241,7 +242,7 @@ impl Flat {
 }
 
 /// The CSV header: the columns of the module doc, in order.
-pub const CSV_HEADER: &str = "op_id,start_ns,end_ns,dur_ns,start_ps,end_ps,dur_ps,component,sip,cube,pe,unit,kind,name,bytes,flops,fingerprint,dtype,dtype_acc,dtype_out,m,n,k,math_op,axis,rows,cols,row_bytes,in_shapes,out_shape,src_space,src_addr,dst_space,dst_addr,read_pa,write_pa,route_src,route_dst,deps,launch,kernel";
+pub const CSV_HEADER: &str = "op_id,start_ns,end_ns,dur_ns,start_ps,end_ps,dur_ps,component,sip,cube,pe,unit,kind,name,bytes,flops,fingerprint,dtype,dtype_acc,dtype_out,m,n,k,math_op,axis,rows,cols,row_bytes,in_shapes,out_shape,src_space,src_addr,dst_space,dst_addr,read_pa,write_pa,route_src,route_dst,deps,dep_kinds,launch,kernel";
 
 fn opt<T: std::fmt::Display>(out: &mut String, v: Option<T>) {
     out.push(',');
@@ -322,7 +323,17 @@ pub fn push_csv(
     opt(out, f.route.map(|r| render::csv(&r.dst.to_string())));
     out.push_str(",\"[");
     for (i, d) in r.deps.iter().enumerate() {
-        let _ = write!(out, "{}{d}", if i == 0 { "" } else { "," });
+        let _ = write!(out, "{}{}", if i == 0 { "" } else { "," }, d.op);
+    }
+    // The kinds as a JSON list of strings, its quotes doubled for CSV.
+    out.push_str("]\",\"[");
+    for (i, d) in r.deps.iter().enumerate() {
+        let _ = write!(
+            out,
+            "{}\"\"{}\"\"",
+            if i == 0 { "" } else { "," },
+            d.kind.name()
+        );
     }
     out.push_str("]\"");
     opt(out, f.launch);

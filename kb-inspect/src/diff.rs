@@ -900,6 +900,24 @@ mod tests {
     }
 
     #[test]
+    fn a_dependency_of_another_kind_is_a_divergence() {
+        // The same edge 2 <- 1, for another reason: the records differ.
+        let mut ops = testutil::sample_ops();
+        ops[2].rec.deps[0].kind = kb_format::DepKind::Resource;
+        let (_d, a, b) = files(&trace(&testutil::sample_ops()), &trace(&ops));
+        let r = compare(&a, &b).unwrap();
+        assert!(!r.identical());
+        assert!(r.timing.is_none());
+        let o = r.other.as_ref().unwrap();
+        assert_eq!(
+            (o.op_id(), o.fields.as_slice()),
+            (Some(2), &["deps".to_string()][..])
+        );
+        assert_eq!(o.b.as_ref().unwrap().json["deps"][0]["kind"], "resource");
+        assert!(o.b.as_ref().unwrap().line.ends_with(" deps 1:resource"));
+    }
+
+    #[test]
     fn fingerprints_pair_by_op_id_after_a_reordering() {
         // B runs op 1 later than op 2: positions shift, ids still pair.
         let mut ops = testutil::sample_ops();

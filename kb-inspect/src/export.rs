@@ -26,7 +26,7 @@ use arrow_buffer::{
     ArrowNativeType, BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer,
 };
 use arrow_schema::{ArrowError, DataType, Field, FieldRef, Schema, SchemaRef};
-use kb_format::{Launch, Meta, OpKind, Record, Strings};
+use kb_format::{DepKind, Launch, Meta, OpKind, Record, Strings};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves,
@@ -158,6 +158,11 @@ pub fn schema() -> SchemaRef {
         f(
             "deps",
             DataType::List(Arc::new(Field::new("item", DataType::UInt64, true))),
+            true,
+        ),
+        f(
+            "dep_kinds",
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
             true,
         ),
         f("launch", u32_f(), true),
@@ -381,6 +386,21 @@ fn u64_list(l: List<u64>, field: FieldRef) -> std::result::Result<ArrayRef, Arro
     Ok(Arc::new(a))
 }
 
+/// A list of dependency kinds (codes) as a list of their names.
+fn dep_kind_list(l: List<u8>, field: FieldRef) -> std::result::Result<ArrayRef, ArrowError> {
+    let names = l
+        .values
+        .iter()
+        .map(|&c| DepKind::from_code(c).map_or("?", DepKind::name));
+    let a = ListArray::try_new(
+        field,
+        OffsetBuffer::new(ScalarBuffer::from(l.offsets)),
+        Arc::new(StringArray::from_iter_values(names)),
+        null_buffer(l.valid, l.nulls),
+    )?;
+    Ok(Arc::new(a))
+}
+
 /// `{x:#018x}` (`0x` and 16 lower-case hex digits) appended to `out`,
 /// without the formatting machinery: one per memory op.
 fn hex18(x: u64, out: &mut Vec<u8>) {
@@ -400,7 +420,8 @@ fn kind_id(k: OpKind) -> usize {
         OpKind::Memory => 0,
         OpKind::Gemm => 1,
         OpKind::Math => 2,
-        OpKind::Unknown(c) => 3 + c as usize,
+        OpKind::Sync => 3,
+        OpKind::Unknown(c) => 4 + c as usize,
     }
 }
 
@@ -444,6 +465,8 @@ struct Batch {
     route_src: Text,
     route_dst: Text,
     deps: List<u64>,
+    /// `deps`' kinds (`DepKind` codes), made into text by the encoder.
+    dep_kinds: List<u8>,
     launch: Opt<u32>,
     kernel: Text,
     len: usize,
@@ -549,6 +572,7 @@ impl Batch {
             route_src: Text::new(),
             route_dst: Text::new(),
             deps: List::new(BATCH),
+            dep_kinds: List::new(BATCH),
             launch: Opt::new(),
             kernel: Text::new(),
             len: 0,
@@ -618,8 +642,12 @@ impl Batch {
                 self.route_dst.push_null();
             }
         }
-        self.deps.values.extend_from_slice(&r.deps);
+        self.deps.values.extend(r.deps.iter().map(|d| d.op));
         self.deps.end_row(true);
+        self.dep_kinds
+            .values
+            .extend(r.deps.iter().map(|d| d.kind as u8));
+        self.dep_kinds.end_row(true);
         self.launch.push(f.launch);
         let kernel = f
             .launch
@@ -701,8 +729,12 @@ impl Batch {
             )?;
             Ok(Arc::new(a) as ArrayRef)
         });
-        let (shape_item, in_item, deps_item) =
-            (field("out_shape"), field("in_shapes"), field("deps"));
+        let (shape_item, in_item, deps_item, kinds_item) = (
+            field("out_shape"),
+            field("in_shapes"),
+            field("deps"),
+            field("dep_kinds"),
+        );
         let in_shape = b.in_shape;
         let in_shapes = b.in_shapes;
         let in_shapes: Col = Box::new(move || {
@@ -717,6 +749,7 @@ impl Batch {
         });
         let out_shape = b.out_shape;
         let deps = b.deps;
+        let dep_kinds = b.dep_kinds;
         vec![
             u64s(b.op_id),
             ns(start.clone()),
@@ -757,6 +790,7 @@ impl Batch {
             self.route_src.take(),
             self.route_dst.take(),
             Box::new(move || u64_list(deps, deps_item)),
+            Box::new(move || dep_kind_list(dep_kinds, kinds_item)),
             b.launch.col::<UInt32Type>(),
             self.kernel.take(),
         ]
@@ -1300,6 +1334,17 @@ mod tests {
             .collect()
     }
 
+    fn str_lists(b: &RecordBatch, c: &str) -> Vec<Vec<Option<String>>> {
+        let a: &ListArray = b.column_by_name(c).unwrap().as_list::<i32>();
+        (0..a.len())
+            .map(|i| {
+                let v = a.value(i);
+                let v = v.as_string::<i32>();
+                (0..v.len()).map(|j| Some(v.value(j).to_string())).collect()
+            })
+            .collect()
+    }
+
     /// Every row's values, checked against `ops --format json`.
     fn check_against_json(batches: &[RecordBatch], json: &[Value]) -> usize {
         let mut row = 0;
@@ -1324,6 +1369,7 @@ mod tests {
             let flops = u64s(b, "flops");
             let fp = strs(b, "fingerprint");
             let deps = lists(b, "deps");
+            let dep_kinds = str_lists(b, "dep_kinds");
             let (m, n, k) = (u32s(b, "m"), u32s(b, "n"), u32s(b, "k"));
             let dtype = strs(b, "dtype");
             let rows = u32s(b, "rows");
@@ -1345,13 +1391,14 @@ mod tests {
                 assert_eq!(bytes[i], j["bytes"].as_u64());
                 assert_eq!(flops[i], j["flops"].as_u64());
                 assert_eq!(fp[i].as_deref(), j["fingerprint"].as_str());
-                let jd: Vec<u64> = j["deps"]
-                    .as_array()
-                    .unwrap()
+                let jd = j["deps"].as_array().unwrap();
+                let ops: Vec<u64> = jd.iter().map(|d| d["op"].as_u64().unwrap()).collect();
+                assert_eq!(deps[i], ops);
+                let kinds: Vec<Option<String>> = jd
                     .iter()
-                    .map(|d| d.as_u64().unwrap())
+                    .map(|d| d["kind"].as_str().map(String::from))
                     .collect();
-                assert_eq!(deps[i], jd);
+                assert_eq!(dep_kinds[i], kinds);
                 let p = &j["params"];
                 assert_eq!(m[i], p["m"].as_u64());
                 assert_eq!(n[i], p["n"].as_u64());
@@ -1522,7 +1569,16 @@ mod tests {
                 r.t_start += shift;
                 r.t_end += shift;
                 r.active = r.active.map(|(a0, a1)| (a0 + shift, a1 + shift));
-                r.deps = (id % 3 == 1).then(|| id - 1).into_iter().collect();
+                // Edges of every kind: a data edge on every third op, an
+                // edge of a kind that cycles through them on the next.
+                r.deps = match id % 3 {
+                    1 => vec![kb_format::Dep::data(id - 1)],
+                    2 => vec![kb_format::Dep {
+                        op: id - 2,
+                        kind: DepKind::ALL[(id / 3 % 5) as usize],
+                    }],
+                    _ => vec![],
+                };
                 if let kb_format::Params::Math(p) = &mut r.params
                     && rep % 2 == 1
                 {
@@ -1576,9 +1632,15 @@ mod tests {
             DataType::UInt32 => a.as_primitive::<UInt32Type>().value(i).to_string(),
             DataType::Float64 => a.as_primitive::<Float64Type>().value(i).to_string(),
             DataType::Utf8 => a.as_string::<i32>().value(i).to_string(),
-            DataType::List(_) => {
+            DataType::List(f) => {
                 let v = a.as_list::<i32>().value(i);
-                let items: Vec<String> = (0..v.len()).map(|j| cell(v.as_ref(), j)).collect();
+                // Text items are JSON strings in CSV's list text.
+                let items: Vec<String> = (0..v.len())
+                    .map(|j| match f.data_type() {
+                        DataType::Utf8 => Value::from(v.as_string::<i32>().value(j)).to_string(),
+                        _ => cell(v.as_ref(), j),
+                    })
+                    .collect();
                 format!("[{}]", items.join(","))
             }
             d => panic!("no column of type {d}"),

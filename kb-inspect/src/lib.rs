@@ -1,7 +1,7 @@
 //! `kb-inspect`: read-only queries over kb traces.
 //!
 //! Owns: summaries ([`summary`]), op queries ([`ops`]), per-group statistics
-//! ([`stats`]), Chrome/Perfetto timelines ([`timeline`]), tensor listing and
+//! ([`stats`]), launches' critical paths ([`critical`]), Chrome/Perfetto timelines ([`timeline`]), tensor listing and
 //! `.npy` export ([`tensor`]) and trace diffs ([`diff`]). Every command reads
 //! a trace through one abstraction, [`source`]: a memory-mapped file
 //! (`kb_format::MmapTrace`) or a single pass over standard input
@@ -16,6 +16,7 @@
 //! [`EXIT_OK`], [`EXIT_DIFFERENT`], [`EXIT_ERROR`].
 
 pub mod columns;
+pub mod critical;
 pub mod diff;
 pub mod export;
 pub mod merge;
@@ -192,6 +193,7 @@ mod tests {
                     export::run(&input, &Default::default(), export::Format::Parquet, &out)
                         .map(drop),
                 ),
+                ("critical-path", critical::compute(&input, None).map(drop)),
                 ("tensors", tensor::list(&input, true, &mut sink)),
                 (
                     "tensor",

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kb_inspect::render::{KindSel, parse_kind, parse_ns};
-use kb_inspect::{EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, Error, Input, diff, ops, stats, tensor};
+use kb_inspect::{
+    EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, Error, Input, critical, diff, ops, stats, tensor,
+};
 
 const EXIT_CODES: &str = "\
 TRACE is a trace file (memory-mapped) or - for standard input (read in one pass).
@@ -36,7 +38,7 @@ struct FilterArgs {
     /// Component glob (`*` matches dots too, e.g. 'sip0.*.pe_dma'); repeatable
     #[arg(long = "component", value_name = "GLOB")]
     components: Vec<String>,
-    /// Op kind: memory, gemm, math, unknown or a kind code; repeatable or comma-separated
+    /// Op kind: memory, gemm, math, sync, unknown or a kind code; repeatable or comma-separated
     #[arg(long = "kind", value_name = "KIND", value_parser = parse_kind, value_delimiter = ',')]
     kinds: Vec<KindSel>,
     /// Op name glob; repeatable
@@ -195,6 +197,31 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "table")]
         format: StatsFormat,
     },
+    /// The chain of ops and waits that set a launch's end, with where its time went
+    #[command(
+        after_help = "Walks back from the launch's end op (the last record to end in its window; \
+        on a tie a sync kernel or kernel_end record) along the trace's causal edges: at each op, the edge to \
+        the dependency that ended last. The op's segment is the part of it after that \
+        dependency ended; a gap between the dependency's end and the op's start is a wait of \
+        the edge's kind (program: issue and notice latency; resource: the unit was held; sync; \
+        host; data). Time no edge explains (before an op without edges, after the last op to \
+        end) is unexplained. The segments cover the launch's window exactly: ops + waits + \
+        unexplained = its span. Breakdowns: by unit kind (sync records as UNIT (sync)), op \
+        name, route (memory ops) and wait kind, largest first, and a summary of the three \
+        largest contributions.\n\n\
+        Formats: table; json (one object with --launch, else an array: segments, breakdowns, \
+        times in integer ps); csv (one row per segment). Example: why launch 2 ended when it \
+        did: kb-inspect critical-path run.kbt --launch 2"
+    )]
+    CriticalPath {
+        /// Trace file, or - for standard input
+        trace: String,
+        /// Launch N alone (its index in `summary`'s list); default: every launch, in order
+        #[arg(long, value_name = "N")]
+        launch: Option<usize>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: StatsFormat,
+    },
     /// Write a timeline for Perfetto UI: Chrome trace-event JSON or Perfetto's
     /// native protobuf (streamed, several times smaller)
     #[command(
@@ -230,7 +257,8 @@ enum Cmd {
         dtype, dtype_acc, dtype_out; m, n, k; math_op, axis; rows, cols, row_bytes; in_shapes \
         (list of [rows, cols]), out_shape; src_space/src_addr, dst_space/dst_addr (addresses as \
         the kernel used them), read_pa/write_pa (first physical address of each effect); \
-        route_src/route_dst; deps (list of op ids); launch and kernel (null off PEs, and when \
+        route_src/route_dst; deps (list of op ids: the ops that had to happen first) and dep_kinds \
+        (each one's kind: data, program, sync, host, resource); launch and kernel (null off PEs, and when \
         reading standard input). CSV writes lists as JSON text and nulls as empty cells, so \
         every column keeps one type. The same filters as `ops` select rows."
     )]
@@ -370,6 +398,18 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 StatsFormat::Csv => stats::Format::Csv,
             };
             stats::run(&Input::parse(&trace), by, &names, launch, f, out)?;
+        }
+        Cmd::CriticalPath {
+            trace,
+            launch,
+            format,
+        } => {
+            let f = match format {
+                StatsFormat::Table => critical::Format::Table,
+                StatsFormat::Json => critical::Format::Json,
+                StatsFormat::Csv => critical::Format::Csv,
+            };
+            critical::run(&Input::parse(&trace), launch, f, out)?;
         }
         Cmd::Timeline {
             trace,

@@ -375,7 +375,7 @@ mod tests {
         assert_eq!(a[1]["component"], testutil::PE_DMA);
         assert_eq!(a[1]["fingerprint"], "0x0000000000001001");
         assert_eq!(a[1]["write"]["ranges"][0]["rows"], 2);
-        assert_eq!(a[1]["deps"], serde_json::json!([0]));
+        assert_eq!(a[1]["deps"], serde_json::json!([{"op": 0, "kind": "data"}]));
         let (_, out) = ops(
             Filter {
                 names: vec!["zzz".into()],
@@ -427,6 +427,8 @@ mod tests {
         assert_eq!(col("out_shape").text(3), "[2,3]");
         assert_eq!(col("deps").text(3), "[]");
         assert_eq!(col("deps").text(2), "[1]");
+        assert_eq!(col("dep_kinds").text(3), "[]");
+        assert_eq!(col("dep_kinds").text(2), r#"["data"]"#);
         assert_eq!(col("launch").text(3), "0");
         assert_eq!(col("kernel").text(3), "gemm");
         // op 1: a memory op with a route and a fingerprint.

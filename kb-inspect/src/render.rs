@@ -18,7 +18,7 @@ use std::io::Write as _;
 
 use kb_format::pa::{self, Pa};
 use kb_format::{
-    Addr, Effect, Expr, Extent, MathInput, OpKind, Params, Ps, Record, Space, Strings,
+    Addr, Dep, Effect, Expr, Extent, MathInput, OpKind, Params, Ps, Record, Space, Strings,
 };
 use serde_json::{Value, json};
 
@@ -48,19 +48,20 @@ pub fn parse_ns(s: &str) -> Result<Ps, String> {
     Ok(ps as Ps)
 }
 
-/// Parse an op kind: `memory`, `gemm`, `math`, `unknown` (any unknown
+/// Parse an op kind: `memory`, `gemm`, `math`, `sync`, `unknown` (any unknown
 /// kind) or a numeric kind code.
 pub fn parse_kind(s: &str) -> Result<KindSel, String> {
     Ok(match s.trim().to_ascii_lowercase().as_str() {
         "memory" | "mem" => KindSel::Kind(OpKind::Memory),
         "gemm" => KindSel::Kind(OpKind::Gemm),
         "math" => KindSel::Kind(OpKind::Math),
+        "sync" => KindSel::Kind(OpKind::Sync),
         "unknown" => KindSel::AnyUnknown,
         other => match other.parse::<u8>() {
             Ok(c) => KindSel::Kind(OpKind::from_code(c)),
             Err(_) => {
                 return Err(format!(
-                    "unknown op kind {s:?} (memory, gemm, math, unknown or a code 0-255)"
+                    "unknown op kind {s:?} (memory, gemm, math, sync, unknown or a code 0-255)"
                 ));
             }
         },
@@ -281,6 +282,26 @@ pub fn fingerprint_string(f: Option<u64>) -> Option<String> {
     f.map(|f| format!("{f:#018x}"))
 }
 
+/// A causal edge as JSON: `{"op": 3, "kind": "program"}`.
+pub fn dep_json(d: &Dep) -> Value {
+    json!({ "op": d.op, "kind": d.kind.name() })
+}
+
+/// A record's edges as text: `3:program,5:data` (empty without any).
+pub fn deps_brief(deps: &[Dep]) -> String {
+    let mut s = String::new();
+    for (i, d) in deps.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}{}:{}",
+            if i == 0 { "" } else { "," },
+            d.op,
+            d.kind.name()
+        );
+    }
+    s
+}
+
 /// The full record as JSON (names resolved; times in ps).
 pub fn record_json(r: &Record, s: &Strings) -> Value {
     json!({
@@ -296,7 +317,7 @@ pub fn record_json(r: &Record, s: &Strings) -> Value {
         "bytes": bytes_moved(r),
         "flops": flops(r),
         "fingerprint": fingerprint_string(r.fingerprint),
-        "deps": r.deps,
+        "deps": r.deps.iter().map(dep_json).collect::<Vec<_>>(),
         "params": params_json(&r.params),
         "read": effect_json(&r.read),
         "write": effect_json(&r.write),
@@ -374,7 +395,13 @@ pub fn push_record_json(out: &mut Vec<u8>, r: &Record, s: &Strings) {
     }
     out.extend_from_slice(b",\"deps\":[");
     for (i, d) in r.deps.iter().enumerate() {
-        let _ = write!(out, "{}{d}", if i == 0 { "" } else { "," });
+        let _ = write!(
+            out,
+            "{}{{\"op\":{},\"kind\":\"{}\"}}",
+            if i == 0 { "" } else { "," },
+            d.op,
+            d.kind.name()
+        );
     }
     out.extend_from_slice(b"],\"params\":");
     match &r.params {
@@ -455,6 +482,9 @@ pub fn record_line(r: &Record, s: &Strings) -> String {
     let b = params_brief(r);
     if !b.is_empty() {
         let _ = write!(line, " {b}");
+    }
+    if !r.deps.is_empty() {
+        let _ = write!(line, " deps {}", deps_brief(&r.deps));
     }
     line
 }
@@ -625,6 +655,13 @@ mod tests {
         let mut r = testutil::sample_ops()[1].rec.clone();
         (r.read, r.write, r.fingerprint) = (None, None, None);
         r.kind = OpKind::Unknown(9);
+        r.deps = vec![
+            Dep::data(0),
+            Dep {
+                op: 5,
+                kind: kb_format::DepKind::Program,
+            },
+        ];
         r.params = Params::Raw(vec![1, 2, 0xff]);
         let s = Strings::default();
         let mut out = Vec::new();
@@ -632,6 +669,11 @@ mod tests {
         let fast: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(fast, record_json(&r, &s));
         assert_eq!(fast["params"]["raw"], "0102ff");
+        assert_eq!(
+            fast["deps"],
+            json!([{"op": 0, "kind": "data"}, {"op": 5, "kind": "program"}])
+        );
+        assert!(record_line(&r, &s).ends_with(" deps 0:data,5:program"));
     }
 
     #[test]
@@ -640,6 +682,9 @@ mod tests {
         assert_eq!(parse_kind("9"), Ok(KindSel::Kind(OpKind::Unknown(9))));
         assert!(parse_kind("unknown").unwrap().matches(OpKind::Unknown(200)));
         assert!(!parse_kind("unknown").unwrap().matches(OpKind::Math));
+        assert_eq!(parse_kind("sync"), Ok(KindSel::Kind(OpKind::Sync)));
+        assert_eq!(parse_kind("3"), Ok(KindSel::Kind(OpKind::Sync)));
+        assert_eq!(kind_name(OpKind::Sync), "sync");
         assert!(parse_kind("dma").is_err());
         assert_eq!(kind_name(OpKind::Unknown(7)), "unknown(7)");
     }

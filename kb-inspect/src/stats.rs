@@ -360,12 +360,7 @@ impl Collector {
     fn set_window(&mut self, launches: &[kb_format::Launch]) -> Result<()> {
         let (window, kind) = match self.launch {
             Some(i) => {
-                let l = launches.get(i).ok_or_else(|| {
-                    crate::Error::usage(format!(
-                        "--launch {i}: the trace has {} launches (kb-inspect summary lists them, from 0)",
-                        launches.len()
-                    ))
-                })?;
+                let l = launch_at(launches, i)?;
                 (
                     (l.t_start, l.t_end.max(l.t_start)),
                     Window::Launch { index: i },
@@ -496,6 +491,17 @@ impl Visitor for Collector {
         self.result = Some(stats);
         Ok(())
     }
+}
+
+/// Launch `i` (`--launch i`: its index in `summary`'s list), or an error
+/// saying how many launches the trace has.
+pub(crate) fn launch_at(launches: &[kb_format::Launch], i: usize) -> Result<&kb_format::Launch> {
+    launches.get(i).ok_or_else(|| {
+        crate::Error::usage(format!(
+            "--launch {i}: the trace has {} launches (kb-inspect summary lists them, from 0)",
+            launches.len()
+        ))
+    })
 }
 
 /// The counts of a resolved topology (`Meta.topology.resolved`): enough

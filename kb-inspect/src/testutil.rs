@@ -51,7 +51,7 @@ pub fn build_with_launches(
 pub fn mem(id: u64, t0: Ps, t1: Ps, comp: &'static str, name: &'static str, bytes: u64) -> Op {
     let mut deps = vec![];
     if id > 0 {
-        deps.push(id - 1);
+        deps.push(Dep::data(id - 1));
     }
     Op {
         comp,
@@ -552,4 +552,113 @@ pub fn route_ops() -> Vec<Op> {
 
 pub fn route_trace() -> Vec<u8> {
     build(&sample_meta(), &[], &route_ops(), &VerifySpec::default())
+}
+
+/// `op` with its edges replaced by `deps` (op id, kind).
+pub fn with_deps(mut op: Op, deps: &[(u64, DepKind)]) -> Op {
+    op.rec.deps = deps.iter().map(|&(op, kind)| Dep { op, kind }).collect();
+    op
+}
+
+/// A sync record: no params, no effects.
+pub fn sync(id: u64, t0: Ps, t1: Ps, comp: &'static str, name: &'static str) -> Op {
+    Op {
+        comp,
+        name,
+        rec: Record {
+            op_id: id,
+            t_start: t0,
+            t_end: t1,
+            kind: OpKind::Sync,
+            ..Default::default()
+        },
+    }
+}
+
+/// The two-PE program of the critical-path tests (times in ps). Launch 0
+/// `two_pe` runs [1000, 14000] on PE0 and PE1, launch 1 `tail` [14000,
+/// 15000] on PE0. Loads copy HBM -> the PE's TCM, stores TCM -> HBM.
+///
+/// | id | component | name | start | end | deps |
+/// |---|---|---|---|---|---|
+/// | 0 | host | launch (sync) | 0 | 1000 | |
+/// | 1 | pe0.pe_dma | dma_read | 1100 | 3000 | 0 host |
+/// | 2 | pe0.pe_gemm | gemm | 3200 | 6000 | 1 program |
+/// | 3 | pe0.pe_dma | dma_write | 6000 | 7000 | 2 data |
+/// | 4 | pe0.pe_cpu | signal (sync) | 7000 | 7500 | 3 program |
+/// | 5 | pe1.pe_cpu | wait_signal (sync) | 1000 | 7600 | 4 sync, 0 host |
+/// | 6 | pe1.pe_dma | dma_read | 7700 | 9000 | 5 program |
+/// | 7 | pe1.pe_math | exp | 9000 | 12000 | 6 data |
+/// | 8 | pe1.pe_dma | dma_write | 12000 | 14000 | 7 data |
+/// | 9 | pe0.pe_cpu | kernel (sync) | 1000 | 7500 | 4 program, 0 host |
+/// | 10 | pe1.pe_cpu | kernel (sync) | 1000 | 14000 | 8 program, 0 host |
+/// | 11 | pe0.pe_dma | dma_read | 14200 | 15000 | 10 host |
+pub fn critical_ops() -> Vec<Op> {
+    use DepKind::*;
+    let hbm = dev(Space::Hbm, 0, 0, 0, 0x1000);
+    let tcm = |pe| dev(Space::Tcm, 0, 0, pe, 0x40);
+    let load = |id, t0, t1, pe: u32| {
+        let comp = ["sip0.cube0.pe0.pe_dma", "sip0.cube0.pe1.pe_dma"][pe as usize];
+        copy(id, t0, t1, comp, "dma_read", &[hbm], &[tcm(pe)], 64, 1)
+    };
+    let store = |id, t0, t1, pe: u32| {
+        let comp = ["sip0.cube0.pe0.pe_dma", "sip0.cube0.pe1.pe_dma"][pe as usize];
+        copy(id, t0, t1, comp, "dma_write", &[tcm(pe)], &[hbm], 64, 1)
+    };
+    let (cpu0, cpu1) = ("sip0.cube0.pe0.pe_cpu", "sip0.cube0.pe1.pe_cpu");
+    vec![
+        sync(0, 0, 1000, "host", "launch"),
+        with_deps(load(1, 1100, 3000, 0), &[(0, Host)]),
+        with_deps(
+            gemm(2, 3200, 6000, "sip0.cube0.pe0.pe_gemm", 4, 4, 4),
+            &[(1, Program)],
+        ),
+        with_deps(store(3, 6000, 7000, 0), &[(2, Data)]),
+        with_deps(sync(4, 7000, 7500, cpu0, "signal"), &[(3, Program)]),
+        with_deps(
+            sync(5, 1000, 7600, cpu1, "wait_signal"),
+            &[(4, Sync), (0, Host)],
+        ),
+        with_deps(load(6, 7700, 9000, 1), &[(5, Program)]),
+        with_deps(
+            math(7, 9000, 12000, "sip0.cube0.pe1.pe_math", 4, 4),
+            &[(6, Data)],
+        ),
+        with_deps(store(8, 12000, 14000, 1), &[(7, Data)]),
+        with_deps(
+            sync(9, 1000, 7500, cpu0, "kernel"),
+            &[(4, Program), (0, Host)],
+        ),
+        with_deps(
+            sync(10, 1000, 14000, cpu1, "kernel"),
+            &[(8, Program), (0, Host)],
+        ),
+        with_deps(load(11, 14200, 15000, 0), &[(10, Host)]),
+    ]
+}
+
+pub fn critical_launches() -> Vec<kb_format::Launch> {
+    let launch = |kernel: &str, pes: Vec<[u32; 3]>, t_start, t_end| kb_format::Launch {
+        kernel: kernel.into(),
+        grid: [pes.len() as u32, 1],
+        pes,
+        t_start,
+        t_end,
+        flops: 0,
+        useful_flops: 0,
+    };
+    vec![
+        launch("two_pe", vec![[0, 0, 0], [0, 0, 1]], 1000, 14000),
+        launch("tail", vec![[0, 0, 0]], 14000, 15000),
+    ]
+}
+
+pub fn critical_trace() -> Vec<u8> {
+    build_with_launches(
+        &sample_meta(),
+        &[],
+        &critical_ops(),
+        &critical_launches(),
+        &VerifySpec::default(),
+    )
 }

@@ -654,7 +654,7 @@ impl<W: Write> Writer<W> {
         };
         // Dependency arrows from ops on other components.
         self.flow_in.clear();
-        for &d in &r.deps {
+        for d in r.deps.iter().map(|d| d.op) {
             let slot = self.recent[d as usize % DEP_WINDOW];
             if slot.valid && slot.op_id == d && slot.comp != r.component {
                 self.info.flows += 1;
@@ -2243,7 +2243,7 @@ mod tests {
                 "dma_read",
                 64,
             );
-            last.rec.deps = vec![0, n - 1];
+            last.rec.deps = vec![kb_format::Dep::data(0), kb_format::Dep::data(n - 1)];
             ops.push(last);
             let bytes = testutil::build(&testutil::sample_meta(), &[], &ops, &Default::default());
             let (_d, p) = testutil::write_temp(&bytes);

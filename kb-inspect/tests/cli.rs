@@ -431,6 +431,7 @@ fn damaged_traces_exit_2_for_every_command() {
         vec!["ops"],
         vec!["ops", "--limit", "1"],
         vec!["stats"],
+        vec!["critical-path"],
         vec!["timeline", "-o", outs],
         vec!["tensors"],
         vec!["tensor", "a", "-o", outs],
@@ -464,6 +465,89 @@ fn damaged_traces_exit_2_for_every_command() {
             assert!(!stderr(&o).contains("panicked"));
         }
     }
+}
+
+#[test]
+fn critical_path_on_both_sources() {
+    // testutil::critical_trace: two launches (their paths computed by hand
+    // in kb-inspect's critical module tests).
+    let bytes = testutil::critical_trace();
+    let d = tempfile::tempdir().unwrap();
+    let trace = d.path().join("crit.kbt");
+    std::fs::write(&trace, &bytes).unwrap();
+    let t = s(&trace);
+    let table = run(&["critical-path", t], None);
+    ok(&table);
+    let text = stdout(&table);
+    assert!(
+        text.starts_with(
+            "launch 0 (two_pe): 1.000..14.000 ns, span 13.000 ns; end op: op 10 kernel"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("\nsummary: 24.6 % dma_read on pe_dma, 23.1 % dma_write on pe_dma, 23.1 % exp on pe_math\n"), "{text}");
+    assert!(
+        text.contains("\nlaunch 1 (tail): 14.000..15.000 ns"),
+        "{text}"
+    );
+    let piped = run(&["critical-path", "-"], Some(&bytes));
+    ok(&piped);
+    assert_eq!(stdout(&piped), text);
+    // JSON: every launch as an array; one launch as an object.
+    let all = run(&["critical-path", t, "--format", "json"], None);
+    ok(&all);
+    let v: Value = serde_json::from_str(&stdout(&all)).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    for p in v.as_array().unwrap() {
+        let sum = |k: &str| p[k].as_u64().unwrap();
+        assert_eq!(
+            sum("op_ps") + sum("wait_ps") + sum("unexplained_ps"),
+            sum("span_ps")
+        );
+        let segs: u64 = p["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["dur_ps"].as_u64().unwrap())
+            .sum();
+        assert_eq!(segs, sum("span_ps"));
+    }
+    assert_eq!(v[0]["span_ps"], 13_000);
+    assert_eq!(v[0]["wait_ps"], 400);
+    let one = run(
+        &["critical-path", "-", "--launch", "1", "--format", "json"],
+        Some(&bytes),
+    );
+    ok(&one);
+    let one: Value = serde_json::from_str(&stdout(&one)).unwrap();
+    assert_eq!(one, v[1]);
+    assert_eq!(
+        one["summary"],
+        "80.0 % dma_read on pe_dma, 20.0 % host wait"
+    );
+    let csv = run(&["critical-path", t, "--format", "csv"], None);
+    ok(&csv);
+    assert_eq!(stdout(&csv).lines().count(), 1 + 11 + 2);
+    // A launch the trace lacks, a trace without launches: exit 2, the file named.
+    let o = run(&["critical-path", t, "--launch", "2"], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).starts_with(&format!(
+            "kb-inspect: {t}: --launch 2: the trace has 2 launches"
+        )),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stdout(&o).is_empty());
+    let plain = d.path().join("plain.kbt");
+    std::fs::write(&plain, testutil::route_trace()).unwrap();
+    let o = run(&["critical-path", s(&plain)], None);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("the trace has no launches"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

@@ -368,7 +368,18 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
         }
         // References evaluate on the replay's threads (results do not
         // depend on how many).
-        Some(pool.install(|| verify::verify(loaded.replayer.plane(), &loaded.meta, &checks))?)
+        let bar = Progress::verifying(cfg.progress);
+        let tell = |i: usize, name: &str| {
+            bar.message(format!(
+                "output {} of {}, {name}: its f64 reference",
+                i + 1,
+                checks.len()
+            ))
+        };
+        let outputs =
+            pool.install(|| verify::verify(loaded.replayer.plane(), &loaded.meta, &checks, tell));
+        bar.clear();
+        Some(outputs?)
     } else {
         None
     };

@@ -32,6 +32,28 @@ impl Progress {
         Progress(Some(bar))
     }
 
+    /// A spinner on stderr when `show`, for the verification that follows
+    /// the replay (its f64 references can take longer than the replay).
+    pub fn verifying(show: bool) -> Progress {
+        if !show {
+            return Progress::hidden();
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(10));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} verifying: {msg} ({elapsed})")
+                .expect("valid template"),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Progress(Some(bar))
+    }
+
+    /// Say what is being done now.
+    pub fn message(&self, msg: String) {
+        if let Some(b) = &self.0 {
+            b.set_message(msg);
+        }
+    }
+
     /// Whether anything is drawn.
     pub fn is_shown(&self) -> bool {
         self.0.is_some()

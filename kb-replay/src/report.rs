@@ -141,6 +141,7 @@ impl Report {
             "outputs": outputs,
             "records": s.records,
             "ops": { "memory": s.memory, "gemm": s.gemm, "math": s.math },
+            "sync_records": s.sync,
             "unknown_ops_skipped": s.unknown_skipped,
             "fingerprints": self.fingerprints,
             "fingerprints_checked": s.fingerprints_checked,
@@ -210,11 +211,12 @@ impl Report {
             String::new()
         };
         lines.push(format!(
-            "{} ops replayed (memory {}, gemm {}, math {}; {} unknown skipped), {} fingerprints checked{skipped}, {:.3} s, {:.2} GFLOP/s; {verdict}",
+            "{} ops replayed (memory {}, gemm {}, math {}; {} sync records, {} unknown skipped), {} fingerprints checked{skipped}, {:.3} s, {:.2} GFLOP/s; {verdict}",
             s.memory + s.gemm + s.math,
             s.memory,
             s.gemm,
             s.math,
+            s.sync,
             s.unknown_skipped,
             s.fingerprints_checked,
             s.replay_seconds,

@@ -278,15 +278,22 @@ pub fn input_matrix(plane: &DataPlane, meta: &Meta, name: &str) -> Result<Matrix
     Matrix::new(rows, cols, reference::decode(t.dtype, &buf))
 }
 
-/// Check every output; an error (exit 2) means a check could not be made.
-pub fn verify(plane: &DataPlane, meta: &Meta, checks: &[Check]) -> Result<Vec<OutputReport>> {
+/// Check every output, telling `on_output` (index, tensor) as each starts;
+/// an error (exit 2) means a check could not be made.
+pub fn verify(
+    plane: &DataPlane,
+    meta: &Meta,
+    checks: &[Check],
+    on_output: impl Fn(usize, &str),
+) -> Result<Vec<OutputReport>> {
     let lookup = |name: &str| input_matrix(plane, meta, name);
     let eval = Evaluator {
         tensor: &lookup,
         max_elems: (plane.max_bytes() / 8) as usize,
     };
     let mut out = Vec::with_capacity(checks.len());
-    for c in checks {
+    for (i, c) in checks.iter().enumerate() {
+        on_output(i, &c.tensor);
         let (idx, t) = tensor(meta, &c.tensor)?;
         let (rows, cols) = matrix_shape(&t.shape)
             .ok_or_else(|| Error::Trace(format!("tensor {:?} shape overflows", t.name)))?;

@@ -29,7 +29,7 @@ fn replay(bytes: &[u8]) -> Result<(Loaded, Stats), Error> {
 
 fn verify_spec(l: &Loaded) -> Vec<OutputReport> {
     let checks = verify::plan_checks(l.spec.as_ref(), vec![]);
-    verify::verify(l.replayer.plane(), &l.meta, &checks).expect("verification runs")
+    verify::verify(l.replayer.plane(), &l.meta, &checks, |_, _| {}).expect("verification runs")
 }
 
 /// Bytes of a tensor after replay, through its shards.
@@ -106,7 +106,7 @@ fn a_wrong_expected_array_fails_at_the_first_differing_element() {
         data: wrong,
     };
     let checks = verify::plan_checks(l.spec.as_ref(), vec![("y".into(), "w.npy".into(), arr)]);
-    let r = verify::verify(l.replayer.plane(), &l.meta, &checks).unwrap();
+    let r = verify::verify(l.replayer.plane(), &l.meta, &checks, |_, _| {}).unwrap();
     assert!(!r[0].pass);
     assert_eq!(r[0].mismatches, 2);
     let m = r[0].first_mismatch.as_ref().unwrap();

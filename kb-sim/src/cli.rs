@@ -18,7 +18,7 @@ use kb_format::AtomicFile;
 use crate::engine::RacePolicy;
 use crate::kernel::Executor;
 use crate::machine::Machine;
-use crate::run::{RunConfig, run};
+use crate::run::{RunConfig, run_with_progress};
 use crate::topology::{AddressModel, EMBEDDED, Topology};
 use crate::workload::{Reference, Workload};
 
@@ -326,6 +326,8 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         max_memory: a.max_memory.or_else(crate::memory::available),
     };
     let wall = Instant::now();
+    let progress = crate::progress::Progress::on_stderr(a.quiet);
+    let tell = |t, n| progress.update(t, n);
     let to_stdout = match &a.output {
         None => true,
         Some(p) => p.as_os_str() == "-",
@@ -336,7 +338,8 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             return Err("refusing to write a binary trace to a terminal: pipe it (kb-sim | kb-replay --verify) or use -o FILE".into());
         }
         let out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        let (mut out, report) = run(&cfg, workload, out).map_err(|e| e.to_string())?;
+        let (mut out, report) =
+            run_with_progress(&cfg, workload, out, tell).map_err(|e| e.to_string())?;
         out.flush()
             .map_err(|e| format!("writing the trace to stdout: {e}"))?;
         report
@@ -353,7 +356,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         if let Some(tmp) = file.temporary_path() {
             crate::signals::remove_on_signal(tmp);
         }
-        let outcome = run(&cfg, workload, file)
+        let outcome = run_with_progress(&cfg, workload, file, tell)
             .map_err(|e| e.to_string())
             .and_then(|(file, report)| {
                 file.commit()
@@ -364,6 +367,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         crate::signals::forget();
         outcome?
     };
+    progress.clear();
     let stats = &report.stats;
     for r in &stats.race_reports {
         eprintln!("kb-sim: warning: {r}");
@@ -377,15 +381,15 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
     }
     if !a.quiet {
         eprintln!(
-            "kb-sim: {} on {}: {} records, {} events, {} launch{}, simulated {:.3} us (kernels from {:.3} us), wall {:.3} s",
+            "kb-sim: {} on {}: {} records, {} events, {} launch{}, simulated {:.3} ns (kernels from {:.3} ns), wall {:.3} s",
             workload.name(),
             cfg.topology.name,
             stats.records,
             stats.events,
             report.launches.len(),
             if report.launches.len() == 1 { "" } else { "es" },
-            stats.end_time as f64 / 1e6,
-            stats.kernel_start as f64 / 1e6,
+            stats.end_time as f64 / 1e3,
+            stats.kernel_start as f64 / 1e3,
             wall.elapsed().as_secs_f64()
         );
         match (a.races, stats.races) {
@@ -416,8 +420,8 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             let pes = u64::from(cfg.topology.total_pes());
             let pct = |busy| kb_format::usage::utilisation(busy, pes, w).unwrap_or(0.0) * 100.0;
             eprintln!(
-                "kb-sim: over the kernels' {:.3} us, {pes} PEs: pe_gemm computing {:.1} %, pe_math {:.1} %; {} accumulator writebacks; {} DMAs held behind an earlier one on the same bytes",
-                (w.1 - w.0) as f64 / 1e6,
+                "kb-sim: over the kernels' {:.3} ns, {pes} PEs: pe_gemm computing {:.1} %, pe_math {:.1} %; {} accumulator writebacks; {} DMAs held behind an earlier one on the same bytes",
+                (w.1 - w.0) as f64 / 1e3,
                 pct(stats.gemm_busy),
                 pct(stats.math_busy),
                 stats.acc_writebacks,

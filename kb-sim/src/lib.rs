@@ -31,6 +31,7 @@ pub mod machine;
 pub mod memory;
 pub mod overrides;
 pub mod program;
+pub mod progress;
 pub mod race;
 pub mod run;
 pub mod runtime;

@@ -82,6 +82,17 @@ pub fn run<W: Write>(
     workload: &dyn Workload,
     out: W,
 ) -> Result<(W, RunReport), RunError> {
+    run_with_progress(cfg, workload, out, |_, _| {})
+}
+
+/// [`run`], telling `progress` the simulated time and the records so far
+/// now and then.
+pub fn run_with_progress<W: Write>(
+    cfg: &RunConfig,
+    workload: &dyn Workload,
+    out: W,
+    progress: impl FnMut(kb_format::Ps, u64),
+) -> Result<(W, RunReport), RunError> {
     let machine = Machine::build(&cfg.topology);
     let params = Params::resolve(workload, &cfg.params)?;
     let mut prog = Program::new(
@@ -125,7 +136,8 @@ pub fn run<W: Write>(
     }
     let engine = Engine::with_program(&machine, writer, &built.rt.tensors, built.steps)
         .capture_inputs(cfg.capture_inputs)
-        .races(cfg.races);
+        .races(cfg.races)
+        .progress(progress);
     let (mut writer, stats, launches) = engine.run_with_launches()?;
     // The run goes on after its last record (frees, unmaps, the host
     // hearing of the last launch): the trace says when it ended.

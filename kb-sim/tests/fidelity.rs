@@ -297,7 +297,7 @@ fn two_flows_sharing_one_link_each_get_half_of_it() {
         ],
     );
     for pe in ["pe0", "pe1"] {
-        let got = throughput(&recs, |(_, c, _)| c.contains(&format!("cube0.{pe}.")));
+        let got = throughput(&recs, |(_, c, _)| c.contains(&format!("cube0.{pe}.pe_dma")));
         assert!(
             (got - link / 2.0).abs() / (link / 2.0) < 0.02,
             "{pe}: {got:.1} GB/s, expected {}",

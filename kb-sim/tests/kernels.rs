@@ -143,11 +143,12 @@ fn a_deadlock_names_each_blocked_kernel_and_what_it_waits_for() {
         },
         label: None,
     };
-    // PE0 issues op 0; PE1 waits on it, but completions wake only their
-    // own PE, so PE1 waits forever.
+    // PE0 issues op 2 (after the launch record, 0, and its kernel_start
+    // record, 1); PE1 waits on it, but completions wake only their own
+    // PE, so PE1 waits forever.
     let mut programs: Vec<Box<dyn PeProgram>> = vec![
         Box::new(Script::new(vec![Command::Dma(load)])),
-        Box::new(Script::new(vec![Command::WaitOp(0)])),
+        Box::new(Script::new(vec![Command::WaitOp(2)])),
     ];
     programs.extend((2..4).map(|_| Box::new(Script::new(vec![])) as Box<dyn PeProgram>));
     let writer = TraceWriter::new(Vec::new(), &Meta::default()).unwrap();
@@ -162,7 +163,7 @@ fn a_deadlock_names_each_blocked_kernel_and_what_it_waits_for() {
     };
     assert!(e.starts_with("deadlock at "), "{e}");
     assert!(
-        e.contains(&format!("kernel script on {pe1} waits for op 0")),
+        e.contains(&format!("kernel script on {pe1} waits for op 2")),
         "{e}"
     );
     assert!(!e.contains("pe0"), "PE0 finished: {e}");

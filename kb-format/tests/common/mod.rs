@@ -203,7 +203,11 @@ pub fn sample_record(i: u64, component: u32, op_name: u32) -> Record {
             dst_stride: 4,
             dtype: Some(Dtype::F16),
         }),
-        deps: if i > 0 { vec![i - 1] } else { vec![] },
+        deps: if i > 0 {
+            vec![Dep::data(i - 1)]
+        } else {
+            vec![]
+        },
         fingerprint: Some(0x0123_4567_89ab_cdef ^ i),
         read: Some(Effect {
             time: t,

@@ -146,7 +146,12 @@ pub(crate) fn build(nodes: &[PNode], written: &FxHashSet<u64>) -> Graph {
                 // Its own earlier node.
                 Some(own) => preds.push(own),
                 // The op's first node here: its explicit dependencies.
-                None => preds.extend(r.deps.iter().filter_map(|d| latest.get(d).copied())),
+                None => preds.extend(
+                    r.deps
+                        .iter()
+                        .filter(|d| d.kind == kb_format::DepKind::Data)
+                        .filter_map(|d| latest.get(&d.op).copied()),
+                ),
             }
         }
         let (reads, writes) = node.accesses();

@@ -225,6 +225,9 @@ pub struct Stats {
     pub memory: u64,
     pub gemm: u64,
     pub math: u64,
+    /// Sync records (kernels, waits, signals, launches, map messages):
+    /// timing only, nothing to replay.
+    pub sync: u64,
     /// Records of kinds this build does not know, skipped.
     pub unknown_skipped: u64,
     /// Fingerprints checked and matched (each by a hash of the bytes it
@@ -592,6 +595,7 @@ impl Queue {
             OpKind::Memory => self.stats.memory += 1,
             OpKind::Gemm => self.stats.gemm += 1,
             OpKind::Math => self.stats.math += 1,
+            OpKind::Sync => self.stats.sync += 1,
             OpKind::Unknown(_) => self.stats.unknown_skipped += 1,
         }
         if let (Some(rd), Some(wr)) = (&r.read, &r.write)

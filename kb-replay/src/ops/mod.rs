@@ -18,7 +18,8 @@ pub enum Plan {
     Move,
     /// Compute op with these operand and output sizes.
     Compute { input: u64, output: u64 },
-    /// An op kind this build does not know: skipped.
+    /// A sync op (nothing to do), or an op kind this build does not
+    /// know: skipped.
     Skip,
 }
 
@@ -61,6 +62,9 @@ fn plan_params(r: &Record) -> Result<Plan, String> {
     match (r.kind, &r.params) {
         (OpKind::Memory, _) => Ok(Plan::Move),
         (OpKind::Unknown(_), _) => Ok(Plan::Skip),
+        // Synchronization on record: timing only, no data to move.
+        (OpKind::Sync, _) if r.read.is_none() && r.write.is_none() => Ok(Plan::Skip),
+        (OpKind::Sync, _) => Err("a sync op has data effects (sync ops have none)".into()),
         (OpKind::Gemm, Params::Gemm(p)) => Ok(Plan::Compute {
             input: gemm::input_len(p).ok_or_else(overflow)?,
             output: gemm::output_len(p).ok_or_else(overflow)?,
@@ -160,6 +164,24 @@ mod tests {
             plan(&short_write)
                 .unwrap_err()
                 .contains("write ranges cover 100")
+        );
+    }
+
+    #[test]
+    fn a_sync_record_is_skipped_and_may_not_touch_memory() {
+        let sync = Record {
+            kind: OpKind::Sync,
+            ..Record::default()
+        };
+        assert_eq!(plan(&sync), Ok(Plan::Skip));
+        // A forged sync record with an effect is not skipped silently.
+        let mut forged = exp_reading(Extent::contiguous(0, 4096));
+        forged.kind = OpKind::Sync;
+        forged.params = Params::None;
+        assert!(
+            plan(&forged)
+                .unwrap_err()
+                .contains("sync op has data effects")
         );
     }
 }

@@ -288,7 +288,7 @@ fn build_full(
             op_name,
             kind: op.kind,
             params: op.params.clone(),
-            deps: op.deps.clone(),
+            deps: op.deps.iter().map(|&d| kb_format::Dep::data(d)).collect(),
             fingerprint: op.fingerprint,
             read: op.read.clone(),
             write: op.write.clone(),

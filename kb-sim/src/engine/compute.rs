@@ -18,7 +18,9 @@ use std::collections::VecDeque;
 use std::io::Write;
 
 use kb_format::pa::Pa;
-use kb_format::{Dtype, Effect, Extent, GemmParams, MathInput, MathParams, Ps, Space};
+use kb_format::{
+    Dep, DepKind, Dtype, Effect, Extent, GemmParams, MathInput, MathParams, Ps, Space,
+};
 
 use super::dma::DmaAct;
 use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, ns};
@@ -63,7 +65,9 @@ pub(super) struct Compute {
     pub(super) read: Option<Effect>,
     pub(super) write: Option<Effect>,
     pub(super) out_pa: u64,
-    pub(super) deps: Vec<u64>,
+    /// Its causal edges: the program's, its producers', the op that held
+    /// its unit.
+    pub(super) deps: Vec<Dep>,
     /// Producers not yet finished.
     pub(super) waiting_on: u32,
     pub(super) dependents: Vec<Waiter>,
@@ -126,6 +130,9 @@ pub(super) struct Producer {
 pub(super) struct UnitQueue {
     pub(super) busy: bool,
     pub(super) queue: VecDeque<u32>,
+    /// The op whose end of computing frees the unit now (while its next
+    /// op is started): that op waited for it.
+    pub(super) freed_by: Option<u64>,
 }
 
 impl<W: Write> Engine<'_, W> {
@@ -215,13 +222,12 @@ impl<W: Write> Engine<'_, W> {
         }
         let op_id = self.new_op_id();
         let mut deps = self.log.writer.take_deps();
+        deps.extend(self.pes[pe as usize].after);
         let mut waiting_on = std::mem::take(&mut self.waiting_scratch);
         waiting_on.clear();
         for x in &inputs {
             if let Some(p) = self.producers.get(&x.pa).copied() {
-                if !deps.contains(&p.op_id) {
-                    deps.push(p.op_id);
-                }
+                deps.push(Dep::data(p.op_id));
                 if let Some(c) = p.running
                     && !waiting_on.contains(&c)
                 {
@@ -321,8 +327,15 @@ impl<W: Write> Engine<'_, W> {
         let u = &mut self.units[unit as usize];
         u.queue.pop_front();
         u.busy = true;
+        let freed_by = u.freed_by;
         let (name, kind, op_id) = {
             let x = self.computes.get(c);
+            if let Some(p) = freed_by {
+                x.deps.push(Dep {
+                    op: p,
+                    kind: DepKind::Resource,
+                });
+            }
             (x.op.decl().op_name(), x.op.decl().op_kind(), x.op_id)
         };
         let open = self.hook_start_named(unit, name, kind, op_id);
@@ -384,8 +397,12 @@ impl<W: Write> Engine<'_, W> {
                     *busy += now - from;
                     (x.unit, x.tcm, x.out.bytes(), x.acc.keep)
                 };
-                self.units[unit as usize].busy = false;
+                let op_id = self.computes.peek(c).op_id;
+                let u = &mut self.units[unit as usize];
+                u.busy = false;
+                u.freed_by = Some(op_id);
                 self.try_start(unit);
+                self.units[unit as usize].freed_by = None;
                 if keep {
                     // The result stays in the unit's accumulator buffer.
                     self.at(now, ComputeAct::End(c));

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::io::Write;
 
 use kb_format::pa::Pa;
-use kb_format::{Addr, Effect, Extent, Space};
+use kb_format::{Addr, Dep, DepKind, Effect, Extent, Space};
 
 use super::sync::HbTag;
 use super::{Act, Arrive, CONTROL_BYTES, CmdRef, Engine, OpenOp, SimError, Wait, ns};
@@ -213,6 +213,9 @@ pub(super) struct Dma {
     fingerprint: Option<u64>,
     read: Option<Effect>,
     write: Option<Effect>,
+    /// Its causal edges: the program's, the DMA whose engine it took, an
+    /// earlier DMA on the same bytes, the producer of the tile it stores.
+    pub(super) deps: Vec<Dep>,
 }
 
 /// DMA engines of one PE: up to `engines` commands in service, the rest
@@ -532,6 +535,8 @@ impl<W: Write> Engine<'_, W> {
         let op_id = self.new_op_id();
         self.in_flight.insert(op_id);
         let hb = self.hb_tag(pe);
+        let mut deps = self.log.writer.take_deps();
+        deps.extend(self.pes[pe as usize].after);
         let notify = notify.map(|n| (n, self.sync.clocks.release(pe)));
         let d = self.dmas.insert(Dma {
             pe,
@@ -560,6 +565,7 @@ impl<W: Write> Engine<'_, W> {
             fingerprint: None,
             read: None,
             write: None,
+            deps,
         });
         self.engines[pe as usize].unfinished.push(d);
         self.pes[pe as usize].outstanding += 1;
@@ -783,10 +789,13 @@ impl<W: Write> Engine<'_, W> {
                 }
                 // A store of a pending tile moves it once its producer is done.
                 let first = self.dmas.get(d).src.pieces.first().map(|x| x.pa);
-                if let Some(pa) = first
-                    && let Some(super::compute::Producer {
-                        running: Some(c), ..
-                    }) = self.producers.get(&pa).copied()
+                let producer = first.and_then(|pa| self.producers.get(&pa).copied());
+                if let Some(p) = producer {
+                    self.dmas.get(d).deps.push(Dep::data(p.op_id));
+                }
+                if let Some(super::compute::Producer {
+                    running: Some(c), ..
+                }) = producer
                 {
                     self.computes
                         .get(c)
@@ -883,8 +892,8 @@ impl<W: Write> Engine<'_, W> {
                 if x.dst_done {
                     self.at(now, DmaAct::DstWrite(d));
                 }
-                let pe = self.dmas.peek(d).pe as usize;
-                self.release_held(pe);
+                let (pe, op) = (self.dmas.peek(d).pe as usize, self.dmas.peek(d).op_id);
+                self.release_held(pe, op);
             }
             DmaAct::DstPartDone(d) => {
                 let x = self.dmas.get(d);
@@ -903,8 +912,8 @@ impl<W: Write> Engine<'_, W> {
                     let start = x.xfer_start;
                     x.op.as_mut().expect("started").active = Some((start, now));
                     x.landed = true;
-                    let pe = x.pe as usize;
-                    self.release_held(pe);
+                    let (pe, op) = (x.pe as usize, x.op_id);
+                    self.release_held(pe, op);
                 }
                 // The destination's pieces (the order, grouped).
                 for x in &self.dmas.get(d).dst.pieces {
@@ -936,7 +945,7 @@ impl<W: Write> Engine<'_, W> {
                         .groups
                         .first()
                         .map_or(dma, |g| g.target);
-                    let launch = self.dmas.get(d).hb.launch;
+                    let (launch, op) = (self.dmas.peek(d).hb.launch, self.dmas.peek(d).op_id);
                     self.send_signal_update(
                         from,
                         launch,
@@ -944,6 +953,10 @@ impl<W: Write> Engine<'_, W> {
                         n.signal,
                         crate::program::SignalOp::Add(n.add),
                         clock,
+                        Some(Dep {
+                            op,
+                            kind: DepKind::Sync,
+                        }),
                     );
                 }
                 let x = self.dmas.get(d);
@@ -973,6 +986,7 @@ impl<W: Write> Engine<'_, W> {
                     x.fingerprint,
                     x.read,
                     x.write,
+                    x.deps,
                 )?;
                 let pe = x.pe as usize;
                 let kind = if x.at_issue {
@@ -993,7 +1007,7 @@ impl<W: Write> Engine<'_, W> {
                         self.async_data.insert(x.op_id, loaded);
                     }
                 }
-                self.dma_finished(pe, d);
+                self.dma_finished(pe, d, x.op_id);
                 let pc = self.m.pe_coord(pe);
                 let (dma, cpu) = (
                     self.m.pe_node(pc, NodeKind::PeDma),

@@ -195,7 +195,7 @@ impl<W: Write> Engine<'_, W> {
                 self.host_pending -= 1;
                 if self.host_pending == 0 {
                     self.host_wait = super::launch::HostWait::Running;
-                    self.host_continue();
+                    self.host_continue()?;
                 }
             }
         }
@@ -267,7 +267,9 @@ impl<W: Write> Engine<'_, W> {
                     tensor: t,
                     shard: j.shard as usize,
                 };
-                self.hook_end(j.op.expect("started"), &decl, Some(fp), j.read, Some(write))?;
+                let op = j.op.expect("started");
+                self.hook_end(op, &decl, Some(fp), j.read, Some(write), Vec::new())?;
+                self.host_done(op.op_id);
                 let sips_left =
                     &mut self.deploy_left[(j.tensor * self.m.topo.counts.sips + pe.sip) as usize];
                 *sips_left -= 1;

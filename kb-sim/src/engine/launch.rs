@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::Arc;
 
-use kb_format::Ps;
+use kb_format::{Dep, DepKind, Ps};
 
 use super::{Arrive, CONTROL_BYTES, Engine, SimError};
 use crate::component::Request;
@@ -97,6 +97,13 @@ pub(super) struct LaunchState {
     /// SIPs not yet reported to the host.
     sips_left: u32,
     pub(super) done: bool,
+    /// Its `launch` sync record: open from the host's launch to the first
+    /// kernel start, then its op id.
+    record: Result<u64, Option<super::OpenOp>>,
+    /// What the host had last finished when it launched.
+    cause: Option<Dep>,
+    /// The `kernel_end` record of its last kernel to end.
+    last_end: Option<(Ps, u64)>,
 }
 
 /// Launch-protocol message arrivals.
@@ -173,20 +180,22 @@ pub(super) struct PeLaunches {
     pub(super) current: Option<u32>,
     /// Launches whose start arrived while another ran, in arrival order.
     queued: VecDeque<u32>,
+    /// The `kernel_end` record of the last kernel that ran here.
+    last_end: Option<u64>,
 }
 
 impl<W: Write> Engine<'_, W> {
     /// Run host steps until one blocks or the program ends. After the last
     /// step the host waits for every launch, then frees what is left.
-    pub(super) fn host_continue(&mut self) {
+    pub(super) fn host_continue(&mut self) -> Result<(), SimError> {
         loop {
             if let Some(step) = self.steps.pop_front() {
                 match step {
-                    Step::Launch(spec) => self.start_launch(spec),
+                    Step::Launch(spec) => self.start_launch(spec)?,
                     Step::Wait(n) => {
                         if self.launches.get(n).is_some_and(|l| !l.done) {
                             self.host_wait = HostWait::Launch(n as u32);
-                            return;
+                            return Ok(());
                         }
                         self.host_acquire(Some(n));
                     }
@@ -194,7 +203,7 @@ impl<W: Write> Engine<'_, W> {
                         if self.launches.iter().any(|l| !l.done) {
                             self.steps.push_front(Step::Free(t));
                             self.host_wait = HostWait::AllLaunches;
-                            return;
+                            return Ok(());
                         }
                         self.host_acquire(None);
                         self.free_tensor(t);
@@ -204,14 +213,14 @@ impl<W: Write> Engine<'_, W> {
             }
             if self.launches.iter().any(|l| !l.done) {
                 self.host_wait = HostWait::AllLaunches;
-                return;
+                return Ok(());
             }
             // The end of the program frees every tensor still mapped.
             for t in 0..self.tensors.len() as u32 {
                 self.free_tensor(t);
             }
             self.host_wait = HostWait::Done;
-            return;
+            return Ok(());
         }
     }
 
@@ -240,7 +249,7 @@ impl<W: Write> Engine<'_, W> {
         }
     }
 
-    fn start_launch(&mut self, spec: LaunchSpec) {
+    fn start_launch(&mut self, spec: LaunchSpec) -> Result<(), SimError> {
         let id = self.launches.len() as u32;
         let c = self.m.topo.counts;
         let mut cube_left = vec![0u32; (c.sips * c.cubes_per_sip) as usize];
@@ -254,7 +263,15 @@ impl<W: Write> Engine<'_, W> {
         }
         let sips_left = sip_left.iter().filter(|&&n| n > 0).count() as u32;
         let start_clock = self.sync.clocks.release(self.sync.host);
+        let record = Err(Some(self.sync_open(self.m.host(), "launch")));
+        let cause = self.host_last.map(|(_, op)| Dep {
+            op,
+            kind: DepKind::Host,
+        });
         self.launches.push(LaunchState {
+            record,
+            cause,
+            last_end: None,
             spec,
             start_clock,
             end_clock: Vec::new(),
@@ -270,7 +287,7 @@ impl<W: Write> Engine<'_, W> {
         if sips_left == 0 {
             // No PE: done at once.
             self.launches[id as usize].done = true;
-            return;
+            return self.launch_record(id).map(|_| ());
         }
         for sip in 0..c.sips {
             if self.launches[id as usize].sip_left[sip as usize] > 0 {
@@ -281,6 +298,26 @@ impl<W: Write> Engine<'_, W> {
                     CONTROL_BYTES,
                     LaunchArrive::AtIo { launch: id, sip },
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// Launch `launch`'s sync record, closed now if it is still open (its
+    /// first kernel starts).
+    fn launch_record(&mut self, launch: u32) -> Result<u64, SimError> {
+        let l = &mut self.launches[launch as usize];
+        match std::mem::replace(&mut l.record, Err(None)) {
+            Ok(id) => {
+                l.record = Ok(id);
+                Ok(id)
+            }
+            Err(open) => {
+                let cause = l.cause;
+                let open = open.expect("a launch record is open until closed");
+                let id = self.sync_close(open, cause.as_slice())?;
+                self.launches[launch as usize].record = Ok(id);
+                Ok(id)
             }
         }
     }
@@ -375,6 +412,9 @@ impl<W: Write> Engine<'_, W> {
                 l.sips_left -= 1;
                 if l.sips_left == 0 {
                     l.done = true;
+                    if let Some((_, end)) = l.last_end {
+                        self.host_done(end);
+                    }
                     let resume = match self.host_wait {
                         HostWait::Launch(n) => n == launch,
                         HostWait::AllLaunches => self.launches.iter().all(|l| l.done),
@@ -386,7 +426,7 @@ impl<W: Write> Engine<'_, W> {
                             _ => self.host_acquire(None),
                         }
                         self.host_wait = HostWait::Running;
-                        self.host_continue();
+                        self.host_continue()?;
                     }
                 }
             }
@@ -523,6 +563,25 @@ impl<W: Write> Engine<'_, W> {
         self.programs[pe as usize] = program;
         self.pe_launches[pe as usize].current = Some(launch);
         self.pes[pe as usize] = super::PeState::default();
+        // On record: the launch (a kernel queued behind another on this
+        // PE also waited for that one's end).
+        let launch_rec = self.launch_record(launch)?;
+        let mut deps = vec![Dep {
+            op: launch_rec,
+            kind: DepKind::Host,
+        }];
+        if let Some(op) = self.pe_launches[pe as usize].last_end {
+            deps.push(Dep {
+                op,
+                kind: DepKind::Resource,
+            });
+        }
+        let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        let start = self.sync_instant(cpu, "kernel_start", &deps)?;
+        self.pes[pe as usize].after = Some(Dep {
+            op: start,
+            kind: DepKind::Program,
+        });
         let start = self.launches[launch as usize].start_clock.clone();
         self.sync.clocks.acquire(pe, &start);
         self.step_program(pe, Reply::Go)
@@ -537,11 +596,17 @@ impl<W: Write> Engine<'_, W> {
             .take()
             .expect("a finished kernel belongs to a launch");
         let clock = self.sync.clocks.release(pe);
-        let l = &mut self.launches[launch as usize];
-        l.t_end = l.t_end.max(now);
-        crate::race::join(&mut l.end_clock, &clock);
         let pc = self.m.pe_coord(pe as usize);
         let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        let after = self.pes[pe as usize].after;
+        let end = self.sync_instant(cpu, "kernel_end", after.as_slice())?;
+        self.pe_launches[pe as usize].last_end = Some(end);
+        let l = &mut self.launches[launch as usize];
+        l.t_end = l.t_end.max(now);
+        if l.last_end.is_none_or(|(t, _)| t <= now) {
+            l.last_end = Some((now, end));
+        }
+        crate::race::join(&mut l.end_clock, &clock);
         let mcpu = self.m.cube_node(pc.sip, pc.cube, NodeKind::MCpu);
         self.send(
             cpu,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use kb_format::pa::Pa;
-use kb_format::{Extent, Ps, Space};
+use kb_format::{Dep, DepKind, Extent, Ps, Space};
 
 use super::host::HostArrive;
 use super::{Arrive, Engine};
@@ -103,7 +103,10 @@ impl<W: Write> Engine<'_, W> {
     pub(super) fn send_tensor_mappings(&mut self, tensor: u32, unmap: bool) -> usize {
         let now = self.q.now();
         let mut installs = 0;
-        let t = &self.tensors[tensor as usize];
+        let tensors = self.tensors;
+        let t = &tensors[tensor as usize];
+        // An unmap waits for what the host last heard of (its launches).
+        let cause = if unmap { self.host_last } else { None };
         for (g, mapping) in t.mappings.iter().enumerate() {
             let msg = MapMsg {
                 tensor,
@@ -111,6 +114,17 @@ impl<W: Write> Engine<'_, W> {
                 unmap,
                 sent: now,
             };
+            // On record: each install, from the host's send to the PE's.
+            for &pc in &mapping.targets {
+                let node = self.install_node(&msg, pc);
+                let open = self.sync_open(node, if unmap { "unmap" } else { "map" });
+                let key = (tensor, g as u32, unmap, self.m.pe_index(pc) as u32);
+                let cause = cause.map(|(_, op)| Dep {
+                    op,
+                    kind: DepKind::Host,
+                });
+                self.map_records.insert(key, (open, cause));
+            }
             let mut sips: Vec<u32> = mapping.targets.iter().map(|p| p.sip).collect();
             sips.dedup();
             for sip in sips {
@@ -123,7 +137,7 @@ impl<W: Write> Engine<'_, W> {
         installs
     }
 
-    pub(super) fn mmu_arrive(&mut self, a: MmuArrive) {
+    pub(super) fn mmu_arrive(&mut self, a: MmuArrive) -> Result<(), super::SimError> {
         let now = self.q.now();
         match a {
             MmuArrive::Io { msg, sip } => {
@@ -137,6 +151,13 @@ impl<W: Write> Engine<'_, W> {
                 self.at_mmu(end, MmuAct::McpuFanout { msg, sip, cube });
             }
             MmuArrive::Mmu { msg, pe } => {
+                let key = (msg.tensor, msg.group, msg.unmap, pe);
+                if let Some((open, cause)) = self.map_records.remove(&key) {
+                    let id = self.sync_close(open, cause.as_slice())?;
+                    if !msg.unmap {
+                        self.host_done(id);
+                    }
+                }
                 let mapping = &self.tensors[msg.tensor as usize].mappings[msg.group as usize];
                 if let Some(seg) = &mapping.segment {
                     let table = &mut self.baaw[pe as usize];
@@ -172,6 +193,7 @@ impl<W: Write> Engine<'_, W> {
                 }
             }
         }
+        Ok(())
     }
 
     pub(super) fn mmu_act(&mut self, a: MmuAct) {

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 use std::io::Write;
 
-use kb_format::{Effect, Extent, OpKind, Params, Ps, Record, TraceWriter};
+use kb_format::{Dep, DepKind, Effect, Extent, OpKind, Params, Ps, Record, TraceWriter};
 
 use crate::component::{Component, ControlCpu, HbmController, Request, Scratchpad};
 use crate::data::DataPlane;
@@ -422,7 +422,23 @@ pub struct Engine<'m, W: Write> {
     dependents_spare: Vec<Vec<compute::Waiter>>,
     /// A constant fill's bytes, before they are written to the plane.
     fill_scratch: Vec<u8>,
+    /// The host-side op that ended last (an upload, a map message, a
+    /// launch's last kernel end as the host hears it), with its end: the
+    /// host edge of the next launch.
+    host_last: Option<(Ps, u64)>,
+    /// The `map`/`unmap` sync records in flight, by (tensor, mapping
+    /// group, unmap, PE), with their cause.
+    map_records: HashMap<MapKey, (OpenOp, Option<Dep>)>,
+    /// Told the simulated time and the records so far, every
+    /// `PROGRESS_EVENTS` events (display only: it sees, never steers).
+    progress: Option<Box<dyn FnMut(Ps, u64) + 'm>>,
 }
+
+/// A map message's install: (tensor, mapping group, unmap, PE).
+type MapKey = (u32, u32, bool, u32);
+
+/// Events between two progress reports.
+const PROGRESS_EVENTS: u64 = 1 << 18;
 
 /// Per-PE kernel state (reset when a kernel starts).
 #[derive(Debug, Clone, Default)]
@@ -442,6 +458,11 @@ struct PeState {
     barrier_epochs: std::collections::BTreeMap<Vec<u32>, u32>,
     /// What a `Wait::Signals` waits for: (signal, at least) pairs, any.
     awaited: Vec<(u32, u64)>,
+    /// Why the program runs now: the op (or wait, or kernel start) it
+    /// last stopped for. Every op it issues has this program edge.
+    after: Option<Dep>,
+    /// The sync record of the wait (a signal, a barrier) it is in.
+    wait: Option<OpenOp>,
 }
 
 /// What a release waits for before it goes out.
@@ -653,6 +674,9 @@ impl<'m, W: Write> Engine<'m, W> {
             dma_sides: Vec::new(),
             dependents_spare: Vec::new(),
             fill_scratch: Vec::new(),
+            host_last: None,
+            map_records: HashMap::default(),
+            progress: None,
         }
     }
 
@@ -672,6 +696,13 @@ impl<'m, W: Write> Engine<'m, W> {
 
     /// What to do with data races: ignore them, count and report them, or
     /// fail on the first.
+    /// Report progress to `f` (simulated time, records so far) now and
+    /// then during the run.
+    pub fn progress(mut self, f: impl FnMut(Ps, u64) + 'm) -> Self {
+        self.progress = Some(Box::new(f));
+        self
+    }
+
     pub fn races(mut self, policy: RacePolicy) -> Self {
         self.sync.policy = policy;
         self
@@ -691,9 +722,16 @@ impl<'m, W: Write> Engine<'m, W> {
         self.deploy();
         if self.host_pending == 0 {
             self.host_wait = HostWait::Running;
-            self.host_continue();
+            self.host_continue()?;
         }
+        let mut events = 0u64;
         while let Some((t, ev)) = self.q.pop() {
+            events += 1;
+            if events.is_multiple_of(PROGRESS_EVENTS)
+                && let Some(f) = &mut self.progress
+            {
+                f(t, self.log.next_op);
+            }
             if t > self.time_limit {
                 let what = match ev {
                     Ev::Hop(_) | Ev::Arrive(_) => "a message",
@@ -954,9 +992,59 @@ impl<'m, W: Write> Engine<'m, W> {
         fingerprint: Option<u64>,
         read: Option<Effect>,
         write: Option<Effect>,
+        deps: Vec<Dep>,
     ) -> Result<(), SimError> {
-        // No dependencies: an empty vector allocates nothing.
-        self.hook_end_with_deps(op, decl.params(), fingerprint, read, write, Vec::new())
+        self.hook_end_with_deps(op, decl.params(), fingerprint, read, write, deps)
+    }
+
+    /// Open a sync record (a wait, a signal's flight, a launch) at node
+    /// `node` now. Its op id is assigned when it closes, so that what
+    /// ended it (a later op) can be one of its dependencies.
+    fn sync_open(&mut self, node: NodeId, name: &'static str) -> OpenOp {
+        self.hook_start_named(node, name, OpKind::Sync, 0)
+    }
+
+    /// Close sync record `op` now, caused by `deps`; returns its op id.
+    fn sync_close(&mut self, mut op: OpenOp, deps: &[Dep]) -> Result<u64, SimError> {
+        op.op_id = self.new_op_id();
+        let mut v = self.log.writer.take_deps();
+        v.extend_from_slice(deps);
+        self.hook_end_with_deps(op, Params::None, None, None, None, v)?;
+        Ok(op.op_id)
+    }
+
+    /// Host-side op `op` ended now (the host program's next step may
+    /// have waited for it).
+    fn host_done(&mut self, op: u64) {
+        let now = self.q.now();
+        if self.host_last.is_none_or(|(t, _)| t <= now) {
+            self.host_last = Some((now, op));
+        }
+    }
+
+    /// PE `pe`'s wait (for a signal, a barrier) ends now, caused by
+    /// `cause`: its record closes, and what the program issues next
+    /// waited for it.
+    fn end_wait(&mut self, pe: u32, cause: Option<Dep>) -> Result<(), SimError> {
+        if let Some(open) = self.pes[pe as usize].wait.take() {
+            let id = self.sync_close(open, cause.as_slice())?;
+            self.pes[pe as usize].after = Some(Dep {
+                op: id,
+                kind: DepKind::Program,
+            });
+        }
+        Ok(())
+    }
+
+    /// An instant sync record at `node` now (a kernel's start or end).
+    fn sync_instant(
+        &mut self,
+        node: NodeId,
+        name: &'static str,
+        deps: &[Dep],
+    ) -> Result<u64, SimError> {
+        let op = self.sync_open(node, name);
+        self.sync_close(op, deps)
     }
 
     /// The record of `op`, with its params (moved in: a math op's inputs
@@ -968,9 +1056,14 @@ impl<'m, W: Write> Engine<'m, W> {
         fingerprint: Option<u64>,
         read: Option<Effect>,
         write: Option<Effect>,
-        deps: Vec<u64>,
+        mut deps: Vec<Dep>,
     ) -> Result<(), SimError> {
         let now = self.q.now();
+        // A cause is always an earlier op (a later one, such as a newer
+        // producer of the same tile, cannot be), and is named once.
+        deps.retain(|d| d.op < op.op_id);
+        deps.sort_unstable_by_key(|d| (d.op, d.kind));
+        deps.dedup_by_key(|d| d.op);
         let log = &mut self.log;
         log.open.remove(op.ticket);
         for e in [&read, &write].into_iter().flatten() {
@@ -1016,7 +1109,7 @@ impl<'m, W: Write> Engine<'m, W> {
         match then {
             Arrive::Host(a) => self.host_arrive(a)?,
             Arrive::Dma(a) => self.dma_arrive(a),
-            Arrive::Mmu(a) => self.mmu_arrive(a),
+            Arrive::Mmu(a) => self.mmu_arrive(a)?,
             Arrive::Launch(a) => self.launch_arrive(a)?,
             Arrive::Sync(a) => self.sync_arrive(a)?,
             Arrive::ComputeAtUnit(c) => self.compute_arrive(c),
@@ -1032,10 +1125,17 @@ impl<'m, W: Write> Engine<'m, W> {
                     Done::Compute => s.computing -= 1,
                     Done::Store => {}
                 }
+                // The program resumes (below) because this op is done:
+                // what it issues next waited for it.
+                let resumed = Some(Dep {
+                    op: cmd.0,
+                    kind: DepKind::Program,
+                });
                 match s.waiting {
                     Wait::Cmd(c) if c == cmd => {}
                     Wait::All if s.outstanding == 0 => {}
                     Wait::Fence(f) if s.fenced(f) => {
+                        s.after = resumed;
                         s.waiting = Wait::Nothing;
                         let deferred = s.deferred.take().expect("a fence holds a command");
                         if let Some(reply) = self.run_command(pe, deferred)? {
@@ -1045,6 +1145,7 @@ impl<'m, W: Write> Engine<'m, W> {
                     }
                     _ => return Ok(()),
                 }
+                s.after = resumed;
                 s.waiting = Wait::Nothing;
                 let data = match self.replies[pe as usize].take() {
                     Some(d) => Some(d),
@@ -1151,7 +1252,8 @@ impl<'m, W: Write> Engine<'m, W> {
                 let clock = self.sync.clocks.release(pe);
                 let launch = self.current_launch(pe);
                 let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
-                self.send_signal_update(cpu, launch, to, signal, op, clock);
+                let cause = self.pes[p].after;
+                self.send_signal_update(cpu, launch, to, signal, op, clock, cause);
                 Some(Reply::Done)
             }
             Command::WaitSignal(any) => {
@@ -1160,6 +1262,8 @@ impl<'m, W: Write> Engine<'m, W> {
                     crate::program::spare_signal_list(any);
                     Some(Reply::Done)
                 } else {
+                    let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+                    self.pes[p].wait = Some(self.sync_open(cpu, "wait_signal"));
                     self.pes[p].awaited = any;
                     self.pes[p].waiting = Wait::Signals;
                     None

@@ -21,7 +21,7 @@
 
 use std::io::Write;
 
-use kb_format::Extent;
+use kb_format::{Dep, DepKind, Extent};
 
 use super::Engine;
 use super::dma::{Dma, DmaAct};
@@ -130,16 +130,23 @@ impl<W: Write> Engine<'_, W> {
 
     /// DMA `d` of PE `pe` finished: the DMAs it held may go, then its
     /// engine takes the next one queued.
-    pub(super) fn dma_finished(&mut self, pe: usize, d: u32) {
+    pub(super) fn dma_finished(&mut self, pe: usize, d: u32, op: u64) {
         let e = &mut self.engines[pe];
         if let Some(i) = e.unfinished.iter().position(|&x| x == d) {
             e.unfinished.remove(i);
         }
-        self.release_held(pe);
+        self.release_held(pe, op);
         let now = self.q.now();
         let e = &mut self.engines[pe];
         match e.waiting.pop_front() {
-            Some(next) => self.at(now, DmaAct::Begin(next)),
+            Some(next) => {
+                // It waited for the engine this DMA held.
+                self.dmas.get(next).deps.push(Dep {
+                    op,
+                    kind: DepKind::Resource,
+                });
+                self.at(now, DmaAct::Begin(next))
+            }
             None => e.idle += 1,
         }
     }
@@ -158,7 +165,7 @@ impl<W: Write> Engine<'_, W> {
 
     /// The held DMAs of PE `pe` that no longer conflict begin, in issue
     /// order (in place: no allocation).
-    pub(super) fn release_held(&mut self, pe: usize) {
+    pub(super) fn release_held(&mut self, pe: usize, by: u64) {
         let now = self.q.now();
         let mut i = 0;
         while i < self.engines[pe].held.len() {
@@ -167,6 +174,8 @@ impl<W: Write> Engine<'_, W> {
                 i += 1;
             } else {
                 self.engines[pe].held.remove(i);
+                // Held on the same bytes until DMA `by` got this far.
+                self.dmas.get(h).deps.push(Dep::data(by));
                 self.at(now, DmaAct::Begin(h));
             }
         }

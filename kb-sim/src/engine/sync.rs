@@ -28,9 +28,9 @@ use std::io::Write;
 use std::rc::Rc;
 
 use kb_format::pa::{self, Pa};
-use kb_format::{Extent, Space};
+use kb_format::{Dep, DepKind, Extent, Space};
 
-use super::{Act, Arrive, CONTROL_BYTES, Engine, SimError, Slab, Wait, ns};
+use super::{Act, Arrive, CONTROL_BYTES, Engine, OpenOp, SimError, Slab, Wait, ns};
 use crate::component::Request;
 use crate::machine::{Machine, NodeId, NodeKind, PeCoord};
 use crate::program::{Reply, SignalOp};
@@ -108,6 +108,10 @@ struct Update {
     signal: u32,
     op: SignalOp,
     clock: Vec<u32>,
+    /// Its `signal` sync record, from sending to applying.
+    record: OpenOp,
+    /// Why it was sent: the sender's program, or the copy it notifies.
+    cause: Option<Dep>,
 }
 
 /// A signal's value and the join of the clocks of its updates.
@@ -126,6 +130,9 @@ struct Barrier {
     arrived: u32,
     released: u32,
     clock: Vec<u32>,
+    /// What the last member to arrive had last finished: the release's
+    /// cause.
+    last_cause: Option<Dep>,
 }
 
 /// Most races reported in full; the rest are counted.
@@ -364,6 +371,7 @@ impl<W: Write> Engine<'_, W> {
     }
 
     /// Send a signal update from node `from` to PE `to`'s pe_cpu.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn send_signal_update(
         &mut self,
         from: NodeId,
@@ -372,14 +380,18 @@ impl<W: Write> Engine<'_, W> {
         signal: u32,
         op: SignalOp,
         clock: Vec<u32>,
+        cause: Option<Dep>,
     ) {
         let pe = self.m.pe_index(to) as u32;
+        let record = self.sync_open(from, "signal");
         let u = self.sync.updates.insert(Update {
             launch,
             pe,
             signal,
             op,
             clock,
+            record,
+            cause,
         });
         let cpu = self.m.pe_node(to, NodeKind::PeCpu);
         self.send(from, cpu, CONTROL_BYTES, SyncArrive::Signal(u));
@@ -441,16 +453,24 @@ impl<W: Write> Engine<'_, W> {
                     arrived: 0,
                     released: 0,
                     clock: Vec::new(),
+                    last_cause: None,
                 });
                 self.sync.barrier_ids.insert(key, b);
                 b
             }
         };
         let clock = self.sync.clocks.release(pe);
+        let cause = self.pes[pe as usize].after.map(|d| Dep {
+            op: d.op,
+            kind: DepKind::Sync,
+        });
         let bar = self.sync.barriers.get(b);
         join(&mut bar.clock, &clock);
+        bar.last_cause = cause;
         self.sync.clocks.give_back(clock);
         let coordinator = self.m.pe_coord(bar.members[0] as usize);
+        let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        self.pes[pe as usize].wait = Some(self.sync_open(cpu, "barrier"));
         self.pes[pe as usize].waiting = Wait::Barrier;
         let (from, to) = (
             self.m.pe_node(pc, NodeKind::PeCpu),
@@ -498,7 +518,10 @@ impl<W: Write> Engine<'_, W> {
                     signal,
                     op,
                     clock,
+                    record,
+                    cause,
                 } = self.sync.updates.remove(u);
+                let sent = self.sync_close(record, cause.as_slice())?;
                 let s = self.sync.signals.entry((launch, pe, signal)).or_default();
                 s.value = match op {
                     SignalOp::Set(v) => v,
@@ -515,6 +538,11 @@ impl<W: Write> Engine<'_, W> {
                     if self.sync.acquire_reached(launch, pe, &awaited) {
                         crate::program::spare_signal_list(awaited);
                         self.pes[p].waiting = Wait::Nothing;
+                        let by = Dep {
+                            op: sent,
+                            kind: DepKind::Sync,
+                        };
+                        self.end_wait(pe, Some(by))?;
                         self.step_program(pe, Reply::Done)?;
                     } else {
                         self.pes[p].awaited = awaited;
@@ -546,12 +574,14 @@ impl<W: Write> Engine<'_, W> {
                 let bar = self.sync.barriers.get(barrier);
                 bar.released += 1;
                 let clock = bar.clock.clone();
+                let cause = bar.last_cause;
                 if bar.released as usize == bar.members.len() {
                     let bar = self.sync.barriers.remove(barrier);
                     self.sync.barrier_ids.remove(&bar.key);
                 }
                 self.sync.clocks.acquire(pe, &clock);
                 self.pes[pe as usize].waiting = Wait::Nothing;
+                self.end_wait(pe, cause)?;
                 self.step_program(pe, Reply::Done)?;
             }
         }
