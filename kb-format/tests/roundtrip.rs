@@ -705,7 +705,8 @@ fn every_params_variant_round_trips() {
                 axis: Some(254),
             }),
         ),
-        (OpKind::Unknown(3), Params::Raw(vec![0xff; 300])),
+        (OpKind::Unknown(4), Params::Raw(vec![0xff; 300])),
+        (OpKind::Sync, Params::None),
         (OpKind::Unknown(255), Params::Raw(vec![1])),
     ];
     for bits in 0..32u8 {
@@ -802,8 +803,8 @@ fn sum_blocks_and_tile_verify_specs_round_trip() {
     })
     .unwrap();
     let bytes = w.finish(&spec).unwrap();
-    // Written as version 3.1 or later (3.3).
-    assert_eq!(&bytes[8..12], &[3, 0, 3, 0]);
+    // Written as version 3.1 or later (3.4).
+    assert_eq!(&bytes[8..12], &[3, 0, 4, 0]);
     let dir = tempfile::tempdir().unwrap();
     assert_eq!(read_stream(&bytes).unwrap().verify, spec);
     assert_eq!(

@@ -130,19 +130,19 @@ fn kb_sim_and_kb_inspect_report_one_simulated_time() {
         let sim = run("kb-sim", &["-t", topo, "-o", t], b"");
         assert!(sim.status.success(), "{}", stderr(&sim));
         let err = stderr(&sim);
-        let us: f64 = err
+        let ns: f64 = err
             .split("simulated ")
             .nth(1)
-            .and_then(|r| r.split(" us").next())
+            .and_then(|r| r.split(" ns").next())
             .and_then(|x| x.parse().ok())
             .unwrap_or_else(|| panic!("no simulated time in {err}"));
         let s = run("kb-inspect", &["summary", t, "--format", "json"], b"");
         let s: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
         let ps = s["sim_time_ps"].as_u64().unwrap();
-        // kb-sim prints microseconds to 3 decimals.
+        // kb-sim prints nanoseconds to 3 decimals: every picosecond.
         assert_eq!(
-            format!("{:.3}", ps as f64 / 1e6),
-            format!("{us:.3}"),
+            format!("{:.3}", ps as f64 / 1e3),
+            format!("{ns:.3}"),
             "{topo}"
         );
         // The run's end is past the last record (the frees and unmaps).

@@ -153,3 +153,37 @@ fn text_commands_survive_a_closed_stdout() {
         assert!(err.is_empty(), "kb-sim {args:?}: {err}");
     }
 }
+
+/// Long commands say where they are on a terminal, and nothing in a pipe:
+/// kb-sim's spinner (simulated time, records) and kb-replay's verification
+/// spinner (which output's reference it computes).
+#[test]
+fn progress_shows_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.kbt");
+    let (sim, replay) = (bin("kb-sim"), bin("kb-replay"));
+    let cmd = format!(
+        "{} -t small -b softmax -o {} && {} {} --verify",
+        sim.display(),
+        t.display(),
+        replay.display(),
+        t.display()
+    );
+    let Some(text) = on_a_terminal(&format!("{cmd}; echo rc=$?")) else {
+        eprintln!("skipped: no `script` to provide a terminal");
+        return;
+    };
+    assert!(text.contains("rc=0"), "{text}");
+    assert!(text.contains("kb-sim: simulating, "), "{text}");
+    // The verification spinner may not get a tick on a short run; its
+    // summary follows it either way.
+    assert!(text.contains("verification PASSED"), "{text}");
+    // In a pipe: the summary lines only.
+    let o = run(
+        "kb-sim",
+        &["-t", "small", "-b", "softmax", "-o", t.to_str().unwrap()],
+        b"",
+    );
+    assert!(o.status.success());
+    assert!(!stderr(&o).contains("simulating"), "{}", stderr(&o));
+}
