@@ -189,6 +189,91 @@ fn an_uncontended_ipcq_copy_takes_the_routes_latency_plus_serialization() {
     assert_eq!(copy.t_end, landed + ack);
 }
 
+/// The two-PE program of the test above, read back along its causes: the
+/// consumer's mul waited for its wait on the signal, which the copy's
+/// notification ended, which PE0's program issued once its load was in;
+/// each edge at the time the hand computation above gives.
+#[test]
+fn the_consumer_waited_for_the_producers_copy_and_the_trace_says_so() {
+    use kb_format::{DepKind, OpKind};
+    let (recs, report) = simulate("pa", RacePolicy::Error, |p| {
+        x_and_slots(p, put_then_use::<true>)
+    })
+    .unwrap();
+    let by_id = |id: u64| {
+        &recs
+            .iter()
+            .find(|(r, _, _)| r.op_id == id)
+            .unwrap_or_else(|| panic!("no op {id}"))
+            .0
+    };
+    let edge = |r: &Record, kind: DepKind| {
+        let d: Vec<_> = r.deps.iter().filter(|d| d.kind == kind).collect();
+        assert_eq!(d.len(), 1, "one {kind:?} edge in {:?}", r.deps);
+        by_id(d[0].op)
+    };
+    let mul = find(&recs, "mul", "sip0.cube0.pe1.pe_math");
+    let wait = edge(mul, DepKind::Program);
+    let signal = edge(wait, DepKind::Sync);
+    let copy = edge(signal, DepKind::Sync);
+    let load = edge(copy, DepKind::Program);
+    let start0 = edge(load, DepKind::Program);
+    let launch = edge(start0, DepKind::Host);
+    let name = |r: &Record| {
+        let (_, c, n) = recs.iter().find(|(x, _, _)| x.op_id == r.op_id).unwrap();
+        format!("{n} on {c}")
+    };
+    assert_eq!(
+        [wait, signal, copy, load, start0, launch].map(name),
+        [
+            "wait_signal on sip0.cube0.pe1.pe_cpu",
+            "signal on sip0.cube0.pe1.tcm",
+            "ipcq_copy on sip0.cube0.pe0.pe_dma",
+            "dma_read on sip0.cube0.pe0.pe_dma",
+            "kernel_start on sip0.cube0.pe0.pe_cpu",
+            "launch on host",
+        ]
+        .map(String::from)
+    );
+    for r in [wait, signal, start0, launch] {
+        assert_eq!(r.kind, OpKind::Sync);
+    }
+    // When: the launch record ends as the first kernel starts; PE1 waits
+    // from its start; the notification leaves tcm1 when the bytes have landed
+    // (the copy's service as above: setup, TCM read, tcm_port, the 29 ns
+    // route, TCM write) and is applied once PE1's pe_cpu has handled it
+    // (5 ns there, 50 ns handling), which ends the wait; the mul reaches
+    // pe_math 2 ns later.
+    let l = &report.launches[0];
+    assert_eq!((launch.t_end, start0.t_start), (l.t_start, l.t_start));
+    // PE1's kernel starts 0.5 ns after PE0's (m_cpu sends the two launch
+    // messages one after the other) and waits at once.
+    let start1 = recs
+        .iter()
+        .find(|(_, c, n)| n == "kernel_start" && c == "sip0.cube0.pe1.pe_cpu")
+        .map(|(r, _, _)| r)
+        .unwrap();
+    assert_eq!(wait.t_start, start1.t_start);
+    let tcm = 2_000 + ser(16 * 64 * 4, 1024.0);
+    let landed = copy.t_start + 10_000 + tcm + 1_000 + 29_000 + tcm;
+    assert_eq!(
+        (signal.t_start, signal.t_end, wait.t_end),
+        (landed, landed + 55_000, landed + 55_000)
+    );
+    assert_eq!(mul.t_start, wait.t_end + 2_000);
+    // The copy left once PE0's load was in (its program waited for it).
+    assert!(load.t_end <= copy.t_start);
+    // PE1's kernel ends after its mul; the launch ends with the later of
+    // the two kernels.
+    let end1 = recs
+        .iter()
+        .find(|(_, c, n)| n == "kernel_end" && c == "sip0.cube0.pe1.pe_cpu")
+        .map(|(r, _, _)| r)
+        .unwrap();
+    assert_eq!(edge(end1, DepKind::Program).op_id, mul.op_id);
+    assert!(end1.t_start >= mul.t_end && end1.t_start <= l.t_end);
+}
+
 #[test]
 fn reading_a_slot_before_the_copy_lands_is_a_race_naming_both_ops() {
     // Warn: the run completes, and the race is reported and counted.
