@@ -215,6 +215,11 @@ pub fn analyze(trace: &Path, counts: &BTreeMap<String, u64>) -> Result<PointStat
         if r.t_start >= k0 && r.t_start <= k1 {
             s.kernel_bytes = s.kernel_bytes.saturating_add(b);
         }
+        // Sync records (kernels, waits, signals, maps) are not a unit's
+        // work: no busy time, and no held time in a unit kind's column.
+        if r.kind == OpKind::Sync {
+            return Ok(());
+        }
         let i = r.component as usize;
         if i >= time.len() {
             time.resize(i + 1, None);
