@@ -118,7 +118,7 @@ enum By {
     /// HBM pseudo channels (sipS.cubeC.chN): bytes and busy time, from the trace's channels chunk
     Channel,
     /// Unit kinds (pe_dma, pe_gemm, pe_math, hbm_ctrl...): utilisation over the kind's units
-    /// in the trace's topology, idle ones included
+    /// in the trace's topology, idle ones included (sync records are no unit's work: left out)
     Unit,
 }
 

@@ -293,6 +293,9 @@ impl Collector {
                     self.routes.len() - 1
                 })
             }
+            // Sync records (kernels, waits, signals, maps) are no unit's
+            // work: left out of unit utilisation, as the sweep's.
+            GroupBy::Unit if r.kind == OpKind::Sync => return None,
             GroupBy::Unit => {
                 let c = r.component as usize;
                 if c >= self.kind_of.len() {
@@ -919,10 +922,21 @@ mod tests {
         let mut meta = testutil::sample_meta();
         meta.topology.resolved =
             "name: t\ncounts:\n  sips: 2\n  cubes_per_sip: 2\n  pes_per_cube: 4\n".into();
+        // A wait on a PE's CPU in the window: sync, no unit's work.
+        let mut ops = testutil::sample_ops();
+        let last = ops.iter().map(|o| o.rec.op_id).max().unwrap();
+        ops.push(testutil::sync(
+            last + 1,
+            6000,
+            6500,
+            "sip0.cube0.pe0.pe_cpu",
+            "wait_signal",
+        ));
+        ops.sort_by_key(|o| (o.rec.t_start, o.rec.op_id));
         let bytes = testutil::build_with_launches(
             &meta,
             &testutil::sample_tensors(),
-            &testutil::sample_ops(),
+            &ops,
             &testutil::sample_launches(),
             &testutil::sample_verify(),
         );
