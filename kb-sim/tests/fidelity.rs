@@ -4,7 +4,7 @@
 
 mod common;
 
-use kb_format::{Addr, MemoryParams, Meta, Record, Space, TraceWriter, VerifySpec};
+use kb_format::{Addr, DepKind, MemoryParams, Meta, Record, Space, TraceWriter, VerifySpec};
 use kb_sim::engine::Engine;
 use kb_sim::machine::{Machine, PeCoord};
 use kb_sim::program::{Command, DmaCmd, PeProgram, Script};
@@ -744,8 +744,16 @@ fn accumulators_that_do_not_fit_together_are_evicted_and_read_again() {
         panic!("3 dots, got {}", ops.len())
     };
     assert_eq!(x1.t_end - x1.t_start, DOT_PS);
-    // Y needs X's room: X is written back (23 ns) before Y starts.
+    // Y needs X's room: X is written back (23 ns) before Y starts; on
+    // record, Y waited for the unit's buffer that X's result held.
     assert_eq!(y1.t_start, x1.t_end + WRITEBACK_PS);
+    assert!(
+        y1.deps
+            .iter()
+            .any(|d| (d.op, d.kind) == (x1.op_id, DepKind::Resource)),
+        "{:?}",
+        y1.deps
+    );
     assert_eq!(y1.t_end - y1.t_start, DOT_PS);
     // X again: Y is evicted first; X is no longer in the unit, so it is
     // read from TCM with the operands (39 ns to done, as without a
@@ -832,6 +840,14 @@ fn a_pes_dmas_on_the_same_bytes_keep_issue_order_in_time() {
     };
     // (It also writes the TCM bytes the store read: a WAR, held alike.)
     assert_eq!(ld.t_start, st.t_end);
+    // On record: held by the store (a data edge), issued by the program.
+    let kinds =
+        |r: &Record| -> Vec<(u64, DepKind)> { r.deps.iter().map(|d| (d.op, d.kind)).collect() };
+    assert!(
+        kinds(ld).contains(&(st.op_id, DepKind::Data)),
+        "{:?}",
+        ld.deps
+    );
     assert_eq!(ld.t_end - ld.t_start, lone_read_on_pa(kib));
 
     // Other bytes, in HBM and TCM: no hold; the load starts as soon as its
@@ -848,6 +864,11 @@ fn a_pes_dmas_on_the_same_bytes_keep_issue_order_in_time() {
     let [st3, ld3] = &dmas(&recs)[..] else {
         panic!("two DMAs")
     };
+    assert!(
+        !kinds(ld3).contains(&(st3.op_id, DepKind::Data)),
+        "{:?}",
+        ld3.deps
+    );
     assert!(ld3.t_start < st3.t_end);
     assert_eq!(ld3.t_end - ld3.t_start, lone_read_on_pa(kib));
 

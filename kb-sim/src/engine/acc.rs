@@ -24,7 +24,7 @@
 use std::io::Write;
 
 use kb_format::pa::Pa;
-use kb_format::{Extent, Space};
+use kb_format::{Dep, DepKind, Extent, Space};
 
 use super::compute::{ComputeAct, Waiter};
 use super::dma::DmaAct;
@@ -135,6 +135,7 @@ impl<W: Write> Engine<'_, W> {
                     continue;
                 }
                 wait_on(&mut self.writebacks.get(w).waiters, waiter);
+                self.waits_for_writeback(waiter, w, DepKind::Data);
                 wait = true;
             } else if write {
                 // Its bytes are being replaced: it is dead.
@@ -143,11 +144,27 @@ impl<W: Write> Engine<'_, W> {
             } else if e.dirty && e.writer < by {
                 let w = self.start_writeback(pe, i);
                 wait_on(&mut self.writebacks.get(w).waiters, waiter);
+                self.waits_for_writeback(waiter, w, DepKind::Data);
                 wait = true;
             }
             i += 1;
         }
         wait
+    }
+
+    /// `waiter` waits for writeback `w`: an edge of `kind` to the GEMM op
+    /// whose result it carries (the writeback itself is not a record):
+    /// data for an op that reads or writes those bytes, resource for one
+    /// that waits for room in the unit's buffer.
+    fn waits_for_writeback(&mut self, waiter: Waiter, w: u32, kind: DepKind) {
+        let dep = Dep {
+            op: self.writebacks.peek(w).writer,
+            kind,
+        };
+        match waiter {
+            Waiter::DmaFetch(d) => self.dmas.get(d).deps.push(dep),
+            Waiter::Compute(c) | Waiter::Start(c) => self.computes.get(c).deps.push(dep),
+        }
     }
 
     /// Whether DMA `d`'s fetch must wait for accumulator writebacks (the
@@ -269,6 +286,7 @@ impl<W: Write> Engine<'_, W> {
                     None => self.start_writeback(pe, i),
                 };
                 wait_on(&mut self.writebacks.get(w).waiters, Waiter::Start(c));
+                self.waits_for_writeback(Waiter::Start(c), w, DepKind::Resource);
             }
             return None;
         }
