@@ -399,6 +399,20 @@ fn ranked(items: impl Iterator<Item = (String, Ps)>) -> Vec<(String, Ps)> {
 }
 
 impl Path {
+    /// The ops on the path, in path (time) order: each op once (the
+    /// timeline marks them).
+    pub fn op_ids(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = Vec::new();
+        for g in &self.segments {
+            if let Part::Op(o) = &g.part
+                && v.last() != Some(&o.op)
+            {
+                v.push(o.op);
+            }
+        }
+        v
+    }
+
     pub fn span(&self) -> Ps {
         self.end - self.start
     }

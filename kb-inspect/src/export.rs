@@ -39,6 +39,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::columns::{Flat, Launches, Places};
 use crate::ops::{Filter, Matcher};
+use crate::progress::Progress;
 use crate::render::{Endpoint, kind_name};
 use crate::source::{self, End, Flow, Input, Visitor};
 use crate::{Error, Result};
@@ -1019,6 +1020,8 @@ struct Exporter<'w, W: Write + Send> {
     /// Rows per batch.
     batch: usize,
     rows: u64,
+    /// The progress bar (records read), hidden unless asked for.
+    progress: Progress,
 }
 
 /// A multiply-rotate hasher (rustc's FxHash) for the few small keys of
@@ -1079,6 +1082,7 @@ impl<W: Write + Send> Visitor for Exporter<'_, W> {
     }
 
     fn record(&mut self, r: &Record, s: &Strings) -> Result<Flow> {
+        self.progress.record();
         if self.m.past_window(r) {
             return Ok(Flow::Stop);
         }
@@ -1122,6 +1126,7 @@ impl<W: Write + Send> Visitor for Exporter<'_, W> {
     }
 
     fn end(&mut self, _: &End<'_>) -> Result<()> {
+        self.progress.message("writing the last rows");
         self.flush()
     }
 }
@@ -1139,6 +1144,17 @@ pub fn write<W: Write + Send>(
     input: &Input,
     filter: &Filter,
     format: Format,
+    w: W,
+) -> Result<(W, Info)> {
+    write_with(input, filter, format, &Progress::hidden(), w)
+}
+
+/// [`write()`], counting the records read on `progress`.
+pub fn write_with<W: Write + Send>(
+    input: &Input,
+    filter: &Filter,
+    format: Format,
+    progress: &Progress,
     mut w: W,
 ) -> Result<(W, Info)> {
     let m = Matcher::new(filter)?;
@@ -1155,6 +1171,7 @@ pub fn write<W: Write + Send>(
                 flat: Flat::default(),
                 batch: BATCH,
                 rows: 0,
+                progress: progress.clone(),
             };
             source::visit(input, &mut e)?;
             info = Info {
@@ -1166,7 +1183,7 @@ pub fn write<W: Write + Send>(
             drop(bw);
             Ok((w, info))
         }
-        Format::Parquet => parquet(input, m, w, BATCH, ROW_GROUP),
+        Format::Parquet => parquet(input, m, w, BATCH, ROW_GROUP, progress),
     }
 }
 
@@ -1212,6 +1229,7 @@ fn parquet<W: Write + Send>(
     w: W,
     batch: usize,
     row_group: usize,
+    progress: &Progress,
 ) -> Result<(W, Info)> {
     let schema = schema();
     let writer =
@@ -1231,6 +1249,7 @@ fn parquet<W: Write + Send>(
         flat: Flat::default(),
         batch,
         rows: 0,
+        progress: progress.clone(),
     };
     source::visit(input, &mut e)?;
     let info = Info {
@@ -1247,6 +1266,17 @@ fn parquet<W: Write + Send>(
 /// `export -o FILE`: written atomically; binary Parquet never to a
 /// terminal.
 pub fn run(input: &Input, filter: &Filter, format: Format, out: &Path) -> Result<Info> {
+    run_with(input, filter, format, &Progress::hidden(), out)
+}
+
+/// [`run`], counting the records read on `progress` (the binary's bar).
+pub fn run_with(
+    input: &Input,
+    filter: &Filter,
+    format: Format,
+    progress: &Progress,
+    out: &Path,
+) -> Result<Info> {
     if format == Format::Parquet && crate::is_terminal_path(out) {
         return Err(Error::usage(format!(
             "refusing to write binary Parquet to a terminal ({}): give a file",
@@ -1255,13 +1285,19 @@ pub fn run(input: &Input, filter: &Filter, format: Format, out: &Path) -> Result
     }
     if out == Path::new("-") {
         let stdout = std::io::stdout();
-        let (mut w, info) = write(input, filter, format, std::io::BufWriter::new(stdout))?;
+        let (mut w, info) = write_with(
+            input,
+            filter,
+            format,
+            progress,
+            std::io::BufWriter::new(stdout),
+        )?;
         w.flush().map_err(crate::out_err)?;
         return Ok(info);
     }
     let what = format!("writing {}", out.display());
     let f = kb_format::AtomicFile::create(out).map_err(|e| Error::io(&what, e))?;
-    let (f, info) = write(input, filter, format, f)?;
+    let (f, info) = write_with(input, filter, format, progress, f)?;
     f.commit().map_err(|e| Error::io(&what, e))?;
     Ok(info)
 }
@@ -1654,7 +1690,7 @@ mod tests {
         let m = || Matcher::new(&Filter::default()).unwrap();
         // Batches of 4 rows (text dictionaries start over in each), row
         // groups of 12.
-        let (bytes, info) = parquet(&input, m(), Vec::new(), 4, 12).unwrap();
+        let (bytes, info) = parquet(&input, m(), Vec::new(), 4, 12, &Progress::hidden()).unwrap();
         assert_eq!(info.rows, 85);
         let out = d.path().join("x.parquet");
         std::fs::write(&out, &bytes).unwrap();
@@ -1732,10 +1768,13 @@ mod tests {
             flat: Flat::default(),
             batch: BATCH,
             rows: 0,
+            progress: Progress::hidden(),
         };
         let mut csv = Vec::new();
         e.sink = Some(Sink::Csv(&mut csv, String::new()));
         source::visit_reader("-", &bytes[..], &mut e).unwrap();
+        // The (hidden) bar counted every record read.
+        assert_eq!(e.progress.records(), 7);
         drop(e);
         let t = kb_table::Table::read_csv(std::str::from_utf8(&csv).unwrap(), "-").unwrap();
         assert_eq!(t.rows(), 7);

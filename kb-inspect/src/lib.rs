@@ -23,6 +23,7 @@ pub mod merge;
 pub mod ops;
 pub mod perfetto;
 pub mod plot;
+pub mod progress;
 pub mod render;
 pub mod source;
 pub mod stats;

@@ -1,10 +1,11 @@
 //! kb-inspect: the command line over the `kb_inspect` library.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use kb_inspect::progress::Progress;
 use kb_inspect::render::{KindSel, parse_kind, parse_ns};
 use kb_inspect::{
     EXIT_DIFFERENT, EXIT_ERROR, EXIT_OK, Error, Input, critical, diff, ops, stats, tensor,
@@ -91,6 +92,17 @@ enum TimelineFormat {
     Perfetto,
 }
 
+/// What `timeline --channels` draws of the HBM pseudo channels.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ChannelsArg {
+    /// Left out
+    None,
+    /// A utilisation counter per channel (util hbm_ctrl.chN, per time bin)
+    Counters,
+    /// A track per channel with a busy slice per interval it served
+    Slices,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum ExportFormat {
     Parquet,
@@ -133,7 +145,15 @@ enum Bf16 {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Tool, command line, topology, benchmark and params, simulated time,
-    /// record counts by kind, tensors and verification spec
+    /// record counts by kind, launches and what bound each, tensors and verification spec
+    #[command(
+        after_help = "bound by (per launch): for each resource class, the busiest single unit's \
+        time in the launch's window divided by the launch's span; the launch is bound by the class \
+        with the highest value, the next two follow. Classes: pe_gemm, pe_math, pe_dma, tcm (busy \
+        time, the union of active intervals, of the units on the launch's PEs), hbm channel (each \
+        pseudo channel's service, from the channels chunk), sync wait (the union of a unit's \
+        wait_signal and barrier records). Traces hold no per-link data: NoC links are not ranked."
+    )]
     Summary {
         /// Trace file, or - for standard input
         trace: String,
@@ -229,12 +249,20 @@ enum Cmd {
         the nanosecond) or perfetto (protobuf, timestamps in ns); the default follows the file \
         name (.pftrace, .perfetto-trace, .pb: perfetto; else json). Both hold: a slice per op on \
         its component's track (args: op id, start/end ns, bytes and route SRC -> DST for memory \
-        ops, FLOPs, shape, dtype, launch and kernel); one process per sipN.cubeM, one per SIP for \
-        SIP-level components and one for the host; ops that overlap on one component go to extra \
-        tracks COMPONENT#1, #2, ...; a slice per launch on the host's launches track and per \
-        launch and PE on peN.kernel; flow arrows along dependencies between components; counter \
-        tracks per cube (hbm GB/s, link -> CUBE GB/s, util pe_dma|pe_gemm|pe_math) and per PE \
-        (peN noc GB/s, peN tcm high-water bytes) in time bins."
+        ops, FLOPs, shape, dtype, launch and kernel); one process per PE (sipS.cubeC.peP: its \
+        units' tracks, pe_dma, pe_cpu...), one per sipN.cubeM for the cube's other components, \
+        one per SIP for SIP-level components and one for the host; ops that overlap on one \
+        component go to extra tracks COMPONENT#1, #2, ...; a slice per launch on the host's \
+        launches track and per kernel run on its PE's kernel track (kernel_start to kernel_end; \
+        without those records, the PE's ops of the launch); sync records (waits, signals, \
+        kernel_start/kernel_end instants) on pe_cpu; flow arrows along dependencies between \
+        components (JSON: named by the edge's kind); counter tracks per cube (hbm GB/s, link -> \
+        CUBE GB/s, util pe_dma|pe_gemm|pe_math) and per PE (noc GB/s, tcm high-water bytes) in \
+        time bins; the HBM pseudo channels as --channels says.\n\n\
+        --critical-path marks each launch's critical path (as critical-path walks it): its ops \
+        get args critical=true and critical_launch=N and flow arrows (category critical) chain \
+        them; it reads the trace twice and keeps every record for the walk, so it is off by \
+        default and needs a file. A progress bar is drawn on stderr when it is a terminal."
     )]
     Timeline {
         /// Trace file, or - for standard input
@@ -245,6 +273,13 @@ enum Cmd {
         /// Output format (default: from the file name)
         #[arg(long, value_enum)]
         format: Option<TimelineFormat>,
+        /// HBM pseudo channels: none, a utilisation counter each, or a track each with its
+        /// busy intervals (on a long run nearly all of the timeline's size)
+        #[arg(long, value_enum, default_value = "slices")]
+        channels: ChannelsArg,
+        /// Mark each launch's critical path (args critical, critical_launch; flow arrows)
+        #[arg(long)]
+        critical_path: bool,
         #[command(flatten)]
         filter: FilterArgs,
     },
@@ -342,11 +377,16 @@ enum Cmd {
     },
     /// Compare two traces: exit 0 when identical, 1 when different
     #[command(
-        after_help = "Reports metadata differences (tool version, topology, params, seed, \
-        tensors, verification spec; the command line is a note only), simulated time, busy time \
-        per component, the first op that diverges by timing (records paired in trace order), by \
-        params/effects, and by data fingerprint (records paired by op id), with both records. \
-        At most one of A and B may be - (standard input)."
+        after_help = "Reports metadata differences (tool version, params, seed, tensors, \
+        verification spec; the command line is a note only), resolved topology changes by field \
+        path (links.cube_link.bw_gbs: 256.0 -> 32.0), simulated time (as summary's), then where \
+        the time went per launch (paired by index): the span's change and the busy time by unit \
+        kind, route (memory ops) and op name, largest change first, each A, B and B - A \
+        (positive: more in B); a group's busy time is the sum over its units of each unit's \
+        busy time in the launch's window (JSON also by component). Then the first op that \
+        diverges by timing (records paired in trace order), by params/effects, and by data \
+        fingerprint (records paired by op id), with both records. At most one of A and B may \
+        be - (standard input)."
     )]
     Diff {
         /// First trace (- for standard input)
@@ -415,22 +455,39 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
             trace,
             output,
             format,
+            channels,
+            critical_path,
             filter,
         } => {
+            use kb_inspect::timeline::{Channels, Options};
             let format = match format {
                 Some(TimelineFormat::Json) => kb_inspect::timeline::Format::Json,
                 Some(TimelineFormat::Perfetto) => kb_inspect::timeline::Format::Perfetto,
                 None => kb_inspect::timeline::Format::of(&output),
             };
-            let info = kb_inspect::timeline::run(
-                &Input::parse(&trace),
+            let opts = Options {
+                channels: match channels {
+                    ChannelsArg::None => Channels::None,
+                    ChannelsArg::Counters => Channels::Counters,
+                    ChannelsArg::Slices => Channels::Slices,
+                },
+                critical_path,
+            };
+            let input = Input::parse(&trace);
+            let bar = Progress::new(io::stderr().is_terminal(), "timeline", &input);
+            let info = kb_inspect::timeline::run_with(
+                &input,
                 &filter.filter(),
                 format,
+                &opts,
+                &bar,
                 &output,
-            )?;
+            );
+            bar.clear();
+            let info = info?;
             eprintln!(
                 "kb-inspect: wrote {} ops, {} launches, {} kernels, {} flows and {} counter values \
-                 on {} tracks in {} processes to {}",
+                 on {} tracks in {} processes to {}{}",
                 info.events,
                 info.launches,
                 info.kernels,
@@ -438,7 +495,15 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 info.counter_values,
                 info.tracks + info.counter_tracks,
                 info.processes,
-                output.display()
+                output.display(),
+                if critical_path {
+                    format!(
+                        " ({} ops on critical paths, {} arrows chaining them)",
+                        info.critical_ops, info.critical_flows
+                    )
+                } else {
+                    String::new()
+                }
             );
             if info.events > 2_000_000 && format == kb_inspect::timeline::Format::Json {
                 eprintln!(
@@ -458,8 +523,12 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 Some(ExportFormat::Csv) => kb_inspect::export::Format::Csv,
                 None => kb_inspect::export::Format::of(&output)?,
             };
+            let input = Input::parse(&trace);
+            let bar = Progress::new(io::stderr().is_terminal(), "export", &input);
             let info =
-                kb_inspect::export::run(&Input::parse(&trace), &filter.filter(), format, &output)?;
+                kb_inspect::export::run_with(&input, &filter.filter(), format, &bar, &output);
+            bar.clear();
+            let info = info?;
             eprintln!(
                 "kb-inspect: wrote {} ops to {}{}",
                 info.rows,

@@ -84,6 +84,7 @@ mod f {
     pub const TE_DOUBLE_COUNTER: u32 = 44;
     // DebugAnnotation
     pub const DA_NAME_IID: u32 = 1;
+    pub const DA_BOOL: u32 = 2;
     pub const DA_UINT: u32 = 3;
     pub const DA_DOUBLE: u32 = 5;
     pub const DA_STRING_IID: u32 = 17;
@@ -159,6 +160,7 @@ pub enum Val<'a> {
     U(u64),
     F(f64),
     S(&'a str),
+    B(bool),
 }
 
 /// One interning table: string -> iid (1-based).
@@ -243,6 +245,7 @@ impl Encoder<'_> {
             match *v {
                 Val::U(x) => put_u64(self.ann, f::DA_UINT, x),
                 Val::F(x) => put_f64(self.ann, f::DA_DOUBLE, x),
+                Val::B(x) => put_u64(self.ann, f::DA_BOOL, u64::from(x)),
                 Val::S(s) => {
                     let i =
                         self.seq
@@ -317,10 +320,7 @@ impl<W: Write> PerfettoWriter<W> {
             packets: 0,
             bytes: 0,
         };
-        // Flow instants name themselves `dep`: interned up front.
-        p.main
-            .names
-            .iid("dep", f::ID_EVENT_NAMES, &mut p.interned, &mut p.scratch);
+        // Flow instants are in category `dep`: interned up front.
         p.main
             .cats
             .iid("dep", f::ID_CATEGORIES, &mut p.interned, &mut p.scratch);
@@ -627,10 +627,11 @@ impl<W: Write> PerfettoWriter<W> {
         Ok(())
     }
 
-    /// An instant on `track` at `ts` (sequence 1) that starts flow `id`.
-    pub fn flow_source(&mut self, track: u64, ts: u64, id: u64) -> io::Result<()> {
+    /// An instant named `name` (the edge's kind) on `track` at `ts`
+    /// (sequence 1) that starts flow `id`.
+    pub fn flow_source(&mut self, track: u64, ts: u64, id: u64, name: &str) -> io::Result<()> {
         self.event_head(ts, INSTANT, track);
-        self.main_encoder().name("dep", "dep");
+        self.main_encoder().name(name, "dep");
         put_u64(&mut self.event, f::TE_FLOW_IDS_OLD, id);
         self.event_tail(true)
     }

@@ -417,6 +417,65 @@ fn diff_exit_codes_and_first_divergent_op() {
     assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
 }
 
+#[test]
+fn diff_names_topology_fields_and_attributes_time_per_launch() {
+    let f = fixture();
+    let mut meta = testutil::sample_meta();
+    meta.topology.resolved = "links:\n  cube_link:\n    bw_gbs: 256.0\n".into();
+    let mut ops = testutil::sample_ops();
+    let a = testutil::build_with_launches(
+        &meta,
+        &[],
+        &ops,
+        &testutil::sample_launches(),
+        &testutil::sample_verify(),
+    );
+    meta.topology.resolved = "links:\n  cube_link:\n    bw_gbs: 32.0\n".into();
+    // Op 2 (pe_dma dma_read, active [2000, 2400)) moves its bytes until 2900.
+    ops[2].rec.active = Some((2000, 2900));
+    let b = testutil::build_with_launches(
+        &meta,
+        &[],
+        &ops,
+        &testutil::sample_launches(),
+        &testutil::sample_verify(),
+    );
+    let pa = f.dir.join("a.kbt");
+    std::fs::write(&pa, &a).unwrap();
+    // B on standard input: its launches come after its records.
+    let o = run(&["diff", s(&pa), "-"], Some(&b));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    for want in [
+        "topology (resolved, by field path):\n  links.cube_link.bw_gbs: 256.0 -> 32.0\n",
+        "simulated time: 10.000 ns -> 10.000 ns (+0.000 ns, +0.00 %)\n",
+        "launch #0 gemm: span 5.000 ns -> 5.000 ns (+0.000 ns, +0.00 %)\n",
+        // pe_dma busy [2000, 2400) + [2500, 3000) = 900 -> [2000, 3000) = 1000.
+        "    pe_dma             0.900           1.000          +0.100  (+11.11 %)\n",
+        "launch #1 softmax: span 1.000 ns -> 1.000 ns (+0.000 ns, +0.00 %)\n  busy by unit kind: no change\n",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    let o = run(&["diff", s(&pa), "-", "--format", "json"], Some(&b));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["topology"][0]["path"], "links.cube_link.bw_gbs");
+    assert_eq!(
+        v["attribution"][0]["busy_ps"]["op_name"][0]["key"],
+        "dma_read"
+    );
+    // dma_read's union on pe_dma, as pe_dma's above: +100 ps.
+    assert_eq!(v["attribution"][0]["busy_ps"]["op_name"][0]["delta"], 100);
+    // The summary's bound-by line, on the same trace.
+    let o = run(&["summary", "-"], Some(&b));
+    ok(&o);
+    assert!(
+        stdout(&o)
+            .contains("     bound by: pe_dma (sip0.cube0.pe0.pe_dma busy 20.0 % of the span)\n"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// Every command, on a file and on stdin, exits 2 with kb-format's message
 /// on a truncated or corrupted trace, and never panics.
 #[test]

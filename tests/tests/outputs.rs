@@ -161,13 +161,17 @@ fn text_commands_survive_a_closed_stdout() {
 fn progress_shows_on_a_terminal_only() {
     let dir = tempfile::tempdir().unwrap();
     let t = dir.path().join("t.kbt");
-    let (sim, replay) = (bin("kb-sim"), bin("kb-replay"));
+    let (sim, replay, inspect) = (bin("kb-sim"), bin("kb-replay"), bin("kb-inspect"));
+    let json = dir.path().join("t.json");
+    let parquet = dir.path().join("t.parquet");
     let cmd = format!(
-        "{} -t small -b softmax -o {} && {} {} --verify",
+        "{} -t small -b softmax -o {t} && {} {t} --verify && {i} timeline {t} -o {} && {i} export {t} -o {}",
         sim.display(),
-        t.display(),
         replay.display(),
-        t.display()
+        json.display(),
+        parquet.display(),
+        t = t.display(),
+        i = inspect.display(),
     );
     let Some(text) = on_a_terminal(&format!("{cmd}; echo rc=$?")) else {
         eprintln!("skipped: no `script` to provide a terminal");
@@ -178,6 +182,13 @@ fn progress_shows_on_a_terminal_only() {
     // The verification spinner may not get a tick on a short run; its
     // summary follows it either way.
     assert!(text.contains("verification PASSED"), "{text}");
+    // kb-inspect's bars over the records, the footer giving the total.
+    for what in ["timeline", "export"] {
+        assert!(
+            text.contains(&format!("{what} ")) && text.contains(" records ("),
+            "{text}"
+        );
+    }
     // In a pipe: the summary lines only.
     let o = run(
         "kb-sim",
@@ -186,4 +197,16 @@ fn progress_shows_on_a_terminal_only() {
     );
     assert!(o.status.success());
     assert!(!stderr(&o).contains("simulating"), "{}", stderr(&o));
+    let o = run(
+        "kb-inspect",
+        &[
+            "timeline",
+            t.to_str().unwrap(),
+            "-o",
+            json.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(o.status.success());
+    assert!(!stderr(&o).contains(" records ("), "{}", stderr(&o));
 }
