@@ -349,6 +349,33 @@ fn a_barrier_costs_its_messages_and_their_handling() {
     let fill1 = find(&recs, "copy", "sip0.cube0.pe1.pe_math");
     assert_eq!(fill0.t_start, counted + handle + 2_000);
     assert_eq!(fill1.t_start, counted + route + handle + 2_000);
+    // On record: each PE's wait at the barrier, from its arrival to its
+    // resuming; each fill was issued after it (a program edge).
+    for (pe, fill) in [("pe0", fill0), ("pe1", fill1)] {
+        let cpu = format!("sip0.cube0.{pe}.pe_cpu");
+        let (wait, start) = (
+            find(&recs, "barrier", &cpu),
+            find(&recs, "kernel_start", &cpu),
+        );
+        assert_eq!(wait.kind, kb_format::OpKind::Sync);
+        assert_eq!(
+            (wait.t_start, wait.t_end),
+            (start.t_start, fill.t_start - 2_000),
+            "{pe}"
+        );
+        assert!(
+            fill.deps
+                .iter()
+                .any(|d| (d.op, d.kind) == (wait.op_id, kb_format::DepKind::Program)),
+            "{pe}: {:?}",
+            fill.deps
+        );
+        // Its cause: what the last member to arrive had last finished
+        // (here the start of its kernel), a sync edge.
+        assert!(
+            wait.deps.iter().all(|d| d.kind == kb_format::DepKind::Sync) && !wait.deps.is_empty()
+        );
+    }
 }
 
 #[test]
