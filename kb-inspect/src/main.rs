@@ -51,17 +51,28 @@ struct FilterArgs {
     /// Keep ops that start before this time (ns)
     #[arg(long, value_name = "NS", value_parser = parse_ns)]
     to: Option<u64>,
+    /// Keep ops that overlap launch N's window (its index in `summary`'s list; with
+    /// --from/--to, within both); needs a trace file
+    #[arg(long, value_name = "N")]
+    launch: Option<usize>,
 }
 
 impl FilterArgs {
-    fn filter(&self) -> ops::Filter {
-        ops::Filter {
+    /// The filter, with `--launch` resolved against the trace's launches.
+    fn filter(&self, trace: &Input) -> Result<ops::Filter, Error> {
+        let (mut from, mut to) = (self.from, self.to);
+        if let Some(i) = self.launch {
+            let (l0, l1) = kb_inspect::stats::launch_window(trace, i)?;
+            from = Some(from.map_or(l0, |f| f.max(l0)));
+            to = Some(to.map_or(l1, |t| t.min(l1)));
+        }
+        Ok(ops::Filter {
             components: self.components.clone(),
             names: self.names.clone(),
             kinds: self.kinds.clone(),
-            from: self.from,
-            to: self.to,
-        }
+            from,
+            to,
+        })
     }
 }
 
@@ -214,6 +225,12 @@ enum Cmd {
         /// the ops that overlap it, clipped to it; default: the kernel window of all launches
         #[arg(long, value_name = "N")]
         launch: Option<usize>,
+        /// The window starts here instead (ns; within --launch's window when both are given)
+        #[arg(long, value_name = "NS", value_parser = parse_ns)]
+        from: Option<u64>,
+        /// The window ends here instead (ns; within --launch's window when both are given)
+        #[arg(long, value_name = "NS", value_parser = parse_ns)]
+        to: Option<u64>,
         #[arg(long, value_enum, default_value = "table")]
         format: StatsFormat,
     },
@@ -415,13 +432,16 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 OpsFormat::Jsonl => ops::Format::Jsonl,
                 OpsFormat::Csv => ops::Format::Csv,
             };
-            ops::run(&Input::parse(&trace), &filter.filter(), limit, f, out)?;
+            let input = Input::parse(&trace);
+            ops::run(&input, &filter.filter(&input)?, limit, f, out)?;
         }
         Cmd::Stats {
             trace,
             by,
             names,
             launch,
+            from,
+            to,
             format,
         } => {
             let by = match by {
@@ -437,7 +457,8 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 StatsFormat::Json => stats::Format::Json,
                 StatsFormat::Csv => stats::Format::Csv,
             };
-            stats::run(&Input::parse(&trace), by, &names, launch, f, out)?;
+            let window = stats::WindowArgs { launch, from, to };
+            stats::run(&Input::parse(&trace), by, &names, window, f, out)?;
         }
         Cmd::CriticalPath {
             trace,
@@ -474,15 +495,10 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 critical_path,
             };
             let input = Input::parse(&trace);
+            let filter = filter.filter(&input)?;
             let bar = Progress::new(io::stderr().is_terminal(), "timeline", &input);
-            let info = kb_inspect::timeline::run_with(
-                &input,
-                &filter.filter(),
-                format,
-                &opts,
-                &bar,
-                &output,
-            );
+            let info =
+                kb_inspect::timeline::run_with(&input, &filter, format, &opts, &bar, &output);
             bar.clear();
             let info = info?;
             eprintln!(
@@ -524,9 +540,9 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 None => kb_inspect::export::Format::of(&output)?,
             };
             let input = Input::parse(&trace);
+            let filter = filter.filter(&input)?;
             let bar = Progress::new(io::stderr().is_terminal(), "export", &input);
-            let info =
-                kb_inspect::export::run_with(&input, &filter.filter(), format, &bar, &output);
+            let info = kb_inspect::export::run_with(&input, &filter, format, &bar, &output);
             bar.clear();
             let info = info?;
             eprintln!(

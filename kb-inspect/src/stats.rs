@@ -157,6 +157,35 @@ pub enum Window {
     Launch { index: usize },
     /// The trace has no launches: the whole run.
     Run,
+    /// `--from`/`--to` (within launch `launch`'s window if given).
+    Range { launch: Option<usize> },
+}
+
+/// Which window `stats` counts over: launch N's (or all launches'), cut
+/// to `[from, to)` when given (ps).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowArgs {
+    pub launch: Option<usize>,
+    pub from: Option<Ps>,
+    pub to: Option<Ps>,
+}
+
+/// Launch `index`'s window `[t_start, t_end]` in ps, from a trace file
+/// (`--launch` of `ops`, `timeline`, `export`: a stream's launches come
+/// after its records, too late to filter them).
+pub fn launch_window(input: &Input, index: usize) -> Result<(Ps, Ps)> {
+    let Input::Path(path) = input else {
+        return Err(crate::Error::usage(
+            "--launch needs a trace file: a stream's launches come after its records",
+        ));
+    };
+    let m = kb_format::MmapTrace::open(path).map_err(|source| crate::Error::Trace {
+        input: path.display().to_string(),
+        source,
+    })?;
+    let l = launch_at(m.launches(), index)
+        .map_err(|e| crate::Error::usage(format!("{}: {e}", path.display())))?;
+    Ok((l.t_start, l.t_end.max(l.t_start)))
 }
 
 /// The result of `stats`.
@@ -208,6 +237,8 @@ pub struct Collector {
     matcher: Option<Matcher>,
     /// `--launch N`.
     launch: Option<usize>,
+    /// `--from`/`--to` (ps).
+    range: (Option<Ps>, Option<Ps>),
     /// The window, once known (a file's launches come before its records;
     /// a stream's at the end, so its records wait in `pending`).
     window: Option<(Ps, Ps)>,
@@ -255,6 +286,13 @@ impl Collector {
     /// Restrict the window to launch `index` (`--launch`).
     pub fn with_launch(mut self, index: Option<usize>) -> Collector {
         self.launch = index;
+        self
+    }
+
+    /// Restrict the window as `w` says (`--launch`, `--from`, `--to`).
+    pub fn with_window(mut self, w: WindowArgs) -> Collector {
+        self.launch = w.launch;
+        self.range = (w.from, w.to);
         self
     }
 
@@ -379,6 +417,19 @@ impl Collector {
                 None => ((0, Ps::MAX), Window::Run),
             },
         };
+        let (window, kind) = match self.range {
+            (None, None) => (window, kind),
+            (from, to) => {
+                let w0 = from.map_or(window.0, |f| f.max(window.0));
+                let w1 = to.map_or(window.1, |t| t.min(window.1));
+                (
+                    (w0, w1.max(w0)),
+                    Window::Range {
+                        launch: self.launch,
+                    },
+                )
+            }
+        };
         self.window = Some(window);
         self.window_kind = Some(kind);
         for p in std::mem::take(&mut self.pending) {
@@ -400,6 +451,7 @@ impl Collector {
         // The run's window ends with the run.
         let window = match kind {
             Window::Run => (0, run),
+            Window::Range { .. } if clip.1 == Ps::MAX => (clip.0, run.max(clip.0)),
             _ => clip,
         };
         let rate = |x: u64, busy: Ps| (busy > 0).then(|| x as f64 * 1000.0 / busy as f64);
@@ -601,7 +653,25 @@ pub fn compute_in(
     names: &[String],
     launch: Option<usize>,
 ) -> Result<Stats> {
-    let mut c = Collector::with_names(by, names)?.with_launch(launch);
+    compute_window(
+        input,
+        by,
+        names,
+        WindowArgs {
+            launch,
+            ..WindowArgs::default()
+        },
+    )
+}
+
+/// [`compute_in`] over the window `w` gives.
+pub fn compute_window(
+    input: &Input,
+    by: GroupBy,
+    names: &[String],
+    w: WindowArgs,
+) -> Result<Stats> {
+    let mut c = Collector::with_names(by, names)?.with_window(w);
     source::visit(input, &mut c)?;
     Ok(c.result.expect("end sets the result"))
 }
@@ -645,6 +715,12 @@ impl Stats {
                 format!("launch {index} window {}..{} ns", ns(w0), ns(w1))
             }
             Window::Run => "no launches: utilisation over the whole run".into(),
+            Window::Range { launch } => format!(
+                "window {}..{} ns (--from/--to{})",
+                ns(w0),
+                ns(w1),
+                launch.map_or(String::new(), |i| format!(" within launch {i}"))
+            ),
         }
     }
 
@@ -657,9 +733,10 @@ impl Stats {
                 Window::Kernels { .. } => "kernels",
                 Window::Launch { .. } => "launch",
                 Window::Run => "run",
+                Window::Range { .. } => "range",
             },
             "launch": match self.window_kind {
-                Window::Launch { index } => Some(index),
+                Window::Launch { index } | Window::Range { launch: Some(index) } => Some(index),
                 _ => None,
             },
             "window_start_ps": self.window.0,
@@ -795,11 +872,11 @@ pub fn run(
     input: &Input,
     by: GroupBy,
     names: &[String],
-    launch: Option<usize>,
+    window: WindowArgs,
     format: Format,
     w: &mut dyn Write,
 ) -> Result<Stats> {
-    let s = compute_in(input, by, names, launch)?;
+    let s = compute_window(input, by, names, window)?;
     s.write(format, w).map_err(out_err)?;
     Ok(s)
 }
@@ -869,6 +946,39 @@ mod tests {
         // The host's upload: no active interval, all of it busy.
         let host = &s.rows[0];
         assert_eq!((host.busy, host.held), (1000, 1000));
+    }
+
+    #[test]
+    fn from_and_to_cut_the_window() {
+        let bytes = testutil::sample_trace();
+        let (_d, p) = testutil::write_temp(&bytes);
+        let at = |launch, from, to| {
+            let w = WindowArgs { launch, from, to };
+            compute_window(&Input::Path(p.clone()), GroupBy::Component, &[], w).unwrap()
+        };
+        // Within launch 0 ([0, 5000)) from 2500: pe_dma's ops [1000, 3000)
+        // and [2000, 4000) hold [2500, 4000); of their active [2000, 2400)
+        // and [2500, 3000) only the second is in.
+        let s = at(Some(0), Some(2500), None);
+        assert_eq!(
+            (s.window, s.window_kind),
+            ((2500, 5000), Window::Range { launch: Some(0) })
+        );
+        let dma = s.rows.iter().find(|r| r.key.ends_with("pe_dma")).unwrap();
+        assert_eq!((dma.busy, dma.held), (500, 1500));
+        assert_eq!(dma.utilisation, Some(500.0 / 2500.0));
+        // Over the kernel window, [2500, 3000): both ops hold all of it.
+        let s = at(None, Some(2500), Some(3000));
+        assert_eq!(s.window, (2500, 3000));
+        let dma = s.rows.iter().find(|r| r.key.ends_with("pe_dma")).unwrap();
+        assert_eq!((dma.busy, dma.held, dma.utilisation), (500, 500, Some(1.0)));
+        let mut out = Vec::new();
+        s.write(Format::Table, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("window 2.500..3.000 ns (--from/--to)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -150,6 +150,60 @@ fn ops_filters_and_formats_on_both_sources() {
 }
 
 #[test]
+fn launch_selects_the_ops_of_one_launch_from_a_file() {
+    let f = fixture();
+    let ids = |args: &[&str]| -> Vec<String> {
+        let mut a = vec!["ops", s(&f.trace), "--format", "csv"];
+        a.extend_from_slice(args);
+        let o = run(&a, None);
+        ok(&o);
+        stdout(&o)
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').next().unwrap().to_string())
+            .collect()
+    };
+    // Launch 0 is [0, 5000) ps: pe_dma's ops 1 and 2 (op 4 starts at its
+    // end); launch 1, [6000, 7000), has only the exp.
+    assert_eq!(
+        ids(&["--launch", "0", "--component", "*pe_dma"]),
+        ["1", "2"]
+    );
+    assert_eq!(ids(&["--launch", "1"]), ids(&["--name", "exp"]));
+    // With --from: within both.
+    assert_eq!(
+        ids(&["--launch", "0", "--from", "3.5", "--component", "*pe_dma"]),
+        ["2"]
+    );
+    // A stream's launches come too late; a launch the trace lacks.
+    let o = run(&["ops", "-", "--launch", "0"], Some(&f.bytes));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--launch needs a trace file"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(
+        &[
+            "timeline",
+            s(&f.trace),
+            "--launch",
+            "5",
+            "-o",
+            s(&f.dir.join("t.json")),
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--launch 5: the trace has 2 launches"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!f.dir.join("t.json").exists());
+}
+
+#[test]
 fn stats_on_both_sources() {
     let f = fixture();
     let a = run(&["stats", s(&f.trace), "--format", "json"], None);
