@@ -207,3 +207,54 @@ fn a_trace_through_a_pipe_and_one_written_to_a_file_are_the_same_bytes() {
         "{text}"
     );
 }
+
+/// The check: a slower cube link, diffed. The change is named by
+/// its field path, and the copies over cube links are where the time went.
+#[test]
+fn diff_of_a_slower_cube_link_names_the_field_and_the_copies_that_slowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.kbt"), dir.path().join("b.kbt"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let base = ["-q", "-t", "default", "-b", "tp_mlp", "-p", "group=sip"];
+    let sim = |out: &str, extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["-o", out]);
+        let o = run("kb-sim", &args, b"");
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    sim(a, &[]);
+    sim(b, &["--set", "links.cube_link.bw_gbs=32"]);
+    let text = run("kb-inspect", &["diff", a, b], b"");
+    assert_eq!(text.status.code(), Some(1), "{}", stderr(&text));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("links.cube_link.bw_gbs: 256.0 -> 32.0"),
+        "{text}"
+    );
+    let o = run("kb-inspect", &["diff", a, b, "--format", "json"], b"");
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(d["topology"][0]["path"], "links.cube_link.bw_gbs");
+    let busy = &d["attribution"][0]["busy_ps"];
+    // The largest change by op name: the all-reduce's copies, slower.
+    let first = &busy["op_name"][0];
+    assert_eq!(first["key"], "ipcq_copy", "{busy}");
+    assert!(first["delta"].as_i64().unwrap() > 0);
+    // By route: the largest changes all cross a cube link (from one
+    // cube's memory into the next cube's TCM).
+    for r in busy["route"].as_array().unwrap().iter().take(8) {
+        let key = r["key"].as_str().unwrap();
+        let cube = |side: &str| side.split('.').nth(1).map(str::to_string);
+        let (src, dst) = key.split_once(" -> ").unwrap();
+        assert_ne!(cube(src), cube(dst), "{key} does not cross a cube link");
+        assert!(r["delta"].as_i64().unwrap() > 0, "{r}");
+    }
+    // One simulated time, summary's.
+    let s = run("kb-inspect", &["summary", b, "--format", "json"], b"");
+    let s: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    assert_eq!(
+        d["sim_time_ps"]["b"], s["sim_time_ps"],
+        "{}",
+        d["sim_time_ps"]
+    );
+}
