@@ -131,7 +131,14 @@ impl Params {
             .iter()
             .map(|p| (p.name.to_string(), p.default.to_string()))
             .collect();
-        for (k, v) in given {
+        for (i, (k, v)) in given.iter().enumerate() {
+            if let Some((_, first)) = given[..i].iter().find(|(k0, _)| k0 == k) {
+                return Err(WorkloadError::Param {
+                    workload: w.name().into(),
+                    param: k.clone(),
+                    message: format!("given twice ({k}={first}, then {k}={v}): give it once"),
+                });
+            }
             if !values.contains_key(k) {
                 let known: Vec<_> = w.params().iter().map(|p| p.name).collect();
                 return Err(WorkloadError::Param {

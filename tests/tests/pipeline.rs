@@ -94,6 +94,18 @@ fn bad_flags_topologies_and_params_exit_2() {
         &run("kb-sim", &["-o", "-", "-p", "bogus=1"], b""),
         "unknown param",
     );
+    // A parameter given twice is a mistake, not "the last one wins".
+    let o = run(
+        "kb-sim",
+        &["-o", "-", "-b", "gemm", "-p", "m=64", "-p", "m=128"],
+        b"",
+    );
+    assert_clean_error(&o, "param given twice");
+    assert!(
+        stderr(&o).contains("m: given twice (m=64, then m=128)"),
+        "{}",
+        stderr(&o)
+    );
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");
     let small = std::fs::read_to_string(concat!(
