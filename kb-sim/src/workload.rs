@@ -574,8 +574,36 @@ impl<'m> Program<'m> {
         });
     }
 
-    /// The finished program; errs if an `--input` named no tensor.
+    /// The finished program; errs if an `--input` named no tensor, or an
+    /// output the workload computes and verifies (its data would be
+    /// overwritten, and the check would compare against inputs it never
+    /// read).
     pub fn finish(self) -> Result<Built<'m>, WorkloadError> {
+        if let Some(out) = self
+            .verify
+            .outputs
+            .iter()
+            .find(|o| self.used_inputs.contains(&o.tensor))
+        {
+            let inputs: Vec<_> = self
+                .rt
+                .tensors
+                .iter()
+                .filter(|t| {
+                    t.meta.host_data && !self.verify.outputs.iter().any(|o| o.tensor == t.meta.name)
+                })
+                .map(|t| t.meta.name.as_str())
+                .collect();
+            return Err(WorkloadError::Input {
+                name: out.tensor.clone(),
+                message: format!(
+                    "{:?} is an output workload {} computes and verifies, not an input (its inputs: {})",
+                    out.tensor,
+                    self.workload,
+                    inputs.join(", ")
+                ),
+            });
+        }
         if let Some(name) = self.inputs.keys().find(|n| !self.used_inputs.contains(n)) {
             let names: Vec<_> = self
                 .rt

@@ -167,4 +167,20 @@ fn inputs_from_numpy_round_trip_and_are_checked() {
             assert!(err.contains(w), "{extra:?}: missing {w:?} in {err}");
         }
     }
+    // The output softmax computes, though of the right shape and dtype.
+    let yin = format!("y={x}");
+    let out = run(
+        "kb-sim",
+        &[
+            "-q", "-t", "small", "-b", "softmax", "-p", "rows=24", "-p", "cols=40", "--input",
+            &yin, "-o", &b,
+        ],
+        b"",
+    );
+    assert_clean_error(&out, "--input on the output");
+    let err = stderr(&out);
+    assert!(
+        err.contains("\"y\" is an output workload softmax computes and verifies, not an input (its inputs: x)"),
+        "{err}"
+    );
 }
