@@ -1,5 +1,15 @@
 //! kb-inspect: the command line over the `kb_inspect` library.
 
+/// `eprintln!` that never panics: a run's notes on stderr are not worth
+/// failing it for when the reader has gone (`2>&1 | head -1`), after its
+/// outputs are written.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -501,7 +511,7 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 kb_inspect::timeline::run_with(&input, &filter, format, &opts, &bar, &output);
             bar.clear();
             let info = info?;
-            eprintln!(
+            say!(
                 "kb-inspect: wrote {} ops, {} launches, {} kernels, {} flows and {} counter values \
                  on {} tracks in {} processes to {}{}",
                 info.events,
@@ -522,7 +532,7 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 }
             );
             if info.events > 2_000_000 && format == kb_inspect::timeline::Format::Json {
-                eprintln!(
+                say!(
                     "kb-inspect: note: Perfetto UI loads large JSON slowly; \
                      --format perfetto is smaller and faster, --from/--to select a window"
                 );
@@ -545,7 +555,7 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
             let info = kb_inspect::export::run_with(&input, &filter, format, &bar, &output);
             bar.clear();
             let info = info?;
-            eprintln!(
+            say!(
                 "kb-inspect: wrote {} ops to {}{}",
                 info.rows,
                 output.display(),
@@ -563,7 +573,7 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
             y,
         } => {
             let info = kb_inspect::plot::run(&input, x.as_deref(), &y, &output)?;
-            eprintln!(
+            say!(
                 "kb-inspect: drew {} lines ({} points) to {}",
                 info.lines,
                 info.points,
@@ -572,7 +582,7 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
         }
         Cmd::Merge { tables, output } => {
             let info = kb_inspect::merge::run(&tables, &output)?;
-            eprintln!(
+            say!(
                 "kb-inspect: merged {} rows of {} tables ({} columns) into {}",
                 info.rows,
                 info.tables,
@@ -598,7 +608,7 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 Bf16::Bits => tensor::Bf16As::Bits,
             };
             let t = tensor::export(&Input::parse(&trace), &name, &output, how)?;
-            eprintln!(
+            say!(
                 "kb-inspect: wrote tensor {} ({} {:?}) as {} to {}",
                 t.name,
                 t.dtype,
@@ -633,7 +643,7 @@ fn main() -> ExitCode {
         Err(e) if e.is_broken_pipe() => ExitCode::from(EXIT_OK as u8),
         Err(e) => {
             drop(out);
-            eprintln!("kb-inspect: {e}");
+            say!("kb-inspect: {e}");
             ExitCode::from(EXIT_ERROR as u8)
         }
     }

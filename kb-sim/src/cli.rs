@@ -247,7 +247,7 @@ pub fn main(workloads: Vec<Box<dyn Workload>>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kb-sim: {e}");
+            say!("kb-sim: {e}");
             ExitCode::from(2)
         }
     }
@@ -370,17 +370,17 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
     progress.clear();
     let stats = &report.stats;
     for r in &stats.race_reports {
-        eprintln!("kb-sim: warning: {r}");
+        say!("kb-sim: warning: {r}");
     }
     if stats.races > stats.race_reports.len() as u64 {
-        eprintln!(
+        say!(
             "kb-sim: warning: {} data races in all (the first {} are shown)",
             stats.races,
             stats.race_reports.len()
         );
     }
     if !a.quiet {
-        eprintln!(
+        say!(
             "kb-sim: {} on {}: {} records, {} events, {} launch{}, simulated {:.3} ns (kernels from {:.3} ns), wall {:.3} s",
             workload.name(),
             cfg.topology.name,
@@ -394,8 +394,8 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         );
         match (a.races, stats.races) {
             (RacePolicy::Off, _) => {}
-            (_, 0) => eprintln!("kb-sim: races: none (every shared access is ordered)"),
-            (_, n) => eprintln!(
+            (_, 0) => say!("kb-sim: races: none (every shared access is ordered)"),
+            (_, n) => say!(
                 "kb-sim: races: {n} data race{} (see the warnings above; --races error makes them fail the run)",
                 if n == 1 { "" } else { "s" }
             ),
@@ -404,7 +404,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             (f.saturating_add(l.flops), u.saturating_add(l.useful_flops))
         });
         if flops > 0 {
-            eprintln!(
+            say!(
                 "kb-sim: compute: {flops} FLOPs executed, {useful} useful ({:.1} %{})",
                 useful as f64 * 100.0 / flops as f64,
                 if useful < flops {
@@ -419,7 +419,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             // computing over (units x kernel window).
             let pes = u64::from(cfg.topology.total_pes());
             let pct = |busy| kb_format::usage::utilisation(busy, pes, w).unwrap_or(0.0) * 100.0;
-            eprintln!(
+            say!(
                 "kb-sim: over the kernels' {:.3} ns, {pes} PEs: pe_gemm computing {:.1} %, pe_math {:.1} %; {} accumulator writebacks; {} DMAs held behind an earlier one on the same bytes",
                 (w.1 - w.0) as f64 / 1e3,
                 pct(stats.gemm_busy),
@@ -434,7 +434,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
                 AddressModel::La => "BAAW segment installs",
                 _ => "pe_mmu map messages",
             };
-            eprintln!(
+            say!(
                 "kb-sim: address model {}: {} {what} (latency {:.3}..{:.3} ns), {} removed at free, {} page faults (PA fallback)",
                 cfg.topology.address_model.name(),
                 m.maps,
@@ -523,7 +523,7 @@ fn cmd_sweep(a: SweepArgs) -> Result<(), String> {
     };
     if let Some(dir) = &a.emit_jobs {
         let n = crate::sweep::emit_jobs(&cfg, dir)?;
-        eprintln!(
+        say!(
             "kb-sim sweep: wrote {n} jobs to {0}/jobs.txt and the Slurm job array {0}/sweep.sbatch; \
              submit it with `sbatch {0}/sweep.sbatch`, then join the rows with \
              `kb-inspect merge {0}/results/point-*.parquet -o sweep.parquet`",

@@ -18,6 +18,16 @@
 //! Flow: topology -> machine -> workload (tensors, launch/wait/free steps)
 //! -> engine (deploy, launches, frees) -> records -> trace.
 
+/// `eprintln!` that never panics: a run's notes on stderr are not worth
+/// failing it for when the reader has gone (`2>&1 | head -1`), after its
+/// outputs are written.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 pub mod alloc;
 pub mod cli;
 pub mod collective;

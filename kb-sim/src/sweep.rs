@@ -617,7 +617,7 @@ pub fn run(cfg: &SweepConfig) -> Result<usize, String> {
                         ),
                         (None, _) => o.status.clone(),
                     };
-                    eprintln!(
+                    say!(
                         "kb-sim sweep: point {p} ({}): {what} [{:.2} s]",
                         desc.join(" "),
                         o.wall_s
@@ -633,7 +633,7 @@ pub fn run(cfg: &SweepConfig) -> Result<usize, String> {
     let t = table(cfg, &all, &outcomes);
     t.save(&csv).map_err(|e| e.to_string())?;
     t.save(&pq).map_err(|e| e.to_string())?;
-    eprintln!(
+    say!(
         "kb-sim sweep: {} point{}{}: wrote {} and {}",
         outcomes.len(),
         if outcomes.len() == 1 { "" } else { "s" },

@@ -210,3 +210,42 @@ fn progress_shows_on_a_terminal_only() {
     assert!(o.status.success());
     assert!(!stderr(&o).contains(" records ("), "{}", stderr(&o));
 }
+
+/// A reader of stderr that has gone (`2>&1 | head -1`) does not fail a
+/// run whose outputs are written: kb-sim run, sweep, and kb-inspect export
+/// and timeline exit 0 with their files in place.
+#[test]
+fn a_closed_stderr_fails_no_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let (t, sweep, parquet, json) = (p("t.kbt"), p("s.csv"), p("o.parquet"), p("t.json"));
+    let cases: [(&str, Vec<&str>, &str); 4] = [
+        ("kb-sim", vec!["-t", "small", "-b", "gemm", "-o", &t], &t),
+        (
+            "kb-sim",
+            vec![
+                "sweep", "-t", "small", "-b", "gemm", "-p", "m=64,128", "-o", &sweep,
+            ],
+            &sweep,
+        ),
+        ("kb-inspect", vec!["export", &t, "-o", &parquet], &parquet),
+        ("kb-inspect", vec!["timeline", &t, "-o", &json], &json),
+    ];
+    for (tool, args, out) in cases {
+        let mut child = Command::new(bin(tool))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes before anything is written.
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{tool} {args:?}");
+        assert!(
+            std::path::Path::new(out).exists(),
+            "{tool} {args:?}: no {out}"
+        );
+    }
+}
