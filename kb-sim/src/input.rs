@@ -24,16 +24,36 @@ const HEADER_SLACK: u64 = 1 << 17;
 /// message naming what the file holds and what was declared.
 pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, String> {
     let shown = path.display();
-    let want = shape[0] * shape[1] * dtype.size() as u64;
+    let elems = shape[0].saturating_mul(shape[1]);
+    let want = elems.saturating_mul(dtype.size() as u64);
+    // The file's bytes: bf16 comes as <f4, 4 bytes an element.
+    let file_es = if dtype == Dtype::Bf16 {
+        4
+    } else {
+        dtype.size() as u64
+    };
+    let limit = elems.saturating_mul(file_es).saturating_add(HEADER_SLACK);
     let file = std::fs::File::open(path).map_err(|e| format!("{shown}: {e}"))?;
     let mut bytes = Vec::new();
-    file.take(want + HEADER_SLACK + 1)
+    file.take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(|e| format!("{shown}: {e}"))?;
-    if bytes.len() as u64 > want + HEADER_SLACK {
-        return Err(format!(
-            "{shown} is larger than a {dtype} {shape:?} array ({want} data bytes) can be"
-        ));
+    if bytes.len() as u64 > limit {
+        // Name what it holds when its header says (a wider dtype, a
+        // larger shape); the data was not read past the bound.
+        return Err(match NpyFile::new(&bytes[..]) {
+            Ok(f) => format!(
+                "{shown} holds a {} array of shape {:?}; the workload declares {dtype} {shape:?}",
+                match f.dtype() {
+                    DType::Plain(ts) => ts.to_string(),
+                    other => other.descr(),
+                },
+                f.shape()
+            ),
+            Err(_) => format!(
+                "{shown} is larger than a {dtype} {shape:?} array ({want} data bytes) can be"
+            ),
+        });
     }
     let f =
         NpyFile::new(&bytes[..]).map_err(|e| format!("{shown}: not a readable .npy file: {e}"))?;
@@ -106,4 +126,58 @@ fn fortran_to_c(b: &[u8], [rows, cols]: [u64; 2], es: usize) -> Vec<u8> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A v1 .npy file of `descr` and `shape` holding `data`.
+    fn npy(descr: &str, shape: [u64; 2], data: &[u8]) -> tempfile::NamedTempFile {
+        let mut header = format!(
+            "{{'descr': '{descr}', 'fortran_order': False, 'shape': ({}, {}), }}",
+            shape[0], shape[1]
+        );
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(data);
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), b).unwrap();
+        f
+    }
+
+    #[test]
+    fn a_bf16_tensor_reads_its_f4_file_whatever_its_size() {
+        // 300 x 300 = 90,000 elements, more than 65,536: 360,000 file
+        // bytes for 180,000 tensor bytes. 1.5 is exact in bf16.
+        let shape = [300, 300];
+        let data: Vec<u8> = (0..90_000).flat_map(|_| 1.5f32.to_le_bytes()).collect();
+        let f = npy("<f4", shape, &data);
+        let b = read(f.path(), Dtype::Bf16, shape).unwrap();
+        assert_eq!(b.len(), 180_000);
+        assert_eq!(&b[..2], &half::bf16::from_f32(1.5).to_le_bytes());
+    }
+
+    #[test]
+    fn a_wider_file_is_named_by_its_dtype_even_when_too_large_to_read() {
+        // f64 for an f32 tensor: twice the bytes, past the read bound.
+        let shape = [300, 300];
+        let f = npy("<f8", shape, &vec![0u8; 90_000 * 8]);
+        let e = read(f.path(), Dtype::F32, shape).unwrap_err();
+        assert!(
+            e.ends_with(
+                "holds a <f8 array of shape [300, 300]; the workload declares f32 [300, 300]"
+            ),
+            "{e}"
+        );
+        // Small enough to read: the same words.
+        let f = npy("<f8", [2, 2], &[0u8; 32]);
+        let e = read(f.path(), Dtype::F32, [2, 2]).unwrap_err();
+        assert!(e.contains("holds a <f8 array of shape [2, 2]"), "{e}");
+    }
 }
