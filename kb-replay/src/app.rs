@@ -45,6 +45,8 @@ pub struct Config {
     pub expect: Vec<(String, PathBuf)>,
     pub dump_outputs: Option<PathBuf>,
     pub quiet: bool,
+    /// `--allow-unknown` ([`Report::allow_unknown`]).
+    pub allow_unknown: bool,
     /// Threads in all (one reads and plans, and helps with the ops);
     /// `None` for every available core.
     pub threads: Option<usize>,
@@ -395,6 +397,7 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
         backend: backend.name().to_string(),
         threads: exec.threads(),
         fingerprints: cfg.options.fingerprints.name().to_string(),
+        allow_unknown: cfg.allow_unknown,
     };
     if let Some(target) = &cfg.report {
         write_report(target, &report)?;

@@ -57,6 +57,12 @@ struct Args {
     #[arg(long, short)]
     quiet: bool,
 
+    /// Let verification pass although ops of kinds this build does not
+    /// know were skipped (by default they fail it: what they computed
+    /// would go unchecked)
+    #[arg(long)]
+    allow_unknown: bool,
+
     /// Threads in all, one of them also reading and planning the trace
     /// [default: the number of available cores; at most 4 per core]
     #[arg(long, short = 'j', value_name = "N")]
@@ -133,6 +139,7 @@ fn main() -> ExitCode {
         expect: args.expect,
         dump_outputs: args.dump_outputs,
         quiet: args.quiet,
+        allow_unknown: args.allow_unknown,
         threads: args.threads,
         progress: !args.quiet && std::io::stderr().is_terminal(),
         options: ReplayOptions {

@@ -82,14 +82,37 @@ pub struct Report {
     pub threads: usize,
     /// Which fingerprints were checked (`all`, `sample`, `off`).
     pub fingerprints: String,
+    /// `--allow-unknown`: verification may pass with ops of unknown kinds
+    /// skipped (what they computed then goes unchecked).
+    pub allow_unknown: bool,
 }
 
 impl Report {
-    /// True when the replay succeeded and every checked output passed.
+    /// True when the replay succeeded and every checked output passed
+    /// (and, verifying, no op of an unknown kind was skipped, unless
+    /// allowed: a forged kind byte must not turn an op off unnoticed).
     pub fn pass(&self) -> bool {
-        self.outputs
-            .as_ref()
-            .is_none_or(|o| o.iter().all(|r| r.pass))
+        !self.unknown_blocks()
+            && self
+                .outputs
+                .as_ref()
+                .is_none_or(|o| o.iter().all(|r| r.pass))
+    }
+
+    /// Verifying, ops of unknown kinds were skipped without
+    /// `--allow-unknown`.
+    fn unknown_blocks(&self) -> bool {
+        self.outputs.is_some() && self.stats.unknown_skipped > 0 && !self.allow_unknown
+    }
+
+    /// The FAIL line for skipped unknown ops, when they fail verification.
+    fn unknown_line(&self) -> Option<String> {
+        self.unknown_blocks().then(|| {
+            format!(
+                "FAIL: {} ops of kinds this kb-replay does not know were skipped, so what they computed is not checked (--allow-unknown verifies without them)",
+                self.stats.unknown_skipped
+            )
+        })
     }
 
     /// GEMM throughput of the replay, in GFLOP/s.
@@ -183,19 +206,27 @@ impl Report {
             .flatten()
             .filter(|o| !o.pass)
             .map(output_line)
+            .chain(self.unknown_line())
             .collect()
     }
 
     /// Human-readable lines: one per output, then a summary.
     pub fn summary(&self) -> Vec<String> {
         let mut lines: Vec<String> = self.outputs.iter().flatten().map(output_line).collect();
+        lines.extend(self.unknown_line());
         let s = &self.stats;
 
         let verdict = match &self.outputs {
             None => "replay OK (not verified)".to_string(),
             Some(o) => {
                 let failed = o.iter().filter(|r| !r.pass).count();
-                if failed == 0 {
+                if failed == 0 && self.unknown_blocks() {
+                    format!(
+                        "verification FAILED ({} outputs passed, but {} unknown ops were skipped)",
+                        o.len(),
+                        s.unknown_skipped
+                    )
+                } else if failed == 0 {
                     format!("verification PASSED ({} outputs)", o.len())
                 } else {
                     format!("verification FAILED ({failed} of {} outputs)", o.len())
@@ -266,6 +297,7 @@ mod tests {
             backend: "gemm".into(),
             threads: 2,
             fingerprints: "all".into(),
+            allow_unknown: false,
         };
         assert!(!r.pass());
         let j = r.to_json();
@@ -293,5 +325,41 @@ mod tests {
         r.outputs = None;
         assert!(r.pass());
         assert_eq!(r.to_json()["verified"], false);
+    }
+
+    #[test]
+    fn skipped_unknown_ops_fail_verification_unless_allowed() {
+        let mut r = Report {
+            trace: "t".into(),
+            stats: Stats {
+                unknown_skipped: 3,
+                ..Stats::default()
+            },
+            outputs: Some(vec![output(true)]),
+            wall_seconds: 0.5,
+            backend: "gemm".into(),
+            threads: 2,
+            fingerprints: "all".into(),
+            allow_unknown: false,
+        };
+        assert!(!r.pass());
+        assert_eq!(r.to_json()["pass"], false);
+        let fail = "FAIL: 3 ops of kinds this kb-replay does not know were skipped";
+        assert!(r.failures()[0].starts_with(fail), "{:?}", r.failures());
+        let lines = r.summary();
+        assert!(lines[1].starts_with(fail));
+        assert!(
+            lines[2]
+                .contains("verification FAILED (1 outputs passed, but 3 unknown ops were skipped)"),
+            "{}",
+            lines[2]
+        );
+        // Allowed, or not verifying: no verdict on them.
+        r.allow_unknown = true;
+        assert!(r.pass() && r.failures().is_empty());
+        assert!(r.summary().last().unwrap().contains("verification PASSED"));
+        r.allow_unknown = false;
+        r.outputs = None;
+        assert!(r.pass());
     }
 }

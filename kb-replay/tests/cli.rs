@@ -250,6 +250,35 @@ fn fingerprint_mismatch_exits_2_naming_the_op() {
 }
 
 #[test]
+fn skipped_unknown_ops_fail_verify_unless_allowed() {
+    // x (host) is copied to y; a second op of an unknown kind would have
+    // written y too: y still verifies, but the unknown op went unchecked.
+    let x = vec![3u8; 4];
+    let tensors = vec![
+        tensor("x", Dtype::U8, &[4], true, None),
+        tensor("y", Dtype::U8, &[4], false, Some(hbm(0))),
+    ];
+    let copy = mem(1, 1, 0, vec![span(host(0, 0), 4)], 1, vec![span(hbm(0), 4)]);
+    let mut unknown = mem(2, 5, 2, vec![span(host(0, 0), 4)], 3, vec![span(hbm(0), 4)]);
+    unknown.kind = kb_format::OpKind::Unknown(42);
+    unknown.params = kb_format::Params::Raw(vec![1, 2, 3]);
+    let spec = vec![check("y", *t("x"))];
+    let bytes = build(tensors, &[(0, x)], &[copy, unknown], spec);
+    let o = run(&["-", "--verify", "-q"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("FAIL: 1 ops of kinds this kb-replay does not know were skipped"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["-", "--verify", "--allow-unknown"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("1 unknown skipped"), "{}", stderr(&o));
+    // Not verifying: a replay, no verdict on them.
+    assert_eq!(run(&["-"], Some(&bytes)).status.code(), Some(0));
+}
+
+#[test]
 fn report_to_stdout_is_json() {
     let (bytes, _) = chain_trace();
     let o = run(&["-", "--verify", "--report", "-", "--quiet"], Some(&bytes));
