@@ -114,11 +114,16 @@ impl<W: Write> Engine<'_, W> {
                 unmap,
                 sent: now,
             };
-            // On record: each install, from the host's send to the PE's.
+            // On record: each install, from the host's send to the PE's
+            // (one record per PE: a record left open would hold the op
+            // log's watermark for the rest of the run).
             for &pc in &mapping.targets {
+                let key = (tensor, g as u32, unmap, self.m.pe_index(pc) as u32);
+                if self.map_records.contains_key(&key) {
+                    continue;
+                }
                 let node = self.install_node(&msg, pc);
                 let open = self.sync_open(node, if unmap { "unmap" } else { "map" });
-                let key = (tensor, g as u32, unmap, self.m.pe_index(pc) as u32);
                 let cause = cause.map(|(_, op)| Dep {
                     op,
                     kind: DepKind::Host,
