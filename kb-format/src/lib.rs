@@ -23,6 +23,8 @@ pub mod launch;
 pub mod pa;
 pub mod reader;
 pub mod record_codec;
+#[cfg(unix)]
+pub mod signals;
 pub mod types;
 pub mod usage;
 pub mod writer;

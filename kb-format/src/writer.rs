@@ -616,6 +616,20 @@ fn check_record(r: &Record) -> Result<()> {
 pub struct AtomicFile {
     target: PathBuf,
     file: io::BufWriter<Destination>,
+    /// Set by [`AtomicFile::remove_on_signal`]: dropped last (after the
+    /// temporary file is renamed or removed), it stops the removal.
+    signal_guard: Option<SignalGuard>,
+}
+
+/// Forgets the signal-time removal of an [`AtomicFile`]'s temporary file.
+#[derive(Debug)]
+struct SignalGuard;
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        crate::signals::forget();
+    }
 }
 
 #[derive(Debug)]
@@ -684,7 +698,22 @@ impl AtomicFile {
         Ok(AtomicFile {
             target: target.to_path_buf(),
             file: io::BufWriter::with_capacity(1 << 20, dest),
+            signal_guard: None,
         })
+    }
+
+    /// Remove the temporary file if SIGINT, SIGTERM or SIGHUP ends the
+    /// process before [`commit`](Self::commit) or drop, exiting 128 + the
+    /// signal ([`crate::signals`]; unix; one file at a time: a later
+    /// registration replaces this one). A file written in place has
+    /// nothing to remove.
+    pub fn remove_on_signal(mut self) -> AtomicFile {
+        #[cfg(unix)]
+        if let Some(p) = self.temporary_path() {
+            crate::signals::remove_on_signal(p);
+            self.signal_guard = Some(SignalGuard);
+        }
+        self
     }
 
     /// The temporary file being written, renamed to the target at

@@ -1296,7 +1296,9 @@ pub fn run_with(
         return Ok(info);
     }
     let what = format!("writing {}", out.display());
-    let f = kb_format::AtomicFile::create(out).map_err(|e| Error::io(&what, e))?;
+    let f = kb_format::AtomicFile::create(out)
+        .map_err(|e| Error::io(&what, e))?
+        .remove_on_signal();
     let (f, info) = write_with(input, filter, format, progress, f)?;
     f.commit().map_err(|e| Error::io(&what, e))?;
     Ok(info)

@@ -118,7 +118,9 @@ pub(crate) fn write_output<T>(
         io::Write::flush(&mut so).map_err(|e| Error::io(&what, e))?;
         return Ok(v);
     }
-    let mut f = kb_format::AtomicFile::create(path).map_err(|e| Error::io(&what, e))?;
+    let mut f = kb_format::AtomicFile::create(path)
+        .map_err(|e| Error::io(&what, e))?
+        .remove_on_signal();
     let v = write(&mut f)?;
     f.commit().map_err(|e| Error::io(&what, e))?;
     Ok(v)

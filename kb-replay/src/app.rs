@@ -313,7 +313,9 @@ fn write_report(target: &Path, report: &Report) -> Result<()> {
             .and_then(|_| out.flush())
             .map_err(|e| Error::file(Path::new("<stdout>"), e))
     } else {
-        let mut f = kb_format::AtomicFile::create(target).map_err(|e| Error::file(target, e))?;
+        let mut f = kb_format::AtomicFile::create(target)
+            .map_err(|e| Error::file(target, e))?
+            .remove_on_signal();
         f.write_all(text.as_bytes())
             .and_then(|_| f.commit())
             .map_err(|e| Error::file(target, e))

@@ -249,7 +249,7 @@ fn write_typed<T: npyz::Serialize>(
     let ts: TypeStr = descr
         .parse()
         .map_err(|e| std::io::Error::other(format!("dtype {descr}: {e}")))?;
-    let mut file = AtomicFile::create(path)?;
+    let mut file = AtomicFile::create(path)?.remove_on_signal();
     let mut w = WriteOptions::<T>::new()
         .dtype(DType::Plain(ts))
         .shape(shape)

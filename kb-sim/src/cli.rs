@@ -351,21 +351,17 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
                 path.display()
             ));
         }
-        let file = AtomicFile::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        #[cfg(unix)]
-        if let Some(tmp) = file.temporary_path() {
-            crate::signals::remove_on_signal(tmp);
-        }
-        let outcome = run_with_progress(&cfg, workload, file, tell)
+        // SIGINT/SIGTERM/SIGHUP remove the partial trace (until committed).
+        let file = AtomicFile::create(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .remove_on_signal();
+        run_with_progress(&cfg, workload, file, tell)
             .map_err(|e| e.to_string())
             .and_then(|(file, report)| {
                 file.commit()
                     .map_err(|e| format!("{}: {e}", path.display()))?;
                 Ok(report)
-            });
-        #[cfg(unix)]
-        crate::signals::forget();
-        outcome?
+            })?
     };
     progress.clear();
     let stats = &report.stats;

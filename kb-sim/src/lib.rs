@@ -45,8 +45,6 @@ pub mod progress;
 pub mod race;
 pub mod run;
 pub mod runtime;
-#[cfg(unix)]
-pub mod signals;
 pub mod sweep;
 pub mod topology;
 pub mod workload;

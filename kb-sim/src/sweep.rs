@@ -768,7 +768,9 @@ eval \"$line\"
         last = n - 1,
     );
     let write = |p: &Path, text: &str| -> Result<(), String> {
-        let mut f = kb_format::AtomicFile::create(p).map_err(|e| io(p, e))?;
+        let mut f = kb_format::AtomicFile::create(p)
+            .map_err(|e| io(p, e))?
+            .remove_on_signal();
         f.write_all(text.as_bytes()).map_err(|e| io(p, e))?;
         f.commit().map_err(|e| io(p, e))
     };

@@ -1,6 +1,7 @@
-//! Output hygiene: an interrupted kb-sim leaves nothing behind (SIGINT,
-//! SIGTERM and SIGHUP remove the partial trace and exit 128 + the signal),
-//! and binary output (traces, .npy) never goes to a terminal.
+//! Output hygiene: an interrupted kb-sim or kb-inspect leaves nothing
+//! behind (SIGINT, SIGTERM and SIGHUP remove the partial output and exit
+//! 128 + the signal), and binary output (traces, .npy) never goes to a
+//! terminal.
 
 #![cfg(unix)]
 
@@ -247,5 +248,72 @@ fn a_closed_stderr_fails_no_run() {
             std::path::Path::new(out).exists(),
             "{tool} {args:?}: no {out}"
         );
+    }
+}
+
+/// kb-inspect's outputs too: a timeline or an export interrupted while it
+/// reads its trace (a stream that stops mid-way, so the signal comes while
+/// the output is open) leaves no partial file and exits 128 + the signal.
+#[test]
+fn an_interrupted_timeline_or_export_leaves_nothing() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.kbt");
+    let sim = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "small",
+            "-b",
+            "softmax",
+            "-o",
+            trace.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    let bytes = std::fs::read(&trace).unwrap();
+    for (cmd, name, sig, code) in [
+        ("timeline", "t.json", "INT", 130),
+        ("export", "o.parquet", "TERM", 143),
+    ] {
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let mut child = Command::new(bin("kb-inspect"))
+            .args([cmd, "-", "-o"])
+            .arg(out.join(name))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Half the trace; the pipe stays open, so it waits for the rest.
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&bytes[..bytes.len() / 2]).unwrap();
+        let start = Instant::now();
+        while std::fs::read_dir(&out).unwrap().next().is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{cmd}: no partial file"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The handler is registered just after the file is created.
+        std::thread::sleep(Duration::from_millis(200));
+        let killed = Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        drop(stdin);
+        assert_eq!(status.code(), Some(code), "{cmd} SIG{sig}");
+        let left: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{cmd}: SIG{sig} left {left:?}");
     }
 }

@@ -1,12 +1,16 @@
-//! Removing a partial trace when kb-sim is interrupted.
+//! Removing a partial output when a tool is interrupted (kb-sim's trace,
+//! kb-inspect's exports and timelines, kb-replay's reports and dumps).
 //!
-//! The trace is written to a hidden temporary file renamed into place only
-//! when complete (`kb_format::AtomicFile`); its destructor removes it on an
+//! Outputs are written to a hidden temporary file renamed into place only
+//! when complete ([`crate::AtomicFile`]); its destructor removes it on an
 //! error, but SIGINT, SIGTERM and SIGHUP end the process without running
 //! destructors. [`remove_on_signal`] installs handlers for them that
 //! unlink the registered file and exit with 128 + the signal number (130,
 //! 143, 129), as a shell reports a process the signal killed. SIGKILL
-//! cannot be caught: that leaves the hidden `.NAME.partial*` file.
+//! cannot be caught: that leaves the hidden `.NAME.partial*` file. One
+//! file is registered at a time (a tool writes its outputs one after
+//! another); [`AtomicFile::remove_on_signal`](crate::AtomicFile::remove_on_signal)
+//! registers its temporary file and forgets it when committed or dropped.
 //!
 //! The handler does only async-signal-safe work: an atomic swap, `unlink`
 //! and `_exit`.
