@@ -40,22 +40,31 @@ fn a_signal_removes_the_partial_trace_and_exits_128_plus_its_number() {
             assert!(child.try_wait().unwrap().is_none(), "kb-sim ended early");
             std::thread::sleep(Duration::from_millis(20));
         }
-        // The handler is registered just after the file is created.
-        std::thread::sleep(Duration::from_millis(200));
-        let killed = Command::new("kill")
-            .args([&format!("-{sig}"), &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let status = child.wait().unwrap();
-        assert_eq!(status.code(), Some(code), "SIG{sig}");
-        let left: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
+        assert_eq!(interrupt(&mut child, sig), Some(code), "SIG{sig}");
+        let left = files_in(dir.path());
         assert!(left.is_empty(), "SIG{sig} left {left:?}");
     }
+}
+
+/// Send SIG`sig` to `child` once its handler is in place (it is
+/// registered just after the output file is created); its exit code.
+fn interrupt(child: &mut std::process::Child, sig: &str) -> Option<i32> {
+    std::thread::sleep(Duration::from_millis(200));
+    let killed = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    child.wait().unwrap().code()
+}
+
+/// The names of the files in `dir`.
+fn files_in(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect()
 }
 
 /// Binary output never goes to a terminal, whatever the path names it:
@@ -292,28 +301,16 @@ fn an_interrupted_timeline_or_export_leaves_nothing() {
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(&bytes[..bytes.len() / 2]).unwrap();
         let start = Instant::now();
-        while std::fs::read_dir(&out).unwrap().next().is_none() {
+        while files_in(&out).is_empty() {
             assert!(
                 start.elapsed() < Duration::from_secs(60),
                 "{cmd}: no partial file"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        // The handler is registered just after the file is created.
-        std::thread::sleep(Duration::from_millis(200));
-        let killed = Command::new("kill")
-            .args([&format!("-{sig}"), &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let status = child.wait().unwrap();
+        assert_eq!(interrupt(&mut child, sig), Some(code), "{cmd} SIG{sig}");
         drop(stdin);
-        assert_eq!(status.code(), Some(code), "{cmd} SIG{sig}");
-        let left: Vec<_> = std::fs::read_dir(&out)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
+        let left = files_in(&out);
         assert!(left.is_empty(), "{cmd}: SIG{sig} left {left:?}");
     }
 }

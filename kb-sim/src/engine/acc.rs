@@ -381,7 +381,7 @@ impl<W: Write> Engine<'_, W> {
             match waiter {
                 Waiter::Start(c) => {
                     let unit = self.computes.get(c).unit;
-                    self.try_start(unit);
+                    self.try_start(unit, None);
                 }
                 Waiter::DmaFetch(d) => self.at(now, DmaAct::Fetch(d)),
                 // Only ops that start or fetch wait on a writeback.

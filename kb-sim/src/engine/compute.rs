@@ -130,9 +130,6 @@ pub(super) struct Producer {
 pub(super) struct UnitQueue {
     pub(super) busy: bool,
     pub(super) queue: VecDeque<u32>,
-    /// The op whose end of computing frees the unit now (while its next
-    /// op is started): that op waited for it.
-    pub(super) freed_by: Option<u64>,
 }
 
 impl<W: Write> Engine<'_, W> {
@@ -312,7 +309,9 @@ impl<W: Write> Engine<'_, W> {
 
     /// Start the next op on a compute unit if it is idle and the op's
     /// inputs are ready: its operands start to stream out of TCM.
-    pub(super) fn try_start(&mut self, unit: NodeId) {
+    /// `freed_by`: the op whose end of computing freed the unit just now;
+    /// an op started then waited for it (a resource edge).
+    pub(super) fn try_start(&mut self, unit: NodeId, freed_by: Option<u64>) {
         let u = &mut self.units[unit as usize];
         if u.busy {
             return;
@@ -327,7 +326,6 @@ impl<W: Write> Engine<'_, W> {
         let u = &mut self.units[unit as usize];
         u.queue.pop_front();
         u.busy = true;
-        let freed_by = u.freed_by;
         let (name, kind, op_id) = {
             let x = self.computes.get(c);
             if let Some(p) = freed_by {
@@ -398,11 +396,8 @@ impl<W: Write> Engine<'_, W> {
                     (x.unit, x.tcm, x.out.bytes(), x.acc.keep)
                 };
                 let op_id = self.computes.peek(c).op_id;
-                let u = &mut self.units[unit as usize];
-                u.busy = false;
-                u.freed_by = Some(op_id);
-                self.try_start(unit);
-                self.units[unit as usize].freed_by = None;
+                self.units[unit as usize].busy = false;
+                self.try_start(unit, Some(op_id));
                 if keep {
                     // The result stays in the unit's accumulator buffer.
                     self.at(now, ComputeAct::End(c));
@@ -480,7 +475,7 @@ impl<W: Write> Engine<'_, W> {
                     let dep = self.computes.get(d);
                     dep.waiting_on -= 1;
                     let unit = dep.unit;
-                    self.try_start(unit);
+                    self.try_start(unit, None);
                 }
                 Waiter::DmaFetch(d) => self.at(self.q.now(), DmaAct::Fetch(d)),
                 // Only writebacks wake these.
@@ -543,7 +538,7 @@ impl<W: Write> Engine<'_, W> {
     pub(super) fn compute_arrive(&mut self, c: u32) {
         let unit = self.computes.get(c).unit;
         self.units[unit as usize].queue.push_back(c);
-        self.try_start(unit);
+        self.try_start(unit, None);
     }
 }
 

@@ -99,11 +99,18 @@ pub(super) struct LaunchState {
     pub(super) done: bool,
     /// Its `launch` sync record: open from the host's launch to the first
     /// kernel start, then its op id.
-    record: Result<u64, Option<super::OpenOp>>,
+    record: LaunchRecord,
     /// What the host had last finished when it launched.
     cause: Option<Dep>,
     /// The `kernel_end` record of its last kernel to end.
     last_end: Option<(Ps, u64)>,
+}
+
+/// A launch's `launch` sync record.
+#[derive(Debug, Clone, Copy)]
+enum LaunchRecord {
+    Open(super::OpenOp),
+    Closed(u64),
 }
 
 /// Launch-protocol message arrivals.
@@ -263,7 +270,7 @@ impl<W: Write> Engine<'_, W> {
         }
         let sips_left = sip_left.iter().filter(|&&n| n > 0).count() as u32;
         let start_clock = self.sync.clocks.release(self.sync.host);
-        let record = Err(Some(self.sync_open(self.m.host(), "launch")));
+        let record = LaunchRecord::Open(self.sync_open(self.m.host(), "launch"));
         let cause = self.host_last.map(|(_, op)| Dep {
             op,
             kind: DepKind::Host,
@@ -306,17 +313,13 @@ impl<W: Write> Engine<'_, W> {
     /// Launch `launch`'s sync record, closed now if it is still open (its
     /// first kernel starts).
     fn launch_record(&mut self, launch: u32) -> Result<u64, SimError> {
-        let l = &mut self.launches[launch as usize];
-        match std::mem::replace(&mut l.record, Err(None)) {
-            Ok(id) => {
-                l.record = Ok(id);
-                Ok(id)
-            }
-            Err(open) => {
+        let l = &self.launches[launch as usize];
+        match l.record {
+            LaunchRecord::Closed(id) => Ok(id),
+            LaunchRecord::Open(open) => {
                 let cause = l.cause;
-                let open = open.expect("a launch record is open until closed");
                 let id = self.sync_close(open, cause.as_slice())?;
-                self.launches[launch as usize].record = Ok(id);
+                self.launches[launch as usize].record = LaunchRecord::Closed(id);
                 Ok(id)
             }
         }
