@@ -424,6 +424,9 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
                 stats.dma_hazards,
             );
         }
+        for line in fabric_lines(&report) {
+            say!("{line}");
+        }
         let m = stats.mmu;
         if m.maps > 0 {
             let what = match cfg.topology.address_model {
@@ -442,6 +445,75 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The summary's fabric lines: for each collective launch and for the
+/// longest launch, its time against the least time its traffic needs on
+/// the busiest link or HBM (`engine::FabricLoad`), and a collective's bus
+/// bandwidth.
+fn fabric_lines(report: &crate::run::RunReport) -> Vec<String> {
+    let launches = &report.launches;
+    let longest = (0..launches.len()).max_by_key(|&i| {
+        (
+            launches[i].t_end.saturating_sub(launches[i].t_start),
+            std::cmp::Reverse(i),
+        )
+    });
+    let mut out = Vec::new();
+    for (i, l) in launches.iter().enumerate() {
+        let payload = report.payloads.get(i).copied().flatten();
+        if payload.is_none() && Some(i) != longest {
+            continue;
+        }
+        let Some(fabric) = report.stats.fabric.get(i) else {
+            continue;
+        };
+        let time = l.t_end.saturating_sub(l.t_start);
+        let Some(bound) = fabric.bound() else {
+            continue;
+        };
+        let mb = |b: u64| b as f64 / 1e6;
+        let ns = |ps: u64| ps as f64 / 1e3;
+        let mut line = format!(
+            "kb-sim: launch {i} ({}): {:.3} ns against a fabric bound of {:.3} ns ({:.1} %): {} moved {:.3} MB at {} GB/s",
+            l.kernel,
+            ns(time),
+            ns(bound.busy_ps),
+            if time > 0 {
+                bound.busy_ps as f64 * 100.0 / time as f64
+            } else {
+                100.0
+            },
+            bound.name,
+            mb(bound.bytes),
+            bound.bw_gbs
+        );
+        if let (Some(link), Some(hbm)) = (&fabric.link, &fabric.hbm) {
+            let other: &crate::engine::Load = if std::ptr::eq(bound, link) { hbm } else { link };
+            line += &format!(
+                "; {} {:.3} MB, {:.3} ns",
+                other.name,
+                mb(other.bytes),
+                ns(other.busy_ps)
+            );
+        }
+        out.push(line);
+        if let Some(p) = payload
+            && time > 0
+        {
+            let algbw = p.bytes as f64 * 1000.0 / time as f64;
+            let most = p.bytes as f64 * 1000.0 / bound.busy_ps.max(1) as f64;
+            out.push(format!(
+                "kb-sim: launch {i} ({}): bus bandwidth {:.1} GB/s ({:.3} MB per member, algorithm bandwidth {:.1} GB/s); this traffic allows at most {:.1} GB/s",
+                l.kernel,
+                algbw * p.bus_factor,
+                mb(p.bytes),
+                algbw,
+                most * p.bus_factor
+            ));
+        }
+    }
+    out
 }
 
 fn cmd_list(workloads: &[Box<dyn Workload>]) -> Result<(), String> {

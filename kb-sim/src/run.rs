@@ -73,6 +73,9 @@ pub struct RunReport {
     pub stats: RunStats,
     /// The launches, as the trace records them (FLOPs included).
     pub launches: Vec<kb_format::Launch>,
+    /// Per launch: what it moves, if the workload declared it a
+    /// collective ([`crate::workload::Program::payload`]).
+    pub payloads: Vec<Option<crate::workload::Payload>>,
 }
 
 /// Simulate `workload` and write the trace to `out`; returns `out` and
@@ -134,6 +137,7 @@ pub fn run_with_progress<W: Write>(
             writer.tensor_data(t.id, 0, d)?;
         }
     }
+    let payloads = built.payloads;
     let engine = Engine::with_program(&machine, writer, &built.rt.tensors, built.steps)
         .capture_inputs(cfg.capture_inputs)
         .races(cfg.races)
@@ -143,5 +147,12 @@ pub fn run_with_progress<W: Write>(
     // hearing of the last launch): the trace says when it ended.
     writer.end_at(stats.end_time);
     let out = writer.finish_with_launches(&launches, &built.verify)?;
-    Ok((out, RunReport { stats, launches }))
+    Ok((
+        out,
+        RunReport {
+            stats,
+            launches,
+            payloads,
+        },
+    ))
 }

@@ -428,6 +428,8 @@ impl<'m> Runtime<'m> {
             shape: [t.meta.shape[0], t.meta.shape[1]],
             space: t.memory.space(),
             shards: t.kernel_shards.clone(),
+            peers_reach: !(t.memory.space() == Space::Hbm
+                && self.machine.topo.address_model == AddressModel::La),
         }
     }
 

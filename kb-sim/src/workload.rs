@@ -232,6 +232,48 @@ pub struct TensorId(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchId(usize);
 
+/// What a collective launch moves, so kb-sim can give its bus bandwidth
+/// (NCCL's definition: `bytes / time x bus_factor`, the bandwidth each
+/// member's links would need under a ring, comparable across group sizes
+/// and algorithms).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Payload {
+    /// The collective's size: each member's buffer (all-reduce,
+    /// broadcast), whole input (reduce-scatter) or whole output
+    /// (all-gather), in bytes.
+    pub bytes: u64,
+    /// `2 (P-1)/P` for all-reduce, `(P-1)/P` for reduce-scatter and
+    /// all-gather, 1 for broadcast.
+    pub bus_factor: f64,
+}
+
+impl Payload {
+    /// An all-reduce of `bytes` per member over `p` members.
+    pub fn all_reduce(bytes: u64, p: usize) -> Payload {
+        Payload {
+            bytes,
+            bus_factor: 2.0 * (p as f64 - 1.0) / p as f64,
+        }
+    }
+
+    /// A reduce-scatter of a `bytes` input, or an all-gather of a `bytes`
+    /// output, over `p` members.
+    pub fn scatter_or_gather(bytes: u64, p: usize) -> Payload {
+        Payload {
+            bytes,
+            bus_factor: (p as f64 - 1.0) / p as f64,
+        }
+    }
+
+    /// A broadcast of `bytes`.
+    pub fn broadcast(bytes: u64) -> Payload {
+        Payload {
+            bytes,
+            bus_factor: 1.0,
+        }
+    }
+}
+
 /// A host program being built: tensors, steps and the verification spec.
 #[derive(Debug)]
 pub struct Program<'m> {
@@ -243,6 +285,8 @@ pub struct Program<'m> {
     used_inputs: Vec<String>,
     steps: Vec<Step>,
     launches: usize,
+    /// Collective launches' payloads, by launch.
+    payloads: Vec<(usize, Payload)>,
     verify: VerifySpec,
     /// `--max-memory`, for host data; and the host data declared so far.
     host_limit: Option<u64>,
@@ -258,6 +302,8 @@ pub struct Built<'m> {
     pub steps: Vec<Step>,
     /// References the outputs are verified against.
     pub verify: VerifySpec,
+    /// Per launch: what it moves, if it is a collective.
+    pub payloads: Vec<Option<Payload>>,
 }
 
 impl<'m> Program<'m> {
@@ -279,6 +325,7 @@ impl<'m> Program<'m> {
             used_inputs: Vec::new(),
             steps: Vec::new(),
             launches: 0,
+            payloads: Vec::new(),
             verify: VerifySpec::default(),
             host_limit: None,
             host_bytes: 0,
@@ -528,6 +575,14 @@ impl<'m> Program<'m> {
         Ok(self.push_launch(name, kernel, args, grid, pes.to_vec()))
     }
 
+    /// Declare `launch` a collective moving `payload`: kb-sim's summary
+    /// then gives its bus bandwidth beside its fabric bound. Declaring a
+    /// launch twice keeps the last.
+    pub fn payload(&mut self, launch: LaunchId, payload: Payload) {
+        self.payloads.retain(|&(l, _)| l != launch.0);
+        self.payloads.push((launch.0, payload));
+    }
+
     fn push_launch(
         &mut self,
         name: &str,
@@ -620,10 +675,15 @@ impl<'m> Program<'m> {
                 ),
             });
         }
+        let mut payloads = vec![None; self.launches];
+        for (l, p) in self.payloads {
+            payloads[l] = Some(p);
+        }
         Ok(Built {
             rt: self.rt,
             steps: self.steps,
             verify: self.verify,
+            payloads,
         })
     }
 }

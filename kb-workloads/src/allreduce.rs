@@ -5,7 +5,9 @@
 use kb_format::{Dtype, Expr};
 use kb_sim::collective::{self, Algorithm, Comm};
 use kb_sim::kernel::{KernelArgs, Tl};
-use kb_sim::workload::{ParamSpec, Params, Placement, Policy, Program, Workload, WorkloadError};
+use kb_sim::workload::{
+    ParamSpec, Params, Payload, Placement, Policy, Program, Workload, WorkloadError,
+};
 
 use crate::{collective_tolerance, group_of, t};
 
@@ -24,8 +26,8 @@ const PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "algorithm",
-        default: "ring",
-        help: "all_reduce's algorithm: ring (reduce-scatter + all-gather) or tree (reduce + broadcast)",
+        default: "auto",
+        help: "ring (reduce-scatter + all-gather around the group), tree (all_reduce: reduce + broadcast), direct (pull-reduce-scatter + push-all-gather, for a cube), hierarchical (all_reduce: direct in each cube, ring across cubes) or auto (direct inside a cube, hierarchical across cubes with equal members, else ring); broadcast always runs down the tree",
     },
     ParamSpec {
         name: "size",
@@ -48,6 +50,11 @@ const PARAMS: &[ParamSpec] = &[
         help: "members: cube (cube 0's PEs), sip (SIP 0's PEs), all (every PE), cubes (PE 0 of each cube of SIP 0), sips (PE 0 of cube 0 of each SIP)",
     },
     ParamSpec {
+        name: "memory",
+        default: "hbm",
+        help: "where the buffers are: hbm, or tcm (on chip: each member's TCM)",
+    },
+    ParamSpec {
         name: "slot_kib",
         default: "32",
         help: "KiB of each receive slot (a message)",
@@ -67,6 +74,15 @@ const PARAMS: &[ParamSpec] = &[
 /// The collectives, as kernels know them.
 const OPS: [&str; 4] = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"];
 
+/// The algorithms, as kernels know them (by index).
+pub(crate) const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::Ring,
+    Algorithm::Tree,
+    Algorithm::Direct,
+    Algorithm::Hierarchical,
+    Algorithm::Auto,
+];
+
 fn collective_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
     let group = tl.launch_group();
@@ -74,15 +90,11 @@ fn collective_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     if args.get("sync") == 0 {
         comm = comm.without_arrival_waits();
     }
-    let algorithm = if args.get("tree") == 1 {
-        Algorithm::Tree
-    } else {
-        Algorithm::Ring
-    };
+    let algorithm = ALGORITHMS[args.get("algorithm") as usize];
     match OPS[args.get("op") as usize] {
         "all_reduce" => comm.all_reduce(tl, x, y, algorithm),
-        "reduce_scatter" => comm.reduce_scatter(tl, x, y),
-        "all_gather" => comm.all_gather(tl, x, y),
+        "reduce_scatter" => comm.reduce_scatter(tl, x, y, algorithm),
+        "all_gather" => comm.all_gather(tl, x, y, algorithm),
         _ => comm.broadcast(tl, x, y, 0),
     }
 }
@@ -106,14 +118,30 @@ impl Workload for AllReduce {
             .iter()
             .position(|&o| o == op)
             .ok_or_else(|| p.err("op", format!("{op:?} is not one of {}", OPS.join(", "))))?;
-        let algorithm = Algorithm::parse(p.str("algorithm"))
-            .ok_or_else(|| p.err("algorithm", "must be ring or tree"))?;
-        if algorithm == Algorithm::Tree && op != "all_reduce" {
-            return Err(p.err(
+        let algorithm = Algorithm::parse(p.str("algorithm")).ok_or_else(|| {
+            p.err(
                 "algorithm",
-                format!("{op} runs by ring (broadcast: by tree); only all_reduce chooses"),
-            ));
+                "must be ring, tree, direct, hierarchical or auto",
+            )
+        })?;
+        match (op, algorithm) {
+            ("broadcast", Algorithm::Tree | Algorithm::Auto) | ("all_reduce", _) => {}
+            ("broadcast", _) => {
+                return Err(p.err("algorithm", "broadcast runs down the tree (tree or auto)"));
+            }
+            (_, Algorithm::Tree | Algorithm::Hierarchical) => {
+                return Err(p.err(
+                    "algorithm",
+                    format!("{op} runs by ring or direct (or auto); tree and hierarchical are all_reduce's"),
+                ));
+            }
+            _ => {}
         }
+        let on_chip = match p.str("memory") {
+            "hbm" => false,
+            "tcm" => true,
+            other => return Err(p.err("memory", format!("{other:?} is not hbm or tcm"))),
+        };
         let (size, cols) = (p.u64("size", 1)?, p.u64("cols", 1)?);
         if size % cols != 0 {
             return Err(p.err("size", format!("{size} is not a multiple of cols ({cols})")));
@@ -126,6 +154,7 @@ impl Workload for AllReduce {
         let n = group.len() as u64;
         let rows = size / cols;
         let stacked = Placement::over(&group, Policy::RowWise);
+        let stacked = if on_chip { stacked.in_tcm() } else { stacked };
         // Inputs and outputs, stacked in rank order: member k's rows of a
         // stacked tensor are its buffer.
         let (x, y, reference) = match op {
@@ -161,7 +190,11 @@ impl Workload for AllReduce {
                     "x",
                     dtype,
                     [rows, cols],
-                    Placement::over(&group[..1], Policy::Replicate),
+                    if on_chip {
+                        Placement::over(&group[..1], Policy::Replicate).in_tcm()
+                    } else {
+                        Placement::over(&group[..1], Policy::Replicate)
+                    },
                 )?,
                 prog.zeros("y", dtype, [n * rows, cols], stacked)?,
                 Expr::Tile {
@@ -172,11 +205,10 @@ impl Workload for AllReduce {
         };
         let slot_bytes = p.u64("slot_kib", 1)? * 1024;
         let depth = p.u64("depth", 1)?;
-        // Broadcast runs down the tree; the other collectives around the ring.
+        // Broadcast runs down the tree; the others as chosen.
         let uses = match op {
             "broadcast" => Algorithm::Tree,
-            "all_reduce" => algorithm,
-            _ => Algorithm::Ring,
+            _ => algorithm,
         };
         let slots = collective::slots(
             prog,
@@ -190,9 +222,22 @@ impl Workload for AllReduce {
             .args(&[x, y, slots])
             .scalar("depth", depth)
             .scalar("op", op_code as u64)
-            .scalar("tree", (algorithm == Algorithm::Tree) as u64)
+            .scalar(
+                "algorithm",
+                ALGORITHMS.iter().position(|&a| a == algorithm).unwrap_or(0) as u64,
+            )
             .scalar("sync", p.u64("sync", 0)?.min(1));
-        prog.launch_grid(op, collective_kernel, args, [n as u32, 1], &group)?;
+        let launch = prog.launch_grid(op, collective_kernel, args, [n as u32, 1], &group)?;
+        let buffer = rows * cols * dtype.size() as u64;
+        prog.payload(
+            launch,
+            match op {
+                "all_reduce" => Payload::all_reduce(buffer, group.len()),
+                "broadcast" => Payload::broadcast(buffer),
+                // The whole input (reduce-scatter) or output (all-gather).
+                _ => Payload::scatter_or_gather(buffer * n, group.len()),
+            },
+        );
         let summed = op == "all_reduce" || op == "reduce_scatter";
         prog.verify(
             y,

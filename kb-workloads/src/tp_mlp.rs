@@ -3,6 +3,8 @@
 
 use kb_format::{Dtype, Expr};
 use kb_sim::collective::{self, Algorithm, Comm};
+
+use crate::allreduce::ALGORITHMS;
 use kb_sim::kernel::{Block, Dot, KernelArgs, Pending, Tl};
 use kb_sim::workload::{ParamSpec, Params, Placement, Policy, Program, Workload, WorkloadError};
 
@@ -48,8 +50,8 @@ const PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "algorithm",
-        default: "ring",
-        help: "the all-reduce's algorithm: ring or tree",
+        default: "auto",
+        help: "the all-reduce's algorithm: ring, tree, direct, hierarchical or auto (as allreduce's)",
     },
     ParamSpec {
         name: "block_m",
@@ -158,12 +160,7 @@ fn tp_mlp_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     if args.get("sync") == 0 {
         comm = comm.without_arrival_waits();
     }
-    let algorithm = if args.get("tree") == 1 {
-        Algorithm::Tree
-    } else {
-        Algorithm::Ring
-    };
-    comm.all_reduce(tl, yp, y, algorithm);
+    comm.all_reduce(tl, yp, y, ALGORITHMS[args.get("algorithm") as usize]);
 }
 
 impl Workload for TpMlp {
@@ -182,8 +179,12 @@ impl Workload for TpMlp {
     fn build(&self, p: &Params, prog: &mut Program<'_>) -> Result<(), WorkloadError> {
         let (m, d, f) = (p.u64("m", 1)?, p.u64("d", 1)?, p.u64("f", 1)?);
         let dtype: Dtype = float_dtype(p, "dtype")?;
-        let algorithm = Algorithm::parse(p.str("algorithm"))
-            .ok_or_else(|| p.err("algorithm", "must be ring or tree"))?;
+        let algorithm = Algorithm::parse(p.str("algorithm")).ok_or_else(|| {
+            p.err(
+                "algorithm",
+                "must be ring, tree, direct, hierarchical or auto",
+            )
+        })?;
         let group = group_of(p, prog, "group")?;
         let n = group.len() as u64;
         if f % n != 0 {
@@ -214,7 +215,10 @@ impl Workload for TpMlp {
         let mut args = prog
             .args(&[x, w1, w2, h, yp, y, slots])
             .scalar("depth", depth)
-            .scalar("tree", (algorithm == Algorithm::Tree) as u64)
+            .scalar(
+                "algorithm",
+                ALGORITHMS.iter().position(|&a| a == algorithm).unwrap_or(0) as u64,
+            )
             .scalar("sync", p.u64("sync", 0)?.min(1));
         for name in ["block_m", "block_n", "block_k"] {
             args = args.scalar(name, p.u64(name, 1)?);

@@ -5,12 +5,18 @@
 use kb_e2e::*;
 
 #[test]
-fn allreduce_both_algorithms_and_tp_mlp_verify_on_default_large_and_la_nto1() {
+fn allreduce_every_algorithm_and_tp_mlp_verify_on_default_large_and_la_nto1() {
     for topo in ["default", "large", "la-nto1"] {
         for (bench, params) in [
             ("allreduce", &["algorithm=ring"][..]),
             ("allreduce", &["algorithm=tree"][..]),
+            ("allreduce", &["algorithm=auto", "group=all"][..]),
+            (
+                "allreduce",
+                &["algorithm=auto", "dtype=bf16", "memory=tcm"][..],
+            ),
             ("tp_mlp", &[][..]),
+            ("tp_mlp", &["group=all"][..]),
             ("tp_mlp", &["algorithm=tree", "group=cubes"][..]),
         ] {
             let mut args = vec!["-t", topo, "-b", bench];
@@ -36,7 +42,12 @@ fn allreduce_both_algorithms_and_tp_mlp_verify_on_default_large_and_la_nto1() {
 
 #[test]
 fn every_collective_verifies_across_cubes_and_sips() {
-    for (topo, group) in [("large", "sips"), ("large", "cubes"), ("default", "sip")] {
+    for (topo, group) in [
+        ("large", "sips"),
+        ("large", "cubes"),
+        ("default", "sip"),
+        ("default", "cube"),
+    ] {
         for op in ["all_reduce", "reduce_scatter", "all_gather", "broadcast"] {
             let g = format!("group={group}");
             let o = format!("op={op}");
@@ -74,7 +85,17 @@ fn the_copies_are_listed_and_costed_per_route() {
     // each; a ring sends 2 x 7 per member.
     let sim = run(
         "kb-sim",
-        &["-q", "-t", "default", "-b", "allreduce", "-o", t],
+        &[
+            "-q",
+            "-t",
+            "default",
+            "-b",
+            "allreduce",
+            "-p",
+            "algorithm=ring",
+            "-o",
+            t,
+        ],
         b"",
     );
     assert!(sim.status.success(), "{}", stderr(&sim));
@@ -139,7 +160,18 @@ fn a_dropped_synchronization_is_a_race_naming_both_ops() {
     let t = dir.path().join("race.kbt");
     let args = |races: &'static str| {
         vec![
-            "-q", "-t", "default", "-b", "tp_mlp", "-p", "sync=0", "--races", races, "-o",
+            "-q",
+            "-t",
+            "default",
+            "-b",
+            "tp_mlp",
+            "-p",
+            "sync=0",
+            "-p",
+            "algorithm=ring",
+            "--races",
+            races,
+            "-o",
         ]
     };
     // --races error: exit 2, both ops named, no trace left behind.
@@ -183,4 +215,90 @@ fn a_dropped_synchronization_is_a_race_naming_both_ops() {
     assert!(sim.status.success(), "{}", stderr(&sim));
     assert!(stderr(&sim).contains("races: none"), "{}", stderr(&sim));
     assert_eq!(replay.status.code(), Some(0), "{}", stderr(&replay));
+}
+
+#[test]
+fn the_direct_steps_pull_and_push_each_chunk_once_per_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("direct.kbt");
+    let t = t.to_str().unwrap();
+    // 8 members of 256 x 256 f32 (256 KiB each): member k sums chunk k
+    // (32 rows, one 32 KiB tile) of all 8 buffers and copies it into the
+    // 7 other outputs.
+    let sim = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "default",
+            "-b",
+            "allreduce",
+            "-p",
+            "algorithm=direct",
+            "-o",
+            t,
+        ],
+        b"",
+    );
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    let count = |name: &str| -> Vec<serde_json::Value> {
+        let ops = run(
+            "kb-inspect",
+            &["ops", t, "--name", name, "--format", "jsonl"],
+            b"",
+        );
+        assert!(ops.status.success(), "{}", stderr(&ops));
+        String::from_utf8_lossy(&ops.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (reads, copies, adds) = (count("dma_read"), count("ipcq_copy"), count("add"));
+    assert_eq!(reads.len(), 8 * 8, "{reads:?}");
+    assert_eq!(copies.len(), 8 * 7, "{copies:?}");
+    assert_eq!(adds.len(), 8 * 7, "{adds:?}");
+    // Each member's pulls come from every member's HBM partition once.
+    for k in 0..8 {
+        let pe = format!("sip0.cube0.pe{k}.pe_dma");
+        let mine: std::collections::BTreeSet<String> = reads
+            .iter()
+            .filter(|r| r["component"] == pe.as_str())
+            .map(|r| {
+                let at = r["read"]["ranges"][0]["at"].as_str().unwrap();
+                at.split('+').next().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(mine.len(), 8, "{pe}: {mine:?}");
+    }
+    // Dropping the readiness handshake is a race on the partial sums
+    // tp_mlp wrote, naming the store and the pull.
+    let out = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "default",
+            "-b",
+            "tp_mlp",
+            "-p",
+            "sync=0",
+            "-p",
+            "algorithm=direct",
+            "--races",
+            "error",
+            "-o",
+            t,
+        ],
+        b"",
+    );
+    assert_clean_error(&out, "direct sync=0 --races error");
+    let err = stderr(&out);
+    for want in [
+        "data race on",
+        "(tensor yp)",
+        "(dma_write on",
+        "(dma_read on",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in {err}");
+    }
 }

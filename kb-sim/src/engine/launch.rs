@@ -104,6 +104,17 @@ pub(super) struct LaunchState {
     cause: Option<Dep>,
     /// The `kernel_end` record of its last kernel to end.
     last_end: Option<(Ps, u64)>,
+    /// Bytes each link had carried when its first kernel started.
+    link_bytes_at_start: Vec<u64>,
+    /// Its share of the fabric, once done.
+    fabric: super::FabricLoad,
+}
+
+impl LaunchState {
+    /// Its share of the fabric (once done; empty before).
+    pub(super) fn take_fabric(&mut self) -> super::FabricLoad {
+        std::mem::take(&mut self.fabric)
+    }
 }
 
 /// A launch's `launch` sync record.
@@ -290,6 +301,8 @@ impl<W: Write> Engine<'_, W> {
             sip_left,
             sips_left,
             done: false,
+            link_bytes_at_start: Vec::new(),
+            fabric: super::FabricLoad::default(),
         });
         if sips_left == 0 {
             // No PE: done at once.
@@ -415,6 +428,11 @@ impl<W: Write> Engine<'_, W> {
                 l.sips_left -= 1;
                 if l.sips_left == 0 {
                     l.done = true;
+                    let mut bytes = std::mem::take(&mut l.link_bytes_at_start);
+                    for (b, now) in bytes.iter_mut().zip(&self.link_bytes) {
+                        *b = now - *b;
+                    }
+                    l.fabric = super::FabricLoad::of(self.m, &bytes);
                     if let Some((_, end)) = l.last_end {
                         self.host_done(end);
                     }
@@ -533,6 +551,9 @@ impl<W: Write> Engine<'_, W> {
         }
         let pc = self.m.pe_coord(pe as usize);
         let l = &mut self.launches[launch as usize];
+        if l.t_start.is_none() {
+            l.link_bytes_at_start.clone_from(&self.link_bytes);
+        }
         l.t_start = Some(l.t_start.map_or(now, |t| t.min(now)));
         let slot = l
             .spec

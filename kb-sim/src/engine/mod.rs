@@ -34,6 +34,7 @@ pub const CONTROL_BYTES: u64 = 64;
 mod acc;
 mod compute;
 mod dma;
+mod fabric;
 mod host;
 mod launch;
 mod mmu;
@@ -43,6 +44,7 @@ mod sync;
 use launch::{HostWait, LaunchAct, LaunchArrive, LaunchState, PeLaunches};
 pub use launch::{LaunchBody, LaunchSpec, Step};
 
+pub use fabric::{FabricLoad, Load};
 pub use mmu::MmuStats;
 use mmu::{MmuAct, MmuArrive};
 
@@ -265,6 +267,8 @@ pub struct RunStats {
     /// DMAs held until an earlier DMA of their PE touching the same bytes
     /// had finished.
     pub dma_hazards: u64,
+    /// Per launch (in launch order): its busiest link and HBM.
+    pub fabric: Vec<FabricLoad>,
 }
 
 /// The op log: assigns op ids and effect sequence numbers, feeds the
@@ -342,6 +346,8 @@ pub struct Engine<'m, W: Write> {
     m: &'m Machine,
     q: EventQueue<Ev>,
     link_free: Vec<Ps>,
+    /// Bytes each link has carried so far (launches take their share).
+    link_bytes: Vec<u64>,
     comps: Vec<Option<Box<dyn Component>>>,
     engines: Vec<DmaEngines>,
     dma_setup_ps: Ps,
@@ -594,6 +600,7 @@ impl<'m, W: Write> Engine<'m, W> {
             m,
             q: EventQueue::default(),
             link_free: vec![0; m.links.len()],
+            link_bytes: vec![0; m.links.len()],
             comps,
             engines: (0..n_pes)
                 .map(|_| DmaEngines {
@@ -804,6 +811,7 @@ impl<'m, W: Write> Engine<'m, W> {
         self.stats.races = self.sync.race_count;
         self.stats.race_reports = std::mem::take(&mut self.sync.reports);
         let launches = self.launch_records();
+        self.stats.fabric = self.launches.iter_mut().map(|l| l.take_fabric()).collect();
         let mut channels: Vec<kb_format::ChannelLog> = self
             .comps
             .iter_mut()
@@ -904,6 +912,7 @@ impl<'m, W: Write> Engine<'m, W> {
             .saturating_add(link.serialize_ps(msg.bytes))
             .max(msg.tail);
         self.link_free[l] = end;
+        self.link_bytes[l] += msg.bytes;
         msg.tail = end.saturating_add(link.latency_ps);
         msg.hop += 1;
         if msg.hop == msg.route.len as usize {

@@ -51,6 +51,10 @@ pub struct TensorArg {
     /// Each PE's part, as kernels address it (in SRAM, each cube's part,
     /// held by its PE 0).
     pub shards: Vec<ShardArg>,
+    /// Whether other PEs can address a PE's shard at its `addr`: false in
+    /// HBM under the LA model, whose addresses are each PE's own logical
+    /// ones (another PE resolves them through its own segments).
+    pub peers_reach: bool,
 }
 
 impl TensorArg {

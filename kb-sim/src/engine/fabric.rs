@@ -1,0 +1,94 @@
+//! What each launch asked of the fabric: the bytes every link carried
+//! while it ran, and from them the least time its traffic needs: the
+//! busiest link's bytes at its bandwidth, and the busiest cube HBM's bytes
+//! (in and out of its controller) at its pseudo channels' aggregate
+//! bandwidth. No schedule of the same traffic finishes sooner, so the
+//! ratio of that bound to the launch's time says how close the launch
+//! came to the fabric's limit (a collective whose time is far above it
+//! is bound by its algorithm, not by the machine).
+
+use kb_format::Ps;
+
+use crate::machine::{Machine, NodeKind};
+
+/// One resource's share of a launch's traffic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Load {
+    /// The link (`from -> to`) or HBM (`sip0.cube0.hbm`).
+    pub name: String,
+    /// Bytes it carried while the launch ran.
+    pub bytes: u64,
+    /// Its bandwidth, GB/s.
+    pub bw_gbs: f64,
+    /// `bytes` at `bw_gbs`: the least time it needed.
+    pub busy_ps: Ps,
+}
+
+/// A launch's busiest link and busiest HBM.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FabricLoad {
+    /// The link whose bytes take longest at its bandwidth.
+    pub link: Option<Load>,
+    /// The cube HBM whose bytes take longest at its channels' bandwidth.
+    pub hbm: Option<Load>,
+}
+
+impl FabricLoad {
+    /// The busier of the two: the launch's fabric bound.
+    pub fn bound(&self) -> Option<&Load> {
+        match (&self.link, &self.hbm) {
+            (Some(l), Some(h)) => Some(if h.busy_ps > l.busy_ps { h } else { l }),
+            (l, h) => l.as_ref().or(h.as_ref()),
+        }
+    }
+
+    /// From the bytes each link carried (`bytes[l]`, by link index).
+    pub(super) fn of(m: &Machine, bytes: &[u64]) -> FabricLoad {
+        let time = |b: u64, bw: f64| -> Ps { (b as f64 * 1000.0 / bw).ceil() as Ps };
+        let link = (0..m.links.len())
+            .filter(|&l| bytes[l] > 0)
+            .max_by_key(|&l| (time(bytes[l], m.links[l].bw_gbs), std::cmp::Reverse(l)))
+            .map(|l| {
+                let k = &m.links[l];
+                Load {
+                    name: format!(
+                        "{} -> {}",
+                        m.nodes[k.from as usize].name, m.nodes[k.to as usize].name
+                    ),
+                    bytes: bytes[l],
+                    bw_gbs: k.bw_gbs,
+                    busy_ps: time(bytes[l], k.bw_gbs),
+                }
+            });
+        // Every byte an HBM serves crosses a link into or out of its
+        // controller.
+        let hbm_bw = m.topo.hbm.pseudo_channels as f64 * m.topo.hbm.channel_bw_gbs.0;
+        let mut per_ctrl: Vec<(u32, u64)> = Vec::new();
+        for (l, k) in m.links.iter().enumerate() {
+            if bytes[l] == 0 {
+                continue;
+            }
+            for node in [k.from, k.to] {
+                if m.nodes[node as usize].kind == NodeKind::HbmCtrl {
+                    match per_ctrl.iter_mut().find(|(n, _)| *n == node) {
+                        Some((_, b)) => *b += bytes[l],
+                        None => per_ctrl.push((node, bytes[l])),
+                    }
+                }
+            }
+        }
+        let hbm = per_ctrl
+            .into_iter()
+            .max_by_key(|&(n, b)| (b, std::cmp::Reverse(n)))
+            .map(|(n, b)| {
+                let node = &m.nodes[n as usize];
+                Load {
+                    name: format!("sip{}.cube{}.hbm", node.sip, node.cube),
+                    bytes: b,
+                    bw_gbs: hbm_bw,
+                    busy_ps: time(b, hbm_bw),
+                }
+            });
+        FabricLoad { link, hbm }
+    }
+}
