@@ -751,3 +751,98 @@ fn a_barrier_over_every_pe_of_four_sips_orders_their_writes_before_the_reads() {
         (first_load - t0) as f64 / 1e3
     );
 }
+
+/// `x` and `y` stacked over cube 0's PEs in their TCM; a direct
+/// all-reduce of `x` into `y`.
+fn direct_in_tcm(prog: &mut Program<'_>) -> Result<(), WorkloadError> {
+    use kb_sim::collective::{self, Algorithm, Comm};
+    use kb_sim::workload::Payload;
+    fn kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
+        let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
+        let mut comm = Comm::new(tl, tl.launch_group(), slots, RING_DEPTH, 0);
+        comm.all_reduce(tl, x, y, Algorithm::Direct);
+    }
+    let group: Vec<PeCoord> = prog
+        .pes()
+        .into_iter()
+        .filter(|p| p.sip == 0 && p.cube == 0)
+        .collect();
+    let n = group.len() as u64;
+    let rows = RING_BYTES / 4 / 256;
+    let stacked = Placement::over(&group, Policy::RowWise).in_tcm();
+    let x = prog.random("x", Dtype::F32, [n * rows, 256], stacked.clone())?;
+    let y = prog.zeros("y", Dtype::F32, [n * rows, 256], stacked)?;
+    let slots = collective::slots(
+        prog,
+        "slots",
+        Dtype::F32,
+        &group,
+        (RING_SLOT, RING_DEPTH),
+        &[Algorithm::Direct],
+    )?;
+    let args = prog.args(&[x, y, slots]);
+    let launch = prog.launch_grid("direct", kernel, args, [n as u32, 1], &group)?;
+    prog.payload(launch, Payload::all_reduce(n * RING_BYTES / n, n as usize));
+    Ok(())
+}
+
+#[test]
+fn a_direct_allreduce_in_tcm_runs_near_its_fabric_bound_and_the_summary_says_which_link() {
+    // As the ring above: data in TCM, DMA engines and TCM to spare. Member
+    // k pulls chunk k of the 7 other buffers through its own link (7/8 N
+    // inbound) and copies the sum into the 7 other outputs (7/8 N
+    // outbound); the others' pulls of its buffer and pushes into its
+    // output load the other direction alike: 2 (P-1)/P N each way, so the
+    // fabric bound is the ring's, 14.336 us, on a PE's link.
+    let mut topo = Topology::load("default").unwrap();
+    topo.tcm.size_kib.0 = 65536.0;
+    topo.tcm.bw_gbs.0 = 16384.0;
+    topo.pe_dma.engines = 16;
+    let cfg = RunConfig {
+        topology: topo,
+        params: Vec::new(),
+        seed: 1,
+        inputs: Default::default(),
+        executor: Executor::Coroutine,
+        capture_inputs: false,
+        races: RacePolicy::Error,
+        command_line: Vec::new(),
+        max_memory: None,
+    };
+    let (_, report) = run(&cfg, &Test(direct_in_tcm), Vec::new()).unwrap();
+    assert_eq!(report.stats.races, 0);
+    let p = 8u64;
+    let fabric = &report.stats.fabric[0];
+    let link = fabric.link.as_ref().expect("links carried the data");
+    assert!(
+        link.name.starts_with("sip0.cube0.pe")
+            || link.name.starts_with("sip0.cube0.noc -> sip0.cube0.pe"),
+        "{}",
+        link.name
+    );
+    // The data, plus control messages (signals, DMA requests and
+    // acknowledgements: 64 bytes each, about one per 32 KiB moved).
+    let data = 2 * (p - 1) * RING_BYTES / p;
+    assert!(
+        link.bytes >= data && link.bytes < data + data / 256,
+        "{} carried {} bytes, the data alone {data}",
+        link.name,
+        link.bytes
+    );
+    let bound_ns = link.busy_ps as f64 / 1e3;
+    assert!((bound_ns - data as f64 / 256.0).abs() < 20.0, "{bound_ns}");
+    assert!(
+        fabric.hbm.is_none(),
+        "TCM data moved through HBM: {fabric:?}"
+    );
+    // And the run reaches most of it.
+    let l = &report.launches[0];
+    let took = (l.t_end - l.t_start) as f64 / 1e3;
+    assert!(
+        took < bound_ns * 1.25,
+        "direct all-reduce took {took:.3} ns, fabric bound {bound_ns:.3} ns"
+    );
+    let payload = report.payloads[0].expect("declared");
+    assert_eq!(payload.bytes, RING_BYTES);
+    assert!((payload.bus_factor - 1.75).abs() < 1e-12);
+}

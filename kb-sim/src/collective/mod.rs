@@ -26,7 +26,10 @@
 //!   direct all-gather inside each cube.
 //! - **Ring** (`ring.rs`): reduce-scatter then all-gather around the
 //!   group, each member sending and receiving `2 (P-1)/P` of the buffer.
-//! - **Tree** (`tree.rs`): reduce up a binary tree, broadcast down it.
+//! - **Tree** (`tree.rs`): reduce up a binary tree, broadcast down it,
+//!   both streaming at once; the tree halves the members' order (the
+//!   machine's, for the groups kernels make), so its subtrees stay inside
+//!   SIPs and cubes.
 //!
 //! Flow control (ring and tree): every (sender, receiver) pair of a
 //! pattern (ring: to the right neighbour; tree: to the parent, to each
@@ -71,7 +74,8 @@ pub enum Algorithm {
     /// of links.
     Ring,
     /// Reduce up a binary tree to rank 0, then broadcast down it:
-    /// 2 log2(P) steps of latency, each link carrying the whole buffer.
+    /// 2 log2(P) steps of latency, each tree edge carrying the whole
+    /// buffer each way; subtrees are ranges of the members' order.
     Tree,
     /// Pull-reduce-scatter then push-all-gather: every member reads its
     /// chunk of every buffer and writes its reduced chunk into every
