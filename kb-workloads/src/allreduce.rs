@@ -234,8 +234,9 @@ impl Workload for AllReduce {
             match op {
                 "all_reduce" => Payload::all_reduce(buffer, group.len()),
                 "broadcast" => Payload::broadcast(buffer),
-                // The whole input (reduce-scatter) or output (all-gather).
-                _ => Payload::scatter_or_gather(buffer * n, group.len()),
+                // A member's whole input (reduce-scatter) or output
+                // (all-gather): `rows` x `cols` either way.
+                _ => Payload::scatter_or_gather(buffer, group.len()),
             },
         );
         let summed = op == "all_reduce" || op == "reduce_scatter";

@@ -302,3 +302,53 @@ fn the_direct_steps_pull_and_push_each_chunk_once_per_member() {
         assert!(err.contains(want), "missing {want:?} in {err}");
     }
 }
+
+#[test]
+fn the_summary_gives_a_collectives_bus_bandwidth_and_fabric_bound() {
+    // 8 members of 256 KiB (65,536 f32), by the default algorithm
+    // (direct on a cube).
+    let out = run(
+        "kb-sim",
+        &["-t", "default", "-b", "allreduce", "-o", "-"],
+        b"",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let number_after = |key: &str| -> f64 {
+        let at = err
+            .find(key)
+            .unwrap_or_else(|| panic!("no {key:?} in {err}"))
+            + key.len();
+        err[at..]
+            .trim_start()
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|e| panic!("{key}: {e} in {err}"))
+    };
+    let window_ns = number_after("over the kernels'");
+    let launch_ns = number_after("launch 0 (all_reduce):");
+    assert!((window_ns - launch_ns).abs() < 1e-3, "{err}");
+    // NCCL's bus bandwidth: bytes / time x 2 (P-1)/P.
+    let busbw = number_after("bus bandwidth");
+    let want = 262_144.0 / window_ns * 1.75;
+    assert!(
+        (busbw - want).abs() < 0.1,
+        "{busbw} GB/s, by hand {want:.2}: {err}"
+    );
+    // The bound is below the time, and the most the traffic allows is
+    // above what it got.
+    let bound_ns = number_after("against a fabric bound of");
+    assert!(bound_ns > 0.0 && bound_ns < window_ns, "{err}");
+    assert!(number_after("this traffic allows at most") > busbw, "{err}");
+    // A workload that declares no payload still gets its fabric line.
+    let out = run("kb-sim", &["-t", "default", "-b", "gemm", "-o", "-"], b"");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("launch 0 (gemm):") && err.contains("fabric bound"),
+        "{err}"
+    );
+    assert!(!err.contains("bus bandwidth"), "{err}");
+}
