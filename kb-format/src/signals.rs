@@ -7,9 +7,9 @@
 //! destructors. [`remove_on_signal`] installs handlers for them that
 //! unlink the registered file and exit with 128 + the signal number (130,
 //! 143, 129), as a shell reports a process the signal killed. SIGKILL
-//! cannot be caught: that leaves the hidden `.NAME.partial*` file. One
-//! file is registered at a time (a tool writes its outputs one after
-//! another); [`AtomicFile::remove_on_signal`](crate::AtomicFile::remove_on_signal)
+//! cannot be caught: that leaves the hidden `.NAME.partial*` file, beside
+//! the target (or beside the file a symlinked target leads to). One file
+//! is registered at a time (a tool writes its outputs one after another); [`AtomicFile::remove_on_signal`](crate::AtomicFile::remove_on_signal)
 //! registers its temporary file and forgets it when committed or dropped.
 //!
 //! The handler does only async-signal-safe work: an atomic swap, `unlink`
@@ -28,6 +28,10 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 static PARTIAL: AtomicPtr<libc::c_char> = AtomicPtr::new(null_mut());
 static INSTALL: Once = Once::new();
 
+/// What an abort says (after Rust's own "memory allocation of N bytes
+/// failed", when that is the cause).
+const ABORTED: &[u8] = b"error: aborted (most likely an allocation failed: this run needs more host memory than the process may use; see --max-memory); no partial output is left\n";
+
 extern "C" fn on_signal(sig: libc::c_int) {
     let path = PARTIAL.swap(null_mut(), Ordering::SeqCst);
     if !path.is_null() {
@@ -38,9 +42,33 @@ extern "C" fn on_signal(sig: libc::c_int) {
             libc::unlink(path);
         }
     }
+    if sig == libc::SIGABRT {
+        // SAFETY: write(2) on stderr and _exit are async-signal-safe; the
+        // buffer is a static byte string.
+        unsafe {
+            libc::write(2, ABORTED.as_ptr().cast(), ABORTED.len());
+            libc::_exit(2)
+        }
+    }
     // SAFETY: _exit is async-signal-safe and ends the process at once,
     // running no destructors that could touch half-updated state.
     unsafe { libc::_exit(128 + sig) }
+}
+
+static ABORT: Once = Once::new();
+
+/// Make an abort (SIGABRT: an allocation that failed, or a panic while
+/// panicking) end the process with exit status 2 and a message on stderr,
+/// removing the file registered by [`remove_on_signal`], instead of a
+/// signal death with a core dump. Tools call it first thing in `main`.
+pub fn exit_2_on_abort() {
+    ABORT.call_once(|| {
+        // SAFETY: as in `remove_on_signal`: `on_signal` does only
+        // async-signal-safe work, and only SIGABRT's disposition changes.
+        unsafe {
+            libc::signal(libc::SIGABRT, on_signal as *const () as libc::sighandler_t);
+        }
+    });
 }
 
 /// Remove `path` if SIGINT, SIGTERM or SIGHUP arrives before [`forget`]

@@ -612,8 +612,21 @@ fn check_record(r: &Record) -> Result<()> {
 /// A target that exists and is not a regular file (`/dev/null`, a FIFO,
 /// `/dev/stdout`) is written in place: renaming over it would replace a
 /// device with a plain file, and such a target cannot look complete.
+///
+/// A target that is a symbolic link (or a chain of them) is resolved
+/// first, as `open` would: each link's target is read and, when relative,
+/// taken relative to the link's directory. The temporary file is made in
+/// the resolved file's directory and renamed onto the resolved file, so
+/// the link stays a link and points at the new content (renaming onto the
+/// link itself would replace it with a plain file and leave the file it
+/// pointed at stale). A dangling link is followed too: its target is
+/// created if its directory exists (and `create` fails if it does not).
+/// A loop of links fails at `create`. Only the last component is resolved
+/// link by link; links among the directories are left to the kernel.
 #[derive(Debug)]
 pub struct AtomicFile {
+    /// The file renamed onto at commit: the target, or where its symbolic
+    /// links lead.
     target: PathBuf,
     file: io::BufWriter<Destination>,
     /// Set by [`AtomicFile::remove_on_signal`]: dropped last (after the
@@ -674,13 +687,50 @@ pub fn is_terminal_path(path: &Path) -> bool {
             .is_ok_and(|f| f.is_terminal())
 }
 
+/// At most this many symbolic links are followed from an [`AtomicFile`]'s
+/// target (Linux's limit for a path lookup).
+const MAX_SYMLINKS: usize = 40;
+
+/// Where the symbolic links at `path` lead: `path` itself when it is not a
+/// link (or does not exist), else the end of the chain of links, each
+/// relative target taken relative to its link's directory. The last path
+/// may not exist (a dangling link). A chain longer than [`MAX_SYMLINKS`]
+/// (a loop) is an error, as it is for `open`.
+fn resolve_symlinks(start: &Path) -> io::Result<PathBuf> {
+    let mut path = start.to_path_buf();
+    for _ in 0..MAX_SYMLINKS {
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let next = std::fs::read_link(&path)?;
+                // `join` keeps an absolute `next` as it is; `..` is not
+                // folded here, the kernel resolves it from the real
+                // directory as it would for the link.
+                path = match path.parent() {
+                    Some(dir) => dir.join(next),
+                    None => next,
+                };
+            }
+            Ok(_) => return Ok(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(path),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other(format!(
+        "{}: too many levels of symbolic links",
+        start.display()
+    )))
+}
+
 impl AtomicFile {
     pub fn create(target: &Path) -> io::Result<AtomicFile> {
         // Follows symlinks: `/dev/stdout` is a link to a pipe or a tty.
         let special = std::fs::metadata(target).is_ok_and(|m| !m.is_file() && !m.is_dir());
-        let dest = if special {
-            Destination::InPlace(std::fs::OpenOptions::new().write(true).open(target)?)
+        let (target, dest) = if special {
+            let f = std::fs::OpenOptions::new().write(true).open(target)?;
+            (target.to_path_buf(), Destination::InPlace(f))
         } else {
+            // Rename onto the file a symlink leads to, not onto the link.
+            let target = resolve_symlinks(target)?;
             let dir = match target.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p,
                 _ => Path::new("."),
@@ -689,14 +739,13 @@ impl AtomicFile {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            Destination::Temporary(
-                tempfile::Builder::new()
-                    .prefix(&format!(".{name}.partial"))
-                    .tempfile_in(dir)?,
-            )
+            let tmp = tempfile::Builder::new()
+                .prefix(&format!(".{name}.partial"))
+                .tempfile_in(dir)?;
+            (target, Destination::Temporary(tmp))
         };
         Ok(AtomicFile {
-            target: target.to_path_buf(),
+            target,
             file: io::BufWriter::with_capacity(1 << 20, dest),
             signal_guard: None,
         })
@@ -716,8 +765,9 @@ impl AtomicFile {
         self
     }
 
-    /// The temporary file being written, renamed to the target at
-    /// `commit` (`None` for a special target written in place).
+    /// The temporary file being written, renamed to the target (or the
+    /// file its symbolic links lead to) at `commit`; `None` for a special
+    /// target written in place.
     pub fn temporary_path(&self) -> Option<&Path> {
         match self.file.get_ref() {
             Destination::Temporary(t) => Some(t.path()),

@@ -422,3 +422,205 @@ fn emitted_math_records_hand_their_inputs_back() {
     assert!(back.is_empty() && back.capacity() >= 2);
     assert_eq!(back.as_ptr(), ptr);
 }
+
+/// The names in `dir`, sorted.
+#[cfg(unix)]
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Write `bytes` to `path` through an [`AtomicFile`] and commit, checking
+/// on the way that the temporary file lies in `real_dir`.
+#[cfg(unix)]
+fn write_through(path: &std::path::Path, real_dir: &std::path::Path, bytes: &[u8]) {
+    let mut f = AtomicFile::create(path).unwrap().remove_on_signal();
+    let tmp = f.temporary_path().unwrap().to_path_buf();
+    assert_eq!(
+        tmp.parent().unwrap().canonicalize().unwrap(),
+        real_dir.canonicalize().unwrap(),
+        "{tmp:?}"
+    );
+    std::io::Write::write_all(&mut f, bytes).unwrap();
+    f.commit().unwrap();
+    assert!(!tmp.exists());
+}
+
+#[cfg(unix)]
+fn assert_symlink(path: &std::path::Path) {
+    let kind = std::fs::symlink_metadata(path).unwrap().file_type();
+    assert!(kind.is_symlink(), "{path:?} was replaced: {kind:?}");
+}
+
+#[cfg(unix)]
+#[test]
+fn atomic_file_writes_through_a_symlink_to_its_target() {
+    // `-o link.kbt` with link.kbt -> /elsewhere/real.kbt updates real.kbt
+    // and keeps the link.
+    use std::os::unix::fs::PermissionsExt;
+    let links = tempfile::tempdir().unwrap();
+    let real = tempfile::tempdir().unwrap();
+    let target = real.path().join("real.kbt");
+    std::fs::write(&target, b"an older trace").unwrap();
+    let link = links.path().join("link.kbt");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    write_through(&link, real.path(), b"the new trace");
+    assert_symlink(&link);
+    assert_eq!(std::fs::read_link(&link).unwrap(), target);
+    assert_eq!(std::fs::read(&target).unwrap(), b"the new trace");
+    assert_eq!(std::fs::read(&link).unwrap(), b"the new trace");
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o644);
+    assert_eq!(names_in(links.path()), ["link.kbt"]);
+    assert_eq!(names_in(real.path()), ["real.kbt"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn atomic_file_follows_a_chain_of_symlinks() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let real = tempfile::tempdir().unwrap();
+    let target = real.path().join("real.kbt");
+    std::fs::write(&target, b"old").unwrap();
+    let second = b.path().join("second");
+    std::os::unix::fs::symlink(&target, &second).unwrap();
+    let first = a.path().join("first");
+    std::os::unix::fs::symlink(&second, &first).unwrap();
+    write_through(&first, real.path(), b"new");
+    assert_symlink(&first);
+    assert_symlink(&second);
+    assert_eq!(std::fs::read_link(&first).unwrap(), second);
+    assert_eq!(std::fs::read_link(&second).unwrap(), target);
+    assert_eq!(std::fs::read(&target).unwrap(), b"new");
+    assert_eq!(names_in(a.path()), ["first"]);
+    assert_eq!(names_in(b.path()), ["second"]);
+    assert_eq!(names_in(real.path()), ["real.kbt"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn atomic_file_resolves_a_relative_symlink_from_its_directory() {
+    // dir/links/link -> ../data/real.kbt, and a relative link at the end
+    // of a chain: each is taken relative to its own link's directory.
+    let dir = tempfile::tempdir().unwrap();
+    let links = dir.path().join("links");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&links).unwrap();
+    std::fs::create_dir(&data).unwrap();
+    let target = data.join("real.kbt");
+    std::fs::write(&target, b"old").unwrap();
+    let link = links.join("link");
+    std::os::unix::fs::symlink("../data/real.kbt", &link).unwrap();
+    write_through(&link, &data, b"new");
+    assert_symlink(&link);
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        std::path::Path::new("../data/real.kbt")
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), b"new");
+    // links/outer -> link (relative, same directory) -> ../data/real.kbt.
+    let outer = links.join("outer");
+    std::os::unix::fs::symlink("link", &outer).unwrap();
+    write_through(&outer, &data, b"newer");
+    assert_symlink(&outer);
+    assert_symlink(&link);
+    assert_eq!(std::fs::read(&target).unwrap(), b"newer");
+    assert_eq!(names_in(&links), ["link", "outer"]);
+    assert_eq!(names_in(&data), ["real.kbt"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn atomic_file_creates_the_target_of_a_dangling_symlink() {
+    let links = tempfile::tempdir().unwrap();
+    let real = tempfile::tempdir().unwrap();
+    let target = real.path().join("new.kbt");
+    let link = links.path().join("link.kbt");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    write_through(&link, real.path(), b"created");
+    assert_symlink(&link);
+    assert_eq!(std::fs::read(&target).unwrap(), b"created");
+    assert_eq!(names_in(links.path()), ["link.kbt"]);
+    assert_eq!(names_in(real.path()), ["new.kbt"]);
+    // A dangling link into a missing directory fails, as a missing
+    // directory does, and leaves the link.
+    let gone = links.path().join("gone.kbt");
+    std::os::unix::fs::symlink(real.path().join("no/such.kbt"), &gone).unwrap();
+    assert!(AtomicFile::create(&gone).is_err());
+    assert_symlink(&gone);
+}
+
+#[cfg(unix)]
+#[test]
+fn atomic_file_through_a_symlink_dropped_without_commit_leaves_the_target() {
+    let links = tempfile::tempdir().unwrap();
+    let real = tempfile::tempdir().unwrap();
+    let target = real.path().join("real.kbt");
+    std::fs::write(&target, b"an older trace").unwrap();
+    let link = links.path().join("link.kbt");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    {
+        let f = AtomicFile::create(&link).unwrap().remove_on_signal();
+        let mut w = TraceWriter::new(f, &sample_meta()).unwrap();
+        w.tensor_data(0, 0, &[1; 64]).unwrap();
+        // The temporary file is beside the real target, named after it.
+        let names = names_in(real.path());
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names[0].starts_with(".real.kbt.partial"), "{names:?}");
+        assert_eq!(names_in(links.path()), ["link.kbt"]);
+        // Dropped: an error or a panic on the way.
+    }
+    assert_symlink(&link);
+    assert_eq!(std::fs::read(&target).unwrap(), b"an older trace");
+    assert_eq!(names_in(links.path()), ["link.kbt"]);
+    assert_eq!(names_in(real.path()), ["real.kbt"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn atomic_file_refuses_a_symlink_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    assert!(AtomicFile::create(&a).is_err());
+    assert_symlink(&a);
+    assert_symlink(&b);
+    assert_eq!(names_in(dir.path()), ["a", "b"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn atomic_file_writes_a_symlinked_special_target_in_place() {
+    // Like `/dev/stdout` -> a pipe: the link leads to a FIFO, written in
+    // place; neither the link nor the FIFO is replaced.
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let link = dir.path().join("out");
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    let mut f = AtomicFile::create(&link).unwrap();
+    assert!(f.temporary_path().is_none());
+    std::io::Write::write_all(&mut f, b"through the link").unwrap();
+    f.commit().unwrap();
+    let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+    assert!(kind.is_fifo(), "the FIFO was replaced: {kind:?}");
+    assert_symlink(&link);
+    assert_eq!(reader.join().unwrap(), b"through the link");
+    assert_eq!(names_in(dir.path()), ["out", "pipe"]);
+}

@@ -630,6 +630,9 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
 }
 
 fn main() -> ExitCode {
+    // An allocation that fails anyway exits 2, its partial output removed.
+    #[cfg(unix)]
+    kb_format::signals::exit_2_on_abort();
     let cli = Cli::parse();
     let stdout = io::stdout();
     let mut out = io::BufWriter::with_capacity(256 << 10, stdout.lock());

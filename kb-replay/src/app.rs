@@ -15,7 +15,7 @@ use crate::ops::GemmBackend;
 use crate::plane::Owner;
 use crate::progress::Progress;
 use crate::report::Report;
-use crate::verify::{self, plan_checks};
+use crate::verify::{self, TolerancePolicy, plan_checks};
 
 /// Where the trace comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +47,9 @@ pub struct Config {
     pub quiet: bool,
     /// `--allow-unknown` ([`Report::allow_unknown`]).
     pub allow_unknown: bool,
+    /// `--atol`, `--rtol`, `--strict-tolerance`: how verified outputs'
+    /// tolerances are chosen.
+    pub tolerance: TolerancePolicy,
     /// Threads in all (one reads and plans, and helps with the ops);
     /// `None` for every available core.
     pub threads: Option<usize>,
@@ -362,6 +365,11 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
     let loaded = loaded?;
     let stats = loaded.stats.clone();
     let verifying = cfg.verify || !expect.is_empty();
+    if !verifying && cfg.tolerance != TolerancePolicy::default() && !cfg.quiet {
+        eprintln!(
+            "kb-replay: --atol, --rtol and --strict-tolerance apply to verification; without --verify or --expect they do nothing"
+        );
+    }
     let checks = plan_checks(loaded.spec.as_ref(), expect);
     let outputs = if verifying {
         if checks.is_empty() {
@@ -380,8 +388,15 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
                 checks.len()
             ))
         };
-        let outputs =
-            pool.install(|| verify::verify(loaded.replayer.plane(), &loaded.meta, &checks, tell));
+        let outputs = pool.install(|| {
+            verify::verify_with(
+                loaded.replayer.plane(),
+                &loaded.meta,
+                &checks,
+                &cfg.tolerance,
+                tell,
+            )
+        });
         bar.clear();
         Some(outputs?)
     } else {

@@ -8,6 +8,7 @@ use clap::Parser;
 use kb_replay::app::{self, Config, Input};
 use kb_replay::backend;
 use kb_replay::engine::{Fingerprints, ReplayOptions};
+use kb_replay::verify::TolerancePolicy;
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -19,6 +20,10 @@ Exit codes:
 Tolerances (ADR-0020 D11, unless the trace's spec gives one):
   f32 rtol=atol=1e-5, f16 1e-3, bf16 1e-2, integers exact;
   an element passes when |out - ref| <= atol + rtol * |ref|.
+  A trace's tolerance looser than its dtype's default is named in the
+  output's PASS/FAIL line. --strict-tolerance ignores the trace's
+  tolerances; --atol and --rtol set atol and rtol for every verified
+  output (each on its own, winning over the trace and the defaults).
 
 --dump-outputs writes bf16 tensors as float32 (numpy has no bf16).
 
@@ -62,6 +67,21 @@ struct Args {
     /// would go unchecked)
     #[arg(long)]
     allow_unknown: bool,
+
+    /// Absolute tolerance for every verified output, instead of the
+    /// trace's or the dtype default (a finite number >= 0)
+    #[arg(long, value_name = "X", value_parser = parse_tolerance, allow_negative_numbers = true)]
+    atol: Option<f64>,
+
+    /// Relative tolerance for every verified output, instead of the
+    /// trace's or the dtype default (a finite number >= 0)
+    #[arg(long, value_name = "X", value_parser = parse_tolerance, allow_negative_numbers = true)]
+    rtol: Option<f64>,
+
+    /// Ignore the tolerances the trace gives and use the dtype defaults
+    /// (see below), where --atol/--rtol do not set them
+    #[arg(long)]
+    strict_tolerance: bool,
 
     /// Threads in all, one of them also reading and planning the trace
     /// [default: the number of available cores; at most 4 per core]
@@ -109,6 +129,14 @@ fn parse_fingerprints(s: &str) -> Result<Fingerprints, String> {
     Fingerprints::from_name(s).ok_or_else(|| format!("expected all, sample or off, got {s:?}"))
 }
 
+fn parse_tolerance(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        // -0 is 0.
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v.abs()),
+        _ => Err("expected a finite number >= 0".into()),
+    }
+}
+
 fn parse_expect(s: &str) -> Result<(String, PathBuf), String> {
     match s.split_once('=') {
         Some((name, file)) if !name.is_empty() && !file.is_empty() => {
@@ -119,6 +147,9 @@ fn parse_expect(s: &str) -> Result<(String, PathBuf), String> {
 }
 
 fn main() -> ExitCode {
+    // An allocation that fails anyway exits 2, its partial output removed.
+    #[cfg(unix)]
+    kb_format::signals::exit_2_on_abort();
     let args = Args::parse();
     let input = match args.trace {
         Some(p) if p.as_os_str() == "-" => Input::Stdin,
@@ -140,6 +171,11 @@ fn main() -> ExitCode {
         dump_outputs: args.dump_outputs,
         quiet: args.quiet,
         allow_unknown: args.allow_unknown,
+        tolerance: TolerancePolicy {
+            atol: args.atol,
+            rtol: args.rtol,
+            strict: args.strict_tolerance,
+        },
         threads: args.threads,
         progress: !args.quiet && std::io::stderr().is_terminal(),
         options: ReplayOptions {

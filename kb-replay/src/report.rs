@@ -32,9 +32,13 @@ fn err(v: f64) -> String {
 
 /// An output's PASS or FAIL line. Both state the allclose rule an element
 /// passes by and the worst element's margin against it, so a PASS with a
-/// large relative error reads as what it is.
+/// large relative error reads as what it is, and the tolerance, with a
+/// note when the trace's is looser than the dtype's default.
 fn output_line(o: &OutputReport) -> String {
-    let tol = format!("rtol {:e}, atol {:e}", o.tolerance.rtol, o.tolerance.atol);
+    let mut tol = format!("rtol {:e}, atol {:e}", o.tolerance.rtol, o.tolerance.atol);
+    if let Some(note) = o.tolerance_note() {
+        tol = format!("{tol}; {note}");
+    }
     let worst = o.worst.as_ref().map_or(String::new(), |(index, margin)| {
         format!("; worst |got - ref| / (atol + rtol |ref|) = {margin:.3} at {index:?}")
     });
@@ -138,6 +142,9 @@ impl Report {
                     "reference": o.reference,
                     "rtol": o.tolerance.rtol,
                     "atol": o.tolerance.atol,
+                    "rtol_from": o.rtol_from.name(),
+                    "atol_from": o.atol_from.name(),
+                    "tolerance_note": o.tolerance_note(),
                     "elements": o.elements,
                     "max_abs_err": num(o.max_abs_err),
                     "max_rel_err": num(o.max_rel_err),
@@ -260,7 +267,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verify::Mismatch;
+    use crate::verify::{Mismatch, TolSource};
     use kb_format::{Dtype, Tolerance};
 
     fn output(pass: bool) -> OutputReport {
@@ -273,6 +280,8 @@ mod tests {
                 rtol: 1e-5,
                 atol: 1e-5,
             },
+            rtol_from: TolSource::Default,
+            atol_from: TolSource::Default,
             elements: 4,
             max_abs_err: if pass { 0.0 } else { 1.0 },
             max_rel_err: f64::INFINITY,
@@ -322,6 +331,26 @@ mod tests {
             lines[1]
         );
         assert!(lines[2].contains("FAILED (1 of 2"));
+        assert_eq!(j["outputs"][0]["rtol_from"], "default");
+        assert_eq!(j["outputs"][0]["tolerance_note"], Value::Null);
+        assert!(!lines[0].contains("looser"), "{}", lines[0]);
+        // A trace's tolerance looser than the default is named in the
+        // line (a FAIL line too, which --quiet keeps) and the JSON.
+        for o in r.outputs.as_mut().unwrap() {
+            o.tolerance.atol = 1e-3;
+            o.atol_from = TolSource::Trace;
+        }
+        let note = "atol from the trace, looser than the f32 default 1e-5";
+        assert!(r.summary()[0].contains(note), "{}", r.summary()[0]);
+        assert!(r.failures()[0].contains(note), "{}", r.failures()[0]);
+        let j = r.to_json();
+        assert_eq!(j["outputs"][1]["atol_from"], "trace");
+        assert!(
+            j["outputs"][1]["tolerance_note"]
+                .as_str()
+                .unwrap()
+                .starts_with(note)
+        );
         r.outputs = None;
         assert!(r.pass());
         assert_eq!(r.to_json()["verified"], false);

@@ -3,10 +3,13 @@
 //! `--expect` array) and compare element by element.
 //!
 //! Comparison follows numpy's `allclose`: `|got - ref| <= atol + rtol*|ref|`,
-//! with the tolerance from the spec or, by default, per ADR-0020 D11:
-//! f32 1e-5, f16 1e-3, bf16 1e-2 (rtol = atol), integers exact. NaN matches
-//! only NaN; an infinity matches only the same infinity. Output bytes are
-//! decoded by [`crate::reference::decode`], not by the replay's codecs.
+//! with the tolerance from the spec or, by default, per ADR-0020 D11
+//! ([`default_tolerance`]); `--strict-tolerance`, `--atol` and `--rtol`
+//! override the spec ([`TolerancePolicy`]), and a spec tolerance looser than
+//! the default is named in the verdict ([`OutputReport::tolerance_note`]).
+//! NaN matches only NaN; an infinity matches only the same infinity. Output
+//! bytes are decoded by [`crate::reference::decode`], not by the replay's
+//! codecs.
 
 use std::path::PathBuf;
 
@@ -40,7 +43,8 @@ impl RefSource {
 pub struct Check {
     pub tensor: String,
     pub reference: RefSource,
-    /// Overrides the per-dtype default.
+    /// The spec's: overrides the per-dtype default (unless the
+    /// [`TolerancePolicy`] says otherwise).
     pub tolerance: Option<Tolerance>,
 }
 
@@ -77,6 +81,64 @@ pub fn plan_checks(
     checks
 }
 
+/// Where an output's rtol or atol came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TolSource {
+    /// The dtype's default ([`default_tolerance`]).
+    Default,
+    /// The trace's verification spec.
+    Trace,
+    /// `--rtol` or `--atol`.
+    Flag,
+}
+
+impl TolSource {
+    /// How the JSON report names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TolSource::Default => "default",
+            TolSource::Trace => "trace",
+            TolSource::Flag => "flag",
+        }
+    }
+}
+
+/// How each output's tolerance is chosen (`--atol`, `--rtol`,
+/// `--strict-tolerance`). The default policy takes the spec's tolerance
+/// where it gives one and the dtype's default otherwise.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TolerancePolicy {
+    /// `--atol`: the atol of every output.
+    pub atol: Option<f64>,
+    /// `--rtol`: the rtol of every output.
+    pub rtol: Option<f64>,
+    /// `--strict-tolerance`: ignore the spec's tolerances and use the
+    /// dtype defaults (where `atol`/`rtol` do not say otherwise).
+    pub strict: bool,
+}
+
+impl TolerancePolicy {
+    /// The tolerance for an output of `dtype` whose spec gives `spec`, and
+    /// where its rtol and atol came from.
+    pub fn resolve(
+        &self,
+        dtype: Dtype,
+        spec: Option<Tolerance>,
+    ) -> (Tolerance, TolSource, TolSource) {
+        let (base, from) = match spec {
+            Some(t) if !self.strict => (t, TolSource::Trace),
+            _ => (default_tolerance(dtype), TolSource::Default),
+        };
+        let pick = |flag: Option<f64>, base: f64| match flag {
+            Some(v) => (v, TolSource::Flag),
+            None => (base, from),
+        };
+        let (rtol, rtol_from) = pick(self.rtol, base.rtol);
+        let (atol, atol_from) = pick(self.atol, base.atol);
+        (Tolerance { rtol, atol }, rtol_from, atol_from)
+    }
+}
+
 /// ADR-0020 D11 tolerance for a dtype.
 pub fn default_tolerance(d: Dtype) -> Tolerance {
     let t = match d {
@@ -104,7 +166,10 @@ pub struct OutputReport {
     pub dtype: Dtype,
     pub shape: Vec<u64>,
     pub reference: String,
+    /// The tolerance applied, and where its rtol and atol came from.
     pub tolerance: Tolerance,
+    pub rtol_from: TolSource,
+    pub atol_from: TolSource,
     pub elements: u64,
     /// Over elements where both values are finite.
     pub max_abs_err: f64,
@@ -117,6 +182,49 @@ pub struct OutputReport {
     /// allclose rule keeps at most 1. `None` when no element is finite.
     pub worst: Option<(Vec<u64>, f64)>,
     pub pass: bool,
+}
+
+/// A tolerance in a note: `1e-5`, or `0 (exact)`.
+fn tol_text(v: f64) -> String {
+    if v == 0.0 {
+        "0 (exact)".into()
+    } else {
+        format!("{v:e}")
+    }
+}
+
+impl OutputReport {
+    /// Whether the rtol and the atol applied came from the trace and are
+    /// looser than the dtype's default: a trace that loosens its own check
+    /// is named, so that a user sees it.
+    pub fn looser_than_default(&self) -> (bool, bool) {
+        let d = default_tolerance(self.dtype);
+        (
+            self.rtol_from == TolSource::Trace && self.tolerance.rtol > d.rtol,
+            self.atol_from == TolSource::Trace && self.tolerance.atol > d.atol,
+        )
+    }
+
+    /// `tolerance from the trace, looser than the f32 default 1e-5 ...`
+    /// when [`Self::looser_than_default`] says so.
+    pub fn tolerance_note(&self) -> Option<String> {
+        let what = match self.looser_than_default() {
+            (true, true) => "tolerance",
+            (true, false) => "rtol",
+            (false, true) => "atol",
+            (false, false) => return None,
+        };
+        let d = default_tolerance(self.dtype);
+        let default = if d.rtol == d.atol {
+            tol_text(d.rtol)
+        } else {
+            format!("rtol {}, atol {}", tol_text(d.rtol), tol_text(d.atol))
+        };
+        Some(format!(
+            "{what} from the trace, looser than the {} default {default}, which --strict-tolerance applies",
+            self.dtype
+        ))
+    }
 }
 
 /// Element comparison statistics.
@@ -279,11 +387,23 @@ pub fn input_matrix(plane: &DataPlane, meta: &Meta, name: &str) -> Result<Matrix
 }
 
 /// Check every output, telling `on_output` (index, tensor) as each starts;
-/// an error (exit 2) means a check could not be made.
+/// an error (exit 2) means a check could not be made. Tolerances as the
+/// default [`TolerancePolicy`] chooses them.
 pub fn verify(
     plane: &DataPlane,
     meta: &Meta,
     checks: &[Check],
+    on_output: impl Fn(usize, &str),
+) -> Result<Vec<OutputReport>> {
+    verify_with(plane, meta, checks, &TolerancePolicy::default(), on_output)
+}
+
+/// [`verify`], with tolerances chosen by `policy`.
+pub fn verify_with(
+    plane: &DataPlane,
+    meta: &Meta,
+    checks: &[Check],
+    policy: &TolerancePolicy,
     on_output: impl Fn(usize, &str),
 ) -> Result<Vec<OutputReport>> {
     let lookup = |name: &str| input_matrix(plane, meta, name);
@@ -337,7 +457,7 @@ pub fn verify(
                 got.len()
             )));
         }
-        let tol = c.tolerance.unwrap_or_else(|| default_tolerance(t.dtype));
+        let (tol, rtol_from, atol_from) = policy.resolve(t.dtype, c.tolerance);
         let cmp = compare(&got, &expected, tol);
         out.push(OutputReport {
             name: c.tensor.clone(),
@@ -345,6 +465,8 @@ pub fn verify(
             shape: t.shape.clone(),
             reference: c.reference.describe(),
             tolerance: tol,
+            rtol_from,
+            atol_from,
             elements: got.len() as u64,
             max_abs_err: cmp.max_abs_err,
             max_rel_err: cmp.max_rel_err,
@@ -425,6 +547,97 @@ mod tests {
         assert_eq!(compare(&[3.0], &[4.0], t).mismatches, 1);
         assert_eq!(default_tolerance(Dtype::Bf16).rtol, 1e-2);
         assert_eq!(default_tolerance(Dtype::F32).atol, 1e-5);
+    }
+
+    #[test]
+    fn flags_and_strict_choose_the_tolerance_and_say_where_it_came_from() {
+        use TolSource::*;
+        let f32d = default_tolerance(Dtype::F32);
+        let none = TolerancePolicy::default();
+        assert_eq!(none.resolve(Dtype::F32, None), (f32d, Default, Default));
+        assert_eq!(none.resolve(Dtype::F32, Some(TOL)), (TOL, Trace, Trace));
+        let strict = TolerancePolicy {
+            strict: true,
+            ..none
+        };
+        assert_eq!(
+            strict.resolve(Dtype::F32, Some(TOL)),
+            (f32d, Default, Default)
+        );
+        // Each flag on its own; they win over --strict-tolerance.
+        let atol = TolerancePolicy {
+            atol: Some(0.0),
+            ..none
+        };
+        let want = Tolerance {
+            rtol: TOL.rtol,
+            atol: 0.0,
+        };
+        assert_eq!(atol.resolve(Dtype::F32, Some(TOL)), (want, Trace, Flag));
+        let both = TolerancePolicy {
+            atol: Some(0.5),
+            rtol: Some(0.25),
+            strict: true,
+        };
+        let want = Tolerance {
+            rtol: 0.25,
+            atol: 0.5,
+        };
+        assert_eq!(both.resolve(Dtype::I8, Some(TOL)), (want, Flag, Flag));
+    }
+
+    #[test]
+    fn a_trace_tolerance_looser_than_the_default_is_named() {
+        let report = |dtype, policy: TolerancePolicy, spec| {
+            let (tolerance, rtol_from, atol_from) = policy.resolve(dtype, spec);
+            OutputReport {
+                name: "y".into(),
+                dtype,
+                shape: vec![1],
+                reference: "spec".into(),
+                tolerance,
+                rtol_from,
+                atol_from,
+                elements: 1,
+                max_abs_err: 0.0,
+                max_rel_err: 0.0,
+                mismatches: 0,
+                first_mismatch: None,
+                worst: None,
+                pass: true,
+            }
+        };
+        let none = TolerancePolicy::default();
+        let r = report(Dtype::F32, none, Some(TOL));
+        assert_eq!(r.looser_than_default(), (true, true));
+        let note = r.tolerance_note().unwrap();
+        assert!(
+            note.starts_with("tolerance from the trace, looser than the f32 default 1e-5"),
+            "{note}"
+        );
+        // Tighter or equal, the default, or overridden: no note.
+        assert_eq!(report(Dtype::F16, none, Some(TOL)).tolerance_note(), None);
+        assert_eq!(report(Dtype::Bf16, none, Some(TOL)).tolerance_note(), None);
+        assert_eq!(report(Dtype::F32, none, None).tolerance_note(), None);
+        let strict = TolerancePolicy {
+            strict: true,
+            ..none
+        };
+        assert_eq!(report(Dtype::F32, strict, Some(TOL)).tolerance_note(), None);
+        // Half overridden: the other half is still the trace's.
+        let atol = TolerancePolicy {
+            atol: Some(0.0),
+            ..none
+        };
+        let note = report(Dtype::F32, atol, Some(TOL))
+            .tolerance_note()
+            .unwrap();
+        assert!(note.starts_with("rtol from the trace, looser"), "{note}");
+        // Integers are exact by default.
+        let note = report(Dtype::I32, none, Some(TOL))
+            .tolerance_note()
+            .unwrap();
+        assert!(note.contains("the i32 default 0 (exact)"), "{note}");
     }
 
     #[test]

@@ -559,3 +559,196 @@ fn corrupted_trace_data_is_caught_under_fingerprints_all() {
         }
     }
 }
+
+/// A bf16 GEMM whose results round: `c = a . b` with a [2, 3], b [3, 2]
+/// on the host and c [2, 2] in HBM, checked at the default tolerance.
+fn bf16_gemm_trace() -> Vec<u8> {
+    use half::bf16;
+    let bf = |v: &[f32]| -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+            .collect()
+    };
+    let a = bf(&[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]);
+    let b = bf(&[0.7, 0.8, 0.9, 1.1, 1.3, 1.7]);
+    let tensors = vec![
+        tensor("a", Dtype::Bf16, &[2, 3], true, None),
+        tensor("b", Dtype::Bf16, &[3, 2], true, None),
+        tensor("c", Dtype::Bf16, &[2, 2], false, Some(hbm(0x100))),
+    ];
+    let ops = [gemm(
+        1,
+        0,
+        1,
+        gemm_params(2, 3, 2, Dtype::Bf16, Dtype::F32, Dtype::Bf16),
+        vec![span(host(0, 0), 12), span(host(1, 0), 12)],
+        vec![span(hbm(0x100), 8)],
+    )];
+    build(
+        tensors,
+        &[(0, a), (1, b)],
+        &ops,
+        vec![check("c", kb_format::Expr::Matmul(t("a"), t("b")))],
+    )
+}
+
+#[test]
+fn tolerance_flags_override_the_default_and_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_trace(dir.path(), &bf16_gemm_trace());
+    let p = p.to_str().unwrap();
+    // bf16's default 1e-2 covers the rounding of the output.
+    let o = run(&[p, "--verify"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("PASS c bf16 [2, 2]"), "{}", stderr(&o));
+    // No tolerance at all: the rounded results fail.
+    let o = run(&[p, "--verify", "--atol", "0", "--rtol", "0"], None);
+    assert_no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("FAIL c bf16 [2, 2]"), "{e}");
+    assert!(e.contains("rtol 0e0, atol 0e0"), "{e}");
+    // Each flag on its own: the other keeps its default (in the report).
+    let o = run(
+        &[p, "--verify", "--atol", "0.5", "--report", "-", "-q"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let out = &j["outputs"][0];
+    assert_eq!(
+        (out["atol"].as_f64(), out["rtol"].as_f64()),
+        (Some(0.5), Some(1e-2))
+    );
+    assert_eq!(out["atol_from"], "flag");
+    assert_eq!(out["rtol_from"], "default");
+    let o = run(&[p, "--verify", "--rtol=0", "--report", "-", "-q"], None);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let out = &j["outputs"][0];
+    assert_eq!(
+        (out["atol"].as_f64(), out["rtol"].as_f64()),
+        (Some(1e-2), Some(0.0))
+    );
+    let help = run(&["--help"], None);
+    let h = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--atol <X>", "--rtol <X>", "--strict-tolerance"] {
+        assert!(h.contains(flag), "{flag}: {h}");
+    }
+}
+
+#[test]
+fn bad_tolerance_values_exit_2_naming_the_flag_and_the_value() {
+    let (bytes, _) = chain_trace();
+    for (flag, value) in [
+        ("--atol", "-1"),
+        ("--atol", "nan"),
+        ("--atol", "inf"),
+        ("--atol", "1e400"),
+        ("--rtol", "abc"),
+        ("--rtol", "-0.5"),
+        ("--rtol", ""),
+    ] {
+        let o = run(&["-", "--verify", flag, value], Some(&bytes));
+        assert_no_panic(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains(&format!("'{value}' for '{flag} <X>'"))
+                && e.contains("expected a finite number >= 0"),
+            "{flag} {value}: {e}"
+        );
+    }
+    // `--flag=value` too.
+    let o = run(&["-", "--verify", "--atol=-1e-3"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("'-1e-3' for '--atol <X>'"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A trace that loosens its own check: y is a copy of x, but the spec
+/// says y = x + 1e-4 at rtol = atol = 1e-3, a hundred times f32's default
+/// 1e-5. It passes, and the PASS line says the tolerance is the trace's
+/// and looser than the default; `--strict-tolerance` uses the default and
+/// fails; --atol/--rtol win over both.
+#[test]
+fn a_trace_tolerance_looser_than_the_default_is_named_and_strict_ignores_it() {
+    use kb_format::Expr;
+    let x: Vec<f32> = (0..8).map(|i| i as f32 * 0.5 - 2.0).collect();
+    let tensors = vec![
+        tensor("x", Dtype::F32, &[8], true, None),
+        tensor("y", Dtype::F32, &[8], false, Some(hbm(0))),
+    ];
+    let ops = [mem(
+        1,
+        0,
+        1,
+        vec![span(host(0, 0), 32)],
+        2,
+        vec![span(hbm(0), 32)],
+    )];
+    let near_x = Expr::Add(t("x"), Box::new(Expr::Scalar(1e-4)));
+    let loose = build(
+        tensors.clone(),
+        &[(0, f32_bytes(&x))],
+        &ops,
+        vec![check_tol("y", near_x.clone(), 1e-3)],
+    );
+    let note = "tolerance from the trace, looser than the f32 default 1e-5";
+    let o = run(&["-", "--verify"], Some(&loose));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("PASS y f32 [8]") && e.contains(note), "{e}");
+    // The JSON report says it too.
+    let o = run(&["-", "--verify", "--report", "-", "-q"], Some(&loose));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["outputs"][0]["rtol_from"], "trace");
+    assert!(
+        j["outputs"][0]["tolerance_note"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(note)),
+        "{j}"
+    );
+    // --strict-tolerance: f32's 1e-5, which the 1e-4 difference fails.
+    let o = run(&["-", "--verify", "--strict-tolerance"], Some(&loose));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("FAIL y f32 [8]") && e.contains("rtol 1e-5, atol 1e-5"),
+        "{e}"
+    );
+    assert!(!e.contains("looser"), "{e}");
+    // Flags win over --strict-tolerance.
+    let o = run(
+        &["-", "--verify", "--strict-tolerance", "--atol", "2e-4"],
+        Some(&loose),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Only rtol left to the trace: the note names it.
+    let o = run(&["-", "--verify", "--atol", "1e-3"], Some(&loose));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("rtol from the trace, looser than the f32 default 1e-5"),
+        "{e}"
+    );
+    // A trace at the default tolerance, or none, gets no note.
+    for spec in [
+        check_tol("y", near_x.clone(), 1e-5),
+        check("y", Expr::Tensor("x".into())),
+    ] {
+        let b = build(tensors.clone(), &[(0, f32_bytes(&x))], &ops, vec![spec]);
+        let o = run(&["-", "--verify"], Some(&b));
+        assert!(!stderr(&o).contains("looser"), "{}", stderr(&o));
+    }
+    // Without verification the flags do nothing, and say so.
+    let o = run(&["-", "--strict-tolerance"], Some(&loose));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("apply to verification"),
+        "{}",
+        stderr(&o)
+    );
+}

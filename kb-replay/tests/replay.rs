@@ -76,6 +76,7 @@ fn runs_on_a_thread_already_in_a_pool_fall_back_to_a_pool_of_their_own() {
         dump_outputs: None,
         quiet: true,
         allow_unknown: false,
+        tolerance: Default::default(),
         threads: Some(2),
         progress: false,
         options: ReplayOptions::default(),

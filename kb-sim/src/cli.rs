@@ -187,8 +187,10 @@ struct RunArgs {
     /// Refuse the run (exit 2, with the estimate) when the host memory it
     /// needs, estimated at setup (tensors' host data, their data-plane
     /// pages with replicas shared, the TCM of the PEs launches use),
-    /// passes SIZE (512M, 4G, 1.5GiB...). Default: the memory this
-    /// machine has available now.
+    /// passes SIZE (512M, 4G, 1.5GiB...). Default: the smallest of the
+    /// memory available now, the address-space and data limits (ulimit -v,
+    /// ulimit -d) less what kb-sim maps, and the cgroup's memory limit
+    /// less its usage.
     #[arg(long, value_name = "SIZE", value_parser = crate::memory::parse_size)]
     max_memory: Option<u64>,
     /// Write the trace here ("-" for stdout). Default: stdout, unless it is a terminal.
@@ -218,6 +220,9 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 /// name; the first is the default) and return the process exit code:
 /// 0 on success, 2 on any error, with the message on stderr.
 pub fn main(workloads: Vec<Box<dyn Workload>>) -> ExitCode {
+    // An allocation that fails anyway exits 2, its partial trace removed.
+    #[cfg(unix)]
+    kb_format::signals::exit_2_on_abort();
     // Kernel panics are reported as errors naming the kernel, PE and time;
     // any other panic is a bug in kb-sim and keeps the default report.
     let default_hook = std::panic::take_hook();
@@ -314,6 +319,11 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             return Err(format!("--input {name} is given twice"));
         }
     }
+    let budget = if a.max_memory.is_some() {
+        None
+    } else {
+        crate::memory::budget()
+    };
     let cfg = RunConfig {
         topology,
         params: a.params.clone(),
@@ -323,7 +333,27 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         capture_inputs: a.capture_inputs,
         races: a.races,
         command_line: recorded_command_line(&a, workload.name()),
-        max_memory: a.max_memory.or_else(crate::memory::available),
+        max_memory: a.max_memory.or(budget.as_ref().map(|b| b.bytes)),
+    };
+    // A refusal names the limit that set the budget.
+    let refusal = |e: crate::run::RunError| match (&e, &budget) {
+        (crate::run::RunError::Memory { estimate, limit }, Some(b)) => format!(
+            "this run needs about {estimate} of host memory, more than the {limit} of {}: use a smaller problem or machine (--max-memory overrides the limit's estimate)",
+            b.source
+        ),
+        (
+            crate::run::RunError::Workload(crate::workload::WorkloadError::Memory {
+                workload,
+                tensor,
+                needed,
+                limit,
+            }),
+            Some(b),
+        ) => format!(
+            "workload {workload}: tensor {tensor} would bring the run's host data to {needed}, more than the {limit} of {}",
+            b.source
+        ),
+        _ => e.to_string(),
     };
     let wall = Instant::now();
     let progress = crate::progress::Progress::on_stderr(a.quiet);
@@ -338,8 +368,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             return Err("refusing to write a binary trace to a terminal: pipe it (kb-sim | kb-replay --verify) or use -o FILE".into());
         }
         let out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        let (mut out, report) =
-            run_with_progress(&cfg, workload, out, tell).map_err(|e| e.to_string())?;
+        let (mut out, report) = run_with_progress(&cfg, workload, out, tell).map_err(refusal)?;
         out.flush()
             .map_err(|e| format!("writing the trace to stdout: {e}"))?;
         report
@@ -356,7 +385,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", path.display()))?
             .remove_on_signal();
         run_with_progress(&cfg, workload, file, tell)
-            .map_err(|e| e.to_string())
+            .map_err(refusal)
             .and_then(|(file, report)| {
                 file.commit()
                     .map_err(|e| format!("{}: {e}", path.display()))?;

@@ -19,6 +19,7 @@
 //! workloads does).
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use crate::data::PAGE;
 use crate::engine::Step;
@@ -151,10 +152,145 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// /proc/meminfo), or `None` when it cannot tell.
 pub fn available() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let mut parts = line.split_whitespace().skip(1);
+    kib_field(&info, "MemAvailable:")
+}
+
+/// The most host memory a run may use, and which limit sets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// Bytes.
+    pub bytes: u64,
+    /// The limit, for people: `memory available now (MemAvailable)`,
+    /// `the address-space limit (ulimit -v) less what kb-sim maps`...
+    pub source: String,
+}
+
+/// The smallest of the limits this process runs under (Linux): the
+/// memory available now, the address-space and data-segment limits
+/// (`ulimit -v`, `ulimit -d`: RLIMIT_AS and RLIMIT_DATA, less what the
+/// process already maps), and its cgroup's memory limit less its usage
+/// (cgroup v2 `memory.max`, every ancestor's too; v1
+/// `memory.limit_in_bytes`). `None` when none can be read.
+pub fn budget() -> Option<Budget> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut all = Vec::new();
+    if let Some(b) = available() {
+        all.push(Budget {
+            bytes: b,
+            source: "the memory available now (MemAvailable)".into(),
+        });
+    }
+    for (limit, used, what) in [
+        (
+            "Max address space",
+            "VmSize:",
+            "the address-space limit (ulimit -v) less what kb-sim maps",
+        ),
+        (
+            "Max data size",
+            "VmData:",
+            "the data-segment limit (ulimit -d) less kb-sim's data",
+        ),
+    ] {
+        if let Some(max) = rlimit(&limits, limit) {
+            let used = kib_field(&status, used).unwrap_or(0);
+            all.push(Budget {
+                bytes: max.saturating_sub(used),
+                source: what.into(),
+            });
+        }
+    }
+    all.extend(cgroup_budget(&cgroup, |p| {
+        std::fs::read_to_string(Path::new("/sys/fs/cgroup").join(p)).ok()
+    }));
+    all.into_iter().min_by_key(|b| b.bytes)
+}
+
+/// A `kB` field of /proc/meminfo or /proc/self/status, in bytes.
+fn kib_field(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let mut parts = line[key.len()..].split_whitespace();
     let kib: u64 = parts.next()?.parse().ok()?;
     (parts.next() == Some("kB")).then(|| kib.saturating_mul(1024))
+}
+
+/// A soft limit of /proc/self/limits in bytes (`None`: unlimited or
+/// absent).
+fn rlimit(limits: &str, name: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with(name))?;
+    line[name.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// The cgroup memory limit less usage for the cgroups in `proc_cgroup`
+/// (/proc/self/cgroup's text), reading controller files (paths relative
+/// to /sys/fs/cgroup) with `read`: v2 (`0::/path`, the tightest of the
+/// cgroup and its ancestors) and v1 (`N:...memory...:/path`).
+fn cgroup_budget(proc_cgroup: &str, read: impl Fn(&str) -> Option<String>) -> Option<Budget> {
+    let number = |p: &str| -> Option<u64> { read(p)?.trim().parse().ok() };
+    let mut best: Option<Budget> = None;
+    let mut consider = |bytes: u64, source: String| {
+        if best.as_ref().is_none_or(|b| bytes < b.bytes) {
+            best = Some(Budget { bytes, source });
+        }
+    };
+    for line in proc_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let path = path.trim_start_matches('/');
+        if ctrl.is_empty() {
+            // v2: this cgroup and each ancestor up to the root.
+            let mut dir = Some(path);
+            while let Some(d) = dir {
+                let join = |f: &str| {
+                    if d.is_empty() {
+                        f.to_string()
+                    } else {
+                        format!("{d}/{f}")
+                    }
+                };
+                if let (Some(max), Some(cur)) =
+                    (number(&join("memory.max")), number(&join("memory.current")))
+                {
+                    consider(
+                        max.saturating_sub(cur),
+                        format!(
+                            "the cgroup memory limit (/sys/fs/cgroup/{}) less its usage",
+                            join("memory.max")
+                        ),
+                    );
+                }
+                dir = (!d.is_empty()).then(|| d.rsplit_once('/').map_or("", |(a, _)| a));
+            }
+        } else if ctrl.split(',').any(|c| c == "memory") {
+            let join = |f: &str| {
+                if path.is_empty() {
+                    format!("memory/{f}")
+                } else {
+                    format!("memory/{path}/{f}")
+                }
+            };
+            if let (Some(max), Some(cur)) = (
+                number(&join("memory.limit_in_bytes")),
+                number(&join("memory.usage_in_bytes")),
+            ) {
+                // v1 says "no limit" with a number near 2^63.
+                if max < 1 << 62 {
+                    consider(
+                        max.saturating_sub(cur),
+                        format!(
+                            "the cgroup memory limit (/sys/fs/cgroup/{}) less its usage",
+                            join("memory.limit_in_bytes")
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    best
 }
 
 /// Bytes for people: `1.5 GiB`, `64 MiB`, `512 B`.
@@ -199,10 +335,55 @@ mod tests {
     }
 
     #[test]
+    fn limits_parse_from_proc_text() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+                      Max data size             unlimited            unlimited            bytes\n\
+                      Max address space         4096000000           unlimited            bytes\n";
+        assert_eq!(rlimit(limits, "Max address space"), Some(4_096_000_000));
+        assert_eq!(rlimit(limits, "Max data size"), None);
+        assert_eq!(rlimit(limits, "Max stack size"), None);
+        let status = "Name:\tkb-sim\nVmSize:\t  123456 kB\nVmData:\t 1000 kB\n";
+        assert_eq!(kib_field(status, "VmSize:"), Some(123_456 * 1024));
+        assert_eq!(kib_field(status, "VmData:"), Some(1_024_000));
+        assert_eq!(kib_field(status, "VmRSS:"), None);
+    }
+
+    #[test]
+    fn cgroup_limits_are_the_tightest_ancestor_less_usage() {
+        use std::collections::BTreeMap;
+        let files: BTreeMap<&str, &str> = [
+            ("memory.max", "max\n"),
+            ("memory.current", "5000000000\n"),
+            ("user.slice/memory.max", "8000000000\n"),
+            ("user.slice/memory.current", "3000000000\n"),
+            ("user.slice/job/memory.max", "max\n"),
+            ("user.slice/job/memory.current", "100\n"),
+            ("memory/slurm/job1/memory.limit_in_bytes", "2000000000\n"),
+            ("memory/slurm/job1/memory.usage_in_bytes", "500000000\n"),
+            ("memory/free/memory.limit_in_bytes", "9223372036854771712\n"),
+            ("memory/free/memory.usage_in_bytes", "1\n"),
+        ]
+        .into_iter()
+        .collect();
+        let read = |p: &str| files.get(p).map(|s| s.to_string());
+        // v2: "max" is no limit; the parent's 8 GB less 3 GB in use binds.
+        let b = cgroup_budget("0::/user.slice/job\n", read).unwrap();
+        assert_eq!(b.bytes, 5_000_000_000);
+        assert!(b.source.contains("user.slice/memory.max"), "{}", b.source);
+        // v1: a limit, and v1's "unlimited" number, which is none.
+        let b = cgroup_budget("4:memory:/slurm/job1\n3:cpu:/x\n", read).unwrap();
+        assert_eq!(b.bytes, 1_500_000_000);
+        assert!(cgroup_budget("4:cpuacct,memory:/free\n", read).is_none());
+        assert!(cgroup_budget("", read).is_none());
+    }
+
+    #[test]
     fn this_machine_reports_its_available_memory() {
         if cfg!(target_os = "linux") {
             let a = available().expect("MemAvailable on Linux");
             assert!(a > 1 << 20, "{a}");
+            let b = budget().expect("a budget on Linux");
+            assert!(b.bytes <= a && b.bytes > 0, "{b:?}");
         }
     }
 }

@@ -84,6 +84,7 @@ fn set_one(tree: &mut Value, key: &str, value: &str) -> Result<(), String> {
             "--set {key}: this topology has no {key} (it is not set: write it in a topology file)"
         ));
     }
+    crate::topology::check_flow_depth(value).map_err(|e| format!("--set {key}: {e}"))?;
     let v: Value = serde_yaml_ng::from_str(value)
         .map_err(|e| format!("--set {key}={value}: not a YAML value: {e}"))?;
     if matches!(v, Value::Mapping(_) | Value::Sequence(_)) {

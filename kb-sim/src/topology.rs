@@ -407,6 +407,70 @@ fn line_of(text: &str, path: &[String]) -> Option<usize> {
     None
 }
 
+/// Deepest nesting of `[...]` / `{...}` a topology may have (the real
+/// ones nest two deep).
+pub const MAX_FLOW_DEPTH: usize = 64;
+
+/// Refuse YAML whose flow collections nest deeper than
+/// [`MAX_FLOW_DEPTH`], naming the line: the YAML parser takes time
+/// quadratic in that depth (100,000 levels, 200 KB: about a minute)
+/// before any error could be reported. Brackets in quoted strings and
+/// comments do not count; a plain scalar's do, which only errs toward
+/// refusing nonsense.
+pub fn check_flow_depth(text: &str) -> Result<(), String> {
+    let (mut depth, mut line) = (0usize, 1usize);
+    let mut quote: Option<char> = None;
+    let mut chars = text.chars().peekable();
+    let mut prev = '\n';
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (_, '\n') => {
+                line += 1;
+                if quote.is_none() {
+                    prev = c;
+                    continue;
+                }
+            }
+            (Some('"'), '\\') => {
+                chars.next();
+            }
+            (Some(q), c) if c == q => {
+                // '' inside single quotes is an escaped quote.
+                if q == '\'' && chars.peek() == Some(&'\'') {
+                    chars.next();
+                } else {
+                    quote = None;
+                }
+            }
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') if prev.is_whitespace() => {
+                // A comment: skip to the end of the line.
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        line += 1;
+                        break;
+                    }
+                }
+                prev = '\n';
+                continue;
+            }
+            (None, '[' | '{') => {
+                depth += 1;
+                if depth > MAX_FLOW_DEPTH {
+                    return Err(format!(
+                        "line {line}: collections nested more than {MAX_FLOW_DEPTH} deep: not a topology"
+                    ));
+                }
+            }
+            (None, ']' | '}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        prev = c;
+    }
+    Ok(())
+}
+
 impl Topology {
     /// Load by embedded name (`small`, `default`, `large`) or by file path.
     pub fn load(name_or_path: &str) -> Result<Topology, TopologyError> {
@@ -451,6 +515,7 @@ impl Topology {
             source_name: source_name.to_string(),
             message,
         };
+        check_flow_depth(text).map_err(err)?;
         let t: Topology = serde_yaml_ng::from_str(text)
             .map_err(|e| {
                 // serde_yaml_ng says "path: message at line L column C"; lead
@@ -627,6 +692,34 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deep_flow_nesting_is_refused_at_once_naming_the_line() {
+        let deep = format!(
+            "name: x\nextra: {}{}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let t = std::time::Instant::now();
+        let e = Topology::parse(&deep, "deep.yaml").unwrap_err().to_string();
+        assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
+        assert!(
+            e.contains("deep.yaml") && e.contains("line 2") && e.contains("nested more than 64"),
+            "{e}"
+        );
+        // Brackets in quotes and comments do not count; 64 deep is fine.
+        let quoted = format!(
+            "a: \"{}\"\nb: '{}''{}'\n# {}\nc: {}{}\n",
+            "[".repeat(100),
+            "{".repeat(100),
+            "[".repeat(100),
+            "[".repeat(100),
+            "[".repeat(64),
+            "]".repeat(64)
+        );
+        assert_eq!(check_flow_depth(&quoted), Ok(()));
+        assert!(check_flow_depth(&format!("c: {}", "{".repeat(65))).is_err());
+    }
 
     #[test]
     fn embedded_topologies_parse_with_the_documented_counts() {

@@ -1,6 +1,9 @@
 //! The host-memory guard: `kb-sim --max-memory` refuses, at setup, a run
 //! whose estimate passes the limit (exit 2, the estimate and its parts
-//! named, no trace left), before it allocates what it cannot hold.
+//! named, no trace left), before it allocates what it cannot hold; by
+//! default the limit is the tightest the process runs under (available
+//! memory, ulimit -v / -d, cgroup); an allocation that fails anyway exits
+//! 2 with no partial trace.
 
 use kb_e2e::{run, stderr};
 
@@ -141,4 +144,119 @@ fn a_run_within_the_limit_runs_and_bad_sizes_are_errors() {
         assert_eq!(r.status.code(), Some(2), "{bad:?}: {}", stderr(&r));
         assert!(stderr(&r).contains("--max-memory"), "{}", stderr(&r));
     }
+}
+
+/// Runs `kb-sim ARGS` under `ulimit LIMIT` (a shell sets it, then execs
+/// kb-sim), in `dir`.
+#[cfg(target_os = "linux")]
+fn under_ulimit(limit: &str, args: &[&str], dir: &std::path::Path) -> std::process::Output {
+    let script = format!("ulimit {limit} && exec \"$0\" \"$@\"");
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(kb_e2e::bin("kb-sim"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+/// The directory's entries (hidden partial files included).
+#[cfg(target_os = "linux")]
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_default_limit_is_the_address_space_or_data_limit_when_tighter() {
+    // vector_add's a of 65536 x 16384 f32 (4 GiB of host data) against
+    // a 4 GB address space (the case at half this size died by
+    // SIGABRT, leaving a partial trace).
+    let d = tempfile::tempdir().unwrap();
+    let args = [
+        "-t",
+        "small",
+        "-b",
+        "vector_add",
+        "-p",
+        "rows=65536",
+        "-p",
+        "cols=16384",
+        "-o",
+        "big.kbt",
+    ];
+    let r = under_ulimit("-v 4000000", &args, d.path());
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    let msg = stderr(&r);
+    // On a machine with less memory available than that, MemAvailable
+    // binds instead.
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap()
+        * 1024.0;
+    if available > 4_096_000_000.0 {
+        assert!(msg.contains("address-space limit (ulimit -v)"), "{msg}");
+        // 4,000,000 KiB less what kb-sim maps: below 3.82 GiB.
+        let limit = size_after(&msg, "more than the");
+        assert!(limit < 4_096_000_000.0 && limit > 3_000_000_000.0, "{msg}");
+    }
+    assert_eq!(entries(d.path()), Vec::<String>::new());
+    // The data-segment limit, likewise (128 MiB tensors against 100 MB).
+    let args = [
+        "-t",
+        "small",
+        "-b",
+        "vector_add",
+        "-p",
+        "rows=2048",
+        "-p",
+        "cols=16384",
+        "-o",
+        "big.kbt",
+    ];
+    let r = under_ulimit("-d 100000", &args, d.path());
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains("data-segment limit (ulimit -d)"),
+        "{}",
+        stderr(&r)
+    );
+    assert_eq!(entries(d.path()), Vec::<String>::new());
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn an_allocation_that_fails_anyway_exits_2_and_leaves_no_partial_trace() {
+    // --max-memory set past the real limit: the guard lets the run start,
+    // and making a 64 MiB input fails under a 40 MB address space.
+    let d = tempfile::tempdir().unwrap();
+    let args = [
+        "-t",
+        "small",
+        "-b",
+        "vector_add",
+        "-p",
+        "rows=16384",
+        "-p",
+        "cols=1024",
+        "--max-memory",
+        "100G",
+        "-o",
+        "oom.kbt",
+    ];
+    let r = under_ulimit("-v 40000", &args, d.path());
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains("an allocation failed"),
+        "{}",
+        stderr(&r)
+    );
+    assert_eq!(entries(d.path()), Vec::<String>::new());
 }

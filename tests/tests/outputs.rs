@@ -314,3 +314,66 @@ fn an_interrupted_timeline_or_export_leaves_nothing() {
         assert!(left.is_empty(), "{cmd}: SIG{sig} left {left:?}");
     }
 }
+
+#[test]
+fn outputs_through_a_symlink_update_its_target_and_keep_the_link() {
+    // `-o latest.kbt` where latest.kbt -> runs/run1.kbt: the run writes
+    // runs/run1.kbt and latest.kbt stays the link (it was replaced by a
+    // plain file, leaving run1.kbt stale).
+    let d = tempfile::tempdir().unwrap();
+    let runs = d.path().join("runs");
+    std::fs::create_dir(&runs).unwrap();
+    std::fs::write(runs.join("run1.kbt"), b"stale").unwrap();
+    let link = d.path().join("latest.kbt");
+    std::os::unix::fs::symlink("runs/run1.kbt", &link).unwrap();
+    let sim = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "small",
+            "-b",
+            "copy",
+            "-o",
+            link.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    let trace = std::fs::read(runs.join("run1.kbt")).unwrap();
+    assert!(trace.len() > 1000 && trace != b"stale");
+    // And a kb-inspect export through the same kind of link.
+    let csv_link = d.path().join("ops.csv");
+    std::os::unix::fs::symlink("runs/ops-real.csv", &csv_link).unwrap();
+    let out = run(
+        "kb-inspect",
+        &[
+            "export",
+            link.to_str().unwrap(),
+            "--format",
+            "csv",
+            "-o",
+            csv_link.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        std::fs::symlink_metadata(&csv_link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    let csv = std::fs::read_to_string(runs.join("ops-real.csv")).unwrap();
+    assert!(csv.starts_with("op_id,"), "{}", &csv[..csv.len().min(200)]);
+    // Nothing else was left beside either file.
+    let mut left: Vec<_> = files_in(&runs);
+    left.sort();
+    assert_eq!(left, ["ops-real.csv", "run1.kbt"]);
+}
