@@ -20,6 +20,46 @@ use npyz::{DType, NpyFile, Order, TypeChar};
 /// Room for the .npy header beyond the data (a v1 header is < 64 KiB).
 const HEADER_SLACK: u64 = 1 << 17;
 
+/// Deepest nesting of brackets a .npy header may have: a real one is a
+/// dict holding a shape tuple (2 deep; a structured dtype's list adds a
+/// few).
+const MAX_HEADER_DEPTH: usize = 8;
+
+/// Refuse a .npy header whose brackets nest deeper than
+/// [`MAX_HEADER_DEPTH`] before npyz parses it: its parser takes time
+/// exponential in that depth (60 nested `{` took over 10 s, found by the
+/// `npy_input` fuzz target). Quoted strings do not count.
+fn check_header_depth(bytes: &[u8]) -> Result<(), String> {
+    let Some(rest) = bytes.strip_prefix(b"\x93NUMPY") else {
+        return Ok(()); // npyz says what is wrong
+    };
+    let (len, start) = match rest {
+        [1, _, a, b, ..] => (u16::from_le_bytes([*a, *b]) as usize, 10),
+        [2 | 3, _, a, b, c, d, ..] => (u32::from_le_bytes([*a, *b, *c, *d]) as usize, 12),
+        _ => return Ok(()),
+    };
+    let header = &bytes[start.min(bytes.len())..start.saturating_add(len).min(bytes.len())];
+    let (mut depth, mut quote) = (0usize, None);
+    for &c in header {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'\'' | b'"') => quote = Some(c),
+            (None, b'{' | b'[' | b'(') => {
+                depth += 1;
+                if depth > MAX_HEADER_DEPTH {
+                    return Err(format!(
+                        "its header nests brackets more than {MAX_HEADER_DEPTH} deep"
+                    ));
+                }
+            }
+            (None, b'}' | b']' | b')') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The host bytes of a `dtype` tensor of `shape` read from `path`, or a
 /// message naming what the file holds and what was declared.
 pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, String> {
@@ -55,6 +95,7 @@ pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, Strin
             ),
         });
     }
+    check_header_depth(&bytes).map_err(|e| format!("{shown}: not a readable .npy file: {e}"))?;
     let f =
         NpyFile::new(&bytes[..]).map_err(|e| format!("{shown}: not a readable .npy file: {e}"))?;
     let file_shape = f.shape().to_vec();
@@ -149,6 +190,31 @@ mod tests {
         let f = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(f.path(), b).unwrap();
         f
+    }
+
+    #[test]
+    fn a_header_nested_deep_is_refused_at_once() {
+        // The npy_input fuzz target's find: 60 nested `{` in the header
+        // took npyz over 10 s.
+        let mut header = format!("{{{}    ape': (0, 3),%}}", "{".repeat(60));
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(&[0, 0x40, 0xa0, 0, 0]);
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), b).unwrap();
+        let t = std::time::Instant::now();
+        let e = read(f.path(), Dtype::F32, [2, 3]).unwrap_err();
+        assert!(t.elapsed().as_secs() < 2, "{:?}", t.elapsed());
+        assert!(e.contains("nests brackets more than 8 deep"), "{e}");
+        // A real header passes the check (and the read).
+        let data: Vec<u8> = (0..6).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let ok = npy("<f4", [2, 3], &data);
+        assert_eq!(read(ok.path(), Dtype::F32, [2, 3]).unwrap(), data);
     }
 
     #[test]
