@@ -41,6 +41,7 @@ fn precheck(b: &[u8]) -> std::result::Result<(u64, u64), String> {
     let header = b
         .get(start..start.saturating_add(hlen))
         .ok_or("truncated .npy header")?;
+    nesting(header)?;
     let header = String::from_utf8_lossy(header);
     let data_len = (b.len() - start - hlen) as u64;
     let count = element_count(&header)?;
@@ -50,6 +51,31 @@ fn precheck(b: &[u8]) -> std::result::Result<(u64, u64), String> {
         ));
     }
     Ok((count, data_len))
+}
+
+/// Refuse a header whose brackets nest more than 8 deep (a real one: a
+/// dict holding a shape tuple): npyz's header parser takes time
+/// exponential in the depth (60 nested `{` took over 10 s; kb-sim's
+/// `--input` reader found it first, under fuzzing). Quoted strings do not
+/// count.
+fn nesting(header: &[u8]) -> std::result::Result<(), String> {
+    let (mut depth, mut quote) = (0usize, None);
+    for &c in header {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, b'\'' | b'"') => quote = Some(c),
+            (None, b'{' | b'[' | b'(') => {
+                depth += 1;
+                if depth > 8 {
+                    return Err("the .npy header nests brackets more than 8 deep".into());
+                }
+            }
+            (None, b'}' | b']' | b')') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The element count of a .npy header's shape.
@@ -342,6 +368,31 @@ mod tests {
             fortran_to_c(&[2, 3], &[0., 3., 1., 4., 2., 5.]),
             [0., 1., 2., 3., 4., 5.]
         );
+    }
+
+    #[test]
+    fn a_header_nested_deep_is_refused_before_npyz_parses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.npy");
+        // 30 nested braces beside a valid shape.
+        let mut header = format!(
+            "{{'x': {}{}, 'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }}",
+            "{".repeat(30),
+            "}".repeat(30)
+        );
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        b.extend_from_slice(&[0u8; 16]);
+        std::fs::write(&p, &b).unwrap();
+        let t = std::time::Instant::now();
+        let e = read(&p).unwrap_err().to_string();
+        assert!(t.elapsed().as_secs() < 2, "{:?}", t.elapsed());
+        assert!(e.contains("more than 8 deep"), "{e}");
     }
 
     #[test]
