@@ -260,3 +260,74 @@ fn an_allocation_that_fails_anyway_exits_2_and_leaves_no_partial_trace() {
     );
     assert_eq!(entries(d.path()), Vec::<String>::new());
 }
+
+/// A child of this process's memory cgroup with `limit` bytes, where the
+/// machine lets a test make one (cgroup v1 `memory` or v2 `memory.max`):
+/// its directory and the file the limit went into.
+#[cfg(target_os = "linux")]
+fn child_cgroup(limit: u64) -> Option<std::path::PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let (dir, file) = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
+        let path = path.trim_start_matches('/');
+        if ctrl.split(',').any(|c| c == "memory") {
+            Some((
+                format!("/sys/fs/cgroup/memory/{path}"),
+                "memory.limit_in_bytes",
+            ))
+        } else if ctrl.is_empty()
+            && std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+        {
+            Some((format!("/sys/fs/cgroup/{path}"), "memory.max"))
+        } else {
+            None
+        }
+    })?;
+    let child = std::path::Path::new(&dir).join(format!("kb-test-{}", std::process::id()));
+    std::fs::create_dir(&child).ok()?;
+    if std::fs::write(child.join(file), limit.to_string()).is_err() {
+        let _ = std::fs::remove_dir(&child);
+        return None;
+    }
+    Some(child)
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_default_limit_is_the_cgroups_where_a_test_can_make_one() {
+    let Some(cg) = child_cgroup(300 << 20) else {
+        eprintln!("no child memory cgroup can be made here: skipped");
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    // 128 MiB of host data, 192 MiB of device data, against 300 MiB.
+    let r = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("echo $$ > \"$1/cgroup.procs\" && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(&cg)
+        .arg(kb_e2e::bin("kb-sim"))
+        .args([
+            "-t",
+            "small",
+            "-b",
+            "vector_add",
+            "-p",
+            "rows=4096",
+            "-p",
+            "cols=4096",
+        ])
+        .args(["-o", "cg.kbt"])
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir(&cg);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains("the cgroup memory limit"),
+        "{}",
+        stderr(&r)
+    );
+    assert_eq!(entries(d.path()), Vec::<String>::new());
+}
