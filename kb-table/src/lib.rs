@@ -255,8 +255,33 @@ impl Table {
         }
     }
 
-    /// Read Parquet from a file.
+    /// Read Parquet from a file. The parquet crate asserts on some
+    /// malformed metadata (a negative column chunk start, found by
+    /// fuzzing); such a panic is caught and reported as the file not being
+    /// readable, its message kept, never shown as a crash.
     pub fn read_parquet(f: File, name: &str) -> Result<Table> {
+        // A silent hook while the reader runs, so a caught panic prints
+        // nothing (other threads panicking meanwhile would be silent too;
+        // the tools read tables on one thread).
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::read_parquet_unguarded(f, name)
+        }));
+        std::panic::set_hook(hook);
+        read.unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "the reader failed".into());
+            Err(Error::Format(format!(
+                "{name}: not a readable Parquet file ({why})"
+            )))
+        })
+    }
+
+    fn read_parquet_unguarded(f: File, name: &str) -> Result<Table> {
         let fmt = |e: &dyn std::fmt::Display| Error::Format(format!("{name}: {e}"));
         // The column types come from the Parquet schema alone: decoding the
         // Arrow schema a writer may embed panics on a forged one

@@ -19,3 +19,18 @@ fn a_parquet_file_with_a_forged_arrow_schema_is_read_without_panicking() {
         .to_string();
     assert!(e.starts_with("forged.parquet: "), "{e}");
 }
+
+#[test]
+fn a_parquet_file_the_reader_asserts_on_is_an_error_not_a_panic() {
+    // table_read's second find: metadata with a negative column chunk
+    // start makes the parquet crate assert.
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/negative-column-start.parquet"
+    );
+    let f = std::fs::File::open(path).unwrap();
+    let e = Table::read_parquet(f, "negative.parquet")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("negative.parquet: "), "{e}");
+}
