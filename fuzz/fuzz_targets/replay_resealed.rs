@@ -35,6 +35,8 @@ fuzz_target!(|data: &[u8]| {
         expect: Vec::new(),
         dump_outputs: None,
         quiet: true,
+        allow_unknown: false,
+        tolerance: Default::default(),
         threads: Some(1),
         progress: false,
         options,
