@@ -378,6 +378,15 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
                     .into(),
             ));
         }
+        // A misspelt tensor or dtype would silently change nothing.
+        let names: Vec<&str> = checks.iter().map(|c| c.tensor.as_str()).collect();
+        let unknown = cfg.tolerance.unknown_targets(&names);
+        if let Some(name) = unknown.first() {
+            return Err(Error::Usage(format!(
+                "--atol/--rtol {name}=...: {name} is neither an output this run verifies ({}) nor a dtype (f32, f16, bf16, i8, i32, u8)",
+                names.join(", ")
+            )));
+        }
         // References evaluate on the replay's threads (results do not
         // depend on how many).
         let bar = Progress::verifying(cfg.progress);

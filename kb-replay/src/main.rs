@@ -8,7 +8,7 @@ use clap::Parser;
 use kb_replay::app::{self, Config, Input};
 use kb_replay::backend;
 use kb_replay::engine::{Fingerprints, ReplayOptions};
-use kb_replay::verify::TolerancePolicy;
+use kb_replay::verify::{TolFlag, TolerancePolicy};
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -20,10 +20,12 @@ Exit codes:
 Tolerances (ADR-0020 D11, unless the trace's spec gives one):
   f32 rtol=atol=1e-5, f16 1e-3, bf16 1e-2, integers exact;
   an element passes when |out - ref| <= atol + rtol * |ref|.
-  A trace's tolerance looser than its dtype's default is named in the
-  output's PASS/FAIL line. --strict-tolerance ignores the trace's
-  tolerances; --atol and --rtol set atol and rtol for every verified
-  output (each on its own, winning over the trace and the defaults).
+  Each output's PASS/FAIL line says which rtol and atol it used and
+  where each came from; a trace's tolerance looser than its dtype's
+  default is named there. --strict-tolerance ignores the trace's
+  tolerances; --atol and --rtol set atol and rtol (each on its own,
+  winning over the trace and the defaults) for every verified output
+  (X), one output tensor (NAME=X) or a dtype's outputs (f16=X).
 
 --dump-outputs writes bf16 tensors as float32 (numpy has no bf16).
 
@@ -68,15 +70,16 @@ struct Args {
     #[arg(long)]
     allow_unknown: bool,
 
-    /// Absolute tolerance for every verified output, instead of the
-    /// trace's or the dtype default (a finite number >= 0)
-    #[arg(long, value_name = "X", value_parser = parse_tolerance, allow_negative_numbers = true)]
-    atol: Option<f64>,
+    /// Absolute tolerance instead of the trace's or the dtype default (a
+    /// finite number >= 0): X for every verified output, NAME=X for one
+    /// output tensor or for a dtype's outputs (f16=1e-2); repeatable, a
+    /// tensor's beating its dtype's beating the plain one
+    #[arg(long, value_name = "[NAME=]X", value_parser = TolFlag::parse, allow_negative_numbers = true)]
+    atol: Vec<TolFlag>,
 
-    /// Relative tolerance for every verified output, instead of the
-    /// trace's or the dtype default (a finite number >= 0)
-    #[arg(long, value_name = "X", value_parser = parse_tolerance, allow_negative_numbers = true)]
-    rtol: Option<f64>,
+    /// Relative tolerance, as --atol
+    #[arg(long, value_name = "[NAME=]X", value_parser = TolFlag::parse, allow_negative_numbers = true)]
+    rtol: Vec<TolFlag>,
 
     /// Ignore the tolerances the trace gives and use the dtype defaults
     /// (see below), where --atol/--rtol do not set them
@@ -127,14 +130,6 @@ fn parse_backend(s: &str) -> Result<String, String> {
 
 fn parse_fingerprints(s: &str) -> Result<Fingerprints, String> {
     Fingerprints::from_name(s).ok_or_else(|| format!("expected all, sample or off, got {s:?}"))
-}
-
-fn parse_tolerance(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        // -0 is 0.
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v.abs()),
-        _ => Err("expected a finite number >= 0".into()),
-    }
 }
 
 fn parse_expect(s: &str) -> Result<(String, PathBuf), String> {

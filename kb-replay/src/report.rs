@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use crate::engine::Stats;
-use crate::verify::OutputReport;
+use crate::verify::{OutputReport, TolSource};
 
 /// A finite number as a JSON number, anything else as a string.
 pub fn num(v: f64) -> Value {
@@ -35,7 +35,19 @@ fn err(v: f64) -> String {
 /// large relative error reads as what it is, and the tolerance, with a
 /// note when the trace's is looser than the dtype's default.
 fn output_line(o: &OutputReport) -> String {
-    let mut tol = format!("rtol {:e}, atol {:e}", o.tolerance.rtol, o.tolerance.atol);
+    // Each value with where it came from.
+    let from = |src: TolSource, flag: &str| match src {
+        TolSource::Default => format!("the {} default", o.dtype),
+        TolSource::Trace => "the trace".to_string(),
+        TolSource::Flag => flag.to_string(),
+    };
+    let mut tol = format!(
+        "rtol {:e} from {}, atol {:e} from {}",
+        o.tolerance.rtol,
+        from(o.rtol_from, "--rtol"),
+        o.tolerance.atol,
+        from(o.atol_from, "--atol")
+    );
     if let Some(note) = o.tolerance_note() {
         tol = format!("{tol}; {note}");
     }

@@ -103,25 +103,82 @@ impl TolSource {
     }
 }
 
+/// One `--atol` or `--rtol`: a value for every output, for the outputs of
+/// a dtype (`f16=1e-2`), or for one output tensor (`y=1e-4`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TolFlag {
+    /// The tensor or dtype name it is for; `None`: every output.
+    pub target: Option<String>,
+    pub value: f64,
+}
+
+impl TolFlag {
+    /// `X`, or `NAME=X` (NAME a tensor or a dtype); X a finite number
+    /// >= 0.
+    pub fn parse(s: &str) -> std::result::Result<TolFlag, String> {
+        let (target, value) = match s.split_once('=') {
+            Some((name, v)) if !name.trim().is_empty() => (Some(name.trim().to_string()), v),
+            Some(_) => return Err("expected X or NAME=X (NAME a tensor or a dtype)".into()),
+            None => (None, s),
+        };
+        match value.trim().parse::<f64>() {
+            // -0 is 0.
+            Ok(v) if v.is_finite() && v >= 0.0 => Ok(TolFlag {
+                target,
+                value: v.abs(),
+            }),
+            _ => Err("expected a finite number >= 0 (X, or NAME=X for a tensor or a dtype)".into()),
+        }
+    }
+}
+
 /// How each output's tolerance is chosen (`--atol`, `--rtol`,
 /// `--strict-tolerance`). The default policy takes the spec's tolerance
 /// where it gives one and the dtype's default otherwise.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TolerancePolicy {
-    /// `--atol`: the atol of every output.
-    pub atol: Option<f64>,
-    /// `--rtol`: the rtol of every output.
-    pub rtol: Option<f64>,
+    /// `--atol`s: a tensor's beats its dtype's, which beats the one for
+    /// every output; of equals, the last.
+    pub atol: Vec<TolFlag>,
+    /// `--rtol`s, likewise.
+    pub rtol: Vec<TolFlag>,
     /// `--strict-tolerance`: ignore the spec's tolerances and use the
     /// dtype defaults (where `atol`/`rtol` do not say otherwise).
     pub strict: bool,
 }
 
 impl TolerancePolicy {
-    /// The tolerance for an output of `dtype` whose spec gives `spec`, and
-    /// where its rtol and atol came from.
+    /// The flag of `flags` that applies to output `tensor` of `dtype`.
+    fn flag(flags: &[TolFlag], tensor: &str, dtype: Dtype) -> Option<f64> {
+        let dtype = dtype.name();
+        let of = |t: Option<&str>| {
+            flags
+                .iter()
+                .rev()
+                .find(|f| f.target.as_deref() == t)
+                .map(|f| f.value)
+        };
+        of(Some(tensor))
+            .or_else(|| of(Some(dtype)))
+            .or_else(|| of(None))
+    }
+
+    /// Targets of the flags that name neither a dtype nor one of
+    /// `outputs`: a misspelt name would silently change nothing.
+    pub fn unknown_targets<'a>(&'a self, outputs: &[&str]) -> Vec<&'a str> {
+        self.atol
+            .iter()
+            .chain(&self.rtol)
+            .filter_map(|f| f.target.as_deref())
+            .filter(|t| !outputs.contains(t) && Dtype::from_name(t).is_none())
+            .collect()
+    }
+
+    /// The tolerance for output `tensor` of `dtype` whose spec gives
+    /// `spec`, and where its rtol and atol came from.
     pub fn resolve(
         &self,
+        tensor: &str,
         dtype: Dtype,
         spec: Option<Tolerance>,
     ) -> (Tolerance, TolSource, TolSource) {
@@ -133,8 +190,8 @@ impl TolerancePolicy {
             Some(v) => (v, TolSource::Flag),
             None => (base, from),
         };
-        let (rtol, rtol_from) = pick(self.rtol, base.rtol);
-        let (atol, atol_from) = pick(self.atol, base.atol);
+        let (rtol, rtol_from) = pick(Self::flag(&self.rtol, tensor, dtype), base.rtol);
+        let (atol, atol_from) = pick(Self::flag(&self.atol, tensor, dtype), base.atol);
         (Tolerance { rtol, atol }, rtol_from, atol_from)
     }
 }
@@ -457,7 +514,7 @@ pub fn verify_with(
                 got.len()
             )));
         }
-        let (tol, rtol_from, atol_from) = policy.resolve(t.dtype, c.tolerance);
+        let (tol, rtol_from, atol_from) = policy.resolve(&c.tensor, t.dtype, c.tolerance);
         let cmp = compare(&got, &expected, tol);
         out.push(OutputReport {
             name: c.tensor.clone(),
@@ -554,42 +611,67 @@ mod tests {
         use TolSource::*;
         let f32d = default_tolerance(Dtype::F32);
         let none = TolerancePolicy::default();
-        assert_eq!(none.resolve(Dtype::F32, None), (f32d, Default, Default));
-        assert_eq!(none.resolve(Dtype::F32, Some(TOL)), (TOL, Trace, Trace));
-        let strict = TolerancePolicy {
-            strict: true,
-            ..none
-        };
         assert_eq!(
-            strict.resolve(Dtype::F32, Some(TOL)),
+            none.resolve("y", Dtype::F32, None),
             (f32d, Default, Default)
         );
+        assert_eq!(
+            none.resolve("y", Dtype::F32, Some(TOL)),
+            (TOL, Trace, Trace)
+        );
+        let strict = TolerancePolicy {
+            strict: true,
+            ..none.clone()
+        };
+        assert_eq!(
+            strict.resolve("y", Dtype::F32, Some(TOL)),
+            (f32d, Default, Default)
+        );
+        let flag = |s: &str| TolFlag::parse(s).unwrap();
         // Each flag on its own; they win over --strict-tolerance.
         let atol = TolerancePolicy {
-            atol: Some(0.0),
-            ..none
+            atol: vec![flag("0")],
+            ..none.clone()
         };
         let want = Tolerance {
             rtol: TOL.rtol,
             atol: 0.0,
         };
-        assert_eq!(atol.resolve(Dtype::F32, Some(TOL)), (want, Trace, Flag));
+        assert_eq!(
+            atol.resolve("y", Dtype::F32, Some(TOL)),
+            (want, Trace, Flag)
+        );
         let both = TolerancePolicy {
-            atol: Some(0.5),
-            rtol: Some(0.25),
+            atol: vec![flag("0.5")],
+            rtol: vec![flag("0.25")],
             strict: true,
         };
         let want = Tolerance {
             rtol: 0.25,
             atol: 0.5,
         };
-        assert_eq!(both.resolve(Dtype::I8, Some(TOL)), (want, Flag, Flag));
+        assert_eq!(both.resolve("y", Dtype::I8, Some(TOL)), (want, Flag, Flag));
+        // A tensor's beats its dtype's, which beats the one for all; of
+        // equals, the last.
+        let scoped = TolerancePolicy {
+            atol: vec![flag("y=1e-4"), flag("0.5"), flag("f16=1e-2"), flag("0.25")],
+            ..none
+        };
+        let atol_of = |t: &str, d| scoped.resolve(t, d, None).0.atol;
+        assert_eq!(atol_of("y", Dtype::F16), 1e-4);
+        assert_eq!(atol_of("z", Dtype::F16), 1e-2);
+        assert_eq!(atol_of("z", Dtype::F32), 0.25);
+        assert_eq!(scoped.unknown_targets(&["y"]), Vec::<&str>::new());
+        assert_eq!(scoped.unknown_targets(&["x"]), vec!["y"]);
+        for bad in ["", "-1", "nan", "inf", "=1", "y=", "y=-2", "abc"] {
+            assert!(TolFlag::parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
     fn a_trace_tolerance_looser_than_the_default_is_named() {
-        let report = |dtype, policy: TolerancePolicy, spec| {
-            let (tolerance, rtol_from, atol_from) = policy.resolve(dtype, spec);
+        let report = |dtype, policy: &TolerancePolicy, spec| {
+            let (tolerance, rtol_from, atol_from) = policy.resolve("y", dtype, spec);
             OutputReport {
                 name: "y".into(),
                 dtype,
@@ -608,7 +690,7 @@ mod tests {
             }
         };
         let none = TolerancePolicy::default();
-        let r = report(Dtype::F32, none, Some(TOL));
+        let r = report(Dtype::F32, &none, Some(TOL));
         assert_eq!(r.looser_than_default(), (true, true));
         let note = r.tolerance_note().unwrap();
         assert!(
@@ -616,25 +698,28 @@ mod tests {
             "{note}"
         );
         // Tighter or equal, the default, or overridden: no note.
-        assert_eq!(report(Dtype::F16, none, Some(TOL)).tolerance_note(), None);
-        assert_eq!(report(Dtype::Bf16, none, Some(TOL)).tolerance_note(), None);
-        assert_eq!(report(Dtype::F32, none, None).tolerance_note(), None);
+        assert_eq!(report(Dtype::F16, &none, Some(TOL)).tolerance_note(), None);
+        assert_eq!(report(Dtype::Bf16, &none, Some(TOL)).tolerance_note(), None);
+        assert_eq!(report(Dtype::F32, &none, None).tolerance_note(), None);
         let strict = TolerancePolicy {
             strict: true,
-            ..none
+            ..none.clone()
         };
-        assert_eq!(report(Dtype::F32, strict, Some(TOL)).tolerance_note(), None);
+        assert_eq!(
+            report(Dtype::F32, &strict, Some(TOL)).tolerance_note(),
+            None
+        );
         // Half overridden: the other half is still the trace's.
         let atol = TolerancePolicy {
-            atol: Some(0.0),
-            ..none
+            atol: vec![TolFlag::parse("0").unwrap()],
+            ..none.clone()
         };
-        let note = report(Dtype::F32, atol, Some(TOL))
+        let note = report(Dtype::F32, &atol, Some(TOL))
             .tolerance_note()
             .unwrap();
         assert!(note.starts_with("rtol from the trace, looser"), "{note}");
         // Integers are exact by default.
-        let note = report(Dtype::I32, none, Some(TOL))
+        let note = report(Dtype::I32, &none, Some(TOL))
             .tolerance_note()
             .unwrap();
         assert!(note.contains("the i32 default 0 (exact)"), "{note}");

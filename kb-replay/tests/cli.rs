@@ -607,7 +607,35 @@ fn tolerance_flags_override_the_default_and_the_trace() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(e.contains("FAIL c bf16 [2, 2]"), "{e}");
-    assert!(e.contains("rtol 0e0, atol 0e0"), "{e}");
+    assert!(
+        e.contains("rtol 0e0 from --rtol, atol 0e0 from --atol"),
+        "{e}"
+    );
+    // For the tensor or its dtype only: a tensor's beats its dtype's,
+    // which beats the plain value.
+    for args in [
+        &["--atol", "c=0", "--rtol", "c=0"][..],
+        &["--atol", "bf16=0", "--rtol", "bf16=0", "--atol", "0.5"][..],
+        &[
+            "--atol", "0.5", "--atol", "c=0", "--rtol", "0", "--rtol", "f32=0.5",
+        ][..],
+    ] {
+        let mut a = vec![p, "--verify"];
+        a.extend_from_slice(args);
+        let o = run(&a, None);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+    }
+    let o = run(&[p, "--verify", "--atol", "f32=0", "--rtol", "i8=0"], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A name that is neither a verified output nor a dtype: exit 2.
+    let o = run(&[p, "--verify", "--atol", "cc=0"], None);
+    assert_no_panic(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cc is neither an output this run verifies (c) nor a dtype"),
+        "{}",
+        stderr(&o)
+    );
     // Each flag on its own: the other keeps its default (in the report).
     let o = run(
         &[p, "--verify", "--atol", "0.5", "--report", "-", "-q"],
@@ -631,7 +659,11 @@ fn tolerance_flags_override_the_default_and_the_trace() {
     );
     let help = run(&["--help"], None);
     let h = String::from_utf8_lossy(&help.stdout);
-    for flag in ["--atol <X>", "--rtol <X>", "--strict-tolerance"] {
+    for flag in [
+        "--atol <[NAME=]X>",
+        "--rtol <[NAME=]X>",
+        "--strict-tolerance",
+    ] {
         assert!(h.contains(flag), "{flag}: {h}");
     }
 }
@@ -653,7 +685,7 @@ fn bad_tolerance_values_exit_2_naming_the_flag_and_the_value() {
         assert_eq!(o.status.code(), Some(2), "{flag} {value}: {}", stderr(&o));
         let e = stderr(&o);
         assert!(
-            e.contains(&format!("'{value}' for '{flag} <X>'"))
+            e.contains(&format!("'{value}' for '{flag} <[NAME=]X>'"))
                 && e.contains("expected a finite number >= 0"),
             "{flag} {value}: {e}"
         );
@@ -662,7 +694,7 @@ fn bad_tolerance_values_exit_2_naming_the_flag_and_the_value() {
     let o = run(&["-", "--verify", "--atol=-1e-3"], Some(&bytes));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("'-1e-3' for '--atol <X>'"),
+        stderr(&o).contains("'-1e-3' for '--atol <[NAME=]X>'"),
         "{}",
         stderr(&o)
     );
@@ -716,7 +748,8 @@ fn a_trace_tolerance_looser_than_the_default_is_named_and_strict_ignores_it() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
-        e.contains("FAIL y f32 [8]") && e.contains("rtol 1e-5, atol 1e-5"),
+        e.contains("FAIL y f32 [8]")
+            && e.contains("rtol 1e-5 from the f32 default, atol 1e-5 from the f32 default"),
         "{e}"
     );
     assert!(!e.contains("looser"), "{e}");

@@ -102,6 +102,13 @@ pub fn apply(t: &Topology, sets: &[(String, String)]) -> Result<Topology, String
     if sets.is_empty() {
         return Ok(t.clone());
     }
+    for (i, (k, v)) in sets.iter().enumerate() {
+        if let Some((_, first)) = sets[..i].iter().find(|(k0, _)| k0 == k) {
+            return Err(format!(
+                "--set {k} is given twice ({k}={first}, then {k}={v}): give it once"
+            ));
+        }
+    }
     let mut tree: Value =
         serde_yaml_ng::from_str(&t.to_yaml()).map_err(|e| format!("topology {}: {e}", t.name))?;
     for (k, v) in sets {
@@ -186,6 +193,25 @@ mod tests {
         assert_eq!(back, base);
         // No sets: the same topology.
         assert_eq!(set("default", &[]).unwrap(), base);
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_naming_both_values() {
+        let t = Topology::load("small").unwrap();
+        let set = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let e = apply(
+            &t,
+            &[
+                set("hbm.latency_ns", "1"),
+                set("tcm.size_kib", "512"),
+                set("hbm.latency_ns", "2"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "--set hbm.latency_ns is given twice (hbm.latency_ns=1, then hbm.latency_ns=2): give it once"
+        );
     }
 
     #[test]

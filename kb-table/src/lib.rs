@@ -11,6 +11,7 @@
 //! round trip as long as its columns' cells look like their type.
 
 use std::fs::File;
+use std::io::Read;
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -249,8 +250,8 @@ impl Table {
             let f = File::open(path).map_err(|e| Error::Io(format!("{name}: {e}"), e))?;
             Table::read_parquet(f, &name)
         } else {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{name}: {e}"), e))?;
+            let f = File::open(path).map_err(|e| Error::Io(format!("{name}: {e}"), e))?;
+            let text = read_text(f, &name)?;
             Table::read_csv(&text, &name)
         }
     }
@@ -468,6 +469,45 @@ fn infer(c: Vec<Option<String>>) -> Values {
     } else {
         Values::Str(c)
     }
+}
+
+/// The most bytes a CSV table may have (a sweep of a million points is
+/// about 0.5 GiB).
+pub const MAX_CSV_BYTES: u64 = 1 << 30;
+
+/// A CSV table's text, read in pieces so that what no CSV table holds
+/// stops the read at once: a NUL byte (`/dev/zero` as a table read 2 GB
+/// before failing, or forever), more than [`MAX_CSV_BYTES`], or bytes that
+/// are not UTF-8.
+fn read_text(f: File, name: &str) -> Result<String> {
+    let mut r = f.take(MAX_CSV_BYTES + 1);
+    let (mut text, mut buf) = (Vec::new(), vec![0u8; 1 << 16]);
+    loop {
+        let n = r
+            .read(&mut buf)
+            .map_err(|e| Error::Io(format!("{name}: {e}"), e))?;
+        if n == 0 {
+            break;
+        }
+        if let Some(i) = buf[..n].iter().position(|&b| b == 0) {
+            return Err(Error::Format(format!(
+                "{name}: not a CSV table (a NUL byte at offset {})",
+                text.len() + i
+            )));
+        }
+        text.extend_from_slice(&buf[..n]);
+    }
+    if text.len() as u64 > MAX_CSV_BYTES {
+        return Err(Error::Format(format!(
+            "{name}: larger than {MAX_CSV_BYTES} bytes: not a results table"
+        )));
+    }
+    String::from_utf8(text).map_err(|e| {
+        Error::Format(format!(
+            "{name}: not a CSV table (not UTF-8 at offset {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })
 }
 
 /// Quote a CSV field when it needs it (RFC 4180).
