@@ -41,6 +41,12 @@ fn set_one(tree: &mut Value, key: &str, value: &str) -> Result<(), String> {
     if segs.iter().any(|s| s.is_empty()) {
         return Err(format!("--set {key}: an empty path segment"));
     }
+    // YAML reads nothing as null (`--set name=` named the topology "null").
+    if value.trim().is_empty() {
+        return Err(format!(
+            "--set {key}=: no value (give one: --set {key}=VALUE)"
+        ));
+    }
     let mut node = tree;
     for (i, seg) in segs.iter().enumerate() {
         let here = segs[..i].join(".");
@@ -193,6 +199,15 @@ mod tests {
         assert_eq!(back, base);
         // No sets: the same topology.
         assert_eq!(set("default", &[]).unwrap(), base);
+    }
+
+    #[test]
+    fn an_empty_value_is_refused() {
+        let t = Topology::load("small").unwrap();
+        for v in ["", "  "] {
+            let e = apply(&t, &[("name".to_string(), v.to_string())]).unwrap_err();
+            assert_eq!(e, "--set name=: no value (give one: --set name=VALUE)");
+        }
     }
 
     #[test]
