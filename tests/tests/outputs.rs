@@ -377,3 +377,54 @@ fn outputs_through_a_symlink_update_its_target_and_keep_the_link() {
     left.sort();
     assert_eq!(left, ["ops-real.csv", "run1.kbt"]);
 }
+
+#[test]
+fn an_interrupted_replay_dump_leaves_nothing() {
+    // kb-replay --dump-outputs writes each output through a partial file;
+    // SIGINT removed it (it left .y.npy.partial*). A bf16 output of 4096 x
+    // 4096 (64 MiB as f32 .npy) keeps the partial file there for a while.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.kbt");
+    let sim = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "small",
+            "-b",
+            "copy",
+            "-p",
+            "rows=4096",
+            "-p",
+            "cols=4096",
+            "-p",
+            "dtype=bf16",
+            "-o",
+            trace.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    let out = dir.path().join("dump");
+    std::fs::create_dir(&out).unwrap();
+    let mut child = Command::new(bin("kb-replay"))
+        .arg(&trace)
+        .arg("--dump-outputs")
+        .arg(&out)
+        .arg("-q")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while files_in(&out).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no partial dump file"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(interrupt(&mut child, "INT"), Some(130));
+    let left = files_in(&out);
+    assert!(left.is_empty(), "SIGINT left {left:?}");
+}
