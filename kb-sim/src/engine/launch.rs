@@ -428,11 +428,15 @@ impl<W: Write> Engine<'_, W> {
                 l.sips_left -= 1;
                 if l.sips_left == 0 {
                     l.done = true;
+                    // The links' bytes since its first kernel started (none
+                    // started: no share).
                     let mut bytes = std::mem::take(&mut l.link_bytes_at_start);
-                    for (b, now) in bytes.iter_mut().zip(&self.link_bytes) {
-                        *b = now - *b;
+                    if bytes.len() == self.link_bytes.len() {
+                        for (b, now) in bytes.iter_mut().zip(&self.link_bytes) {
+                            *b = now - *b;
+                        }
+                        l.fabric = super::FabricLoad::of(self.m, &bytes);
                     }
-                    l.fabric = super::FabricLoad::of(self.m, &bytes);
                     if let Some((_, end)) = l.last_end {
                         self.host_done(end);
                     }
