@@ -572,15 +572,25 @@ const RING_BYTES: u64 = 2 << 20;
 const RING_SLOT: u64 = 64 << 10;
 const RING_DEPTH: u32 = 8;
 
-/// `x` and `y` stacked over cube 0's PEs in their TCM (no HBM traffic on
-/// the ring's links); a ring all-reduce of `x` into `y`.
-fn ring_in_tcm(prog: &mut Program<'_>) -> Result<(), WorkloadError> {
-    use kb_sim::collective::{self, Algorithm, Comm};
-    fn kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
-        let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
-        let mut comm = Comm::new(tl, tl.launch_group(), slots, RING_DEPTH, 0);
-        comm.all_reduce(tl, x, y, Algorithm::Ring);
-    }
+/// The all-reduce of [`allreduce_in_tcm`]: direct, or ring.
+fn allreduce_kernel<const DIRECT: bool>(tl: &mut Tl<'_>, args: &KernelArgs) {
+    use kb_sim::collective::{Algorithm, Comm};
+    let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
+    let mut comm = Comm::new(tl, tl.launch_group(), slots, RING_DEPTH, 0);
+    let algorithm = if DIRECT {
+        Algorithm::Direct
+    } else {
+        Algorithm::Ring
+    };
+    comm.all_reduce(tl, x, y, algorithm);
+}
+
+/// `x` (random) and `y` stacked over cube 0's PEs in their TCM (no HBM
+/// traffic on the links); an all-reduce of `x` into `y`, declared a
+/// collective of `RING_BYTES` per member.
+fn allreduce_in_tcm<const DIRECT: bool>(prog: &mut Program<'_>) -> Result<(), WorkloadError> {
+    use kb_sim::collective::{self, Algorithm};
+    use kb_sim::workload::Payload;
     let group: Vec<PeCoord> = prog
         .pes()
         .into_iter()
@@ -589,32 +599,43 @@ fn ring_in_tcm(prog: &mut Program<'_>) -> Result<(), WorkloadError> {
     let n = group.len() as u64;
     let rows = RING_BYTES / 4 / 256;
     let stacked = Placement::over(&group, Policy::RowWise).in_tcm();
-    let x = prog.zeros("x", Dtype::F32, [n * rows, 256], stacked.clone())?;
+    let x = prog.random("x", Dtype::F32, [n * rows, 256], stacked.clone())?;
     let y = prog.zeros("y", Dtype::F32, [n * rows, 256], stacked)?;
+    let algorithm = if DIRECT {
+        Algorithm::Direct
+    } else {
+        Algorithm::Ring
+    };
     let slots = collective::slots(
         prog,
         "slots",
         Dtype::F32,
         &group,
         (RING_SLOT, RING_DEPTH),
-        &[Algorithm::Ring],
+        &[algorithm],
     )?;
     let args = prog.args(&[x, y, slots]);
-    prog.launch_grid("ring", kernel, args, [n as u32, 1], &group)?;
+    let launch = prog.launch_grid(
+        "allreduce",
+        allreduce_kernel::<DIRECT>,
+        args,
+        [n as u32, 1],
+        &group,
+    )?;
+    prog.payload(launch, Payload::all_reduce(RING_BYTES, n as usize));
     Ok(())
 }
 
-#[test]
-fn a_ring_allreduce_moves_2_p_minus_1_over_p_of_the_buffer_per_pe_at_link_speed() {
-    // An uncontended ring: the data starts and ends in TCM, and the PEs
-    // have DMA engines and TCM bandwidth to spare, so only the ring's links
-    // (pe_dma -> noc -> next pe_dma, noc_pe: 256 GB/s) limit it.
+/// `default` with DMA engines and TCM size and bandwidth to spare, so
+/// only the links (pe_dma -> noc -> pe_dma, noc_pe: 256 GB/s) limit a
+/// collective in TCM; races fail the run.
+fn links_only() -> RunConfig {
     let mut topo = Topology::load("default").unwrap();
     topo.tcm.size_kib.0 = 65536.0;
     topo.tcm.bw_gbs.0 = 16384.0;
     topo.pe_dma.engines = 16;
     assert_eq!(topo.links.noc_pe.bw_gbs.0, 256.0);
-    let cfg = RunConfig {
+    RunConfig {
         topology: topo,
         params: Vec::new(),
         seed: 1,
@@ -624,8 +645,15 @@ fn a_ring_allreduce_moves_2_p_minus_1_over_p_of_the_buffer_per_pe_at_link_speed(
         races: RacePolicy::Error,
         command_line: Vec::new(),
         max_memory: None,
-    };
-    let (bytes, report) = run(&cfg, &Test(ring_in_tcm), Vec::new()).unwrap();
+    }
+}
+
+#[test]
+fn a_ring_allreduce_moves_2_p_minus_1_over_p_of_the_buffer_per_pe_at_link_speed() {
+    // An uncontended ring: the data starts and ends in TCM, and the PEs
+    // have DMA engines and TCM bandwidth to spare, so only the ring's links
+    // limit it.
+    let (bytes, report) = run(&links_only(), &Test(allreduce_in_tcm::<false>), Vec::new()).unwrap();
     assert_eq!(report.stats.races, 0);
     let recs = common::named_records(&bytes);
     let copies: Vec<&Record> = recs
@@ -752,40 +780,6 @@ fn a_barrier_over_every_pe_of_four_sips_orders_their_writes_before_the_reads() {
     );
 }
 
-/// `x` and `y` stacked over cube 0's PEs in their TCM; a direct
-/// all-reduce of `x` into `y`.
-fn direct_in_tcm(prog: &mut Program<'_>) -> Result<(), WorkloadError> {
-    use kb_sim::collective::{self, Algorithm, Comm};
-    use kb_sim::workload::Payload;
-    fn kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
-        let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
-        let mut comm = Comm::new(tl, tl.launch_group(), slots, RING_DEPTH, 0);
-        comm.all_reduce(tl, x, y, Algorithm::Direct);
-    }
-    let group: Vec<PeCoord> = prog
-        .pes()
-        .into_iter()
-        .filter(|p| p.sip == 0 && p.cube == 0)
-        .collect();
-    let n = group.len() as u64;
-    let rows = RING_BYTES / 4 / 256;
-    let stacked = Placement::over(&group, Policy::RowWise).in_tcm();
-    let x = prog.random("x", Dtype::F32, [n * rows, 256], stacked.clone())?;
-    let y = prog.zeros("y", Dtype::F32, [n * rows, 256], stacked)?;
-    let slots = collective::slots(
-        prog,
-        "slots",
-        Dtype::F32,
-        &group,
-        (RING_SLOT, RING_DEPTH),
-        &[Algorithm::Direct],
-    )?;
-    let args = prog.args(&[x, y, slots]);
-    let launch = prog.launch_grid("direct", kernel, args, [n as u32, 1], &group)?;
-    prog.payload(launch, Payload::all_reduce(n * RING_BYTES / n, n as usize));
-    Ok(())
-}
-
 #[test]
 fn a_direct_allreduce_in_tcm_runs_near_its_fabric_bound_and_the_summary_says_which_link() {
     // As the ring above: data in TCM, DMA engines and TCM to spare. Member
@@ -794,22 +788,7 @@ fn a_direct_allreduce_in_tcm_runs_near_its_fabric_bound_and_the_summary_says_whi
     // outbound); the others' pulls of its buffer and pushes into its
     // output load the other direction alike: 2 (P-1)/P N each way, so the
     // fabric bound is the ring's, 14.336 us, on a PE's link.
-    let mut topo = Topology::load("default").unwrap();
-    topo.tcm.size_kib.0 = 65536.0;
-    topo.tcm.bw_gbs.0 = 16384.0;
-    topo.pe_dma.engines = 16;
-    let cfg = RunConfig {
-        topology: topo,
-        params: Vec::new(),
-        seed: 1,
-        inputs: Default::default(),
-        executor: Executor::Coroutine,
-        capture_inputs: false,
-        races: RacePolicy::Error,
-        command_line: Vec::new(),
-        max_memory: None,
-    };
-    let (_, report) = run(&cfg, &Test(direct_in_tcm), Vec::new()).unwrap();
+    let (_, report) = run(&links_only(), &Test(allreduce_in_tcm::<true>), Vec::new()).unwrap();
     assert_eq!(report.stats.races, 0);
     let p = 8u64;
     let fabric = &report.stats.fabric[0];

@@ -606,16 +606,7 @@ impl<'a> Comm<'a> {
         out: &TensorArg,
         algorithm: Algorithm,
     ) {
-        let me = tl.pe();
-        let (din, dout) = (Buf::whole(data, me), Buf::whole(out, me));
-        let group = self.group.clone();
-        match self.one_level(algorithm, data, out, "reduce_scatter") {
-            Algorithm::Direct => {
-                self.direct(tl, &group, self.rank, din, dout, Steps::REDUCE_SCATTER)
-            }
-            _ => self.ring(tl, &group, self.rank, din, dout, true, false),
-        }
-        self.flush_all(tl);
+        self.one_level(tl, (data, out), algorithm, Steps::REDUCE_SCATTER);
     }
 
     /// Every member's `out` (`R` x `C`) = the members' `data` stacked in
@@ -629,14 +620,7 @@ impl<'a> Comm<'a> {
         out: &TensorArg,
         algorithm: Algorithm,
     ) {
-        let me = tl.pe();
-        let (din, dout) = (Buf::whole(data, me), Buf::whole(out, me));
-        let group = self.group.clone();
-        match self.one_level(algorithm, data, out, "all_gather") {
-            Algorithm::Direct => self.direct(tl, &group, self.rank, din, dout, Steps::ALL_GATHER),
-            _ => self.ring(tl, &group, self.rank, din, dout, false, true),
-        }
-        self.flush_all(tl);
+        self.one_level(tl, (data, out), algorithm, Steps::ALL_GATHER);
     }
 
     /// The algorithm to run on `data` and `out`: `algorithm` resolved,
@@ -655,22 +639,33 @@ impl<'a> Comm<'a> {
         a
     }
 
-    /// Reduce-scatter's and all-gather's algorithm: ring or direct.
+    /// Reduce-scatter or all-gather (`steps`), by ring or direct.
     fn one_level(
-        &self,
+        &mut self,
+        tl: &mut Tl<'_>,
+        (data, out): (&TensorArg, &TensorArg),
         algorithm: Algorithm,
-        data: &TensorArg,
-        out: &TensorArg,
-        op: &str,
-    ) -> Algorithm {
+        steps: Steps,
+    ) {
+        let me = tl.pe();
+        let (din, dout) = (Buf::whole(data, me), Buf::whole(out, me));
+        let group = self.group.clone();
         match self.resolve(algorithm, data, out) {
-            a @ (Algorithm::Ring | Algorithm::Direct) => a,
-            Algorithm::Hierarchical => Algorithm::Ring,
+            Algorithm::Direct => self.direct(tl, &group, self.rank, din, dout, steps),
+            Algorithm::Ring | Algorithm::Hierarchical => {
+                self.ring(tl, &group, self.rank, din, dout, steps.reduce, steps.gather)
+            }
             other => panic!(
-                "collective: {op} runs by ring or direct, not {}",
+                "collective: {} runs by ring or direct, not {}",
+                if steps.reduce {
+                    "reduce_scatter"
+                } else {
+                    "all_gather"
+                },
                 other.name()
             ),
         }
+        self.flush_all(tl);
     }
 
     /// Every member's `out` = member `root`'s `data` (the same shape), down
