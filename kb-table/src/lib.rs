@@ -262,8 +262,11 @@ impl Table {
     /// readable, its message kept, never shown as a crash.
     pub fn read_parquet(f: File, name: &str) -> Result<Table> {
         // A silent hook while the reader runs, so a caught panic prints
-        // nothing (other threads panicking meanwhile would be silent too;
-        // the tools read tables on one thread).
+        // nothing (another thread panicking meanwhile would be silent too;
+        // the tools read tables on one thread). One read swaps the hook at
+        // a time, so concurrent reads cannot leave the silent one behind.
+        static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = HOOK.lock().unwrap_or_else(|e| e.into_inner());
         let hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
