@@ -1185,26 +1185,31 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
+    /// HBM channel `c`'s component name and the busy intervals the filter
+    /// selects.
+    fn selected_busy(&self, c: &kb_format::ChannelUsage) -> (String, Vec<(u64, u64)>) {
+        let name = format!("sip{}.cube{}.hbm_ctrl.ch{}", c.sip, c.cube, c.channel);
+        let busy = c
+            .busy
+            .iter()
+            .copied()
+            .filter(|&(start, end)| self.m.selects_interval(&name, start, end))
+            .collect();
+        (name, busy)
+    }
+
     /// One track per HBM pseudo channel (`hbm_ctrl.chN` in its cube's
     /// process), a `busy` slice per interval the filter selects.
     fn channel_tracks(&mut self, channels: &[kb_format::ChannelUsage]) -> io::Result<()> {
         for c in channels {
-            let name = format!("sip{}.cube{}.hbm_ctrl.ch{}", c.sip, c.cube, c.channel);
-            let mut track = None;
-            for &(start, end) in &c.busy {
-                if !self.m.selects_interval(&name, start, end) {
-                    continue;
-                }
-                let (pid, tid) = match track {
-                    Some(t) => t,
-                    None => {
-                        let (proc, lane) = split_component(&name);
-                        let pid = self.pid(&proc)?;
-                        let t = (pid, self.named_track(pid, &lane, None)?);
-                        track = Some(t);
-                        t
-                    }
-                };
+            let (name, busy) = self.selected_busy(c);
+            if busy.is_empty() {
+                continue;
+            }
+            let (proc, lane) = split_component(&name);
+            let pid = self.pid(&proc)?;
+            let tid = self.named_track(pid, &lane, None)?;
+            for (start, end) in busy {
                 self.slice(
                     pid,
                     tid,
@@ -1228,26 +1233,18 @@ impl<W: Write> Writer<W> {
     /// fraction of each bin the channel was serving.
     fn channel_counters(&mut self, channels: &[kb_format::ChannelUsage]) -> io::Result<()> {
         for c in channels {
-            let name = format!("sip{}.cube{}.hbm_ctrl.ch{}", c.sip, c.cube, c.channel);
-            let mut series = None;
-            for &(start, end) in &c.busy {
-                if !self.m.selects_interval(&name, start, end) {
-                    continue;
-                }
-                let k = match series {
-                    Some(k) => k,
-                    None => {
-                        let pid = self.pid(&format!("sip{}.cube{}", c.sip, c.cube))?;
-                        let k = self.series(
-                            pid,
-                            &format!("util hbm_ctrl.ch{}", c.channel),
-                            false,
-                            UNIT_UNSPECIFIED,
-                        )?;
-                        series = Some(k);
-                        k
-                    }
-                };
+            let (_, busy) = self.selected_busy(c);
+            if busy.is_empty() {
+                continue;
+            }
+            let pid = self.pid(&format!("sip{}.cube{}", c.sip, c.cube))?;
+            let k = self.series(
+                pid,
+                &format!("util hbm_ctrl.ch{}", c.channel),
+                false,
+                UNIT_UNSPECIFIED,
+            )?;
+            for (start, end) in busy {
                 self.bins
                     .add(k, start, end, end.saturating_sub(start) as f64);
             }

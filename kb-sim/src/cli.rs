@@ -319,11 +319,6 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             return Err(format!("--input {name} is given twice"));
         }
     }
-    let budget = if a.max_memory.is_some() {
-        None
-    } else {
-        crate::memory::budget()
-    };
     let cfg = RunConfig {
         topology,
         params: a.params.clone(),
@@ -333,27 +328,12 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         capture_inputs: a.capture_inputs,
         races: a.races,
         command_line: recorded_command_line(&a, workload.name()),
-        max_memory: a.max_memory.or(budget.as_ref().map(|b| b.bytes)),
-    };
-    // A refusal names the limit that set the budget.
-    let refusal = |e: crate::run::RunError| match (&e, &budget) {
-        (crate::run::RunError::Memory { estimate, limit }, Some(b)) => format!(
-            "this run needs about {estimate} of host memory, more than the {limit} of {}: use a smaller problem or machine (--max-memory overrides the limit's estimate)",
-            b.source
-        ),
-        (
-            crate::run::RunError::Workload(crate::workload::WorkloadError::Memory {
-                workload,
-                tensor,
-                needed,
-                limit,
-            }),
-            Some(b),
-        ) => format!(
-            "workload {workload}: tensor {tensor} would bring the run's host data to {needed}, more than the {limit} of {}",
-            b.source
-        ),
-        _ => e.to_string(),
+        // The refusal names the limit: --max-memory, or the tightest the
+        // process runs under.
+        max_memory: a
+            .max_memory
+            .map(crate::memory::Budget::given)
+            .or_else(crate::memory::budget),
     };
     let wall = Instant::now();
     let progress = crate::progress::Progress::on_stderr(a.quiet);
@@ -368,7 +348,8 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             return Err("refusing to write a binary trace to a terminal: pipe it (kb-sim | kb-replay --verify) or use -o FILE".into());
         }
         let out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        let (mut out, report) = run_with_progress(&cfg, workload, out, tell).map_err(refusal)?;
+        let (mut out, report) =
+            run_with_progress(&cfg, workload, out, tell).map_err(|e| e.to_string())?;
         out.flush()
             .map_err(|e| format!("writing the trace to stdout: {e}"))?;
         report
@@ -385,7 +366,7 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             .map_err(|e| format!("{}: {e}", path.display()))?
             .remove_on_signal();
         run_with_progress(&cfg, workload, file, tell)
-            .map_err(refusal)
+            .map_err(|e| e.to_string())
             .and_then(|(file, report)| {
                 file.commit()
                     .map_err(|e| format!("{}: {e}", path.display()))?;

@@ -161,8 +161,38 @@ pub struct Budget {
     /// Bytes.
     pub bytes: u64,
     /// The limit, for people: `memory available now (MemAvailable)`,
-    /// `the address-space limit (ulimit -v) less what kb-sim maps`...
+    /// `the address-space limit (ulimit -v) less what kb-sim maps`...;
+    /// empty for `--max-memory`.
     pub source: String,
+}
+
+impl Budget {
+    /// `--max-memory SIZE`.
+    pub fn given(bytes: u64) -> Budget {
+        Budget {
+            bytes,
+            source: String::new(),
+        }
+    }
+
+    /// What a refusal says it passed: `--max-memory 100 MiB`, or `the 3.8
+    /// GiB of the address-space limit (ulimit -v) ...`.
+    pub fn describe(&self) -> String {
+        if self.source.is_empty() {
+            format!("--max-memory {}", human(self.bytes))
+        } else {
+            format!("the {} of {}", human(self.bytes), self.source)
+        }
+    }
+
+    /// What a refusal suggests.
+    pub fn advice(&self) -> &'static str {
+        if self.source.is_empty() {
+            "use a smaller problem or machine, or raise --max-memory if the machine has the memory"
+        } else {
+            "use a smaller problem or machine (--max-memory overrides the limit's estimate)"
+        }
+    }
 }
 
 /// The smallest of the limits this process runs under (Linux): the

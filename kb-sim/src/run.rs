@@ -38,8 +38,8 @@ pub struct RunConfig {
     /// Recorded in the trace metadata.
     pub command_line: Vec<String>,
     /// Refuse the run when its estimated host memory
-    /// ([`crate::memory::MemoryEstimate`]) passes this many bytes.
-    pub max_memory: Option<u64>,
+    /// ([`crate::memory::MemoryEstimate`]) passes this.
+    pub max_memory: Option<crate::memory::Budget>,
 }
 
 /// Why a run failed.
@@ -52,14 +52,14 @@ pub enum RunError {
     #[error(transparent)]
     Sim(#[from] SimError),
     /// The run would need more host memory than `--max-memory`.
-    #[error(
-        "this run needs about {estimate} of host memory, more than --max-memory {limit}: use a smaller problem or machine, or raise --max-memory if the machine has the memory"
-    )]
+    #[error("this run needs about {estimate} of host memory, more than {limit}: {advice}")]
     Memory {
         /// The estimate and its parts.
         estimate: String,
-        /// The limit.
+        /// The limit and where it comes from ([`crate::memory::Budget::describe`]).
         limit: String,
+        /// What to do about it.
+        advice: &'static str,
     },
     /// The trace could not be written.
     #[error("writing the trace: {0}")]
@@ -105,16 +105,17 @@ pub fn run_with_progress<W: Write>(
         cfg.executor,
         cfg.inputs.clone(),
     );
-    prog.limit_memory(cfg.max_memory);
+    prog.limit_memory(cfg.max_memory.clone());
     workload.build(&params, &mut prog)?;
     let built = prog.finish()?;
     let need = MemoryEstimate::of(&built.rt.tensors, &built.steps, cfg.topology.tcm_bytes());
-    if let Some(limit) = cfg.max_memory
-        && need.total() > limit
+    if let Some(limit) = &cfg.max_memory
+        && need.total() > limit.bytes
     {
         return Err(RunError::Memory {
             estimate: need.describe(),
-            limit: crate::memory::human(limit),
+            limit: limit.describe(),
+            advice: limit.advice(),
         });
     }
     let meta = Meta {

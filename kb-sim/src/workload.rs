@@ -90,7 +90,7 @@ pub enum WorkloadError {
     },
     /// The tensors' host data alone would pass `--max-memory`.
     #[error(
-        "workload {workload}: tensor {tensor} would bring the run's host data to {needed}, more than --max-memory {limit}"
+        "workload {workload}: tensor {tensor} would bring the run's host data to {needed}, more than {limit}"
     )]
     Memory {
         /// The workload's name.
@@ -99,7 +99,7 @@ pub enum WorkloadError {
         tensor: String,
         /// Host data with it.
         needed: String,
-        /// The limit.
+        /// The limit and where it comes from.
         limit: String,
     },
     /// The host program is inconsistent (an unknown tensor, a bad step).
@@ -289,7 +289,7 @@ pub struct Program<'m> {
     payloads: Vec<(usize, Payload)>,
     verify: VerifySpec,
     /// `--max-memory`, for host data; and the host data declared so far.
-    host_limit: Option<u64>,
+    host_limit: Option<crate::memory::Budget>,
     host_bytes: u64,
 }
 
@@ -333,8 +333,9 @@ impl<'m> Program<'m> {
     }
 
     /// Refuse tensors whose host data would bring the total past `limit`
-    /// bytes (`--max-memory`), before allocating it.
-    pub fn limit_memory(&mut self, limit: Option<u64>) {
+    /// (`--max-memory`, or the tightest limit the process runs under),
+    /// before allocating it.
+    pub fn limit_memory(&mut self, limit: Option<crate::memory::Budget>) {
         self.host_limit = limit;
     }
 
@@ -343,14 +344,14 @@ impl<'m> Program<'m> {
         let needed = self
             .host_bytes
             .saturating_add((n as u64).saturating_mul(dtype.size() as u64));
-        if let Some(limit) = self.host_limit
-            && needed > limit
+        if let Some(limit) = &self.host_limit
+            && needed > limit.bytes
         {
             return Err(WorkloadError::Memory {
                 workload: self.workload.clone(),
                 tensor: name.into(),
                 needed: crate::memory::human(needed),
-                limit: crate::memory::human(limit),
+                limit: limit.describe(),
             });
         }
         self.host_bytes = needed;

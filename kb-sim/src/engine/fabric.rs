@@ -44,10 +44,11 @@ impl FabricLoad {
 
     /// From the bytes each link carried (`bytes[l]`, by link index).
     pub(super) fn of(m: &Machine, bytes: &[u64]) -> FabricLoad {
-        let time = |b: u64, bw: f64| -> Ps { (b as f64 * 1000.0 / bw).ceil() as Ps };
+        // GB/s = bytes per ns; x1000 for ps, rounded up as links do.
+        let time = |b: u64, bw: f64| -> Ps { crate::event::ceil_ps(b as f64 * 1000.0 / bw) };
         let link = (0..m.links.len())
             .filter(|&l| bytes[l] > 0)
-            .max_by_key(|&l| (time(bytes[l], m.links[l].bw_gbs), std::cmp::Reverse(l)))
+            .max_by_key(|&l| (m.links[l].serialize_ps(bytes[l]), std::cmp::Reverse(l)))
             .map(|l| {
                 let k = &m.links[l];
                 Load {
@@ -57,7 +58,7 @@ impl FabricLoad {
                     ),
                     bytes: bytes[l],
                     bw_gbs: k.bw_gbs,
-                    busy_ps: time(bytes[l], k.bw_gbs),
+                    busy_ps: k.serialize_ps(bytes[l]),
                 }
             });
         // Every byte an HBM serves crosses a link into or out of its
