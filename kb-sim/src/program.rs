@@ -249,13 +249,14 @@ pub enum Command {
     Store(DmaCmd),
     /// A copy (`Tl::put`, `Tl::copy`): like a store, its data effects
     /// happen at issue and its transfer is timed after; resumes at once.
-    /// With a notification it is a release: it is issued once this PE's
-    /// loads in flight have completed, and the notification, sent from the
-    /// destination once the bytes have arrived, carries what this PE did
-    /// before it.
+    /// With a notification it is a release: the notification, sent from
+    /// the destination once the bytes (and those of every earlier
+    /// notifying copy of this PE to the same signal) have arrived, carries
+    /// what this PE did before it, except loads still in flight.
     Send { cmd: DmaCmd, notify: Option<Notify> },
-    /// Raise a PE's signal (a release: sent once this PE's loads and
-    /// compute ops in flight have completed); resumes once it is sent.
+    /// Raise a PE's signal (a release: sent once this PE's compute ops in
+    /// flight have completed; loads in flight are left out of it); resumes
+    /// once it is sent.
     Signal {
         pe: PeCoord,
         signal: u32,

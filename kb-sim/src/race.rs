@@ -14,7 +14,8 @@
 //!
 //! The engine makes every release fence what it covers (it waits for the
 //! effects issued before it), so an access issued before a release has
-//! happened when the release is published.
+//! happened when the release is published. Loads in flight are not
+//! covered: the engine relabels them with the label after the release.
 //!
 //! [`Shadow`] keeps the accesses that a later one may race with, by
 //! physical range: two accesses of different threads to overlapping bytes,

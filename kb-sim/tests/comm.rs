@@ -312,6 +312,122 @@ fn reading_a_slot_before_the_copy_lands_is_a_race_naming_both_ops() {
     assert_eq!(report.stats.races, 0);
 }
 
+/// PE0 loads x asynchronously and signals PE1 before it waits for the
+/// load; PE1 waits for the signal and then (with `STORE`) overwrites the
+/// bytes PE0's load reads.
+fn load_in_flight_then_signal<const STORE: bool>(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let x = args.tensor("x");
+    let block = Block::in_shard(x, x.shard(PE0).unwrap(), 0, 0, 16, 64);
+    if tl.pe() == PE0 {
+        let h = tl.load_async(block);
+        tl.signal(PE1, 0, SignalOp::Add(1));
+        let _ = tl.wait(h);
+    } else {
+        tl.wait_signal(0, 1);
+        if STORE {
+            let t = tl.zeros(16, 64, Dtype::F32);
+            tl.store(block, &t);
+        }
+    }
+}
+
+#[test]
+fn a_signal_goes_out_without_waiting_for_a_load_in_flight() {
+    let (recs, _) = simulate("pa", RacePolicy::Error, |p| {
+        x_and_slots(p, load_in_flight_then_signal::<false>)
+    })
+    .unwrap();
+    let load = find(&recs, "dma_read", "sip0.cube0.pe0.pe_dma");
+    let signal = find(&recs, "signal", "sip0.cube0.pe0.pe_cpu");
+    // The signal leaves while the load is still on its way (a release
+    // waits for compute ops only; the load is left out of it).
+    assert!(
+        signal.t_start < load.t_end,
+        "signal at {} ps, load ends at {} ps",
+        signal.t_start,
+        load.t_end
+    );
+}
+
+#[test]
+fn a_load_in_flight_is_not_ordered_before_the_signal_that_overtook_it() {
+    // PE1 acquires PE0's signal and writes what PE0's load, issued before
+    // the signal but served after it went out, reads: a race.
+    let e = simulate("pa", RacePolicy::Error, |p| {
+        x_and_slots(p, load_in_flight_then_signal::<true>)
+    })
+    .unwrap_err();
+    let RunError::Sim(SimError::Race(text)) = &e else {
+        panic!("not a race: {e}")
+    };
+    assert!(text.contains("dma_read on sip0.cube0.pe0"), "{text}");
+    assert!(text.contains("on sip0.cube0.pe1"), "{text}");
+    assert!(text.contains("tensor x"), "{text}");
+}
+
+/// PE0 copies x's first 8 rows from its HBM into PE1's slot, then puts a
+/// TCM tile into the slot's last 8 rows: both notify PE1's signal 0. PE1
+/// waits for one arrival and reads the first 8 rows.
+fn two_copies_one_counter(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (x, slots) = (args.tensor("x"), args.tensor("slots"));
+    let slot = |r0: u64| Block::in_shard(slots, slots.shard(PE1).unwrap(), r0, 0, 8, 64);
+    if tl.pe() == PE0 {
+        let from_hbm = Block::in_shard(x, x.shard(PE0).unwrap(), 0, 0, 8, 64);
+        tl.copy(slot(0), from_hbm, Some(Notify::one(PE1, 0)));
+        let t = tl.zeros(8, 64, Dtype::F32);
+        tl.put(&t, slot(8), Some(Notify::one(PE1, 0)));
+    } else {
+        tl.wait_signal(0, 1);
+        tl.mul(&slot(0), 2.0);
+    }
+}
+
+#[test]
+fn a_counting_signal_counts_copies_in_the_order_they_were_sent() {
+    // The put from TCM lands before the copy from HBM; its notification
+    // waits for the copy's, so "one arrived" means the first one, and PE1
+    // reads rows that have landed (no race).
+    let (recs, _) = simulate("pa", RacePolicy::Error, |p| {
+        x_and_slots(p, two_copies_one_counter)
+    })
+    .unwrap();
+    let copies: Vec<&Record> = recs
+        .iter()
+        .filter(|(_, c, n)| n == "ipcq_copy" && c == "sip0.cube0.pe0.pe_dma")
+        .map(|(r, _, _)| r)
+        .collect();
+    assert_eq!(copies.len(), 2);
+    let (first, second) = (copies[0], copies[1]);
+    assert!(first.op_id < second.op_id);
+    // Its last byte written: the end of its transfer.
+    let landed = |r: &Record| r.active.map_or(r.t_end, |a| a.1);
+    assert!(
+        landed(second) < landed(first),
+        "the put ({} ps) should land before the copy from HBM ({} ps)",
+        landed(second),
+        landed(first)
+    );
+    let mut notes: Vec<&Record> = recs
+        .iter()
+        .filter(|(_, c, n)| n == "signal" && c == "sip0.cube0.pe1.tcm")
+        .map(|(r, _, _)| r)
+        .collect();
+    notes.sort_by_key(|r| (r.t_start, r.op_id));
+    assert_eq!(notes.len(), 2);
+    // Both leave when the first copy has landed: the first is its own,
+    // the second the put's, held until then.
+    assert_eq!(notes[0].t_start, notes[1].t_start);
+    assert!(notes[0].t_start >= landed(first));
+    let cause = |r: &Record| {
+        r.deps
+            .iter()
+            .find(|d| d.kind == kb_format::DepKind::Sync)
+            .map(|d| d.op)
+    };
+    assert_eq!(cause(notes[0]), Some(first.op_id));
+    assert_eq!(cause(notes[1]), Some(second.op_id));
+}
+
 /// Both PEs pass a barrier, then fill a tile (a math op whose start shows
 /// when the kernel resumed).
 fn barrier_then_fill(tl: &mut Tl<'_>, _: &KernelArgs) {

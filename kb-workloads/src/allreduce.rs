@@ -5,6 +5,7 @@
 use kb_format::{Dtype, Expr};
 use kb_sim::collective::{self, Algorithm, Comm};
 use kb_sim::kernel::{KernelArgs, Tl};
+use kb_sim::topology::AddressModel;
 use kb_sim::workload::{
     ParamSpec, Params, Payload, Placement, Policy, Program, Workload, WorkloadError,
 };
@@ -61,8 +62,8 @@ const PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "depth",
-        default: "4",
-        help: "slots per channel (messages in flight per link)",
+        default: "auto",
+        help: "slots per channel (messages in flight per link), or auto: from the route's bandwidth-delay product (collective::depth_for)",
     },
     ParamSpec {
         name: "sync",
@@ -86,7 +87,9 @@ pub(crate) const ALGORITHMS: [Algorithm; 5] = [
 fn collective_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
     let group = tl.launch_group();
-    let mut comm = Comm::new(tl, group, slots, args.get("depth") as u32, 0);
+    // x and y come from the host, before the launch, and nothing here
+    // touches them before the collective: no handshake needed.
+    let mut comm = Comm::new(tl, group, slots, args.get("depth") as u32, 0).ready_at_launch();
     if args.get("sync") == 0 {
         comm = comm.without_arrival_waits();
     }
@@ -204,12 +207,14 @@ impl Workload for AllReduce {
             ),
         };
         let slot_bytes = p.u64("slot_kib", 1)? * 1024;
-        let depth = p.u64("depth", 1)?;
-        // Broadcast runs down the tree; the others as chosen.
+        // Broadcast runs down the tree; the others as chosen (`auto`
+        // resolved as the kernels will: slots only for what runs).
+        let peers_reach = on_chip || prog.machine().topo.address_model != AddressModel::La;
         let uses = match op {
             "broadcast" => Algorithm::Tree,
-            _ => algorithm,
+            _ => algorithm.resolve(&group, peers_reach),
         };
+        let depth = crate::collective_depth(p, prog, &group, slot_bytes, &[uses])?;
         let slots = collective::slots(
             prog,
             "slots",

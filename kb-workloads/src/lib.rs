@@ -85,6 +85,39 @@ fn group_of(p: &Params, prog: &Program<'_>, name: &str) -> Result<Vec<PeCoord>, 
     Ok(v)
 }
 
+/// The `depth` parameter of a collective workload: slots per channel, or
+/// `auto` for [`collective::depth_for`] on this machine and group. The
+/// ring passes messages on from their slots and needs at least 3.
+pub(crate) fn collective_depth(
+    p: &kb_sim::workload::Params,
+    prog: &kb_sim::workload::Program<'_>,
+    group: &[kb_sim::machine::PeCoord],
+    slot_bytes: u64,
+    algorithms: &[kb_sim::collective::Algorithm],
+) -> Result<u64, kb_sim::workload::WorkloadError> {
+    use kb_sim::collective::{self, Algorithm};
+    if p.str("depth") == "auto" {
+        return Ok(collective::depth_for(prog.machine(), group, slot_bytes, algorithms) as u64);
+    }
+    let depth = p.u64("depth", 1)?;
+    let ring = algorithms.iter().any(|a| {
+        matches!(
+            a,
+            Algorithm::Ring | Algorithm::Hierarchical | Algorithm::Auto
+        )
+    });
+    if ring && depth < 3 {
+        return Err(p.err(
+            "depth",
+            format!("{depth}: the ring passes each message on from its slot and needs at least 3 slots per channel (or auto)"),
+        ));
+    }
+    if depth > u32::MAX as u64 {
+        return Err(p.err("depth", format!("{depth}: at most {}", u32::MAX)));
+    }
+    Ok(depth)
+}
+
 /// The tolerance of a sum over `n` members in `dtype`, each partial sum
 /// rounded: about n^1.5 units of roundoff in the worst case for inputs in
 /// [-1, 1) (integers are exact; below the dtype's default, the default).

@@ -75,8 +75,8 @@ const PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "depth",
-        default: "4",
-        help: "all-reduce slots per channel",
+        default: "auto",
+        help: "all-reduce slots per channel, or auto: from the route's bandwidth-delay product",
     },
     ParamSpec {
         name: "sync",
@@ -203,7 +203,7 @@ impl Workload for TpMlp {
         let yp = prog.zeros("yp", dtype, [n * m, d], split.clone())?;
         let y = prog.zeros("y", dtype, [n * m, d], split)?;
         let slot_bytes = p.u64("slot_kib", 1)? * 1024;
-        let depth = p.u64("depth", 1)?;
+        let depth = crate::collective_depth(p, prog, &group, slot_bytes, &[algorithm])?;
         let slots = collective::slots(
             prog,
             "slots",

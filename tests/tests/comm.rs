@@ -125,9 +125,10 @@ fn the_copies_are_listed_and_costed_per_route() {
     );
     assert!(stats.status.success(), "{}", stderr(&stats));
     let text = String::from_utf8_lossy(&stats.stdout).into_owned();
-    // Into each member's slots: the 6 reduce-scatter sums its left
-    // neighbour made in TCM, and 8 chunks copied straight from HBM (step
-    // 0's own chunk and 7 all-gather forwards), 32 KiB each.
+    // Into each member's slots, 32 KiB each: 13 from its left neighbour's
+    // TCM (the 6 reduce-scatter sums it made, the chunk it completed, and
+    // 6 all-gather chunks passed on from the slot they arrived in) and
+    // one copied straight from HBM (step 0's own chunk).
     let row = |route: &str| -> Vec<String> {
         let line = text
             .lines()
@@ -143,12 +144,12 @@ fn the_copies_are_listed_and_costed_per_route() {
         // held_utilisation,bytes,...
         assert_eq!(
             (sums[1].as_str(), sums[7].as_str()),
-            ("6", "196608"),
+            ("13", "425984"),
             "{sums:?}"
         );
         assert_eq!(
             (chunks[1].as_str(), chunks[7].as_str()),
-            ("8", "262144"),
+            ("1", "32768"),
             "{chunks:?}"
         );
     }
@@ -351,4 +352,55 @@ fn the_summary_gives_a_collectives_bus_bandwidth_and_fabric_bound() {
         "{err}"
     );
     assert!(!err.contains("bus bandwidth"), "{err}");
+}
+
+#[test]
+fn the_ring_depth_is_auto_by_default_and_too_few_slots_are_refused() {
+    // `depth=auto` (the default) is resolved on the machine: the run's
+    // params say auto, and the slots tensor holds the depth chosen (8 on
+    // a cube of `default` with 32 KiB slots: collective::depth_for).
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("ring.kbt");
+    let t = t.to_str().unwrap();
+    let sim = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "default",
+            "-b",
+            "allreduce",
+            "-p",
+            "algorithm=ring",
+            "-o",
+            t,
+        ],
+        b"",
+    );
+    assert!(sim.status.success(), "{}", stderr(&sim));
+    let summary = run("kb-inspect", &["summary", t], b"");
+    let text = String::from_utf8_lossy(&summary.stdout).into_owned();
+    assert!(text.contains("depth=auto"), "{text}");
+    assert!(text.contains("slots  f32   [8, 8192]"), "{text}");
+    // The ring passes messages on from their slots: 2 are too few.
+    let sim = run(
+        "kb-sim",
+        &[
+            "-q",
+            "-t",
+            "default",
+            "-b",
+            "allreduce",
+            "-p",
+            "algorithm=ring",
+            "-p",
+            "depth=2",
+            "-o",
+            t,
+        ],
+        b"",
+    );
+    assert_eq!(sim.status.code(), Some(2), "{}", stderr(&sim));
+    assert!(stderr(&sim).contains("parameter depth"), "{}", stderr(&sim));
+    assert!(stderr(&sim).contains("at least 3"), "{}", stderr(&sim));
 }

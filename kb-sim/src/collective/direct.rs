@@ -8,6 +8,9 @@
 use super::{Buf, Comm, chunk};
 use crate::kernel::{Group, LoadHandle, Notify, Operand, Pending, SignalOp, Tile, Tl};
 
+/// Tiles a chunk is cut into at least (where it has the rows).
+const PIPELINE: u64 = 1;
+
 /// Which direct steps to run.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Steps {
@@ -43,14 +46,17 @@ impl Steps {
 /// tile).
 enum Sum {
     Part(Tile),
-    Sum(Pending),
+    Running(Pending),
+    /// This member's own part, where it lies (one member, in TCM).
+    Own(crate::kernel::Block),
 }
 
 impl Sum {
     fn operand(&self) -> &dyn Operand {
         match self {
             Sum::Part(t) => t,
-            Sum::Sum(s) => s,
+            Sum::Running(s) => s,
+            Sum::Own(b) => b,
         }
     }
 }
@@ -83,7 +89,7 @@ impl Comm<'_> {
         let dtype = din.t.dtype;
         // Without arrival waits (broken on purpose), pulls do not wait for
         // the members' buffers either.
-        if steps.handshake && p > 1 && !self.unsynchronized {
+        if steps.handshake && p > 1 && !self.unsynchronized && !self.launch_ready {
             for i in 1..p {
                 tl.signal(member(i), self.ready(), SignalOp::Add(1));
             }
@@ -100,7 +106,12 @@ impl Comm<'_> {
             fit > 0 || tl.tcm_available() / live >= row_bytes,
             "collective: a {cols}-element row does not fit this PE's free TCM {live} times over"
         );
-        let tile = fit.max(1);
+        // Tiles of equal size (no short last one to wait for alone), at
+        // least PIPELINE of them where the chunk has the rows: pulling the
+        // next tile, summing this one and pushing the last overlap, and
+        // only the first tile's pulls and the last one's pushes stand alone.
+        let ntiles = (b - a).div_ceil(fit.max(1)).max(PIPELINE.min(b - a)).max(1);
+        let tile = (b - a).div_ceil(ntiles).max(1);
         let tiles: Vec<(u64, u64)> = (a..b)
             .step_by(tile as usize)
             .map(|r| (r, tile.min(b - r)))
@@ -108,9 +119,13 @@ impl Comm<'_> {
         // Where this member's chunk comes from: its own rows of `din`.
         let own = |r0: u64| if steps.reduce { r0 } else { r0 - a };
         let in_tcm = din.t.space == kb_format::Space::Tcm;
+        // Reducing, the parts of a tile: every other member's loaded, and
+        // this member's own, loaded too unless it lies in this PE's TCM
+        // (an operand where it is).
         let load = |tl: &mut Tl<'_>, (r0, n): (u64, u64)| -> Vec<LoadHandle> {
             if steps.reduce {
-                (0..p)
+                let first = if in_tcm { 1 } else { 0 };
+                (first..p)
                     .map(|i| tl.load_async(din.on(member(i)).block(r0, n)))
                     .collect()
             } else if in_tcm {
@@ -126,16 +141,22 @@ impl Comm<'_> {
             next = tiles.get(t + 1).map(|&t| load(tl, t));
             let block = din.block(own(r0), n);
             let mut parts = parts.into_iter();
-            let sum = match parts.next() {
-                Some(h) => {
-                    let mut sum = Sum::Part(tl.wait(h));
-                    for h in parts {
+            let sum = if !steps.reduce {
+                parts.next().map(|h| Sum::Part(tl.wait(h)))
+            } else {
+                let mut sum = match (in_tcm, parts.next()) {
+                    (false, Some(h)) => Sum::Part(tl.wait(h)),
+                    (true, Some(h)) => {
                         let x = tl.wait(h);
-                        sum = Sum::Sum(tl.add(sum.operand(), &x));
+                        Sum::Running(tl.add(&block, &x))
                     }
-                    Some(sum)
+                    (_, None) => Sum::Own(block),
+                };
+                for h in parts {
+                    let x = tl.wait(h);
+                    sum = Sum::Running(tl.add(sum.operand(), &x));
                 }
-                None => None,
+                Some(sum)
             };
             let value: &dyn Operand = match &sum {
                 Some(s) => s.operand(),

@@ -62,7 +62,7 @@ use kb_format::{Addr, Dtype};
 use direct::Steps;
 
 use crate::kernel::{Block, Group, Notify, Operand, SignalOp, TensorArg, Tl};
-use crate::machine::PeCoord;
+use crate::machine::{Machine, NodeKind, PeCoord};
 use crate::runtime::{Placement, Policy};
 use crate::workload::{Program, TensorId, WorkloadError};
 
@@ -185,6 +185,64 @@ pub fn slots(
     )
 }
 
+/// Slots per channel (`depth`) that keep collectives of `algorithms` over
+/// `group` streaming with `slot_bytes` messages on `machine`: what a
+/// workload's `depth=auto` gives.
+///
+/// The ring (also run by `Hierarchical` and `Auto`) needs, per stream,
+/// `burst` messages on each hop at once to cover the hop's
+/// bandwidth-delay product: the uncontended time of one slot-sized
+/// message from a member's DMA engine to its ring neighbour's TCM, plus
+/// its credit's way back and both pe_cpus' handling, times the slowest
+/// link's bandwidth on the way, in slots (at least 2). An all-reduce runs
+/// two streams and keeps as many slots again for the credits in flight:
+/// `4 * burst`, for the worst pair of neighbours in the group's order.
+/// The tree streams one tile per edge at a time and keeps 4. The depth is
+/// capped so the slots take at most a quarter of a PE's TCM, leaving the
+/// kernels' tiles room (and is at least 3).
+pub fn depth_for(
+    machine: &Machine,
+    group: &[PeCoord],
+    slot_bytes: u64,
+    algorithms: &[Algorithm],
+) -> u32 {
+    let regions = regions(algorithms);
+    let ring = regions % 3 == 1;
+    if !ring {
+        return 4;
+    }
+    let slot = slot_bytes.max(1);
+    let handle = crate::event::ns_to_ps(machine.topo.cpu.handle_ns.0);
+    let mut burst = 2u64;
+    for (i, &a) in group.iter().enumerate() {
+        let b = group[(i + 1) % group.len()];
+        if a == b {
+            continue;
+        }
+        let there = machine.route(
+            machine.pe_node(a, NodeKind::PeDma),
+            machine.pe_node(b, NodeKind::Tcm),
+        );
+        let back = machine.route(
+            machine.pe_node(b, NodeKind::PeCpu),
+            machine.pe_node(a, NodeKind::PeCpu),
+        );
+        let rtt_ps = machine.uncontended_ps(&there, slot)
+            + machine.uncontended_ps(&back, crate::engine::CONTROL_BYTES)
+            + 2 * handle;
+        let gbs = there
+            .iter()
+            .map(|&l| machine.links[l as usize].bw_gbs)
+            .fold(f64::INFINITY, f64::min);
+        // GB/s = bytes per ns.
+        let bdp = gbs * rtt_ps as f64 / 1000.0;
+        burst = burst.max((bdp / slot as f64).ceil() as u64);
+    }
+    let tcm = (machine.topo.tcm.size_kib.0 * 1024.0) as u64;
+    let cap = tcm / 4 / (regions.max(1) * slot);
+    (4 * burst).min(cap).max(3).min(u32::MAX as u64) as u32
+}
+
 /// A channel: which region of the receiver it fills and which credit
 /// signal of the sender it returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,6 +299,9 @@ pub struct Comm<'a> {
     /// Use slots without waiting for the copies to arrive (broken on
     /// purpose: see [`Comm::without_arrival_waits`]).
     unsynchronized: bool,
+    /// The buffers are ready at the launch: the first collective's direct
+    /// steps skip their handshake ([`Comm::ready_at_launch`]).
+    launch_ready: bool,
     /// "ready" and "gathered" updates this PE has waited for so far.
     ready_seen: u64,
     gathered_seen: u64,
@@ -373,6 +434,7 @@ impl<'a> Comm<'a> {
             received: [0; 4],
             uncredited: [(0, None); 4],
             unsynchronized: false,
+            launch_ready: false,
             ready_seen: 0,
             gathered_seen: 0,
             ring_members: None,
@@ -388,6 +450,18 @@ impl<'a> Comm<'a> {
     /// `tp_mlp -p sync=0` demonstrates). Never use it for results.
     pub fn without_arrival_waits(mut self) -> Self {
         self.unsynchronized = true;
+        self
+    }
+
+    /// Every member's buffers were written before this launch (by the host,
+    /// or an earlier launch) and no member touches them before its first
+    /// collective: that collective's direct steps skip their "ready"
+    /// handshake (the launch already orders those writes before every
+    /// kernel; a collective after it still exchanges "ready"). A buffer a
+    /// kernel writes first and then reduces needs the handshake: the race
+    /// detector reports the pull that did not wait for it.
+    pub fn ready_at_launch(mut self) -> Self {
+        self.launch_ready = true;
         self
     }
 
@@ -593,6 +667,7 @@ impl<'a> Comm<'a> {
             _ => self.hierarchical(tl, din, dout),
         }
         self.flush_all(tl);
+        self.launch_ready = false;
     }
 
     /// Member k's `out` = rows `[k*R/P, (k+1)*R/P)` of the sum over members
@@ -666,6 +741,7 @@ impl<'a> Comm<'a> {
             ),
         }
         self.flush_all(tl);
+        self.launch_ready = false;
     }
 
     /// Every member's `out` = member `root`'s `data` (the same shape), down
@@ -673,6 +749,7 @@ impl<'a> Comm<'a> {
     pub fn broadcast(&mut self, tl: &mut Tl<'_>, data: &TensorArg, out: &TensorArg, root: usize) {
         self.tree_with_root(tl, data, out, false, root);
         self.flush_all(tl);
+        self.launch_ready = false;
     }
 
     /// Send `src` (a block of any memory) on `ch` to `to` by a DMA copy,
@@ -695,5 +772,46 @@ impl<'a> Comm<'a> {
             Some(Notify::one(to, self.filled(self.region(ch)))),
         );
         self.sent[ch.link()] = m + 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Algorithm, depth_for};
+    use crate::machine::{Machine, PeCoord};
+    use crate::topology::Topology;
+
+    fn cube0(m: &Machine) -> Vec<PeCoord> {
+        m.pes().filter(|p| p.sip == 0 && p.cube == 0).collect()
+    }
+
+    /// On `default`, a neighbour's slot is pe_dma -> noc -> pe_dma -> tcm
+    /// (noc_pe 5 ns at 256 GB/s twice, tcm_port 1 ns at 1024 GB/s, 2 ns
+    /// first flit per intermediate node) and the credit pe_cpu -> pe_dma
+    /// -> noc -> pe_dma -> pe_cpu (64 bytes; pe_internal 1 ns at 64
+    /// GB/s), each pe_cpu handling it in 50 ns. For 16 KiB slots: the
+    /// slot's tail leaves the second noc_pe link at 7 + 64 + 5 = 76 ns and
+    /// lands at 77 ns; the credit takes 19 ns; the round trip is 77 + 19 +
+    /// 100 = 196 ns, 196 x 256 = 50,176 bytes in flight: 3.06 slots, so a
+    /// burst of 4 and a depth of 16 (the cap, a quarter of 1 MiB of TCM in
+    /// 16 KiB slots, is 16 too). 32 KiB slots: 260 ns, 66,560 bytes, 2.03
+    /// slots, burst 3, 12 capped to 8 (256 KiB / 32 KiB).
+    #[test]
+    fn the_ring_depth_covers_the_hops_bandwidth_delay_product() {
+        let m = Machine::build(&Topology::load("default").unwrap());
+        let cube = cube0(&m);
+        assert_eq!(depth_for(&m, &cube, 16 << 10, &[Algorithm::Ring]), 16);
+        assert_eq!(depth_for(&m, &cube, 32 << 10, &[Algorithm::Ring]), 8);
+        assert_eq!(depth_for(&m, &cube, 32 << 10, &[Algorithm::Auto]), 8);
+        // The tree keeps 4; direct needs no slots.
+        assert_eq!(depth_for(&m, &cube, 16 << 10, &[Algorithm::Tree]), 4);
+        assert_eq!(depth_for(&m, &cube, 16 << 10, &[Algorithm::Direct]), 4);
+        // Across SIPs (a 200 ns, 100 GB/s link on the way) a 4 KiB slot
+        // needs more in flight than inside a cube.
+        let large = Machine::build(&Topology::load("large").unwrap());
+        let sips: Vec<PeCoord> = large.pes().filter(|p| p.cube == 0 && p.pe == 0).collect();
+        let within = depth_for(&large, &cube0(&large), 4 << 10, &[Algorithm::Ring]);
+        let across = depth_for(&large, &sips, 4 << 10, &[Algorithm::Ring]);
+        assert!(across > within, "{across} <= {within}");
     }
 }

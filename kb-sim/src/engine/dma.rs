@@ -196,7 +196,7 @@ pub(super) struct Dma {
     pub(super) at_issue: bool,
     /// Raised once the destination is written (a copy's notification),
     /// with the clock the copy released.
-    notify: Option<(Notify, Vec<u32>)>,
+    notify: Option<(Notify, Vec<u32>, u64)>,
     /// The issuing PE's clock at issue, for race checks.
     hb: HbTag,
     /// Its fetch went ahead (a DMA woken by two writebacks landing at one
@@ -537,7 +537,10 @@ impl<W: Write> Engine<'_, W> {
         let hb = self.hb_tag(pe);
         let mut deps = self.log.writer.take_deps();
         deps.extend(self.pes[pe as usize].after);
-        let notify = notify.map(|n| (n, self.sync.clocks.release(pe)));
+        let notify = notify.map(|n| {
+            let seq = self.notify_seq(pe, &n);
+            (n, self.release(pe), seq)
+        });
         let d = self.dmas.insert(Dma {
             pe,
             op_id,
@@ -569,9 +572,8 @@ impl<W: Write> Engine<'_, W> {
         });
         self.engines[pe as usize].unfinished.push(d);
         self.pes[pe as usize].outstanding += 1;
-        match mode {
-            DmaMode::Load => self.pes[pe as usize].unsettled += 1,
-            DmaMode::Store => self.apply_at_issue(d)?,
+        if mode == DmaMode::Store {
+            self.apply_at_issue(d)?;
         }
         let (cpu, dma) = (
             self.m.pe_node(pc, NodeKind::PeCpu),
@@ -579,6 +581,17 @@ impl<W: Write> Engine<'_, W> {
         );
         self.send(cpu, dma, CONTROL_BYTES, DmaArrive::CmdAtDma(d));
         Ok(op_id)
+    }
+
+    /// Give `pe`'s loads in flight the race label `label` (see
+    /// `Engine::release`).
+    pub(super) fn relabel_loads_in_flight(&mut self, pe: u32, label: u32) {
+        for &d in &self.engines[pe as usize].unfinished {
+            let x = self.dmas.get(d);
+            if !x.at_issue {
+                x.hb.label = label;
+            }
+        }
     }
 
     /// A store's or copy's read and write, at issue. Pending source bytes
@@ -937,7 +950,7 @@ impl<W: Write> Engine<'_, W> {
                 }
                 // A copy's notification leaves the destination memory once
                 // the bytes are there.
-                if let Some((n, clock)) = self.dmas.get(d).notify.take() {
+                if let Some((notify, clock, seq)) = self.dmas.get(d).notify.take() {
                     let from = self
                         .dmas
                         .get(d)
@@ -945,19 +958,19 @@ impl<W: Write> Engine<'_, W> {
                         .groups
                         .first()
                         .map_or(dma, |g| g.target);
-                    let (launch, op) = (self.dmas.peek(d).hb.launch, self.dmas.peek(d).op_id);
-                    self.send_signal_update(
+                    let x = self.dmas.peek(d);
+                    let (pe, launch, op) = (x.pe, x.hb.launch, x.op_id);
+                    let held = super::sync::HeldNotify {
                         from,
                         launch,
-                        n.pe,
-                        n.signal,
-                        crate::program::SignalOp::Add(n.add),
+                        notify,
                         clock,
-                        Some(Dep {
+                        cause: Some(Dep {
                             op,
                             kind: DepKind::Sync,
                         }),
-                    );
+                    };
+                    self.copy_landed_notify(pe, seq, held);
                 }
                 let x = self.dmas.get(d);
                 let remote = x.dst.groups.iter().filter(|g| !g.local).count();

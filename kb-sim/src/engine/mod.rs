@@ -451,9 +451,6 @@ const PROGRESS_EVENTS: u64 = 1 << 18;
 struct PeState {
     /// Ops issued and not yet completed (DMAs and compute).
     outstanding: u32,
-    /// Loads issued and not yet completed: their data effects happen when
-    /// they are served, so a release waits for them.
-    unsettled: u32,
     /// Compute ops issued and not yet completed.
     computing: u32,
     /// What the program waits on: a specific DMA, or all of them.
@@ -474,12 +471,10 @@ struct PeState {
 /// What a release waits for before it goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fence {
-    /// Loads in flight (a notifying copy: stores, copies and compute
-    /// apply their data effects at issue).
-    Loads,
-    /// Loads and compute ops (a signal: its receiver may reuse what the
-    /// compute reads).
-    LoadsAndCompute,
+    /// Compute ops (a signal: its receiver may reuse what the compute
+    /// reads). Loads in flight are not waited for: they are left out of
+    /// the release instead (`Engine::release`).
+    Compute,
     /// Every op (a barrier).
     All,
 }
@@ -487,8 +482,7 @@ enum Fence {
 impl PeState {
     fn fenced(&self, f: Fence) -> bool {
         match f {
-            Fence::Loads => self.unsettled == 0,
-            Fence::LoadsAndCompute => self.unsettled == 0 && self.computing == 0,
+            Fence::Compute => self.computing == 0,
             Fence::All => self.outstanding == 0,
         }
     }
@@ -1130,9 +1124,8 @@ impl<'m, W: Write> Engine<'m, W> {
                 let s = &mut self.pes[pe as usize];
                 s.outstanding -= 1;
                 match kind {
-                    Done::Load => s.unsettled -= 1,
                     Done::Compute => s.computing -= 1,
-                    Done::Store => {}
+                    Done::Load | Done::Store => {}
                 }
                 // The program resumes (below) because this op is done:
                 // what it issues next waited for it.
@@ -1238,27 +1231,21 @@ impl<'m, W: Write> Engine<'m, W> {
                 DmaMode::Store,
                 None,
             )?)),
-            Command::Send { cmd, notify } => {
-                if notify.is_some() && !self.pes[p].fenced(Fence::Loads) {
-                    self.defer(pe, Command::Send { cmd, notify }, Fence::Loads);
-                    return Ok(None);
-                }
-                Some(Reply::Issued(self.issue_dma(
-                    pc,
-                    pe,
-                    cmd,
-                    DmaMode::Store,
-                    notify,
-                )?))
-            }
+            Command::Send { cmd, notify } => Some(Reply::Issued(self.issue_dma(
+                pc,
+                pe,
+                cmd,
+                DmaMode::Store,
+                notify,
+            )?)),
             Command::Signal { pe: to, signal, op } => {
-                if !self.pes[p].fenced(Fence::LoadsAndCompute) {
+                if !self.pes[p].fenced(Fence::Compute) {
                     let cmd = Command::Signal { pe: to, signal, op };
-                    self.defer(pe, cmd, Fence::LoadsAndCompute);
+                    self.defer(pe, cmd, Fence::Compute);
                     return Ok(None);
                 }
                 self.check_pe(pc, to, "signal")?;
-                let clock = self.sync.clocks.release(pe);
+                let clock = self.release(pe);
                 let launch = self.current_launch(pe);
                 let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
                 let cause = self.pes[p].after;

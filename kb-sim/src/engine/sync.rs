@@ -12,10 +12,19 @@
 //!   to each member, whose pe_cpu serves it before the kernel resumes. So a
 //!   barrier costs its 2 x (members) messages and their handling, no less.
 //! - **Fences**: stores, copies and compute ops apply their data effects
-//!   at issue, loads when they are served. So a release waits for the
-//!   PE's loads in flight (a notifying copy), and for its compute ops too
-//!   (a signal: its receiver may reuse what they read), or for every op
-//!   (a barrier); then everything the PE issued before it has happened.
+//!   at issue, loads when they are served. A signal waits for the PE's
+//!   compute ops (its receiver may reuse what they read), a barrier for
+//!   every op; a notifying copy waits for nothing. Loads in flight are
+//!   not waited for: they are left out of the release (`Engine::release`
+//!   relabels them as issued after it), so the race detector still checks
+//!   them against whatever the release orders. A kernel that wants a load
+//!   covered waits for it first (`Tl::wait`), as a real DMA engine's
+//!   asynchronous reads are not fenced by a flag write.
+//! - **Notifications in order**: a copy's notification is raised once its
+//!   bytes, and those of every earlier notifying copy from the same PE to
+//!   the same signal, have arrived (`copy_landed_notify`): a counting
+//!   signal counts messages in the order they were sent, even when a
+//!   shorter or TCM-sourced copy lands before an earlier one.
 //! - **Happens-before** (`crate::race`): releases at signals, barrier
 //!   arrivals, notifying copies, kernel ends and launches; acquires at
 //!   satisfied waits, barrier releases, kernel starts and the host's
@@ -95,7 +104,7 @@ impl From<SyncAct> for Act {
 /// (shared), and its launch.
 #[derive(Debug, Clone)]
 pub(super) struct HbTag {
-    label: u32,
+    pub(super) label: u32,
     clock: Rc<[u32]>,
     pub(super) launch: u32,
 }
@@ -152,8 +161,30 @@ pub(super) struct Sync {
     updates: Slab<Update>,
     barriers: Slab<Barrier>,
     barrier_ids: BTreeMap<(u32, Vec<u32>, u32), u32>,
+    /// Notifying copies per (sender, receiver, signal), raised in the
+    /// order they were issued (`Engine::copy_landed_notify`).
+    notify_order: BTreeMap<(u32, u32, u32), NotifyOrder>,
     /// The host's thread index (after the PEs).
     pub(super) host: u32,
+}
+
+/// The notifying copies from one PE to one signal of another: how many
+/// were issued and raised, and those that landed before an earlier one.
+#[derive(Debug, Default)]
+struct NotifyOrder {
+    issued: u64,
+    raised: u64,
+    held: BTreeMap<u64, HeldNotify>,
+}
+
+/// A landed copy's notification, waiting for an earlier one to land.
+#[derive(Debug)]
+pub(super) struct HeldNotify {
+    pub(super) from: NodeId,
+    pub(super) launch: u32,
+    pub(super) notify: crate::program::Notify,
+    pub(super) clock: Vec<u32>,
+    pub(super) cause: Option<Dep>,
 }
 
 impl Sync {
@@ -169,6 +200,7 @@ impl Sync {
             updates: Slab::new(),
             barriers: Slab::new(),
             barrier_ids: BTreeMap::new(),
+            notify_order: BTreeMap::new(),
             host: pes as u32,
         }
     }
@@ -243,6 +275,66 @@ impl<W: Write> Engine<'_, W> {
             label: self.sync.clocks.label(pe),
             clock: self.sync.clocks.snapshot(pe),
             launch: self.current_launch(pe),
+        }
+    }
+
+    /// Release `pe`'s clock (a signal, a notifying copy): publish it and
+    /// advance its own component. Its loads still in flight are not
+    /// covered: they apply their effects when served, which may be after
+    /// the receiver acts on the release, so they take the new label (as if
+    /// issued after it) and an access the release orders after them is
+    /// still checked against them.
+    pub(super) fn release(&mut self, pe: u32) -> Vec<u32> {
+        let clock = self.sync.clocks.release(pe);
+        if self.sync.policy != RacePolicy::Off {
+            let label = self.sync.clocks.label(pe);
+            self.relabel_loads_in_flight(pe, label);
+        }
+        clock
+    }
+
+    /// The sequence number of a notifying copy `pe` issues now to `n`.
+    pub(super) fn notify_seq(&mut self, pe: u32, n: &crate::program::Notify) -> u64 {
+        let to = self.m.pe_index(n.pe) as u32;
+        let q = self
+            .sync
+            .notify_order
+            .entry((pe, to, n.signal))
+            .or_default();
+        q.issued += 1;
+        q.issued - 1
+    }
+
+    /// Copy number `seq` from `pe` landed: raise its notification once
+    /// every earlier notifying copy from `pe` to the same signal has
+    /// raised its own. A counting signal then counts messages in the order
+    /// they were sent, even when a later copy (a shorter one, or one that
+    /// did not wait for HBM) lands first: "n arrived" means the first n.
+    pub(super) fn copy_landed_notify(&mut self, pe: u32, seq: u64, h: HeldNotify) {
+        let key = (pe, self.m.pe_index(h.notify.pe) as u32, h.notify.signal);
+        let q = self.sync.notify_order.get_mut(&key).expect("issued");
+        if seq != q.raised {
+            q.held.insert(seq, h);
+            return;
+        }
+        let mut next = Some(h);
+        while let Some(h) = next {
+            let q = self.sync.notify_order.get_mut(&key).expect("issued");
+            q.raised += 1;
+            next = q.held.remove(&q.raised);
+            if q.raised == q.issued {
+                self.sync.notify_order.remove(&key);
+            }
+            let n = h.notify;
+            self.send_signal_update(
+                h.from,
+                h.launch,
+                n.pe,
+                n.signal,
+                SignalOp::Add(n.add),
+                h.clock,
+                h.cause,
+            );
         }
     }
 

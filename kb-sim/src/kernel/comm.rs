@@ -83,9 +83,12 @@ impl Tl<'_> {
     /// latency and serialization. With `notify`, the copy raises that PE's
     /// signal once the bytes have arrived, so the receiver `wait_signal`s
     /// for them: reading the destination before that is a data race
-    /// (`kb-sim --races`). A notifying copy is issued once this PE's loads
-    /// in flight have completed. Returns at once; `wait_all` waits for
-    /// the transfer.
+    /// (`kb-sim --races`). Notifications from this PE to one signal are
+    /// raised in the order their copies were issued, so a counting signal
+    /// at n means the first n copies arrived. A notifying copy is a release
+    /// of everything this PE did before it except loads still in flight
+    /// (wait for those first if the receiver may overwrite what they read).
+    /// Returns at once; `wait_all` waits for the transfer.
     pub fn put(&mut self, tile: &dyn Operand, dst: Block, notify: Option<Notify>) {
         let (pa, rows, cols, dtype) = tile.operand();
         assert_eq!(
@@ -152,10 +155,12 @@ impl Tl<'_> {
     /// Set or add to signal `signal` of PE `pe` (any PE of the machine,
     /// this one included), as a message from this PE's pe_cpu through the
     /// fabric, handled by the receiver's pe_cpu. A release: it is sent
-    /// once this PE's loads and compute ops in flight have completed
-    /// (stores and copies applied their data at issue; `wait_all` first
-    /// to wait for their transfers too); the kernel goes on once it is
-    /// sent. Signals belong to the launch: each launch's start at 0.
+    /// once this PE's compute ops in flight have completed (stores and
+    /// copies applied their data at issue; `wait_all` first to wait for
+    /// their transfers too); loads still in flight are not covered by it
+    /// (`Tl::wait` for them first if the receiver may overwrite what they
+    /// read: the race detector reports it otherwise). The kernel goes on
+    /// once it is sent. Signals belong to the launch: each launch's start at 0.
     pub fn signal(&mut self, pe: PeCoord, signal: u32, op: SignalOp) {
         match self.port.call(Command::Signal { pe, signal, op }) {
             Reply::Done => {}
