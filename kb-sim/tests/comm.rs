@@ -941,3 +941,98 @@ fn a_direct_allreduce_in_tcm_runs_near_its_fabric_bound_and_the_summary_says_whi
     assert_eq!(payload.bytes, RING_BYTES);
     assert!((payload.bus_factor - 1.75).abs() < 1e-12);
 }
+
+/// A direct all-reduce in TCM whose `Comm` says the buffers are ready at
+/// the launch and the output is read after it. With `WRITE_FIRST` the
+/// kernel overwrites its x before the collective (so the skipped
+/// handshake was needed); with `READ_AFTER` it reads its y after it (so
+/// the skipped notifications were).
+fn launch_bounded_kernel<const WRITE_FIRST: bool, const READ_AFTER: bool>(
+    tl: &mut Tl<'_>,
+    args: &KernelArgs,
+) {
+    use kb_sim::collective::{Algorithm, Comm};
+    let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
+    let me = tl.pe();
+    if WRITE_FIRST {
+        let t = tl.zeros(8, 256, Dtype::F32);
+        tl.store(Block::in_shard(x, x.shard(me).unwrap(), 0, 0, 8, 256), &t);
+    }
+    let mut comm = Comm::new(tl, tl.launch_group(), slots, RING_DEPTH, 0)
+        .ready_at_launch()
+        .read_after_launch();
+    comm.all_reduce(tl, x, y, Algorithm::Direct);
+    if READ_AFTER {
+        tl.load(Block::in_shard(y, y.shard(me).unwrap(), 0, 0, 8, 256));
+    }
+}
+
+fn launch_bounded<const WRITE_FIRST: bool, const READ_AFTER: bool>(
+    prog: &mut Program<'_>,
+) -> Result<(), WorkloadError> {
+    let group: Vec<PeCoord> = prog
+        .pes()
+        .into_iter()
+        .filter(|p| p.sip == 0 && p.cube == 0)
+        .collect();
+    let n = group.len() as u64;
+    let stacked = Placement::over(&group, Policy::RowWise).in_tcm();
+    let x = prog.random("x", Dtype::F32, [n * 64, 256], stacked.clone())?;
+    let y = prog.zeros("y", Dtype::F32, [n * 64, 256], stacked)?;
+    let slots = kb_sim::collective::slots(
+        prog,
+        "slots",
+        Dtype::F32,
+        &group,
+        (RING_SLOT, RING_DEPTH),
+        &[kb_sim::collective::Algorithm::Direct],
+    )?;
+    let args = prog.args(&[x, y, slots]);
+    prog.launch_grid(
+        "allreduce",
+        launch_bounded_kernel::<WRITE_FIRST, READ_AFTER>,
+        args,
+        [n as u32, 1],
+        &group,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn a_launch_bounded_direct_allreduce_skips_its_handshakes_and_misuse_is_a_race() {
+    // Used as meant: no "ready" or "gathered" signal at all, no race.
+    let (bytes, report) = run(
+        &links_only(),
+        &Test(launch_bounded::<false, false>),
+        Vec::new(),
+    )
+    .unwrap();
+    assert_eq!(report.stats.races, 0, "{:?}", report.stats.race_reports);
+    let recs = common::named_records(&bytes);
+    let signals = recs.iter().filter(|(_, _, n)| n == "signal").count();
+    assert_eq!(signals, 0);
+    // A kernel that wrote its buffer first needed the handshake: a peer's
+    // pull is not ordered after that store.
+    let e = run(
+        &links_only(),
+        &Test(launch_bounded::<true, false>),
+        Vec::new(),
+    )
+    .unwrap_err();
+    let RunError::Sim(SimError::Race(text)) = &e else {
+        panic!("not a race: {e}")
+    };
+    assert!(text.contains("tensor x"), "{text}");
+    // A kernel that reads its output needed the notifications: the read
+    // is not ordered after the peers' pushes.
+    let e = run(
+        &links_only(),
+        &Test(launch_bounded::<false, true>),
+        Vec::new(),
+    )
+    .unwrap_err();
+    let RunError::Sim(SimError::Race(text)) = &e else {
+        panic!("not a race: {e}")
+    };
+    assert!(text.contains("tensor y"), "{text}");
+}

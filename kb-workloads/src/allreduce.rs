@@ -87,9 +87,12 @@ pub(crate) const ALGORITHMS: [Algorithm; 5] = [
 fn collective_kernel(tl: &mut Tl<'_>, args: &KernelArgs) {
     let (x, y, slots) = (args.tensor("x"), args.tensor("y"), args.tensor("slots"));
     let group = tl.launch_group();
-    // x and y come from the host, before the launch, and nothing here
-    // touches them before the collective: no handshake needed.
-    let mut comm = Comm::new(tl, group, slots, args.get("depth") as u32, 0).ready_at_launch();
+    // x and y come from the host, before the launch, nothing here touches
+    // them before the collective, and only the host reads y, after the
+    // launch: no handshake, and no notification of each push.
+    let mut comm = Comm::new(tl, group, slots, args.get("depth") as u32, 0)
+        .ready_at_launch()
+        .read_after_launch();
     if args.get("sync") == 0 {
         comm = comm.without_arrival_waits();
     }

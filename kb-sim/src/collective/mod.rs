@@ -302,6 +302,9 @@ pub struct Comm<'a> {
     /// The buffers are ready at the launch: the first collective's direct
     /// steps skip their handshake ([`Comm::ready_at_launch`]).
     launch_ready: bool,
+    /// The next collective's outputs are read only after the launch: its
+    /// direct all-gather skips "gathered" ([`Comm::read_after_launch`]).
+    read_after: bool,
     /// "ready" and "gathered" updates this PE has waited for so far.
     ready_seen: u64,
     gathered_seen: u64,
@@ -435,6 +438,7 @@ impl<'a> Comm<'a> {
             uncredited: [(0, None); 4],
             unsynchronized: false,
             launch_ready: false,
+            read_after: false,
             ready_seen: 0,
             gathered_seen: 0,
             ring_members: None,
@@ -462,6 +466,19 @@ impl<'a> Comm<'a> {
     /// detector reports the pull that did not wait for it.
     pub fn ready_at_launch(mut self) -> Self {
         self.launch_ready = true;
+        self
+    }
+
+    /// No member reads the outputs of its next collective before this
+    /// launch ends (the host, or a later launch, reads them): that
+    /// collective's direct all-gather pushes without notifications and
+    /// does not wait for the other members' pushes. Each kernel ends only
+    /// once its copies have landed, and the launch's end orders every
+    /// kernel's end before what follows it, so the outputs are complete
+    /// there; a read inside the kernel would be a race, which `kb-sim`
+    /// reports. Applies to one collective, like [`Comm::ready_at_launch`].
+    pub fn read_after_launch(mut self) -> Self {
+        self.read_after = true;
         self
     }
 
@@ -668,6 +685,7 @@ impl<'a> Comm<'a> {
         }
         self.flush_all(tl);
         self.launch_ready = false;
+        self.read_after = false;
     }
 
     /// Member k's `out` = rows `[k*R/P, (k+1)*R/P)` of the sum over members
@@ -742,6 +760,7 @@ impl<'a> Comm<'a> {
         }
         self.flush_all(tl);
         self.launch_ready = false;
+        self.read_after = false;
     }
 
     /// Every member's `out` = member `root`'s `data` (the same shape), down
@@ -750,6 +769,7 @@ impl<'a> Comm<'a> {
         self.tree_with_root(tl, data, out, false, root);
         self.flush_all(tl);
         self.launch_ready = false;
+        self.read_after = false;
     }
 
     /// Send `src` (a block of any memory) on `ch` to `to` by a DMA copy,

@@ -173,7 +173,11 @@ impl Comm<'_> {
                 // Only what is missing now: a condition already met would
                 // end the wait at once.
                 let mut any: Vec<(u32, u64)> = Vec::new();
-                let mut need = |comm: &mut Self, tl: &mut Tl<'_>, ch: Channel, incoming: bool| {
+                let need = |comm: &mut Self,
+                            tl: &mut Tl<'_>,
+                            any: &mut Vec<(u32, u64)>,
+                            ch: Channel,
+                            incoming: bool| {
                     if incoming && !comm.arrived(tl, ch) {
                         let r = comm.region(ch);
                         any.push((comm.filled(r), comm.received[r] + 1));
@@ -181,25 +185,31 @@ impl Comm<'_> {
                         any.push(comm.room_signal(ch));
                     }
                 };
+                // A path with nothing missing any more became ready while
+                // the credits went back: look again instead of waiting
+                // for the other path (which may wait for this one).
+                let mut ready = false;
                 if next_up < ups {
+                    let before = any.len();
                     for &(c, _) in down_to.iter().filter(|_| reduce) {
-                        need(self, tl, Channel::Up(c), true);
+                        need(self, tl, &mut any, Channel::Up(c), true);
                     }
                     for &ch in &outgoing {
-                        need(self, tl, ch, false);
+                        need(self, tl, &mut any, ch, false);
                     }
+                    ready |= any.len() == before;
                 }
                 if let Some(up) = up
                     && next_down < downs
                 {
-                    need(self, tl, Channel::Down(up.1), true);
+                    let before = any.len();
+                    need(self, tl, &mut any, Channel::Down(up.1), true);
                     for &(c, _) in &down_to {
-                        need(self, tl, Channel::Down(c), false);
+                        need(self, tl, &mut any, Channel::Down(c), false);
                     }
+                    ready |= any.len() == before;
                 }
-                // Handing back credits took time: what was missing may
-                // have come meanwhile (then look again).
-                if !any.is_empty() {
+                if !ready && !any.is_empty() {
                     tl.wait_any(&any);
                 }
             }
