@@ -348,10 +348,17 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             return Err("refusing to write a binary trace to a terminal: pipe it (kb-sim | kb-replay --verify) or use -o FILE".into());
         }
         let out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        let (mut out, report) =
-            run_with_progress(&cfg, workload, out, tell).map_err(|e| e.to_string())?;
-        out.flush()
-            .map_err(|e| format!("writing the trace to stdout: {e}"))?;
+        // A reader that has gone (`kb-sim | head -c 5`) took what it
+        // wanted: the run stops there, quietly, with exit 0 (as the text
+        // commands do).
+        let (mut out, report) = match run_with_progress(&cfg, workload, out, tell) {
+            Err(e) if broken_pipe(&e) => return Ok(()),
+            r => r.map_err(|e| e.to_string())?,
+        };
+        match out.flush() {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            r => r.map_err(|e| format!("writing the trace to stdout: {e}"))?,
+        }
         report
     } else {
         let path = a.output.as_ref().expect("checked");
@@ -455,6 +462,20 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether `e` or an error it wraps is a write to a closed pipe.
+fn broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// The summary's fabric lines: for each collective launch and for the
