@@ -41,6 +41,9 @@ pub struct Chart {
     pub x_label: String,
     pub y_label: String,
     pub lines: Vec<Line>,
+    /// Rows left out because x or y is not finite (`inf`, `NaN`): an
+    /// axis cannot reach them (plotters looped forever on one).
+    pub skipped: usize,
 }
 
 /// Chart size in pixels.
@@ -56,7 +59,7 @@ pub fn svg(c: &Chart) -> Result<String> {
         root.fill(&WHITE).map_err(|e| err(&e))?;
         let pts = c.lines.iter().flat_map(|l| l.points.iter());
         let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
-        for &(x, y) in pts {
+        for &(x, y) in pts.filter(|(x, y)| x.is_finite() && y.is_finite()) {
             x0 = x0.min(x);
             x1 = x1.max(x);
             y1 = y1.max(y);
@@ -87,7 +90,10 @@ pub fn svg(c: &Chart) -> Result<String> {
             let color = Palette99::pick(i).to_rgba();
             chart
                 .draw_series(LineSeries::new(
-                    l.points.iter().copied(),
+                    l.points
+                        .iter()
+                        .copied()
+                        .filter(|(x, y)| x.is_finite() && y.is_finite()),
                     color.stroke_width(2),
                 ))
                 .map_err(|e| err(&e))?
@@ -192,6 +198,7 @@ pub fn utilisation(input: &Input) -> Result<Chart> {
         x_label: format!("simulated time (ns; bins of {} ns)", width / 1000.0),
         y_label: "busy units (%)".into(),
         lines,
+        skipped: 0,
     })
 }
 
@@ -255,6 +262,7 @@ pub fn sweep_chart(t: &Table, name: &str, x: Option<&str>, y: &str) -> Result<Ch
     let mut order: Vec<String> = Vec::new();
     let xs_numeric = !matches!(xc.values, Values::Str(_));
     let mut x_names: Vec<String> = Vec::new();
+    let mut skipped = 0;
     for i in 0..t.rows() {
         let key = others
             .iter()
@@ -274,6 +282,10 @@ pub fn sweep_chart(t: &Table, name: &str, x: Option<&str>, y: &str) -> Result<Ch
         let (Some(xv), Some(yv)) = (xv, yc.values.f64(i)) else {
             continue; // a failed point has no metrics
         };
+        if !xv.is_finite() || !yv.is_finite() {
+            skipped += 1;
+            continue;
+        }
         if !lines.contains_key(&key) {
             order.push(key.clone());
         }
@@ -300,6 +312,7 @@ pub fn sweep_chart(t: &Table, name: &str, x: Option<&str>, y: &str) -> Result<Ch
         x_label,
         y_label: y.to_string(),
         lines,
+        skipped,
     })
 }
 
@@ -320,6 +333,8 @@ pub fn is_table(path: &str) -> bool {
 pub struct Info {
     pub lines: usize,
     pub points: usize,
+    /// Rows not drawn: x or y not finite ([`Chart::skipped`]).
+    pub skipped: usize,
 }
 
 /// `plot INPUT -o FILE.svg`: a sweep table's `y` against `x`, or a trace's
@@ -344,6 +359,7 @@ pub fn run(input: &str, x: Option<&str>, y: &str, out: &Path) -> Result<Info> {
     Ok(Info {
         lines: chart.lines.len(),
         points: chart.lines.iter().map(|l| l.points.len()).sum(),
+        skipped: chart.skipped,
     })
 }
 
@@ -402,7 +418,8 @@ mod tests {
             info,
             Info {
                 lines: 5,
-                points: 50
+                points: 50,
+                skipped: 0
             }
         );
         let svg = std::fs::read_to_string(&out).unwrap();
@@ -417,6 +434,30 @@ mod tests {
         for n in names {
             assert!(svg.contains(n), "legend {n}");
         }
+    }
+
+    /// `inf` or `NaN` in a column: those rows are left out (counted), the
+    /// rest drawn; plotters looped forever on an infinite axis.
+    #[test]
+    fn non_finite_values_are_skipped_not_drawn() {
+        let mut t = Table::default();
+        t.push("point", Values::U64((0..4).map(Some).collect()));
+        t.push(
+            "bw",
+            Values::F64(vec![Some(8.0), Some(16.0), Some(f64::INFINITY), Some(64.0)]),
+        );
+        t.push("status", Values::Str(vec![Some("ok".into()); 4]));
+        t.push(
+            "sim_ns",
+            Values::F64(vec![Some(3.0), Some(f64::NAN), Some(2.0), Some(1.0)]),
+        );
+        let c = sweep_chart(&t, "t.csv", None, "sim_ns").unwrap();
+        assert_eq!(c.skipped, 2);
+        assert_eq!(c.lines.len(), 1);
+        assert_eq!(c.lines[0].points, [(8.0, 3.0), (64.0, 1.0)]);
+        // Drawn, at its size (an infinite point hung here before).
+        let text = svg(&c).unwrap();
+        assert_eq!(shape(&text).0, (WIDTH, HEIGHT));
     }
 
     #[test]
@@ -467,7 +508,8 @@ mod tests {
             info,
             Info {
                 lines: 2,
-                points: 5
+                points: 5,
+                skipped: 0
             }
         );
         let svg = std::fs::read_to_string(&out).unwrap();
