@@ -853,3 +853,130 @@ fn a_signal_stops_the_sweeps_children_and_removes_their_traces() {
         assert!(tables.is_empty(), "SIG{sig} wrote {tables:?}");
     }
 }
+
+/// A table says what was run: every row holds the workload, topology,
+/// seed, kb version and sweep id (the Parquet file's metadata holds the
+/// spec too); the CSV and Parquet type every column alike (a float column
+/// of whole values came back from CSV as integers); a swept field the run
+/// never reads is named on stderr; `-j` past 4 per core is capped, not a
+/// panic.
+#[test]
+fn tables_carry_their_provenance_and_unchanged_axes_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("p");
+    let o = run(
+        "kb-sim",
+        &[
+            "sweep",
+            "-t",
+            "small",
+            "-b",
+            "gemm",
+            "--seed",
+            "7",
+            "--set",
+            "pe_gemm.tflops.f32=16,32",
+            "-p",
+            "m=64",
+            "-j",
+            "1000000",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("-j 1000000 capped at"), "{err}");
+    assert!(
+        err.contains("warning: --set pe_gemm.tflops.f32=16,32: changed nothing"),
+        "{err}"
+    );
+    let pq = Table::load(&d.path().join("p.parquet")).unwrap();
+    let csv = Table::load(&d.path().join("p.csv")).unwrap();
+    assert_eq!(
+        pq.describe(),
+        csv.describe(),
+        "CSV and Parquet column types"
+    );
+    assert!(
+        pq.describe().contains("hbm_channel_busy_ns:f64"),
+        "{}",
+        pq.describe()
+    );
+    let id = pq.column("sweep_id").unwrap().values.text(0);
+    for (col, want) in [
+        ("workload", "gemm"),
+        ("topology", "small"),
+        ("seed", "7"),
+        ("kb_version", env!("CARGO_PKG_VERSION")),
+        ("sweep_points", "2"),
+        ("sweep_id", id.as_str()),
+    ] {
+        for t in [&pq, &csv] {
+            for i in 0..2 {
+                assert_eq!(t.column(col).unwrap().values.text(i), want, "{col}");
+            }
+        }
+    }
+    assert_eq!(pq.meta("kb.sweep.id"), Some(id.as_str()));
+    let spec = pq.meta("kb.sweep.spec").unwrap();
+    assert!(
+        spec.contains("workload=gemm\nseed=7\n")
+            && spec.contains("--set pe_gemm.tflops.f32=16,32\n"),
+        "{spec}"
+    );
+    for c in [
+        "peak_gemm_gflops_f16",
+        "peak_hbm_gbs",
+        "arithmetic_intensity",
+    ] {
+        assert!(pq.column(c).unwrap().values.f64(0).unwrap() > 0.0, "{c}");
+    }
+    // A peak follows the swept field: 32 TFLOP/s per PE is twice 16.
+    let peak = |i| {
+        pq.column("peak_gemm_gflops_f32")
+            .unwrap()
+            .values
+            .f64(i)
+            .unwrap()
+    };
+    assert_eq!(peak(1), 2.0 * peak(0));
+}
+
+/// The CSV and Parquet are written as a set: when one cannot be written
+/// (a full disk: the Parquet is a link to /dev/full), the other keeps its
+/// old content, and no temporary file is left.
+#[cfg(unix)]
+#[test]
+fn a_table_that_cannot_be_written_leaves_the_old_pair() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("s.csv"), "old\n").unwrap();
+    std::os::unix::fs::symlink("/dev/full", d.path().join("s.parquet")).unwrap();
+    let out = d.path().join("s");
+    let o = run(
+        "kb-sim",
+        &[
+            "sweep",
+            "-t",
+            "small",
+            "-b",
+            "copy",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("s.parquet"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("s.csv")).unwrap(),
+        "old\n"
+    );
+    let names: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
