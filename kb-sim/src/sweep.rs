@@ -17,13 +17,18 @@
 //! window). HBM channels (`hbm_channel`) are timed by the trace's channels
 //! chunk, whose intervals are service time: busy = held there. With
 //! `--verify` each trace is replayed by `kb-replay --verify` and the
-//! verdict recorded. `--traces DIR` keeps each point's trace.
+//! verdict recorded (a FAIL or an error fails the point: the sweep exits
+//! as kb-replay does, [`Summary::exit_code`]). `--traces DIR` keeps each
+//! point's trace. Every table carries the sweep's [`Provenance`] (its
+//! [`spec`] and [`sweep_id`]), the machine's [`Peaks`], and the workload,
+//! topology, seed and kb version of its runs.
 //!
-//! For clusters, `--emit-jobs DIR` writes the points as a job list
-//! (`jobs.txt`, one `kb-sim sweep --point I` command per line), a Slurm
-//! job-array script (`sweep.sbatch`) running line `$SLURM_ARRAY_TASK_ID`,
-//! and the directories their one-row tables and logs go to; `kb-inspect
-//! merge DIR/results/*.parquet -o sweep.parquet` joins the rows.
+//! For clusters, `--emit-jobs DIR` writes the sweep's command once
+//! (`jobs.txt`), a Slurm job-array script (`sweep.sbatch`) whose task runs
+//! [`Jobs::points_per_task`] points with `--point I`, `submit.sh` with one
+//! `sbatch` per array of at most [`Jobs::max_array_size`] tasks, and the
+//! directories their one-row tables and logs go to; `kb-inspect merge
+//! DIR/results/*.parquet -o sweep.parquet` joins the rows.
 
 // Public surface of the library: every public item is documented.
 #![warn(missing_docs)]
