@@ -89,6 +89,12 @@ check("sweep verdicts", list(s.verdict) == ["PASS"] * 4, str(list(s.verdict)))
 check("sweep sim_ns", s.sim_ns.dtype == "float64" and (s.sim_ns > 0).all())
 sc = pd.read_csv(f"{work}/sweep.csv")
 check("sweep csv = parquet", list(sc.sim_ns) == list(s.sim_ns) and list(sc.m) == list(s.m))
+floats = [c for c in s.columns if str(s[c].dtype) == "float64"]
+check("sweep csv float columns stay float", all(str(sc[c].dtype) == "float64" for c in floats),
+      str({c: str(sc[c].dtype) for c in floats if str(sc[c].dtype) != "float64"}))
+meta = pq.read_metadata(f"{work}/sweep.parquet").metadata
+check("sweep provenance metadata", meta[b"kb.sweep.id"].decode() == s.sweep_id[0] and b"kb.sweep.spec" in meta,
+      str(meta.keys()))
 check("sweep polars", pl.read_parquet(f"{work}/sweep.parquet").height == 4)
 best = duckdb.sql(f"select \"hbm.channel_bw_gbs\", m, sim_ns from '{work}/sweep.parquet' order by sim_ns limit 1").fetchall()[0]
 check("sweep duckdb", best is not None)

@@ -634,14 +634,15 @@ pub struct AtomicFile {
     signal_guard: Option<SignalGuard>,
 }
 
-/// Forgets the signal-time removal of an [`AtomicFile`]'s temporary file.
+/// Forgets the signal-time removal of an [`AtomicFile`]'s temporary file
+/// (its slot in [`crate::signals`]).
 #[derive(Debug)]
-struct SignalGuard;
+struct SignalGuard(usize);
 
 impl Drop for SignalGuard {
     fn drop(&mut self) {
         #[cfg(unix)]
-        crate::signals::forget();
+        crate::signals::forget(self.0);
     }
 }
 
@@ -753,16 +754,36 @@ impl AtomicFile {
 
     /// Remove the temporary file if SIGINT, SIGTERM or SIGHUP ends the
     /// process before [`commit`](Self::commit) or drop, exiting 128 + the
-    /// signal ([`crate::signals`]; unix; one file at a time: a later
-    /// registration replaces this one). A file written in place has
-    /// nothing to remove.
+    /// signal ([`crate::signals`]; unix; up to
+    /// [`SLOTS`](crate::signals::SLOTS) files at a time). A file written in
+    /// place has nothing to remove.
     pub fn remove_on_signal(mut self) -> AtomicFile {
         #[cfg(unix)]
-        if let Some(p) = self.temporary_path() {
-            crate::signals::remove_on_signal(p);
-            self.signal_guard = Some(SignalGuard);
+        if let Some(p) = self.temporary_path()
+            && let Some(slot) = crate::signals::remove_on_signal(p)
+        {
+            self.signal_guard = Some(SignalGuard(slot));
         }
         self
+    }
+
+    /// Commit `files` as a set: each is flushed and synced first, and only
+    /// when all are written are they renamed into place, one after
+    /// another. A file that cannot be written (a full disk) leaves every
+    /// target as it was, the temporary files removed.
+    pub fn commit_all(files: Vec<AtomicFile>) -> io::Result<()> {
+        let mut ready = Vec::with_capacity(files.len());
+        for mut f in files {
+            f.file.flush()?;
+            if let Destination::Temporary(t) = f.file.get_ref() {
+                t.as_file().sync_all()?;
+            }
+            ready.push(f);
+        }
+        for f in ready {
+            f.commit()?;
+        }
+        Ok(())
     }
 
     /// The temporary file being written, renamed to the target (or the

@@ -362,7 +362,10 @@ enum Cmd {
     #[command(
         after_help = "Columns are matched by name (missing ones are empty; types widen \
         integer -> float -> text where tables disagree). Rows are ordered by the `point` column \
-        when every table has one; a point in two tables is an error. Example, after a Slurm job \
+        when every table has one; a point in two tables is an error. Sweep tables carry their \
+        sweep's id and point count (sweep_id, sweep_points): tables of two sweeps are refused, \
+        and so is a merge missing some of the sweep's points unless --allow-missing (exit 2, \
+        nothing written). Example, after a Slurm job \
         array from kb-sim sweep --emit-jobs DIR: kb-inspect merge DIR/results/point-*.parquet \
         -o sweep.parquet"
     )]
@@ -373,6 +376,10 @@ enum Cmd {
         /// Output table: .parquet or .csv
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
+        /// Merge a sweep's tables even when some of its points have none (they are named
+        /// on stderr); without it a missing point is an error
+        #[arg(long)]
+        allow_missing: bool,
     },
     /// List the named tensors
     Tensors {
@@ -573,6 +580,13 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
             y,
         } => {
             let info = kb_inspect::plot::run(&input, x.as_deref(), &y, &output)?;
+            if info.skipped > 0 {
+                say!(
+                    "kb-inspect: warning: {} row{} left out: x or y is not finite (inf or NaN)",
+                    info.skipped,
+                    if info.skipped == 1 { "" } else { "s" }
+                );
+            }
             say!(
                 "kb-inspect: drew {} lines ({} points) to {}",
                 info.lines,
@@ -580,8 +594,12 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 output.display()
             );
         }
-        Cmd::Merge { tables, output } => {
-            let info = kb_inspect::merge::run(&tables, &output)?;
+        Cmd::Merge {
+            tables,
+            output,
+            allow_missing,
+        } => {
+            let info = kb_inspect::merge::run(&tables, &output, allow_missing)?;
             say!(
                 "kb-inspect: merged {} rows of {} tables ({} columns) into {}",
                 info.rows,
@@ -589,6 +607,13 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
                 info.columns,
                 output.display()
             );
+            if info.missing > 0 {
+                say!(
+                    "kb-inspect: warning: {} of the sweep's points have no table (--allow-missing): {}",
+                    info.missing,
+                    kb_inspect::merge::list(&info.missing_first, info.missing)
+                );
+            }
         }
         Cmd::Tensors { trace, format } => {
             tensor::list(

@@ -41,7 +41,61 @@ pub struct Chart {
     pub x_label: String,
     pub y_label: String,
     pub lines: Vec<Line>,
+    /// Rows left out because x or y is not finite (`inf`, `NaN`): an
+    /// axis cannot reach them (plotters looped forever on one).
+    pub skipped: usize,
+    /// A text x column's values: x is their index, ticked by name.
+    pub categories: Vec<String>,
 }
+
+/// A tick label: whole numbers without a point (`100000`, not
+/// `100000.0`), others to 4 significant digits, trailing zeros dropped.
+pub fn tick(v: f64) -> String {
+    if v == v.trunc() && v.abs() < 1e15 {
+        return format!("{}", v as i64);
+    }
+    let digits = (3 - v.abs().log10().floor() as i32).clamp(0, 12) as usize;
+    let s = format!("{v:.digits$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// An axis label for a table column: its name and, from its suffix, its
+/// unit (`kernel_ns` -> `kernel_ns (ns)`, `achieved_gbs` -> `(GB/s)`).
+pub fn axis_label(column: &str) -> String {
+    let unit = [
+        ("_ns", "ns"),
+        ("_gbs", "GB/s"),
+        ("_gflops", "GFLOP/s"),
+        ("_util", "fraction of the units' time"),
+        ("_s", "s"),
+        ("bytes", "bytes"),
+        ("flops", "FLOPs"),
+        ("intensity", "FLOPs per byte"),
+    ]
+    .iter()
+    .find(|(suffix, _)| column.ends_with(suffix))
+    .map(|(_, u)| *u);
+    match unit {
+        Some(u) => format!("{column} ({u})"),
+        None => column.to_string(),
+    }
+}
+
+/// Line colours: the Okabe-Ito palette (told apart with the common
+/// colour-vision deficiencies), its yellow left out (unreadable on white).
+pub const PALETTE: [RGBColor; 7] = [
+    RGBColor(0, 114, 178),
+    RGBColor(230, 159, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(213, 94, 0),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(0, 0, 0),
+];
 
 /// Chart size in pixels.
 pub const WIDTH: u32 = 960;
@@ -56,13 +110,17 @@ pub fn svg(c: &Chart) -> Result<String> {
         root.fill(&WHITE).map_err(|e| err(&e))?;
         let pts = c.lines.iter().flat_map(|l| l.points.iter());
         let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
-        for &(x, y) in pts {
+        for &(x, y) in pts.filter(|(x, y)| x.is_finite() && y.is_finite()) {
             x0 = x0.min(x);
             x1 = x1.max(x);
             y1 = y1.max(y);
         }
         if !x0.is_finite() {
             (x0, x1) = (0.0, 1.0);
+        }
+        if !c.categories.is_empty() {
+            // Categories sit half a step in from the edges.
+            (x0, x1) = (-0.5, c.categories.len() as f64 - 0.5);
         }
         if x1 <= x0 {
             x1 = x0 + 1.0;
@@ -81,18 +139,36 @@ pub fn svg(c: &Chart) -> Result<String> {
             .configure_mesh()
             .x_desc(c.x_label.as_str())
             .y_desc(c.y_label.as_str())
+            .x_label_formatter(&|v| {
+                if c.categories.is_empty() {
+                    tick(*v)
+                } else if v.fract() == 0.0 && *v >= 0.0 {
+                    c.categories.get(*v as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|v| tick(*v))
             .draw()
             .map_err(|e| err(&e))?;
         for (i, l) in c.lines.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+            let color = PALETTE[i % PALETTE.len()].to_rgba();
+            let finite = || {
+                l.points
+                    .iter()
+                    .copied()
+                    .filter(|(x, y)| x.is_finite() && y.is_finite())
+            };
             chart
-                .draw_series(LineSeries::new(
-                    l.points.iter().copied(),
-                    color.stroke_width(2),
-                ))
+                .draw_series(LineSeries::new(finite(), color.stroke_width(2)))
                 .map_err(|e| err(&e))?
                 .label(l.name.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            // A marker on every point: values are where the data is, the
+            // lines only join them.
+            chart
+                .draw_series(finite().map(|p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| err(&e))?;
         }
         if !c.lines.is_empty() {
             chart
@@ -192,6 +268,8 @@ pub fn utilisation(input: &Input) -> Result<Chart> {
         x_label: format!("simulated time (ns; bins of {} ns)", width / 1000.0),
         y_label: "busy units (%)".into(),
         lines,
+        skipped: 0,
+        categories: Vec::new(),
     })
 }
 
@@ -250,11 +328,22 @@ pub fn sweep_chart(t: &Table, name: &str, x: Option<&str>, y: &str) -> Result<Ch
     if matches!(yc.values, Values::Str(_)) {
         return Err(Error::usage(format!("{name}: column {y} is not numeric")));
     }
-    let others: Vec<String> = swept.iter().filter(|c| **c != x).cloned().collect();
+    // The legend names only the swept columns that vary: one value for
+    // every row says nothing about a line.
+    let others: Vec<String> = swept
+        .iter()
+        .filter(|c| **c != x)
+        .filter(|c| {
+            let v = &t.column(c).expect("listed").values;
+            (1..t.rows()).any(|i| v.text(i) != v.text(0))
+        })
+        .cloned()
+        .collect();
     let mut lines: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let mut order: Vec<String> = Vec::new();
     let xs_numeric = !matches!(xc.values, Values::Str(_));
     let mut x_names: Vec<String> = Vec::new();
+    let mut skipped = 0;
     for i in 0..t.rows() {
         let key = others
             .iter()
@@ -274,6 +363,10 @@ pub fn sweep_chart(t: &Table, name: &str, x: Option<&str>, y: &str) -> Result<Ch
         let (Some(xv), Some(yv)) = (xv, yc.values.f64(i)) else {
             continue; // a failed point has no metrics
         };
+        if !xv.is_finite() || !yv.is_finite() {
+            skipped += 1;
+            continue;
+        }
         if !lines.contains_key(&key) {
             order.push(key.clone());
         }
@@ -290,16 +383,14 @@ pub fn sweep_chart(t: &Table, name: &str, x: Option<&str>, y: &str) -> Result<Ch
             }
         })
         .collect();
-    let x_label = if xs_numeric {
-        x.clone()
-    } else {
-        format!("{x} ({})", x_names.join(", "))
-    };
+    let x_label = axis_label(&x);
     Ok(Chart {
         title: format!("{y} against {x}: {name}"),
         x_label,
-        y_label: y.to_string(),
+        y_label: axis_label(y),
         lines,
+        skipped,
+        categories: if xs_numeric { Vec::new() } else { x_names },
     })
 }
 
@@ -320,6 +411,8 @@ pub fn is_table(path: &str) -> bool {
 pub struct Info {
     pub lines: usize,
     pub points: usize,
+    /// Rows not drawn: x or y not finite ([`Chart::skipped`]).
+    pub skipped: usize,
 }
 
 /// `plot INPUT -o FILE.svg`: a sweep table's `y` against `x`, or a trace's
@@ -344,6 +437,7 @@ pub fn run(input: &str, x: Option<&str>, y: &str, out: &Path) -> Result<Info> {
     Ok(Info {
         lines: chart.lines.len(),
         points: chart.lines.iter().map(|l| l.points.len()).sum(),
+        skipped: chart.skipped,
     })
 }
 
@@ -402,7 +496,8 @@ mod tests {
             info,
             Info {
                 lines: 5,
-                points: 50
+                points: 50,
+                skipped: 0
             }
         );
         let svg = std::fs::read_to_string(&out).unwrap();
@@ -417,6 +512,77 @@ mod tests {
         for n in names {
             assert!(svg.contains(n), "legend {n}");
         }
+    }
+
+    /// A text column on x is categorical: one tick per value, named.
+    #[test]
+    fn a_text_x_column_is_ticked_by_name() {
+        let mut t = Table::default();
+        t.push("point", Values::U64((0..3).map(Some).collect()));
+        t.push(
+            "algorithm",
+            Values::Str(
+                ["ring", "tree", "direct"]
+                    .map(|s| Some(s.to_string()))
+                    .to_vec(),
+            ),
+        );
+        t.push("status", Values::Str(vec![Some("ok".into()); 3]));
+        t.push("sim_ns", Values::F64(vec![Some(5.0), Some(7.0), Some(6.0)]));
+        let c = sweep_chart(&t, "t.csv", None, "sim_ns").unwrap();
+        assert_eq!(c.categories, ["ring", "tree", "direct"]);
+        assert_eq!(c.lines[0].points, [(0.0, 5.0), (1.0, 7.0), (2.0, 6.0)]);
+        let text = svg(&c).unwrap();
+        // The text of every <text> element.
+        let labels: Vec<&str> = text
+            .split("</text>")
+            .filter_map(|part| part.rsplit_once('>').map(|(_, t)| t.trim()))
+            .collect();
+        for name in ["ring", "tree", "direct"] {
+            assert!(labels.contains(&name), "{name} not a tick: {labels:?}");
+        }
+        // No numeric ticks on a categorical axis.
+        assert!(
+            !labels.contains(&"0.5") && !labels.contains(&"-0.5"),
+            "{labels:?}"
+        );
+    }
+
+    #[test]
+    fn ticks_and_labels_read_as_numbers_with_units() {
+        assert_eq!(tick(100000.0), "100000");
+        assert_eq!(tick(0.0), "0");
+        assert_eq!(tick(2.5), "2.5");
+        assert_eq!(tick(0.125), "0.125");
+        assert_eq!(tick(1234.5678), "1235");
+        assert_eq!(tick(0.000123456), "0.0001235");
+        assert_eq!(axis_label("kernel_ns"), "kernel_ns (ns)");
+        assert_eq!(axis_label("achieved_gflops"), "achieved_gflops (GFLOP/s)");
+        assert_eq!(axis_label("m"), "m");
+    }
+
+    /// `inf` or `NaN` in a column: those rows are left out (counted), the
+    /// rest drawn; plotters looped forever on an infinite axis.
+    #[test]
+    fn non_finite_values_are_skipped_not_drawn() {
+        let mut t = Table::default();
+        t.push("point", Values::U64((0..4).map(Some).collect()));
+        t.push(
+            "bw",
+            Values::F64(vec![Some(8.0), Some(16.0), Some(f64::INFINITY), Some(64.0)]),
+        );
+        t.push("status", Values::Str(vec![Some("ok".into()); 4]));
+        t.push(
+            "sim_ns",
+            Values::F64(vec![Some(3.0), Some(f64::NAN), Some(2.0), Some(1.0)]),
+        );
+        let c = sweep_chart(&t, "t.csv", None, "sim_ns").unwrap();
+        assert_eq!(c.skipped, 2);
+        assert_eq!(c.lines.len(), 1);
+        assert_eq!(c.lines[0].points, [(8.0, 3.0), (64.0, 1.0)]);
+        // Drawn, at its size (an infinite point hung here before).
+        let text = svg(&c).unwrap();
+        assert_eq!(shape(&text).0, (WIDTH, HEIGHT));
     }
 
     #[test]
@@ -445,7 +611,8 @@ mod tests {
         );
         assert_eq!(swept_columns(&t), ["hbm.channel_bw_gbs", "m"]);
         let c = sweep_chart(&t, "t", None, "sim_ns").unwrap();
-        assert_eq!(c.x_label, "hbm.channel_bw_gbs");
+        assert_eq!(c.x_label, "hbm.channel_bw_gbs (GB/s)");
+        assert_eq!(c.y_label, "sim_ns (ns)");
         assert_eq!(c.lines.len(), 2);
         assert_eq!(c.lines[0].name, "m=64");
         assert_eq!(
@@ -456,6 +623,19 @@ mod tests {
         assert_eq!(c.lines[1].points, [(16.0, 600.0), (64.0, 290.0)]);
         let c = sweep_chart(&t, "t", Some("m"), "sim_ns").unwrap();
         assert_eq!(c.lines.len(), 3);
+        // A swept column with one value is not in the legend.
+        let mut one = t.clone();
+        one.columns.insert(
+            2,
+            kb_table::Column {
+                name: "dtype".into(),
+                values: Values::Str(vec![Some("f16".into()); 6]),
+            },
+        );
+        assert_eq!(swept_columns(&one), ["hbm.channel_bw_gbs", "dtype", "m"]);
+        let c = sweep_chart(&one, "t", None, "sim_ns").unwrap();
+        let names: Vec<&str> = c.lines.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["m=64", "m=128"]);
         assert!(sweep_chart(&t, "t", Some("nope"), "sim_ns").is_err());
         assert!(sweep_chart(&t, "t", None, "status").is_err());
         let d = tempfile::tempdir().unwrap();
@@ -467,7 +647,8 @@ mod tests {
             info,
             Info {
                 lines: 2,
-                points: 5
+                points: 5,
+                skipped: 0
             }
         );
         let svg = std::fs::read_to_string(&out).unwrap();
@@ -481,6 +662,14 @@ mod tests {
             "{polylines:?}"
         );
         assert!(svg.contains("m=64") && svg.contains("m=128") && svg.contains("sim_ns"));
+        // A marker per point, in the colour-blind-safe palette's first
+        // two colours.
+        assert_eq!(svg.matches("<circle").count(), 5, "{svg}");
+        let lower = svg.to_ascii_lowercase();
+        assert!(
+            lower.contains("#0072b2") && lower.contains("#e69f00"),
+            "{svg}"
+        );
         // Not an SVG name: refused before anything is written.
         assert!(
             run(

@@ -312,9 +312,12 @@ fn write_report(target: &Path, report: &Report) -> Result<()> {
     text.push('\n');
     if target == Path::new("-") {
         let mut out = std::io::stdout().lock();
-        out.write_all(text.as_bytes())
-            .and_then(|_| out.flush())
-            .map_err(|e| Error::file(Path::new("<stdout>"), e))
+        match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+            // A reader that has gone (`--report - | head -1`) took what it
+            // wanted: not an error, and the verdict still decides the exit.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            r => r.map_err(|e| Error::file(Path::new("<stdout>"), e)),
+        }
     } else {
         let mut f = kb_format::AtomicFile::create(target)
             .map_err(|e| Error::file(target, e))?
@@ -345,7 +348,7 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
     if let Some(n) = cfg.threads.filter(|&n| n > max_threads())
         && !cfg.quiet
     {
-        eprintln!(
+        crate::say!(
             "kb-replay: --threads {n} capped at {} ({THREADS_PER_CORE} per available core)",
             max_threads()
         );
@@ -366,7 +369,7 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
     let stats = loaded.stats.clone();
     let verifying = cfg.verify || !expect.is_empty();
     if !verifying && cfg.tolerance != TolerancePolicy::default() && !cfg.quiet {
-        eprintln!(
+        crate::say!(
             "kb-replay: --atol, --rtol and --strict-tolerance apply to verification; without --verify or --expect they do nothing"
         );
     }

@@ -34,6 +34,16 @@
 //! # Ok::<(), kb_replay::Error>(())
 //! ```
 
+/// `eprintln!` that never panics: a message on stderr is not worth a
+/// panic when its reader has gone (`2>&1 | head -1`).
+#[macro_export]
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 pub mod app;
 pub mod backend;
 pub mod bounds;

@@ -150,7 +150,7 @@ fn main() -> ExitCode {
         Some(p) if p.as_os_str() == "-" => Input::Stdin,
         Some(p) => Input::Path(p),
         None if std::io::stdin().is_terminal() => {
-            eprintln!(
+            kb_replay::say!(
                 "kb-replay: no trace given and stdin is a terminal; pass a TRACE path or pipe a \
                  trace in (see --help)"
             );
@@ -181,14 +181,14 @@ fn main() -> ExitCode {
         },
     };
     let Some(backend) = backend::by_name(&args.backend) else {
-        eprintln!("kb-replay: unknown backend {:?}", args.backend);
+        kb_replay::say!("kb-replay: unknown backend {:?}", args.backend);
         return ExitCode::from(2);
     };
     match app::run(&cfg, backend.as_ref()) {
         Ok(report) if report.pass() => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("kb-replay: {}", e.message(&cfg.input.name()));
+            kb_replay::say!("kb-replay: {}", e.message(&cfg.input.name()));
             match e {
                 kb_replay::error::Error::Intermediate { .. } => ExitCode::from(1),
                 _ => ExitCode::from(2),

@@ -22,7 +22,7 @@ use crate::run::{RunConfig, run_with_progress};
 use crate::topology::{AddressModel, EMBEDDED, Topology};
 use crate::workload::{Reference, Workload};
 
-const EXIT_CODES: &str = "Exit codes: 0 success; 2 error (bad flags, topology, benchmark parameters, or a failed simulation).";
+const EXIT_CODES: &str = "Exit codes: 0 success; 1 sweep: a point failed kb-replay --verify (and none had an error); 2 error (bad flags, topology, benchmark parameters, a failed simulation; sweep: a point that failed to run or to verify).";
 
 /// Phase 1 of kb: simulate a kernel on the modelled accelerator and write a trace.
 ///
@@ -85,12 +85,23 @@ useful_flops (padding of edge tiles left out), achieved_gflops (useful) and exec
 (union of each unit's active intervals, when it computes or transfers, in the kernel window,
 summed), K_util (busy / (units x kernel_ns)), K_held_ns (union of its op spans, waiting
 included) and K_held_util (held / (units x kernel_ns)), verdict (with --verify: PASS, FAIL or ERROR from kb-replay),
-trace (with --traces) and wall_s. A point that fails keeps its row (status error: ...,
-metrics empty) and the sweep exits 2 after writing the table.
+trace (with --traces), wall_s, and the sweep's provenance: sweep_id (a hash of its spec: the
+workload, seed, base topology, axes and inputs) and sweep_points (the Parquet file's metadata
+holds the spec too). A point that fails keeps its row (status error: ... or fail: ..., metrics
+empty on an error) and the table is written; the sweep then exits 2 when a point had an error
+(its run, or kb-replay ERROR), else 1 when a point failed verification (kb-replay FAIL), as
+kb-replay --verify does.
 
-Clusters: --emit-jobs DIR writes DIR/jobs.txt (one command per point), DIR/sweep.sbatch (a
-Slurm job array running them: sbatch DIR/sweep.sbatch) and DIR/results/, and runs nothing;
-then kb-inspect merge DIR/results/point-*.parquet -o sweep.parquet joins the rows.";
+More than 100,000 points are refused without --force (exit 2). SIGINT, SIGTERM and SIGHUP
+stop the points running (their partial and temporary traces removed), write no table and exit
+128 + the signal. The CSV and Parquet tables are written as a set: both or neither.
+
+Clusters: --emit-jobs DIR writes DIR/jobs.txt (the sweep's command, once), DIR/sweep.sbatch (a
+Slurm job array: task T runs --points-per-task points, each `--point I -o
+DIR/results/point-NNNN`), DIR/submit.sh (one sbatch per array of at most --max-array-size
+tasks), DIR/results/ and DIR/logs/, with absolute, quoted paths, and runs nothing; --time,
+--mem and --sbatch add #SBATCH lines. Then kb-inspect merge DIR/results/point-*.parquet -o
+sweep.parquet joins the rows (refusing missing points and other sweeps' tables).";
 
 #[derive(Debug, Args)]
 struct SweepArgs {
@@ -116,9 +127,13 @@ struct SweepArgs {
     /// Data races: warn, error or off (every point).
     #[arg(long, default_value = "warn", value_parser = parse_races_name)]
     races: String,
-    /// Points run at once (default: the number of cores).
+    /// Points run at once (default: the number of cores; at most 4 per core,
+    /// larger counts are capped with a note).
     #[arg(short, long)]
     jobs: Option<usize>,
+    /// Run (or emit) a sweep of more than 100,000 points (refused without it).
+    #[arg(long)]
+    force: bool,
     /// Keep each point's trace in DIR (point-NNNN.kbt).
     #[arg(long, value_name = "DIR")]
     traces: Option<PathBuf>,
@@ -137,6 +152,27 @@ struct SweepArgs {
     /// Write the points as a job list and a Slurm job-array script in DIR; run nothing.
     #[arg(long, value_name = "DIR")]
     emit_jobs: Option<PathBuf>,
+    /// --emit-jobs: points each array task runs, one after another.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "emit_jobs")]
+    points_per_task: usize,
+    /// --emit-jobs: the most tasks in one job array (Slurm's MaxArraySize is 1001 by
+    /// default); more tasks are submitted as several arrays by DIR/submit.sh.
+    #[arg(long, value_name = "N", default_value_t = 1000, requires = "emit_jobs")]
+    max_array_size: usize,
+    /// --emit-jobs: each task's time limit (#SBATCH --time=TIME, e.g. 00:30:00).
+    #[arg(long, value_name = "TIME", requires = "emit_jobs")]
+    time: Option<String>,
+    /// --emit-jobs: each task's memory (#SBATCH --mem=MEM, e.g. 4G).
+    #[arg(long, value_name = "MEM", requires = "emit_jobs")]
+    mem: Option<String>,
+    /// --emit-jobs: another #SBATCH line, as given (--sbatch=--partition=batch); repeatable.
+    #[arg(
+        long,
+        value_name = "OPTION",
+        allow_hyphen_values = true,
+        requires = "emit_jobs"
+    )]
+    sbatch: Vec<String>,
 }
 
 fn parse_races_name(s: &str) -> Result<String, String> {
@@ -241,7 +277,7 @@ pub fn main(workloads: Vec<Box<dyn Workload>>) -> ExitCode {
             sets,
             fields,
         }) => cmd_topology(&topology, &sets, fields),
-        Some(Cmd::Sweep(a)) => cmd_sweep(a),
+        Some(Cmd::Sweep(a)) => return exit(cmd_sweep(a, &workloads)),
         Some(Cmd::Probe {
             topology,
             from,
@@ -249,8 +285,14 @@ pub fn main(workloads: Vec<Box<dyn Workload>>) -> ExitCode {
             bytes,
         }) => cmd_probe(&topology, &from, &to, bytes),
     };
+    exit(result.map(|()| 0))
+}
+
+/// The exit code of a command's result: its own, or 2 with the error on
+/// stderr.
+fn exit(result: Result<u8, String>) -> ExitCode {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             say!("kb-sim: {e}");
             ExitCode::from(2)
@@ -348,10 +390,17 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
             return Err("refusing to write a binary trace to a terminal: pipe it (kb-sim | kb-replay --verify) or use -o FILE".into());
         }
         let out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-        let (mut out, report) =
-            run_with_progress(&cfg, workload, out, tell).map_err(|e| e.to_string())?;
-        out.flush()
-            .map_err(|e| format!("writing the trace to stdout: {e}"))?;
+        // A reader that has gone (`kb-sim | head -c 5`) took what it
+        // wanted: the run stops there, quietly, with exit 0 (as the text
+        // commands do).
+        let (mut out, report) = match run_with_progress(&cfg, workload, out, tell) {
+            Err(e) if broken_pipe(&e) => return Ok(()),
+            r => r.map_err(|e| e.to_string())?,
+        };
+        match out.flush() {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            r => r.map_err(|e| format!("writing the trace to stdout: {e}"))?,
+        }
         report
     } else {
         let path = a.output.as_ref().expect("checked");
@@ -455,6 +504,20 @@ fn cmd_run(a: RunArgs, workloads: &[Box<dyn Workload>]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether `e` or an error it wraps is a write to a closed pipe.
+fn broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// The summary's fabric lines: for each collective launch and for the
@@ -573,7 +636,21 @@ fn emit(text: &str) -> Result<(), String> {
     }
 }
 
-fn cmd_sweep(a: SweepArgs) -> Result<(), String> {
+fn cmd_sweep(a: SweepArgs, workloads: &[Box<dyn Workload>]) -> Result<u8, String> {
+    let bench = match &a.bench {
+        None => workloads.first(),
+        Some(name) => workloads.iter().find(|w| w.name() == name),
+    }
+    .ok_or_else(|| {
+        let names: Vec<&str> = workloads.iter().map(|w| w.name()).collect();
+        format!(
+            "-b: unknown workload {:?} (known: {})",
+            a.bench.as_deref().unwrap_or(""),
+            names.join(", ")
+        )
+    })?
+    .name()
+    .to_string();
     let mut axes = Vec::new();
     for s in &a.sets {
         axes.push(crate::sweep::Axis::parse(s, true)?);
@@ -584,7 +661,7 @@ fn cmd_sweep(a: SweepArgs) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("sweep: this executable: {e}"))?;
     let cfg = crate::sweep::SweepConfig {
         topology: a.topology,
-        bench: a.bench,
+        bench,
         seed: a.seed,
         axes,
         inputs: a.inputs,
@@ -592,6 +669,7 @@ fn cmd_sweep(a: SweepArgs) -> Result<(), String> {
         jobs: a
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        force: a.force,
         traces: a.traces,
         verify: a.verify,
         replay: a.replay,
@@ -599,23 +677,45 @@ fn cmd_sweep(a: SweepArgs) -> Result<(), String> {
         point: a.point,
         exe,
     };
-    if let Some(dir) = &a.emit_jobs {
-        let n = crate::sweep::emit_jobs(&cfg, dir)?;
+    if let Some(j) = a.jobs.filter(|&j| j > crate::sweep::max_jobs()) {
         say!(
-            "kb-sim sweep: wrote {n} jobs to {0}/jobs.txt and the Slurm job array {0}/sweep.sbatch; \
-             submit it with `sbatch {0}/sweep.sbatch`, then join the rows with \
-             `kb-inspect merge {0}/results/point-*.parquet -o sweep.parquet`",
-            dir.display()
+            "kb-sim sweep: -j {j} capped at {} ({} per available core)",
+            crate::sweep::max_jobs(),
+            crate::sweep::JOBS_PER_CORE
         );
-        return Ok(());
     }
-    match crate::sweep::run(&cfg)? {
-        0 => Ok(()),
-        n => Err(format!(
-            "{n} point{} failed (their rows say why)",
-            if n == 1 { "" } else { "s" }
-        )),
+    if let Some(dir) = &a.emit_jobs {
+        let jobs = crate::sweep::Jobs {
+            points_per_task: a.points_per_task,
+            max_array_size: a.max_array_size,
+            time: a.time,
+            mem: a.mem,
+            sbatch: a.sbatch,
+        };
+        let (n, arrays) = crate::sweep::emit_jobs(&cfg, dir, &jobs)?;
+        say!(
+            "kb-sim sweep: wrote the sweep of {n} points to {d}/jobs.txt, the Slurm job array \
+             {d}/sweep.sbatch ({ppt} points per task) and {d}/submit.sh ({arrays} array{s} of at \
+             most {max} tasks); submit with `{d}/submit.sh`, then join the rows with \
+             `kb-inspect merge {d}/results/point-*.parquet -o sweep.parquet`",
+            d = dir.display(),
+            ppt = jobs.points_per_task,
+            s = if arrays == 1 { "" } else { "s" },
+            max = jobs.max_array_size,
+        );
+        return Ok(0);
     }
+    let summary = crate::sweep::run(&cfg)?;
+    let code = summary.exit_code();
+    if code != 0 && summary.signal.is_none() {
+        let n = summary.errors + summary.fails;
+        say!(
+            "kb-sim: {n} of {} point{} failed (their rows' status says why); exit {code}",
+            summary.points,
+            if summary.points == 1 { "" } else { "s" }
+        );
+    }
+    Ok(code)
 }
 
 fn cmd_topology(name: &str, sets: &[(String, String)], fields: bool) -> Result<(), String> {

@@ -23,6 +23,7 @@ use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::basic::Compression;
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 /// An error reading or writing a table; the message names the file and,
@@ -139,6 +140,17 @@ pub fn fmt_f64(x: f64) -> String {
     format!("{x}")
 }
 
+/// A float as CSV text: [`fmt_f64`], with `.0` added to a finite whole
+/// number written without a point or exponent (`3` -> `3.0`).
+pub fn csv_f64(x: f64) -> String {
+    let s = fmt_f64(x);
+    if x.is_finite() && !s.contains(['.', 'e', 'E']) {
+        s + ".0"
+    } else {
+        s
+    }
+}
+
 /// One named column.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Column {
@@ -146,10 +158,15 @@ pub struct Column {
     pub values: Values,
 }
 
-/// Columns of equal length.
+/// Columns of equal length, and key-value metadata (what produced the
+/// table: `kb-sim sweep` stores its sweep id and spec there).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Table {
     pub columns: Vec<Column>,
+    /// Key-value metadata, in order: Parquet keeps it in the file's
+    /// key-value metadata; CSV has nowhere to keep it (a table that needs
+    /// it in CSV too puts it in columns).
+    pub meta: Vec<(String, String)>,
 }
 
 impl Table {
@@ -182,7 +199,13 @@ impl Table {
             let row: Vec<String> = self
                 .columns
                 .iter()
-                .map(|c| csv_field(&c.values.text(i)))
+                .map(|c| match &c.values {
+                    // A float column's whole values keep a point (`3.0`),
+                    // so readers (kb-table, pandas) type the CSV column as
+                    // the Parquet one: a float, whatever its values.
+                    Values::F64(v) => v[i].map_or(String::new(), csv_f64),
+                    v => csv_field(&v.text(i)),
+                })
                 .collect();
             writeln!(w, "{}", row.join(","))?;
         }
@@ -215,8 +238,14 @@ impl Table {
         let fmt = |e: parquet::errors::ParquetError| Error::Format(format!("parquet: {e}"));
         let batch = RecordBatch::try_new(schema.clone(), arrays)
             .map_err(|e| Error::Format(format!("parquet: {e}")))?;
+        let kv: Vec<KeyValue> = self
+            .meta
+            .iter()
+            .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+            .collect();
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
+            .set_key_value_metadata((!kv.is_empty()).then_some(kv))
             .build();
         let mut writer = ArrowWriter::try_new(w, schema, Some(props)).map_err(fmt)?;
         writer.write(&batch).map_err(fmt)?;
@@ -227,7 +256,34 @@ impl Table {
     /// Parquet when it ends in `.parquet`, else CSV.
     pub fn save(&self, path: &Path) -> Result<()> {
         let what = |e: io::Error| Error::Io(format!("writing {}: {e}", path.display()), e);
-        let mut f = kb_format::AtomicFile::create(path).map_err(what)?;
+        self.write_file(path)?.commit().map_err(what)
+    }
+
+    /// Write tables as a set (a sweep's CSV and Parquet): each in full to
+    /// a temporary file (removed on SIGINT, SIGTERM or SIGHUP) before any
+    /// is renamed into place, so a failure while writing (a full disk)
+    /// leaves every older file as it was, never a new one beside a stale
+    /// one.
+    pub fn save_set(tables: &[(&Table, &Path)]) -> Result<()> {
+        let mut files = Vec::with_capacity(tables.len());
+        for (t, path) in tables {
+            files.push(t.write_file(path)?);
+        }
+        let names: Vec<String> = tables
+            .iter()
+            .map(|(_, p)| p.display().to_string())
+            .collect();
+        kb_format::AtomicFile::commit_all(files)
+            .map_err(|e| Error::Io(format!("writing {}: {e}", names.join(" and ")), e))
+    }
+
+    /// The table written to a temporary file for `path`, not yet
+    /// committed.
+    fn write_file(&self, path: &Path) -> Result<kb_format::AtomicFile> {
+        let what = |e: io::Error| Error::Io(format!("writing {}: {e}", path.display()), e);
+        let mut f = kb_format::AtomicFile::create(path)
+            .map_err(what)?
+            .remove_on_signal();
         if is_parquet(path) {
             f = self.write_parquet(f).map_err(|e| match e {
                 Error::Format(m) => Error::Format(format!("writing {}: {m}", path.display())),
@@ -239,7 +295,7 @@ impl Table {
             b.flush().map_err(what)?;
             drop(b);
         }
-        f.commit().map_err(what)
+        Ok(f)
     }
 
     /// Read a table written by [`Table::save`] (or any Parquet file whose
@@ -293,10 +349,19 @@ impl Table {
         // table column type (integers, floats, strings) is a plain Parquet
         // type anyway.
         let options = ArrowReaderOptions::new().with_skip_arrow_metadata(true);
-        let reader = ParquetRecordBatchReaderBuilder::try_new_with_options(f, options)
-            .map_err(|e| fmt(&e))?
-            .build()
+        let builder = ParquetRecordBatchReaderBuilder::try_new_with_options(f, options)
             .map_err(|e| fmt(&e))?;
+        // The writer's key-value metadata, less the Arrow schema it embeds.
+        let meta: Vec<(String, String)> = builder
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .into_iter()
+            .flatten()
+            .filter(|kv| kv.key != "ARROW:schema")
+            .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
+            .collect();
+        let reader = builder.build().map_err(|e| fmt(&e))?;
         let mut t: Option<Table> = None;
         for batch in reader {
             let batch = batch.map_err(|e| fmt(&e))?;
@@ -322,7 +387,17 @@ impl Table {
                 }
             });
         }
-        Ok(t.unwrap_or_default())
+        let mut t = t.unwrap_or_default();
+        t.meta = meta;
+        Ok(t)
+    }
+
+    /// The value of metadata key `key`.
+    pub fn meta(&self, key: &str) -> Option<&str> {
+        self.meta
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Read CSV text (the first line names the columns).
@@ -362,7 +437,12 @@ impl Table {
     /// Rows of `tables` one after another, columns joined by name (in
     /// first-seen order; a column a table lacks is null there; types widen
     /// u64 -> f64 -> str where tables disagree).
+    /// The metadata is the tables' when they all have the same, else none.
     pub fn concat(tables: Vec<Table>) -> Table {
+        let meta = match tables.split_first() {
+            Some((first, rest)) if rest.iter().all(|t| t.meta == first.meta) => first.meta.clone(),
+            _ => Vec::new(),
+        };
         let mut names: Vec<String> = Vec::new();
         let mut kinds: Vec<Values> = Vec::new();
         for t in &tables {
@@ -394,6 +474,7 @@ impl Table {
                 .zip(out)
                 .map(|(name, values)| Column { name, values })
                 .collect(),
+            meta,
         }
     }
 
@@ -604,14 +685,48 @@ mod tests {
             t.save(&p).unwrap();
             assert_eq!(Table::load(&p).unwrap(), t, "{f}");
         }
+        // Parquet keeps key-value metadata (in order); CSV drops it.
+        let mut m = t.clone();
+        m.meta = vec![("kb.b".into(), "2".into()), ("kb.a".into(), "x y".into())];
+        let p = d.path().join("m.parquet");
+        m.save(&p).unwrap();
+        let back = Table::load(&p).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.meta("kb.a"), Some("x y"));
+        assert_eq!(back.meta("kb.c"), None);
+        std::fs::remove_file(&p).unwrap();
         let mut csv = Vec::new();
         t.write_csv(&mut csv).unwrap();
         assert_eq!(
             String::from_utf8(csv).unwrap(),
-            "point,hbm.channel_bw_gbs,verdict\n0,16,PASS\n1,32.5,\n2,,\"a,\"\"b\"\"\"\n"
+            "point,hbm.channel_bw_gbs,verdict\n0,16.0,PASS\n1,32.5,\n2,,\"a,\"\"b\"\"\"\n"
         );
         // Nothing but the two files: no temporary left behind.
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+
+    /// A float column whose values are all whole (busy times in whole ns)
+    /// reads back from CSV as floats, the type Parquet keeps.
+    #[test]
+    fn whole_floats_stay_floats_through_csv() {
+        let mut t = Table::default();
+        t.push(
+            "hbm_channel_busy_ns",
+            Values::F64(vec![Some(1234.0), Some(0.0), None]),
+        );
+        t.push(
+            "big",
+            Values::F64(vec![Some(1e20), Some(-3.0), Some(f64::INFINITY)]),
+        );
+        let mut csv = Vec::new();
+        t.write_csv(&mut csv).unwrap();
+        let text = String::from_utf8(csv).unwrap();
+        assert_eq!(
+            text,
+            "hbm_channel_busy_ns,big\n1234.0,100000000000000000000.0\n0.0,-3.0\n,inf\n"
+        );
+        let back = Table::read_csv(&text, "t.csv").unwrap();
+        assert_eq!(back, t);
     }
 
     #[test]

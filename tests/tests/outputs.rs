@@ -164,6 +164,79 @@ fn text_commands_survive_a_closed_stdout() {
     }
 }
 
+/// kb-replay and kb-inspect too: output to a reader that has gone (a pipe
+/// closed before they start, and a real `| head -c 5` that closes it
+/// after a few bytes) ends them quietly with their usual status, and a
+/// closed stderr never panics them either (kb-replay's errors went through
+/// `eprintln!`, which panics there).
+#[test]
+fn every_tool_survives_a_closed_stdout_or_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t.kbt");
+    let o = run(
+        "kb-sim",
+        &["-q", "-t", "small", "-b", "gemm", "-o", t.to_str().unwrap()],
+        b"",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = t.to_str().unwrap();
+    let cases: [(&str, Vec<&str>, i32); 6] = [
+        ("kb-sim", vec!["-q", "-t", "small", "-b", "gemm"], 0),
+        ("kb-replay", vec![t, "--verify", "--report", "-"], 0),
+        ("kb-inspect", vec!["ops", t], 0),
+        ("kb-inspect", vec!["summary", t], 0),
+        ("kb-inspect", vec!["--help"], 0),
+        ("kb-sim", vec!["topology", "large", "--fields"], 0),
+    ];
+    for (tool, args, code) in &cases {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(bin(tool))
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(*code), "{tool} {args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{tool} {args:?}: {err}"
+        );
+        // A real pipe that its reader closes after 5 bytes.
+        let cmd = format!(
+            "{} {} | head -c 5 >/dev/null; echo \"rc=${{PIPESTATUS[0]}}\"",
+            bin(tool).display(),
+            args.join(" ")
+        );
+        let o = Command::new("bash").args(["-c", &cmd]).output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(text.contains(&format!("rc={code}")), "{cmd}: {text} {err}");
+        assert!(!err.contains("panicked"), "{cmd}: {err}");
+    }
+    // A closed stderr: kb-replay's error (a missing trace) exits 2 with
+    // no panic, and a clean replay exits 0.
+    for (args, code) in [
+        (vec!["/nonexistent.kbt", "--verify"], 2),
+        (vec![t, "--verify", "-j", "1000000"], 0),
+    ] {
+        let mut child = Command::new(bin("kb-replay"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stderr.take());
+        assert_eq!(
+            child.wait().unwrap().code(),
+            Some(code),
+            "kb-replay {args:?}"
+        );
+    }
+}
+
 /// Long commands say where they are on a terminal, and nothing in a pipe:
 /// kb-sim's spinner (simulated time, records) and kb-replay's verification
 /// spinner (which output's reference it computes).

@@ -261,14 +261,42 @@ fn set_overrides_are_validated_and_recorded() {
     assert!(!d.path().join("sw.csv").exists() && !d.path().join("sw.parquet").exists());
 }
 
+/// A stand-in for Slurm's `sbatch`: runs every task of `--array=A-B` of
+/// the script, one after another, with the `--export`ed variable set, as
+/// the nodes would (from wherever it is called).
+const FAKE_SBATCH: &str = r#"#!/usr/bin/env bash
+set -u
+for a in "$@"; do
+    case $a in
+        --array=*) r=${a#--array=} ;;
+        --export=ALL,*) e=${a#--export=ALL,} ;;
+        *) s=$a ;;
+    esac
+done
+rc=0
+for (( i = ${r%-*}; i <= ${r#*-}; i++ )); do
+    env "$e" SLURM_ARRAY_TASK_ID=$i bash "$s" || rc=$?
+done
+exit $rc
+"#;
+
 #[test]
 fn emitted_jobs_run_as_a_slurm_array_and_merge_into_the_sweep_table() {
     let d = tempfile::tempdir().unwrap();
-    let jobs = d.path().join("jobs");
+    // A topology file named relative to where the sweep is emitted.
+    let here = d.path().join("here");
+    std::fs::create_dir_all(&here).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    std::fs::copy(
+        repo.join("topologies/small.yaml"),
+        here.join("my topo.yaml"),
+    )
+    .unwrap();
+    let jobs = d.path().join("jobs dir");
     let args = [
         "sweep",
         "-t",
-        "small",
+        "my topo.yaml",
         "-b",
         "gemm",
         "--set",
@@ -276,67 +304,120 @@ fn emitted_jobs_run_as_a_slurm_array_and_merge_into_the_sweep_table() {
         "-p",
         "n=64,128",
     ];
+    let in_here = |args: &[&str]| {
+        std::process::Command::new(bin("kb-sim"))
+            .args(args)
+            .current_dir(&here)
+            .output()
+            .unwrap()
+    };
     let mut a: Vec<&str> = args.to_vec();
-    a.extend(["--emit-jobs", jobs.to_str().unwrap()]);
-    let o = run("kb-sim", &a, b"");
+    // 4 points, 3 per task: 2 tasks, at most 1 per array: 2 arrays.
+    a.extend([
+        "--emit-jobs",
+        jobs.to_str().unwrap(),
+        "--points-per-task",
+        "3",
+        "--max-array-size",
+        "1",
+        "--time",
+        "00:10:00",
+        "--mem",
+        "2G",
+        "--sbatch=--partition=debug",
+    ]);
+    let o = in_here(&a);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("sbatch"), "{}", stderr(&o));
-    // The job list: one command per point, each writing its own table.
-    let list = std::fs::read_to_string(jobs.join("jobs.txt")).unwrap();
-    let lines: Vec<&str> = list.lines().collect();
-    assert_eq!(lines.len(), 4, "{list}");
+    assert!(
+        stderr(&o).contains("submit.sh (2 arrays of at most 1 tasks)"),
+        "{}",
+        stderr(&o)
+    );
     let jobs_abs = std::fs::canonicalize(&jobs).unwrap();
-    for (i, l) in lines.iter().enumerate() {
-        assert!(l.starts_with("\"${KB_SIM:-"), "{l}");
-        assert!(l.contains(" sweep -t small --seed 0 -b gemm "), "{l}");
-        assert!(
-            l.contains("--set pe_gemm.tflops.f16=16,64 -p n=64,128"),
-            "{l}"
-        );
-        assert!(l.contains(&format!("--point {i} -o ")), "{l}");
-        let out = jobs_abs.join("results").join(format!("point-{i:04}"));
-        assert!(l.ends_with(&out.display().to_string()), "{l}");
-    }
-    // The Slurm script: a job array over those lines.
+    let topo_abs = std::fs::canonicalize(here.join("my topo.yaml")).unwrap();
+    // The job list: the sweep's command once (no line per point), the
+    // topology by its absolute path, quoted.
+    let list = std::fs::read_to_string(jobs.join("jobs.txt")).unwrap();
+    let lines: Vec<&str> = list.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines.len(), 1, "{list}");
+    let l = lines[0];
+    assert!(l.starts_with("\"${KB_SIM:-"), "{l}");
+    assert!(
+        l.contains(&format!(
+            " sweep -t '{}' --seed 0 -b gemm ",
+            topo_abs.display()
+        )),
+        "{l}"
+    );
+    assert!(
+        l.contains("--set pe_gemm.tflops.f16=16,64 -p n=64,128"),
+        "{l}"
+    );
+    assert!(!l.contains("--point"), "{l}");
+    // The Slurm script: a job array of tasks of 3 points, the directives
+    // passed through.
     let script = std::fs::read_to_string(jobs.join("sweep.sbatch")).unwrap();
     assert!(script.starts_with("#!/usr/bin/env bash\n"), "{script}");
     for want in [
-        "#SBATCH --array=0-3\n",
+        "#SBATCH --array=0-0\n",
         "#SBATCH --job-name=kb-sweep\n",
         "#SBATCH --cpus-per-task=1\n",
+        "#SBATCH --time=00:10:00\n",
+        "#SBATCH --mem=2G\n",
+        "#SBATCH --partition=debug\n",
         &format!(
-            "#SBATCH --output={}/logs/point-%a.out\n",
+            "#SBATCH --output={}/logs/task-%A_%a.out\n",
             jobs_abs.display()
         ),
-        "line=$(sed -n \"$((SLURM_ARRAY_TASK_ID + 1))p\" ",
-        "eval \"$line\"\n",
+        "per_task=3\n",
+        "points=4\n",
         "kb-inspect merge ",
     ] {
         assert!(script.contains(want), "{want:?} in {script}");
     }
+    let submit = std::fs::read_to_string(jobs.join("submit.sh")).unwrap();
+    let sb = format!("'{}'", jobs_abs.join("sweep.sbatch").display());
+    assert!(
+        submit.ends_with(&format!(
+            "sbatch --array=0-0 --export=ALL,KB_TASK_OFFSET=0 {sb}\nsbatch --array=0-0 --export=ALL,KB_TASK_OFFSET=1 {sb}\n"
+        )),
+        "{submit}"
+    );
     assert!(jobs.join("results").is_dir() && jobs.join("logs").is_dir());
-    // Run the array as Slurm would, task by task, in reverse.
-    for task in (0..4).rev() {
-        let o = std::process::Command::new("bash")
-            .arg(jobs.join("sweep.sbatch"))
-            .env("SLURM_ARRAY_TASK_ID", task.to_string())
-            .env("KB_SIM", bin("kb-sim"))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "task {task}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+    // Submit as Slurm would run it, from another directory.
+    let bin_dir = d.path().join("fake-slurm");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    std::fs::write(bin_dir.join("sbatch"), FAKE_SBATCH).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let exec = std::fs::Permissions::from_mode(0o755);
+        std::fs::set_permissions(bin_dir.join("sbatch"), exec).unwrap();
     }
-    // A task past the list fails, naming the line.
+    let elsewhere = d.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let o = std::process::Command::new("bash")
+        .arg(jobs.join("submit.sh"))
+        .current_dir(&elsewhere)
+        .env("PATH", &path)
+        .env("KB_SIM", bin("kb-sim"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A task past the points fails, saying so.
     let o = std::process::Command::new("bash")
         .arg(jobs.join("sweep.sbatch"))
-        .env("SLURM_ARRAY_TASK_ID", "4")
+        .env("SLURM_ARRAY_TASK_ID", "2")
         .env("KB_SIM", bin("kb-sim"))
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("past the sweep's 4 points"));
     // Merge their one-row tables; they equal the sweep run in one go.
     let merged = d.path().join("merged.parquet");
     let mut m = vec!["merge".to_string()];
@@ -355,12 +436,56 @@ fn emitted_jobs_run_as_a_slurm_array_and_merge_into_the_sweep_table() {
     let whole = d.path().join("whole");
     let mut a: Vec<&str> = args.to_vec();
     a.extend(["-o", whole.to_str().unwrap()]);
-    let o = run("kb-sim", &a, b"");
+    let o = in_here(&a);
     assert!(o.status.success(), "{}", stderr(&o));
     let merged = Table::load(&merged).unwrap();
     let whole = Table::load(Path::new(&format!("{}.parquet", whole.display()))).unwrap();
     assert_eq!(merged.rows(), 4);
     assert_eq!(rows(&merged), rows(&whole));
+    assert_eq!(
+        merged.column("topology").unwrap().values.text(0),
+        topo_abs.display().to_string()
+    );
+    // One task's table missing: merge refuses (exit 2, nothing written),
+    // naming the point, unless --allow-missing.
+    let three = d.path().join("three.parquet");
+    let mut m3: Vec<&str> = mr[..mr.len() - 2].to_vec();
+    m3.remove(3); // point-0002
+    m3.extend(["-o", three.to_str().unwrap()]);
+    let o = run("kb-inspect", &m3, b"");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 of the sweep's 4 points are missing") && stderr(&o).contains(": 2;"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!three.exists());
+    m3.push("--allow-missing");
+    let o = run("kb-inspect", &m3, b"");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 of the sweep's points have no table"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(Table::load(&three).unwrap().rows(), 3);
+    // A table of another sweep (another seed) is refused beside them.
+    let other = d.path().join("other");
+    let mut a: Vec<&str> = args.to_vec();
+    a.extend(["--seed", "1", "--point", "2", "-o", other.to_str().unwrap()]);
+    let o = in_here(&a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let other_pq = format!("{}.parquet", other.display());
+    let mut m4: Vec<&str> = mr[..mr.len() - 2].to_vec();
+    m4[3] = &other_pq;
+    m4.extend(["-o", three.to_str().unwrap(), "--allow-missing"]);
+    let o = run("kb-inspect", &m4, b"");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("are not from the same sweep"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// The one definition of utilisation (kb_format::usage): on a
@@ -495,4 +620,363 @@ fn stats_utilisation_per_kind_is_the_sweeps() {
             )
         )
     );
+}
+
+/// A sweep's exit status says whether every point ran and verified, as
+/// kb-replay's does: 1 when a point fails verification (`tp_mlp -p sync=0`
+/// races and its output is wrong), 2 when a point cannot be verified (no
+/// kb-replay); the table is written either way and its status column says
+/// which points failed.
+#[test]
+fn a_failing_point_makes_the_sweep_exit_non_zero_after_writing_its_table() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("x");
+    let args = [
+        "sweep",
+        "-t",
+        "small",
+        "-b",
+        "tp_mlp",
+        "-p",
+        "algorithm=ring",
+        "-p",
+        "sync=0,1",
+        "--verify",
+        "-j",
+        "2",
+    ];
+    let mut a = args.to_vec();
+    a.extend(["-o", out.to_str().unwrap()]);
+    let o = run("kb-sim", &a, b"");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 of 2 points failed"),
+        "{}",
+        stderr(&o)
+    );
+    for ext in ["csv", "parquet"] {
+        let t = Table::load(&d.path().join(format!("x.{ext}"))).unwrap();
+        let text = |c: &str, i| t.column(c).unwrap().values.text(i);
+        assert_eq!(
+            (text("verdict", 0), text("verdict", 1)),
+            ("FAIL".into(), "PASS".into())
+        );
+        assert!(
+            text("status", 0).starts_with("fail: kb-replay --verify: "),
+            "{}",
+            text("status", 0)
+        );
+        assert_eq!(text("status", 1), "ok");
+    }
+    // kb-replay cannot run: every point is an error, exit 2, the table
+    // still written.
+    let mut a = args.to_vec();
+    a.extend([
+        "--replay",
+        "/nonexistent/kb-replay",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let o = run("kb-sim", &a, b"");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let t = Table::load(&d.path().join("x.parquet")).unwrap();
+    for i in 0..2 {
+        let status = t.column("status").unwrap().values.text(i);
+        assert!(
+            status.starts_with("error: kb-replay --verify: running /nonexistent/kb-replay"),
+            "{status}"
+        );
+        assert!(
+            t.column("verdict")
+                .unwrap()
+                .values
+                .text(i)
+                .starts_with("ERROR: ")
+        );
+    }
+}
+
+/// A sweep of 1,200 points emits two job arrays within Slurm's default
+/// MaxArraySize, and a job list that does not grow with the points; past
+/// 100,000 points it needs --force, and 1,000 x 1,000 values then emit a
+/// job list of a few kilobytes.
+#[test]
+fn a_large_emit_is_chunked_and_compact() {
+    let d = tempfile::tempdir().unwrap();
+    let values = |n: usize| (1..=n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let m1200 = format!("m={}", values(1200));
+    let jobs = d.path().join("j");
+    let o = run(
+        "kb-sim",
+        &[
+            "sweep",
+            "-t",
+            "small",
+            "-b",
+            "copy",
+            "-p",
+            &m1200,
+            "--emit-jobs",
+            jobs.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let submit = std::fs::read_to_string(jobs.join("submit.sh")).unwrap();
+    let arrays: Vec<&str> = submit
+        .lines()
+        .filter(|l| l.starts_with("sbatch "))
+        .collect();
+    assert_eq!(arrays.len(), 2, "{submit}");
+    assert!(arrays[0].starts_with("sbatch --array=0-999 --export=ALL,KB_TASK_OFFSET=0 "));
+    assert!(arrays[1].starts_with("sbatch --array=0-199 --export=ALL,KB_TASK_OFFSET=1000 "));
+    let script = std::fs::read_to_string(jobs.join("sweep.sbatch")).unwrap();
+    assert!(script.contains("#SBATCH --array=0-999\n"), "{script}");
+    let list = std::fs::metadata(jobs.join("jobs.txt")).unwrap().len();
+    assert!(list < 16 << 10, "jobs.txt is {list} bytes");
+    // 1,000 x 1,000: refused (exit 2, nothing written) without --force.
+    let (m, n) = (format!("m={}", values(1000)), format!("n={}", values(1000)));
+    let big = d.path().join("big");
+    let mut a = vec!["sweep", "-t", "small", "-b", "gemm", "-p", &m, "-p", &n];
+    a.extend(["--emit-jobs", big.to_str().unwrap()]);
+    let o = run("kb-sim", &a, b"");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1000000 points") && stderr(&o).contains("--force"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!big.exists());
+    // A local run is refused the same way, before it allocates anything.
+    let o = run(
+        "kb-sim",
+        &["sweep", "-t", "small", "-b", "gemm", "-p", &m, "-p", &n],
+        b"",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    a.push("--force");
+    let o = run("kb-sim", &a, b"");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let list = std::fs::metadata(big.join("jobs.txt")).unwrap().len();
+    assert!(list < 16 << 10, "jobs.txt is {list} bytes");
+    let submit = std::fs::read_to_string(big.join("submit.sh")).unwrap();
+    assert_eq!(
+        submit.lines().filter(|l| l.starts_with("sbatch ")).count(),
+        1000
+    );
+}
+
+/// SIGINT, SIGTERM or SIGHUP to a sweep's parent stops the points it is
+/// running (their processes gone once it exits), removes their temporary
+/// traces and exits 128 + the signal, writing no table.
+#[cfg(unix)]
+#[test]
+fn a_signal_stops_the_sweeps_children_and_removes_their_traces() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    // The processes whose parent is `pid` (from /proc).
+    let children = |pid: u32| -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                    // pid (comm) state ppid ...: comm may hold spaces.
+                    s.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                        == Some(pid)
+                })
+            })
+            .collect()
+    };
+    for (sig, code) in [("TERM", 143), ("INT", 130), ("HUP", 129)] {
+        let d = tempfile::tempdir().unwrap();
+        let tmp = d.path().join("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let out = d.path().join("sw");
+        // Points long enough (seconds in a debug build) to be caught.
+        let mut child = Command::new(bin("kb-sim"))
+            .args(["sweep", "-t", "large", "-b", "gemm_tiled", "-j", "2"])
+            .args([
+                "-p",
+                "m=1024,1025,1026,1027",
+                "-p",
+                "n=1024",
+                "-p",
+                "k=1024",
+            ])
+            .arg("-o")
+            .arg(&out)
+            .env("TMPDIR", &tmp)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        // Both points running and writing their traces.
+        while children(child.id()).len() < 2 || std::fs::read_dir(&tmp).unwrap().count() < 2 {
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "no points started"
+            );
+            assert!(child.try_wait().unwrap().is_none(), "the sweep ended early");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let kids = children(child.id());
+        // The children's handlers are in place once their files exist.
+        std::thread::sleep(Duration::from_millis(200));
+        let killed = Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        assert_eq!(child.wait().unwrap().code(), Some(code), "SIG{sig}");
+        for k in kids {
+            assert!(
+                !Path::new(&format!("/proc/{k}")).exists(),
+                "SIG{sig}: point process {k} still there"
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "SIG{sig} left {left:?} in TMPDIR");
+        let tables: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n != "tmp")
+            .collect();
+        assert!(tables.is_empty(), "SIG{sig} wrote {tables:?}");
+    }
+}
+
+/// A table says what was run: every row holds the workload, topology,
+/// seed, kb version and sweep id (the Parquet file's metadata holds the
+/// spec too); the CSV and Parquet type every column alike (a float column
+/// of whole values came back from CSV as integers); a swept field the run
+/// never reads is named on stderr; `-j` past 4 per core is capped, not a
+/// panic.
+#[test]
+fn tables_carry_their_provenance_and_unchanged_axes_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("p");
+    let o = run(
+        "kb-sim",
+        &[
+            "sweep",
+            "-t",
+            "small",
+            "-b",
+            "gemm",
+            "--seed",
+            "7",
+            "--set",
+            "pe_gemm.tflops.f32=16,32",
+            "-p",
+            "m=64",
+            "-j",
+            "1000000",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("-j 1000000 capped at"), "{err}");
+    assert!(
+        err.contains("warning: --set pe_gemm.tflops.f32=16,32: changed nothing"),
+        "{err}"
+    );
+    let pq = Table::load(&d.path().join("p.parquet")).unwrap();
+    let csv = Table::load(&d.path().join("p.csv")).unwrap();
+    assert_eq!(
+        pq.describe(),
+        csv.describe(),
+        "CSV and Parquet column types"
+    );
+    assert!(
+        pq.describe().contains("hbm_channel_busy_ns:f64"),
+        "{}",
+        pq.describe()
+    );
+    let id = pq.column("sweep_id").unwrap().values.text(0);
+    for (col, want) in [
+        ("workload", "gemm"),
+        ("topology", "small"),
+        ("seed", "7"),
+        ("kb_version", env!("CARGO_PKG_VERSION")),
+        ("sweep_points", "2"),
+        ("sweep_id", id.as_str()),
+    ] {
+        for t in [&pq, &csv] {
+            for i in 0..2 {
+                assert_eq!(t.column(col).unwrap().values.text(i), want, "{col}");
+            }
+        }
+    }
+    assert_eq!(pq.meta("kb.sweep.id"), Some(id.as_str()));
+    let spec = pq.meta("kb.sweep.spec").unwrap();
+    assert!(
+        spec.contains("workload=gemm\nseed=7\n")
+            && spec.contains("--set pe_gemm.tflops.f32=16,32\n"),
+        "{spec}"
+    );
+    for c in [
+        "peak_gemm_gflops_f16",
+        "peak_hbm_gbs",
+        "arithmetic_intensity",
+    ] {
+        assert!(pq.column(c).unwrap().values.f64(0).unwrap() > 0.0, "{c}");
+    }
+    // A peak follows the swept field: 32 TFLOP/s per PE is twice 16.
+    let peak = |i| {
+        pq.column("peak_gemm_gflops_f32")
+            .unwrap()
+            .values
+            .f64(i)
+            .unwrap()
+    };
+    assert_eq!(peak(1), 2.0 * peak(0));
+}
+
+/// The CSV and Parquet are written as a set: when one cannot be written
+/// (a full disk: the Parquet is a link to /dev/full), the other keeps its
+/// old content, and no temporary file is left.
+#[cfg(unix)]
+#[test]
+fn a_table_that_cannot_be_written_leaves_the_old_pair() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("s.csv"), "old\n").unwrap();
+    std::os::unix::fs::symlink("/dev/full", d.path().join("s.parquet")).unwrap();
+    let out = d.path().join("s");
+    let o = run(
+        "kb-sim",
+        &[
+            "sweep",
+            "-t",
+            "small",
+            "-b",
+            "copy",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("s.parquet"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("s.csv")).unwrap(),
+        "old\n"
+    );
+    let names: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
 }
