@@ -389,13 +389,14 @@ fn f32_lanes(p: &MathParams, ops: &[Operand], rows: usize, cols: usize) -> Optio
     if !exact || !out_ok || !cfg!(target_endian = "little") {
         return None;
     }
-    // where's condition only needs its zeros kept (any dtype does).
-    let values = if op == MathOp::Where { &ops[1..] } else { ops };
-    let in_f32 = |o: &Operand| match *o {
-        Operand::Tile { dtype, .. } => !matches!(dtype, Dtype::I32),
+    // Every value exact in f32; where's condition tile only needs its
+    // zeros kept, which an i32 tile does too (a scalar condition such as
+    // 1e-50 would not: it must be exact like the rest).
+    let in_f32 = |(k, o): (usize, &Operand)| match *o {
+        Operand::Tile { dtype, .. } => dtype != Dtype::I32 || (op == MathOp::Where && k == 0),
         Operand::Scalar(v) => v.is_nan() || v as f32 as f64 == v,
     };
-    if !values.iter().all(in_f32) {
+    if !ops.iter().enumerate().all(in_f32) {
         return None;
     }
     let count = rows * cols;
@@ -1040,6 +1041,28 @@ mod tests {
         input.extend(f32b(&[10., 20., 30., 40.]));
         let out = dtype::to_f32(f, &execute(&p, &input).unwrap());
         assert_eq!(out, [10., -1., 30., -1.]);
+        // A scalar condition that f32 would flush to zero is still true;
+        // an i32 condition tile counts its non-zeros.
+        let p = params(
+            MathOp::Where,
+            vec![MathInput::Scalar(1e-50), tile(1, 2, f), tile(1, 2, f)],
+            1,
+            2,
+            f,
+        );
+        let input = f32b(&[1., 2., 3., 4.]);
+        assert_eq!(run_f32(&p, &[&[1., 2.], &[3., 4.]]), [1., 2.]);
+        assert_eq!(execute(&p, &input).unwrap(), f32b(&[1., 2.]));
+        let p = params(
+            MathOp::Where,
+            vec![tile(1, 2, Dtype::I32), tile(1, 2, f), tile(1, 2, f)],
+            1,
+            2,
+            f,
+        );
+        let mut input: Vec<u8> = [i32::MIN, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        input.extend(f32b(&[1., 2., 3., 4.]));
+        assert_eq!(execute(&p, &input).unwrap(), f32b(&[1., 4.]));
     }
 
     #[test]
@@ -1118,7 +1141,8 @@ mod tests {
     fn float_kernels_match_element_by_element_evaluation() {
         let f = Dtype::F32;
         let (rows, cols) = (5usize, 7usize);
-        let a = mixed_f32(rows * cols, 7, 20.0);
+        let mut a = mixed_f32(rows * cols, 7, 20.0);
+        a[..5].copy_from_slice(&[0.0, -0.0, 1.0, f32::INFINITY, f32::from_bits(1)]);
         let at = |v: &[f32], (r, c): (usize, usize), i: usize, j: usize| {
             v[if r == 1 { 0 } else { i } * c + if c == 1 { 0 } else { j }] as f64
         };
@@ -1143,7 +1167,11 @@ mod tests {
             for sa in shapes {
                 for sb in shapes {
                     let x = &a[..sa.0 * sa.1];
-                    let y = mixed_f32(sb.0 * sb.1, 11, 3.0);
+                    let mut y = mixed_f32(sb.0 * sb.1, 11, 3.0);
+                    if y.len() >= 5 {
+                        // Signed zeros against zeros, NaN, infinities.
+                        y[..5].copy_from_slice(&[-0.0, 0.0, f32::NAN, f32::NEG_INFINITY, -0.0]);
+                    }
                     let p = params(
                         op,
                         vec![
