@@ -5,8 +5,10 @@
 #   scripts/bench-replay.sh            # all cores
 #   THREADS=2 RUNS=5 scripts/bench-replay.sh
 #   ONLY=defaults BASE_REPLAY=old/kb-replay scripts/bench-replay.sh  # issue 15 traces only
+#   ONLY=layers BASE_REPLAY=old/kb-replay scripts/bench-replay.sh    # mlp and attention (issue 38)
 #
-# Needs python3 (numpy goes into a private venv, target/replay-venv). When
+# Needs python3 (numpy goes into a private venv, target/replay-venv, or
+# VENV=path/to/a/venv with numpy). When
 # the system has OpenBLAS (Debian: apt-get install libopenblas-dev) the
 # `openblas` backend is measured too.
 set -euo pipefail
@@ -20,7 +22,7 @@ echo "# kb-replay benchmarks: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) cores, th
 echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ---- numpy -------------------------------------------------------------
-VENV=target/replay-venv
+VENV=${VENV:-target/replay-venv}
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q numpy
@@ -58,24 +60,26 @@ fi
 # each call and would take CPU from kb-replay's own threads; the openblas
 # backend runs with OPENBLAS_NUM_THREADS=1 (kb-replay parallelises across
 # and within GEMMs itself).
+TARGET=${CARGO_TARGET_DIR:-target}
 cargo build -q --release -p kb-workloads # the kb-sim binary
 build_replay() { # name, cargo feature args...
     local name=$1
     shift
     cargo build -q --release -p kb-replay "$@"
-    cp target/release/kb-replay "$OUT/kb-replay-$name"
+    cp "$TARGET/release/kb-replay" "$OUT/kb-replay-$name"
+    [ "${ONLY:-}" = layers ] && return 0
     cargo bench -q -p kb-replay "$@" --bench backend --no-run 2>/dev/null
-    cp "$(ls -t target/release/deps/backend-* | grep -v '\.d$' | head -1)" "$OUT/backend-$name"
+    cp "$(ls -t "$TARGET"/release/deps/backend-* | grep -v '\.d$' | head -1)" "$OUT/backend-$name"
 }
 build_replay gemm
 [ ${#FEATURES[@]} -gt 0 ] && build_replay openblas "${FEATURES[@]}"
 export OPENBLAS_NUM_THREADS=1
-SIM=target/release/kb-sim
+SIM=$TARGET/release/kb-sim
 REPLAY=$OUT/kb-replay-gemm
 replay_for() { echo "$OUT/kb-replay-$1"; }
 bench_for() { echo "$OUT/backend-$1"; }
 
-if [ "${ONLY:-}" != defaults ]; then
+if [ -z "${ONLY:-}" ]; then
 # ---- backends called directly ------------------------------------------
 : > "$OUT/backend.txt"
 for be in "${BACKENDS[@]}"; do
@@ -169,7 +173,26 @@ def mm(m, n, k, dt):
 def att(dt):
     q, k, v = (rng.standard_normal((256, 64)).astype(dt) for _ in range(3))
     return lambda: attention(q, k, v)
+def mlp(m, d, h, dt):
+    # numpy has no erf: GELU by its tanh form (the same elementwise work
+    # class: a transcendental and a few multiply-adds per element).
+    x = rng.random((m, d)).astype(dt) - dt(0.5)
+    w1 = (rng.random((d, h)).astype(dt) - dt(0.5)) / dt(np.sqrt(d))
+    w2 = (rng.random((h, d)).astype(dt) - dt(0.5)) / dt(np.sqrt(h))
+    c = dt(np.sqrt(2 / np.pi))
+    def f():
+        hid = x @ w1
+        g = dt(0.5) * hid * (dt(1) + np.tanh(c * (hid + dt(0.044715) * hid * hid * hid)))
+        return g @ w2
+    return f
+def att_shape(s, s_kv, d, dt):
+    q = rng.standard_normal((s, d)).astype(dt)
+    k, v = (rng.standard_normal((s_kv, d)).astype(dt) for _ in range(2))
+    return lambda: attention(q, k, v)
 f = {
+    "mlp": mlp(2048, 512, 1024, np.float32),
+    "attention_2048": att_shape(2048, 256, 128, np.float16),
+    "attention_2048_f32": att_shape(2048, 256, 128, np.float32),
     "gemm": mm(2048, 2048, 1024, np.float32),
     "gemm_tiled": mm(2048, 2048, 2048, np.float32),
     "attention": att(np.float16),
@@ -188,6 +211,14 @@ SIM_DEFAULTS=(
     "attention:-t default -b attention"
     "gemm_f16:-t small -b gemm -p m=1024 -p n=1024 -p k=1024 -p dtype=f16"
 )
+# Layers (issue 38): numpy's mlp is f32 with a tanh GELU; attention with
+# the trace's shapes (seq 2048, seq_kv 256, d 128), in f16 and f32.
+if [ "${ONLY:-}" = layers ]; then
+    SIM_DEFAULTS=(
+        "mlp:-t default -b mlp -p m=2048 -p d=512 -p h=1024"
+        "attention_2048:-t default -b attention -p seq=2048 -p d=128"
+    )
+fi
 : > "$OUT/defaults.txt"
 for spec in "${SIM_DEFAULTS[@]}"; do
     name=${spec%%:*}
@@ -199,7 +230,7 @@ for spec in "${SIM_DEFAULTS[@]}"; do
     [ -n "${BASE_REPLAY:-}" ] && bins+=("$BASE_REPLAY")
     for i in "${!bins[@]}"; do : > "$OUT/runs-$name-$i.txt"; done
     nps=("$name")
-    [ "$name" = attention ] && nps+=(attention_f32)
+    case $name in attention*) nps+=("${name}_f32") ;; esac
     for n in "${nps[@]}"; do : > "$OUT/np-$n.txt"; done
     for _ in $(seq "$RUNS"); do
         for n in "${nps[@]}"; do "$VENV/bin/python" "$OUT/np_same.py" "$n" >> "$OUT/np-$n.txt"; done
@@ -226,7 +257,7 @@ done
 python3 - "$OUT/defaults.txt" <<'PY'
 import re, sys
 d = open(sys.argv[1]).read()
-for name in ("gemm", "gemm_tiled", "attention", "gemm_f16"):
+for name in ("gemm", "gemm_tiled", "attention", "gemm_f16", "mlp", "attention_2048"):
     for np_name in (name, name + "_f32"):
         m = re.search(rf"numpy {np_name}: ([\d.e-]+) s", d)
         if not m:
@@ -236,7 +267,7 @@ for name in ("gemm", "gemm_tiled", "attention", "gemm_f16"):
             print(f"default {name} ({r.group(1)}): numpy {np_name} time / kb-replay time: "
                   f"wall {n / float(r.group(2)):.3f}, replay {n / float(r.group(3)):.3f} (numpy {n:.4f} s)")
 PY
-[ "${ONLY:-}" = defaults ] && exit 0
+[ -n "${ONLY:-}" ] && exit 0
 
 # ---- streaming memory: a trace and one 10x longer, through a pipe -------
 # copy with 10-row tiles, then 1-row tiles: the same 16 MiB of data, ten

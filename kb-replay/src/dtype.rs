@@ -19,11 +19,24 @@ pub fn is_int(d: Dtype) -> bool {
 }
 
 fn words<const N: usize>(b: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
-    b.chunks_exact(N).map(|c| {
-        let mut w = [0u8; N];
-        w.copy_from_slice(c);
-        w
-    })
+    // Through a fixed-size array (a load), not `copy_from_slice` of a
+    // length the compiler may not see (a call to memmove per element).
+    b.chunks_exact(N)
+        .map(|c| <[u8; N]>::try_from(c).unwrap_or([0; N]))
+}
+
+/// Write `vals` encoded by `enc` into `out`, N bytes each (the output's
+/// counterpart of [`words`]).
+pub(crate) fn put_words<T: Copy, const N: usize>(
+    out: &mut [u8],
+    vals: &[T],
+    enc: impl Fn(T) -> [u8; N],
+) {
+    for (c, &v) in out.chunks_exact_mut(N).zip(vals) {
+        if let Ok(c) = <&mut [u8; N]>::try_from(c) {
+            *c = enc(v);
+        }
+    }
 }
 
 /// Decode elements as f64 (exact for every dtype).
@@ -132,14 +145,26 @@ pub fn push_f64(d: Dtype, v: f64, out: &mut Vec<u8>) {
 /// Append every value of `vals` encoded as `d` (as [`push_f64`], with the
 /// dtype dispatch outside the loop).
 pub fn extend_f64(d: Dtype, vals: &[f64], out: &mut Vec<u8>) {
-    out.reserve(vals.len() * d.size());
+    // Written in place (one loop per dtype over fixed-size chunks, which
+    // vectorises), not pushed a byte at a time.
+    fn put<const N: usize>(vals: &[f64], out: &mut Vec<u8>, enc: impl Fn(f64) -> [u8; N]) {
+        let start = out.len();
+        out.resize(start + vals.len() * N, 0);
+        put_words(&mut out[start..], vals, enc);
+    }
     match d {
-        Dtype::F32 => out.extend(vals.iter().flat_map(|&v| (v as f32).to_le_bytes())),
-        Dtype::F16 => out.extend(vals.iter().flat_map(|&v| f16::from_f64(v).to_le_bytes())),
-        Dtype::Bf16 => out.extend(vals.iter().flat_map(|&v| bf16::from_f64(v).to_le_bytes())),
-        Dtype::I8 => out.extend(vals.iter().map(|&v| v as i8 as u8)),
-        Dtype::U8 => out.extend(vals.iter().map(|&v| v as u8)),
-        Dtype::I32 => out.extend(vals.iter().flat_map(|&v| (v as i32).to_le_bytes())),
+        Dtype::F32 if cfg!(target_endian = "little") => {
+            // Rounded in one loop, then the f32s' bytes (their
+            // little-endian encoding on this target) in one copy.
+            let v32: Vec<f32> = vals.iter().map(|&v| v as f32).collect();
+            out.extend_from_slice(bytemuck::cast_slice(&v32));
+        }
+        Dtype::F32 => put(vals, out, |v| (v as f32).to_le_bytes()),
+        Dtype::F16 => put(vals, out, |v| f16::from_f64(v).to_le_bytes()),
+        Dtype::Bf16 => put(vals, out, |v| bf16::from_f64(v).to_le_bytes()),
+        Dtype::I8 => put(vals, out, |v| [v as i8 as u8]),
+        Dtype::U8 => put(vals, out, |v| [v as u8]),
+        Dtype::I32 => put(vals, out, |v| (v as i32).to_le_bytes()),
     }
 }
 

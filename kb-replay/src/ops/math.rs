@@ -27,14 +27,19 @@
 //!   width like numpy (abs of i8 -128 is -128). Maximum and minimum (and
 //!   their reductions) propagate NaN, as numpy's do.
 //! - `sigmoid`, `tanh`, `erf` and `exp2` need float inputs and a float
-//!   output. `erf` is computed here (Rust's std has none), to about 1e-14
-//!   relative in f64.
+//!   output. `exp`, `log`, `erf`, `tanh`, `sigmoid` and `rsqrt` are
+//!   [`fmath`]'s, within 1 to 4 f64 ulps of the exact value (its table),
+//!   the same bits on every CPU; `sqrt` is IEEE's, `exp2` std's.
+//! - Float elementwise ops run one loop per op over the whole tile (row
+//!   and column broadcasts expanded first), which the compiler vectorises;
+//!   the result does not depend on how the tile is cut or on threads.
 //! - `arange` takes no inputs: each element is its index along `axis` (0:
 //!   its row, 1: its column), rounded to the output dtype.
 //! - `copy`/`cast` between equal dtypes and shapes copy bytes verbatim.
 
 use kb_format::{Dtype, MathInput, MathOp, MathParams};
 
+use super::fmath;
 use crate::dtype;
 
 /// A dense row-major matrix of values.
@@ -203,43 +208,6 @@ fn truth(b: bool) -> f64 {
     if b { 1.0 } else { 0.0 }
 }
 
-/// The error function in f64: the Maclaurin series below 2.5 (its
-/// alternating terms lose at most about 3 digits there), the continued
-/// fraction of erfc up to 6, and +-1 beyond (erfc(6) < 2.2e-17). About
-/// 1e-14 relative everywhere, far below f32's half ulp (3e-8). Not the
-/// reference's algorithm, so the two check each other.
-pub(crate) fn erf(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    let a = x.abs();
-    let r = if a < 2.5 {
-        // erf(a) = 2/sqrt(pi) sum_n (-1)^n a^(2n+1) / (n! (2n+1)).
-        let z = a * a;
-        let (mut power, mut sum) = (a, a);
-        for n in 1..200 {
-            power *= -z / n as f64;
-            let term = power / (2 * n + 1) as f64;
-            sum += term;
-            if term.abs() <= 1e-17 * sum.abs() {
-                break;
-            }
-        }
-        std::f64::consts::FRAC_2_SQRT_PI * sum
-    } else if a < 6.0 {
-        // erfc(a) = exp(-a^2) / sqrt(pi) / (a + (1/2) / (a + (2/2) / (a + ...))),
-        // evaluated from a fixed depth backwards (ample for a >= 2.5).
-        let mut t = a;
-        for n in (1..=60).rev() {
-            t = a + (n as f64 / 2.0) / t;
-        }
-        1.0 - (-a * a).exp() * std::f64::consts::FRAC_2_SQRT_PI / (2.0 * t)
-    } else {
-        1.0
-    };
-    r.copysign(x)
-}
-
 /// Index along `axis` of the first element `better` than every earlier one
 /// in each lane; a NaN beats everything and is never beaten.
 fn arg_reduce(x: &Mat<f64>, axis: u8, better: fn(f64, f64) -> bool) -> Vec<i64> {
@@ -302,6 +270,251 @@ fn elementwise<T: Copy>(ins: &[Mat<T>], rows: usize, cols: usize, f: impl Fn(&[T
         }
     }
     out
+}
+
+/// An operand of the float elementwise kernels: one value per output
+/// element (a row or column broadcast expanded), or one value for all;
+/// lanes of f64 or f32.
+enum Arg<T> {
+    Full(Vec<T>),
+    One(T),
+}
+
+impl<T: Copy> Arg<T> {
+    /// `o` decoded by `decode` (a tile) or `scalar` (a scalar).
+    fn of(
+        o: &Operand,
+        rows: usize,
+        cols: usize,
+        decode: fn(Dtype, &[u8]) -> Vec<T>,
+        scalar: fn(f64) -> T,
+    ) -> Arg<T> {
+        match *o {
+            Operand::Scalar(v) => Arg::One(scalar(v)),
+            Operand::Tile {
+                rows: r,
+                cols: c,
+                dtype,
+                bytes,
+            } => {
+                let v = decode(dtype, bytes);
+                if (r, c) == (rows, cols) {
+                    Arg::Full(v)
+                } else if (r, c) == (1, 1) {
+                    Arg::One(v[0])
+                } else if r == 1 {
+                    // A row, repeated down the rows.
+                    Arg::Full(v.repeat(rows))
+                } else {
+                    // A column, repeated across each row.
+                    let mut full = Vec::with_capacity(rows * cols);
+                    for &x in &v {
+                        full.extend(std::iter::repeat_n(x, cols));
+                    }
+                    Arg::Full(full)
+                }
+            }
+        }
+    }
+
+    fn full(self, count: usize) -> Vec<T> {
+        match self {
+            Arg::Full(v) => v,
+            Arg::One(x) => vec![x; count],
+        }
+    }
+}
+
+// The kernels below take the operation as a closure type, so each op gets
+// its own loop (monomorphised, the operation inlined, no branch inside):
+// the compiler vectorises them.
+
+/// `f` of a whole slice in place (for [`fmath`]'s large functions, whose
+/// loops are their own).
+fn map1_slice(x: Arg<f64>, count: usize, f: fn(&mut [f64])) -> Vec<f64> {
+    let mut v = x.full(count);
+    f(&mut v);
+    v
+}
+
+fn map1<T: Copy>(x: Arg<T>, count: usize, f: impl Fn(T) -> T) -> Vec<T> {
+    match x {
+        Arg::Full(mut v) => {
+            for e in &mut v {
+                *e = f(*e);
+            }
+            v
+        }
+        Arg::One(a) => vec![f(a); count],
+    }
+}
+
+fn map2<T: Copy>(a: &Arg<T>, b: &Arg<T>, count: usize, f: impl Fn(T, T) -> T) -> Vec<T> {
+    match (a, b) {
+        (Arg::Full(a), Arg::Full(b)) => a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect(),
+        (Arg::Full(a), &Arg::One(y)) => a.iter().map(|&x| f(x, y)).collect(),
+        (&Arg::One(x), Arg::Full(b)) => b.iter().map(|&y| f(x, y)).collect(),
+        (&Arg::One(x), &Arg::One(y)) => vec![f(x, y); count],
+    }
+}
+
+/// The f32 lanes: ops whose f32 result is the f64 path's, bit for bit,
+/// when the output is f32 (a u8 mask for comparisons) and every input is
+/// exact in f32 (f32, f16, bf16, i8 or u8 tiles; scalars that f32 holds
+/// exactly), so that the f64 contract costs nothing where it need not. Add,
+/// sub, mul, div and sqrt of f32 values in f32 are correctly rounded, and
+/// so is their f64 result rounded to f32: f64 carries more than 2 x 24 + 2
+/// bits, which makes the double rounding innocuous (Figueroa, 1995); max,
+/// min, abs, neg, comparisons and where are exact. `None`: the f64 path.
+fn f32_lanes(p: &MathParams, ops: &[Operand], rows: usize, cols: usize) -> Option<Vec<u8>> {
+    let op = p.op;
+    let exact = matches!(
+        op,
+        MathOp::Add
+            | MathOp::Sub
+            | MathOp::Mul
+            | MathOp::Div
+            | MathOp::Max
+            | MathOp::Min
+            | MathOp::Abs
+            | MathOp::Neg
+            | MathOp::Sqrt
+            | MathOp::Where
+    ) || is_comparison(op);
+    let out_ok = if is_comparison(op) {
+        p.dtype == Dtype::U8
+    } else {
+        p.dtype == Dtype::F32
+    };
+    if !exact || !out_ok || !cfg!(target_endian = "little") {
+        return None;
+    }
+    // Every value exact in f32; where's condition tile only needs its
+    // zeros kept, which an i32 tile does too (a scalar condition such as
+    // 1e-50 would not: it must be exact like the rest).
+    let in_f32 = |(k, o): (usize, &Operand)| match *o {
+        Operand::Tile { dtype, .. } => dtype != Dtype::I32 || (op == MathOp::Where && k == 0),
+        Operand::Scalar(v) => v.is_nan() || v as f32 as f64 == v,
+    };
+    if !ops.iter().enumerate().all(in_f32) {
+        return None;
+    }
+    let count = rows * cols;
+    let mut args: Vec<Arg<f32>> = ops
+        .iter()
+        .map(|o| Arg::of(o, rows, cols, dtype::to_f32, |v| v as f32))
+        .collect();
+    let truth32 = |b: bool| if b { 1.0f32 } else { 0.0 };
+    let vals = if op == MathOp::Where {
+        let b = args.pop()?.full(count);
+        let a = args.pop()?.full(count);
+        let c = args.pop()?.full(count);
+        c.iter()
+            .zip(a.iter().zip(&b))
+            .map(|(&c, (&a, &b))| if c != 0.0 { a } else { b })
+            .collect()
+    } else if args.len() == 2 {
+        let (a, b) = (&args[0], &args[1]);
+        let max32 = |x: f32, y: f32| {
+            if x.is_nan() || y.is_nan() {
+                f32::NAN
+            } else {
+                x.max(y)
+            }
+        };
+        let min32 = |x: f32, y: f32| {
+            if x.is_nan() || y.is_nan() {
+                f32::NAN
+            } else {
+                x.min(y)
+            }
+        };
+        match op {
+            MathOp::Add => map2(a, b, count, |x, y| x + y),
+            MathOp::Sub => map2(a, b, count, |x, y| x - y),
+            MathOp::Mul => map2(a, b, count, |x, y| x * y),
+            MathOp::Div => map2(a, b, count, |x, y| x / y),
+            MathOp::Max => map2(a, b, count, max32),
+            MathOp::Min => map2(a, b, count, min32),
+            MathOp::Lt => map2(a, b, count, |x, y| truth32(x < y)),
+            MathOp::Le => map2(a, b, count, |x, y| truth32(x <= y)),
+            MathOp::Gt => map2(a, b, count, |x, y| truth32(x > y)),
+            MathOp::Ge => map2(a, b, count, |x, y| truth32(x >= y)),
+            MathOp::Eq => map2(a, b, count, |x, y| truth32(x == y)),
+            _ => map2(a, b, count, |x, y| truth32(x != y)),
+        }
+    } else {
+        let x = args.pop()?;
+        match op {
+            MathOp::Abs => map1(x, count, |v| v.abs()),
+            MathOp::Neg => map1(x, count, |v| -v),
+            _ => map1(x, count, |v| v.sqrt()),
+        }
+    };
+    Some(if p.dtype == Dtype::U8 {
+        vals.iter().map(|&v| v as u8).collect()
+    } else if cfg!(target_endian = "little") {
+        bytemuck::cast_slice(&vals).to_vec()
+    } else {
+        let mut out = vec![0u8; count * 4];
+        dtype::put_words(&mut out, &vals, f32::to_le_bytes);
+        out
+    })
+}
+
+/// The float elementwise ops (the values of a `rows x cols` output, before
+/// rounding to its dtype), the operation chosen once per tile.
+fn float_elementwise(op: MathOp, ops: &[Operand], rows: usize, cols: usize) -> Vec<f64> {
+    let count = rows * cols;
+    let mut args: Vec<Arg<f64>> = ops
+        .iter()
+        .map(|o| Arg::of(o, rows, cols, dtype::to_f64, |v| v))
+        .collect();
+    if op == MathOp::Where {
+        let b = args.pop().map_or_else(Vec::new, |a| a.full(count));
+        let a = args.pop().map_or_else(Vec::new, |a| a.full(count));
+        let c = args.pop().map_or_else(Vec::new, |a| a.full(count));
+        return c
+            .iter()
+            .zip(a.iter().zip(&b))
+            .map(|(&c, (&a, &b))| if c != 0.0 { a } else { b })
+            .collect();
+    }
+    if args.len() == 2 {
+        let (a, b) = (&args[0], &args[1]);
+        return match op {
+            MathOp::Add => map2(a, b, count, |x, y| x + y),
+            MathOp::Sub => map2(a, b, count, |x, y| x - y),
+            MathOp::Mul => map2(a, b, count, |x, y| x * y),
+            MathOp::Div => map2(a, b, count, |x, y| x / y),
+            MathOp::Max => map2(a, b, count, max_nan),
+            MathOp::Min => map2(a, b, count, min_nan),
+            MathOp::Lt => map2(a, b, count, |x, y| truth(x < y)),
+            MathOp::Le => map2(a, b, count, |x, y| truth(x <= y)),
+            MathOp::Gt => map2(a, b, count, |x, y| truth(x > y)),
+            MathOp::Ge => map2(a, b, count, |x, y| truth(x >= y)),
+            MathOp::Eq => map2(a, b, count, |x, y| truth(x == y)),
+            MathOp::Ne => map2(a, b, count, |x, y| truth(x != y)),
+            _ => map2(a, b, count, |x, _| x),
+        };
+    }
+    let Some(x) = args.pop() else {
+        return Vec::new();
+    };
+    match op {
+        MathOp::Exp => map1_slice(x, count, fmath::exp_in_place),
+        MathOp::Log => map1_slice(x, count, fmath::log_in_place),
+        MathOp::Sqrt => map1(x, count, |v| v.sqrt()),
+        MathOp::Rsqrt => map1_slice(x, count, fmath::rsqrt_in_place),
+        MathOp::Abs => map1(x, count, |v| v.abs()),
+        MathOp::Neg => map1(x, count, |v| -v),
+        MathOp::Sigmoid => map1_slice(x, count, fmath::sigmoid_in_place),
+        MathOp::Tanh => map1_slice(x, count, fmath::tanh_in_place),
+        MathOp::Erf => map1_slice(x, count, fmath::erf_in_place),
+        MathOp::Exp2 => map1(x, count, |v| v.exp2()),
+        // copy and cast: the values, rounded to the output dtype by the caller.
+        _ => x.full(count),
+    }
 }
 
 fn reduce<T: Copy>(x: &Mat<T>, axis: u8, f: impl Fn(T, T) -> T) -> Vec<T> {
@@ -486,6 +699,12 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
         return Ok(out);
     }
 
+    if !is_reduction(p.op)
+        && let Some(out) = f32_lanes(p, &ops, rows, cols)
+    {
+        return Ok(out);
+    }
+
     let mut out = Vec::with_capacity(count * p.dtype.size());
     let axis = p.axis.unwrap_or(0);
     let int_op = matches!(
@@ -539,7 +758,11 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
         };
         dtype::extend_i64(p.dtype, &vals, &mut out);
     } else {
-        let ins: Vec<Mat<f64>> = ops.iter().map(Operand::f64s).collect();
+        let ins: Vec<Mat<f64>> = if is_reduction(p.op) {
+            ops.iter().map(Operand::f64s).collect()
+        } else {
+            Vec::new()
+        };
         let vals = match p.op {
             MathOp::Sum => reduce(&ins[0], axis, |a, b| a + b),
             MathOp::ReduceMax => reduce(&ins[0], axis, max_nan),
@@ -550,38 +773,7 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
                 v.iter_mut().for_each(|s| *s /= n);
                 v
             }
-            op => elementwise(&ins, rows, cols, |a| match op {
-                MathOp::Exp => a[0].exp(),
-                MathOp::Log => a[0].ln(),
-                MathOp::Sqrt => a[0].sqrt(),
-                MathOp::Rsqrt => 1.0 / a[0].sqrt(),
-                MathOp::Abs => a[0].abs(),
-                MathOp::Neg => -a[0],
-                MathOp::Sigmoid => 1.0 / (1.0 + (-a[0]).exp()),
-                MathOp::Tanh => a[0].tanh(),
-                MathOp::Erf => erf(a[0]),
-                MathOp::Exp2 => a[0].exp2(),
-                MathOp::Add => a[0] + a[1],
-                MathOp::Sub => a[0] - a[1],
-                MathOp::Mul => a[0] * a[1],
-                MathOp::Div => a[0] / a[1],
-                MathOp::Max => max_nan(a[0], a[1]),
-                MathOp::Min => min_nan(a[0], a[1]),
-                MathOp::Lt => truth(a[0] < a[1]),
-                MathOp::Le => truth(a[0] <= a[1]),
-                MathOp::Gt => truth(a[0] > a[1]),
-                MathOp::Ge => truth(a[0] >= a[1]),
-                MathOp::Eq => truth(a[0] == a[1]),
-                MathOp::Ne => truth(a[0] != a[1]),
-                MathOp::Where => {
-                    if a[0] != 0.0 {
-                        a[1]
-                    } else {
-                        a[2]
-                    }
-                }
-                _ => a[0],
-            }),
+            op => float_elementwise(op, &ops, rows, cols),
         };
         dtype::extend_f64(p.dtype, &vals, &mut out);
     }
@@ -849,6 +1041,28 @@ mod tests {
         input.extend(f32b(&[10., 20., 30., 40.]));
         let out = dtype::to_f32(f, &execute(&p, &input).unwrap());
         assert_eq!(out, [10., -1., 30., -1.]);
+        // A scalar condition that f32 would flush to zero is still true;
+        // an i32 condition tile counts its non-zeros.
+        let p = params(
+            MathOp::Where,
+            vec![MathInput::Scalar(1e-50), tile(1, 2, f), tile(1, 2, f)],
+            1,
+            2,
+            f,
+        );
+        let input = f32b(&[1., 2., 3., 4.]);
+        assert_eq!(run_f32(&p, &[&[1., 2.], &[3., 4.]]), [1., 2.]);
+        assert_eq!(execute(&p, &input).unwrap(), f32b(&[1., 2.]));
+        let p = params(
+            MathOp::Where,
+            vec![tile(1, 2, Dtype::I32), tile(1, 2, f), tile(1, 2, f)],
+            1,
+            2,
+            f,
+        );
+        let mut input: Vec<u8> = [i32::MIN, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        input.extend(f32b(&[1., 2., 3., 4.]));
+        assert_eq!(execute(&p, &input).unwrap(), f32b(&[1., 4.]));
     }
 
     #[test]
@@ -900,6 +1114,123 @@ mod tests {
         let p = params(MathOp::Cast, vec![tile(1, 2, Dtype::F32)], 1, 2, Dtype::I32);
         let out = execute(&p, &f32b(&[-2.7, 3.9])).unwrap();
         assert_eq!(dtype::to_i64(Dtype::I32, &out), [-2, 3]);
+    }
+
+    /// xorshift bits as f32 values: every class (subnormals, NaN, inf)
+    /// turns up, and ordinary magnitudes from `scale`.
+    fn mixed_f32(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match i % 4 {
+                    0 => f32::from_bits(x),
+                    _ => (x as f32 / u32::MAX as f32 - 0.5) * scale,
+                }
+            })
+            .collect()
+    }
+
+    /// Every float elementwise op, with every broadcast shape, gives what
+    /// an element-by-element evaluation in f64 gives (written here with no
+    /// vector loops), rounded once to f32; the unary functions through
+    /// `fmath`'s scalar calls, so the vectorised loops keep their bits.
+    #[test]
+    fn float_kernels_match_element_by_element_evaluation() {
+        let f = Dtype::F32;
+        let (rows, cols) = (5usize, 7usize);
+        let mut a = mixed_f32(rows * cols, 7, 20.0);
+        a[..5].copy_from_slice(&[0.0, -0.0, 1.0, f32::INFINITY, f32::from_bits(1)]);
+        let at = |v: &[f32], (r, c): (usize, usize), i: usize, j: usize| {
+            v[if r == 1 { 0 } else { i } * c + if c == 1 { 0 } else { j }] as f64
+        };
+        type Binary = fn(f64, f64) -> f64;
+        let binary: [(MathOp, Binary); 12] = [
+            (MathOp::Add, |x, y| x + y),
+            (MathOp::Sub, |x, y| x - y),
+            (MathOp::Mul, |x, y| x * y),
+            (MathOp::Div, |x, y| x / y),
+            (MathOp::Max, max_nan),
+            (MathOp::Min, min_nan),
+            (MathOp::Lt, |x, y| truth(x < y)),
+            (MathOp::Le, |x, y| truth(x <= y)),
+            (MathOp::Gt, |x, y| truth(x > y)),
+            (MathOp::Ge, |x, y| truth(x >= y)),
+            (MathOp::Eq, |x, y| truth(x == y)),
+            (MathOp::Ne, |x, y| truth(x != y)),
+        ];
+        let shapes = [(rows, cols), (1, cols), (rows, 1), (1, 1)];
+        for (op, g) in binary {
+            let out = if is_comparison(op) { Dtype::U8 } else { f };
+            for sa in shapes {
+                for sb in shapes {
+                    let x = &a[..sa.0 * sa.1];
+                    let mut y = mixed_f32(sb.0 * sb.1, 11, 3.0);
+                    if y.len() >= 5 {
+                        // Signed zeros against zeros, NaN, infinities.
+                        y[..5].copy_from_slice(&[-0.0, 0.0, f32::NAN, f32::NEG_INFINITY, -0.0]);
+                    }
+                    let p = params(
+                        op,
+                        vec![
+                            tile(sa.0 as u32, sa.1 as u32, f),
+                            tile(sb.0 as u32, sb.1 as u32, f),
+                        ],
+                        rows as u32,
+                        cols as u32,
+                        out,
+                    );
+                    let input: Vec<u8> = f32b(x).into_iter().chain(f32b(&y)).collect();
+                    let got = execute(&p, &input).unwrap();
+                    let mut want = Vec::new();
+                    for i in 0..rows {
+                        for j in 0..cols {
+                            let v = g(at(x, sa, i, j), at(&y, sb, i, j));
+                            dtype::push_f64(out, v, &mut want);
+                        }
+                    }
+                    assert!(got == want, "{op:?} {sa:?} {sb:?}");
+                }
+            }
+        }
+        type Unary = fn(f64) -> f64;
+        let unary: [(MathOp, Unary); 10] = [
+            (MathOp::Exp, fmath::exp),
+            (MathOp::Log, fmath::log),
+            (MathOp::Sqrt, f64::sqrt),
+            (MathOp::Rsqrt, fmath::rsqrt),
+            (MathOp::Abs, f64::abs),
+            (MathOp::Neg, |x| -x),
+            (MathOp::Sigmoid, fmath::sigmoid),
+            (MathOp::Tanh, fmath::tanh),
+            (MathOp::Erf, fmath::erf),
+            (MathOp::Exp2, f64::exp2),
+        ];
+        for (op, g) in unary {
+            for out in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+                for s in shapes {
+                    let x = &a[..s.0 * s.1];
+                    let p = params(
+                        op,
+                        vec![tile(s.0 as u32, s.1 as u32, f)],
+                        rows as u32,
+                        cols as u32,
+                        out,
+                    );
+                    let got = execute(&p, &f32b(x)).unwrap();
+                    let mut want = Vec::new();
+                    for i in 0..rows {
+                        for j in 0..cols {
+                            let v = std::hint::black_box(g)(at(x, s, i, j));
+                            dtype::push_f64(out, v, &mut want);
+                        }
+                    }
+                    assert!(got == want, "{op:?} {s:?} -> {out}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! can also run in batches ([`gemm::prepare`], [`gemm::compute_batch`],
 //! [`gemm::finish`]) with the same bits as one by one.
 
+pub mod fmath;
 pub mod gemm;
 pub mod math;
 
