@@ -1011,28 +1011,16 @@ fn a_launch_bounded_direct_allreduce_skips_its_handshakes_and_misuse_is_a_race()
     let recs = common::named_records(&bytes);
     let signals = recs.iter().filter(|(_, _, n)| n == "signal").count();
     assert_eq!(signals, 0);
+    let race = |build: Build| match run(&links_only(), &Test(build), Vec::new()) {
+        Err(RunError::Sim(SimError::Race(text))) => text,
+        other => panic!("not a race: {:?}", other.map(|(_, r)| r.stats.races)),
+    };
     // A kernel that wrote its buffer first needed the handshake: a peer's
     // pull is not ordered after that store.
-    let e = run(
-        &links_only(),
-        &Test(launch_bounded::<true, false>),
-        Vec::new(),
-    )
-    .unwrap_err();
-    let RunError::Sim(SimError::Race(text)) = &e else {
-        panic!("not a race: {e}")
-    };
+    let text = race(launch_bounded::<true, false>);
     assert!(text.contains("tensor x"), "{text}");
     // A kernel that reads its output needed the notifications: the read
     // is not ordered after the peers' pushes.
-    let e = run(
-        &links_only(),
-        &Test(launch_bounded::<false, true>),
-        Vec::new(),
-    )
-    .unwrap_err();
-    let RunError::Sim(SimError::Race(text)) = &e else {
-        panic!("not a race: {e}")
-    };
+    let text = race(launch_bounded::<false, true>);
     assert!(text.contains("tensor y"), "{text}");
 }

@@ -99,6 +99,13 @@ fn the_copies_are_listed_and_costed_per_route() {
         b"",
     );
     assert!(sim.status.success(), "{}", stderr(&sim));
+    // `depth=auto` (the default) is resolved on the machine: the run's
+    // params say auto, and the slots tensor holds the depth chosen (8 on
+    // a cube of `default` with 32 KiB slots: collective::depth_for).
+    let summary = run("kb-inspect", &["summary", t], b"");
+    let text = String::from_utf8_lossy(&summary.stdout).into_owned();
+    assert!(text.contains("depth=auto"), "{text}");
+    assert!(text.contains("slots  f32   [8, 8192]"), "{text}");
     let ops = run(
         "kb-inspect",
         &["ops", t, "--name", "ipcq_copy", "--format", "csv"],
@@ -355,33 +362,10 @@ fn the_summary_gives_a_collectives_bus_bandwidth_and_fabric_bound() {
 }
 
 #[test]
-fn the_ring_depth_is_auto_by_default_and_too_few_slots_are_refused() {
-    // `depth=auto` (the default) is resolved on the machine: the run's
-    // params say auto, and the slots tensor holds the depth chosen (8 on
-    // a cube of `default` with 32 KiB slots: collective::depth_for).
+fn a_ring_with_too_few_slots_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let t = dir.path().join("ring.kbt");
     let t = t.to_str().unwrap();
-    let sim = run(
-        "kb-sim",
-        &[
-            "-q",
-            "-t",
-            "default",
-            "-b",
-            "allreduce",
-            "-p",
-            "algorithm=ring",
-            "-o",
-            t,
-        ],
-        b"",
-    );
-    assert!(sim.status.success(), "{}", stderr(&sim));
-    let summary = run("kb-inspect", &["summary", t], b"");
-    let text = String::from_utf8_lossy(&summary.stdout).into_owned();
-    assert!(text.contains("depth=auto"), "{text}");
-    assert!(text.contains("slots  f32   [8, 8192]"), "{text}");
     // The ring passes messages on from their slots: 2 are too few.
     let sim = run(
         "kb-sim",
