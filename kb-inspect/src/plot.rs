@@ -191,6 +191,18 @@ pub const PALETTE: [RGBColor; 7] = [
     RGBColor(0, 0, 0),
 ];
 
+/// Line `i`'s marker: its palette colour, filled in the palette's first
+/// round, hollow (a ring) in the next, and so on: past seven lines a
+/// colour repeats, its marker does not.
+pub fn marker(i: usize) -> (ShapeStyle, u32) {
+    let color = PALETTE[i % PALETTE.len()].to_rgba();
+    if (i / PALETTE.len()).is_multiple_of(2) {
+        (color.filled(), 3)
+    } else {
+        (color.stroke_width(2), 4)
+    }
+}
+
 /// Chart size in pixels.
 pub const WIDTH: u32 = 960;
 pub const HEIGHT: u32 = 540;
@@ -345,22 +357,19 @@ pub fn svg(c: &Chart) -> Result<String> {
             }
             // A marker on every point: values are where the data is, the
             // lines only join them.
+            let (style, r) = marker(i);
             chart
-                .draw_series(
-                    finite(l)
-                        .into_iter()
-                        .map(|p| Circle::new(p, 3, color.filled())),
-                )
+                .draw_series(finite(l).into_iter().map(|p| Circle::new(p, r, style)))
                 .map_err(|e| err(&e))?;
         }
         // The legend, beside the plot: a row per line, a sample of its
         // line and marker, then its name; rows that do not fit are counted.
         let rows = ((HEIGHT as i32 - 80) / LEGEND_ROW).max(1) as usize;
-        let entries: Vec<(&Line, Option<RGBColor>)> = c
+        let entries: Vec<(&Line, Option<usize>)> = c
             .lines
             .iter()
             .enumerate()
-            .map(|(i, l)| (l, Some(PALETTE[i % PALETTE.len()])))
+            .map(|(i, l)| (l, Some(i)))
             .chain(c.ceilings.iter().map(|l| (l, None)))
             .collect();
         let max_chars = (legend_w.saturating_sub(52) / 7) as usize;
@@ -375,7 +384,8 @@ pub fn svg(c: &Chart) -> Result<String> {
                 break;
             }
             match color {
-                Some(col) => {
+                Some(i) => {
+                    let col = PALETTE[i % PALETTE.len()];
                     if c.joined {
                         legend
                             .draw(&PathElement::new(
@@ -385,7 +395,10 @@ pub fn svg(c: &Chart) -> Result<String> {
                             .map_err(|e| err(&e))?;
                     }
                     legend
-                        .draw(&Circle::new((20, y), 3, col.filled()))
+                        .draw(&{
+                            let (style, r) = marker(*i);
+                            Circle::new((20, y), r, style)
+                        })
                         .map_err(|e| err(&e))?;
                 }
                 None => legend
@@ -1196,6 +1209,9 @@ mod tests {
             }],
         );
         assert_eq!(legend_width(&long), 320);
+        // Past the palette, the colour repeats but the marker is a ring.
+        assert_eq!(marker(0).0.color, marker(7).0.color);
+        assert!(marker(0).0.filled && !marker(7).0.filled);
         assert!(
             svg(&long)
                 .unwrap()
