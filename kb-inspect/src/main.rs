@@ -124,6 +124,27 @@ enum ChannelsArg {
     Slices,
 }
 
+/// How `plot` maps an axis' values (`kb_inspect::plot::Scale`).
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ScaleArg {
+    /// Log where the values are at least three distinct powers of two, else linear
+    Auto,
+    /// Linear
+    Lin,
+    /// Logarithmic (base 2); values that are not positive are left out, with a warning
+    Log,
+}
+
+impl From<ScaleArg> for kb_inspect::plot::Scale {
+    fn from(s: ScaleArg) -> Self {
+        match s {
+            ScaleArg::Auto => Self::Auto,
+            ScaleArg::Lin => Self::Lin,
+            ScaleArg::Log => Self::Log,
+        }
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum ExportFormat {
     Parquet,
@@ -342,8 +363,14 @@ enum Cmd {
         after_help = "INPUT is a trace (file or -): one line per unit kind (pe_dma, pe_gemm, \
         pe_math, hbm_ctrl, ...), the busy fraction of its units over time. Or a sweep table \
         (.parquet or .csv from kb-sim sweep): --y (default sim_ns) against --x (default the first \
-        swept column), one line per combination of the other swept values. Example: kb-inspect \
-        plot sweep.parquet --y achieved_gflops -o gflops.svg"
+        swept column), one line per combination of the other swept values, the legend beside the \
+        plot naming the swept columns that vary. An axis is logarithmic (base 2) when its values \
+        are at least three distinct powers of two (--x-scale/--y-scale lin|log force it). \
+        --roofline draws achieved_gflops (useful FLOPs per kernel ns) against \
+        arithmetic_intensity (useful FLOPs per kernel byte), log-log, under the ceilings in the \
+        table: peak_gemm_gflops_D and peak_math_gflops_D (D: the dtype column's values, else \
+        every dtype) and the peak_hbm_gbs slope. Example: kb-inspect plot sweep.parquet --y \
+        achieved_gflops -o gflops.svg"
     )]
     Plot {
         /// A trace, or a sweep table (.parquet, .csv)
@@ -354,9 +381,19 @@ enum Cmd {
         /// Sweep tables: the column along the x axis (default: the first swept one)
         #[arg(long)]
         x: Option<String>,
-        /// Sweep tables: the column to plot
-        #[arg(long, default_value = "sim_ns")]
-        y: String,
+        /// Sweep tables: the column to plot (default: sim_ns)
+        #[arg(long)]
+        y: Option<String>,
+        /// The x axis' scale
+        #[arg(long, value_enum, default_value = "auto")]
+        x_scale: ScaleArg,
+        /// The y axis' scale
+        #[arg(long, value_enum, default_value = "auto")]
+        y_scale: ScaleArg,
+        /// Sweep tables: a roofline (achieved GFLOP/s against arithmetic intensity, the
+        /// table's peaks as ceilings), log-log unless a scale is given
+        #[arg(long, conflicts_with_all = ["x", "y"])]
+        roofline: bool,
     },
     /// Join the rows of results tables (kb-sim sweep tables, CSV or Parquet)
     #[command(
@@ -578,8 +615,25 @@ fn run(cmd: Cmd, out: &mut dyn Write) -> Result<i32, Error> {
             output,
             x,
             y,
+            x_scale,
+            y_scale,
+            roofline,
         } => {
-            let info = kb_inspect::plot::run(&input, x.as_deref(), &y, &output)?;
+            let opts = kb_inspect::plot::Options {
+                x,
+                y,
+                x_scale: x_scale.into(),
+                y_scale: y_scale.into(),
+                roofline,
+            };
+            let info = kb_inspect::plot::run(&input, &opts, &output)?;
+            if info.not_positive > 0 {
+                say!(
+                    "kb-inspect: warning: {} point{} left out: not positive on a log axis",
+                    info.not_positive,
+                    if info.not_positive == 1 { "" } else { "s" }
+                );
+            }
             if info.skipped > 0 {
                 say!(
                     "kb-inspect: warning: {} row{} left out: x or y is not finite (inf or NaN)",

@@ -980,3 +980,68 @@ fn a_table_that_cannot_be_written_leaves_the_old_pair() {
         .collect();
     assert_eq!(names.len(), 2, "{names:?}");
 }
+
+/// A real sweep's roofline through the CLI: log-log, the table's own
+/// peaks as ceilings, byte-identical twice; --roofline with --x, a bad
+/// scale or a trace: exit 2 with a message, no panic.
+#[test]
+fn a_sweep_plots_as_a_roofline_from_its_own_peaks() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("r");
+    let o = run(
+        "kb-sim",
+        &[
+            "sweep",
+            "-t",
+            "small",
+            "-b",
+            "gemm",
+            "--set",
+            "hbm.channel_bw_gbs=8,32",
+            "-p",
+            "block_n=16,64",
+            "-p",
+            "dtype=f16",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = d.path().join("r.parquet");
+    let t = table.to_str().unwrap();
+    let svg = |name: &str| d.path().join(name).to_str().unwrap().to_string();
+    let (a, b) = (svg("a.svg"), svg("b.svg"));
+    for s in [&a, &b] {
+        let o = run("kb-inspect", &["plot", t, "--roofline", "-o", s], b"");
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("drew 4 lines (4 points)"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let text = std::fs::read_to_string(&a).unwrap();
+    assert_eq!(text, std::fs::read_to_string(&b).unwrap(), "deterministic");
+    // small's f16 GEMM peak; its HBM at 8 and at 32 GB/s per channel.
+    for ceiling in [
+        "GEMM peak f16: 256000 GFLOP/s",
+        "HBM peak: 256 GB/s",
+        "HBM peak: 1024 GB/s",
+    ] {
+        assert!(text.contains(ceiling), "{ceiling} not in the legend");
+    }
+    // The dtype column picks f16's peaks only; the legend names what varies.
+    assert!(!text.contains("i8"), "i8 ceiling drawn for an f16 sweep");
+    assert!(text.contains("hbm.channel_bw_gbs=8 block_n=16"));
+    assert!(!text.contains("dtype=f16"));
+    for (args, what) in [
+        (vec!["--roofline", "--x", "m"], "--roofline with --x"),
+        (vec!["--x-scale", "bogus"], "a bad scale"),
+        (vec!["--x", "dtype", "--x-scale", "log"], "a log text axis"),
+    ] {
+        let mut all = vec!["plot", t, "-o", &a];
+        all.extend(args);
+        kb_e2e::assert_clean_error(&run("kb-inspect", &all, b""), what);
+    }
+}
