@@ -5,8 +5,8 @@
 //! link carries its buffer once inbound (the pulls) and once outbound (the
 //! pushes), and nothing makes a round trip through HBM between the steps.
 
-use super::{Buf, Comm, chunk};
-use crate::kernel::{Group, LoadHandle, Notify, Operand, Pending, SignalOp, Tile, Tl};
+use super::{Buf, Comm, Partial, chunk};
+use crate::kernel::{Group, LoadHandle, Notify, Operand, SignalOp, Tl};
 
 /// Which direct steps to run.
 #[derive(Debug, Clone, Copy)]
@@ -37,25 +37,6 @@ impl Steps {
         gather: true,
         handshake: true,
     };
-}
-
-/// A chunk tile's running sum: its first part, then sums (no box per
-/// tile).
-enum Sum {
-    Part(Tile),
-    Running(Pending),
-    /// This member's own part, where it lies (one member, in TCM).
-    Own(crate::kernel::Block),
-}
-
-impl Sum {
-    fn operand(&self) -> &dyn Operand {
-        match self {
-            Sum::Part(t) => t,
-            Sum::Running(s) => s,
-            Sum::Own(b) => b,
-        }
-    }
 }
 
 impl Comm<'_> {
@@ -139,19 +120,19 @@ impl Comm<'_> {
             let block = din.block(own(r0), n);
             let mut parts = parts.into_iter();
             let sum = if !steps.reduce {
-                parts.next().map(|h| Sum::Part(tl.wait(h)))
+                parts.next().map(|h| Partial::Tile(tl.wait(h)))
             } else {
                 let mut sum = match (in_tcm, parts.next()) {
-                    (false, Some(h)) => Sum::Part(tl.wait(h)),
+                    (false, Some(h)) => Partial::Tile(tl.wait(h)),
                     (true, Some(h)) => {
                         let x = tl.wait(h);
-                        Sum::Running(tl.add(&block, &x))
+                        Partial::Sum(tl.add(&block, &x))
                     }
-                    (_, None) => Sum::Own(block),
+                    (_, None) => Partial::Block(block),
                 };
                 for h in parts {
                     let x = tl.wait(h);
-                    sum = Sum::Running(tl.add(sum.operand(), &x));
+                    sum = Partial::Sum(tl.add(sum.operand(), &x));
                 }
                 Some(sum)
             };

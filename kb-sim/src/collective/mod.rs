@@ -384,6 +384,24 @@ impl<'t> Buf<'t> {
     }
 }
 
+/// A reduction's running value (direct steps, tree): its first part, a
+/// loaded tile or a block where it lies, then sums; no box per tile.
+enum Partial {
+    Tile(crate::kernel::Tile),
+    Block(Block),
+    Sum(crate::kernel::Pending),
+}
+
+impl Partial {
+    fn operand(&self) -> &dyn Operand {
+        match self {
+            Partial::Tile(t) => t,
+            Partial::Block(b) => b,
+            Partial::Sum(s) => s,
+        }
+    }
+}
+
 /// Rows `[a, b)` of chunk `c` of `p` over `rows` rows (the RowWise split).
 fn chunk(rows: u64, c: usize, p: usize) -> (u64, u64) {
     let (c, p) = (c as u64, p as u64);
@@ -645,6 +663,15 @@ impl<'a> Comm<'a> {
         }
     }
 
+    /// The end of a collective: every pending credit goes back (the next
+    /// one starts with every slot free), and what [`Comm::ready_at_launch`]
+    /// and [`Comm::read_after_launch`] said held for this one only.
+    fn finish(&mut self, tl: &mut Tl<'_>) {
+        self.flush_all(tl);
+        self.launch_ready = false;
+        self.read_after = false;
+    }
+
     /// Return every pending credit (at the end of a collective, so the
     /// next one starts with every slot free).
     fn flush_all(&mut self, tl: &mut Tl<'_>) {
@@ -683,9 +710,7 @@ impl<'a> Comm<'a> {
             }
             _ => self.hierarchical(tl, din, dout),
         }
-        self.flush_all(tl);
-        self.launch_ready = false;
-        self.read_after = false;
+        self.finish(tl);
     }
 
     /// Member k's `out` = rows `[k*R/P, (k+1)*R/P)` of the sum over members
@@ -758,18 +783,14 @@ impl<'a> Comm<'a> {
                 other.name()
             ),
         }
-        self.flush_all(tl);
-        self.launch_ready = false;
-        self.read_after = false;
+        self.finish(tl);
     }
 
     /// Every member's `out` = member `root`'s `data` (the same shape), down
     /// a binary tree rooted at `root`.
     pub fn broadcast(&mut self, tl: &mut Tl<'_>, data: &TensorArg, out: &TensorArg, root: usize) {
         self.tree_with_root(tl, data, out, false, root);
-        self.flush_all(tl);
-        self.launch_ready = false;
-        self.read_after = false;
+        self.finish(tl);
     }
 
     /// Send `src` (a block of any memory) on `ch` to `to` by a DMA copy,

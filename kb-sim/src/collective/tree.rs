@@ -8,25 +8,9 @@
 
 use kb_format::Dtype;
 
-use super::{Buf, Channel, Comm};
-use crate::kernel::{LoadHandle, Operand, Pending, TensorArg, Tl};
+use super::{Buf, Channel, Comm, Partial};
+use crate::kernel::{LoadHandle, TensorArg, Tl};
 use crate::machine::PeCoord;
-
-/// A tree reduction's running value: the own tile, then a sum (no box per
-/// tile).
-enum Acc {
-    Own(crate::kernel::Tile),
-    Sum(Pending),
-}
-
-impl Acc {
-    fn operand(&self) -> &dyn Operand {
-        match self {
-            Acc::Own(t) => t,
-            Acc::Sum(s) => s,
-        }
-    }
-}
 
 /// A tree member's parent (and which child of it the member is), and its
 /// children (child index, member).
@@ -133,11 +117,11 @@ impl Comm<'_> {
                 }
                 // The own tile, then its sums with the children's (each
                 // dropped, its TCM freed, as soon as the next is made).
-                let mut acc = Acc::Own(own);
+                let mut acc = Partial::Tile(own);
                 if reduce {
                     for &(c, child) in &down_to {
                         let slot = self.recv(tl, Channel::Up(c), n, cols, dtype);
-                        acc = Acc::Sum(tl.add(&slot, acc.operand()));
+                        acc = Partial::Sum(tl.add(&slot, acc.operand()));
                         self.consumed(tl, Channel::Up(c), child);
                     }
                 }
