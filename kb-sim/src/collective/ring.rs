@@ -168,8 +168,8 @@ impl Comm<'_> {
         // for. Every other message passes on the one received `hop` before.
         let free = |m: u64| msg(m).is_some_and(|x| x.step == 0);
         // The own parts received reduce-scatter messages are added to,
-        // loaded ahead in receive order: `burst` of them, as many as fit
-        // half the free TCM.
+        // loaded ahead in receive order: `hop` of them (what arrives before
+        // the first of them is passed on), as many as fit half the free TCM.
         let tile_bytes = tile * cols * dtype.size() as u64;
         let ahead = hop.min(tl.tcm_available() / 2 / tile_bytes).max(1);
         let mut inputs: VecDeque<Option<LoadHandle>> = VecDeque::new();
@@ -222,8 +222,7 @@ impl Comm<'_> {
                         let (r, n) = sent(next_send);
                         if n > 0 {
                             assert!(free(next_send), "collective: ring message out of order");
-                            let sent = self.sent[Channel::Ring.link()];
-                            self.wait_for_slot(tl, Channel::Ring, sent);
+                            // Waits for its slot.
                             self.send_block(tl, src(r, n), Channel::Ring, right);
                         }
                         next_send += 1;
