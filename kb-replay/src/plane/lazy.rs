@@ -19,7 +19,9 @@
 //!   the alias ([`Lazy::clear_target`]);
 //! - when an alias is made its source overlaps no live target, so the
 //!   aliases that must be materialized before another can be form no
-//!   cycle (each depends only on older ones).
+//!   cycle (each depends only on older ones), and aliases removed
+//!   together are handed out oldest first, the order that keeps each
+//!   source's bytes until its alias is copied.
 
 use kb_format::Extent;
 use rustc_hash::FxHashMap;
@@ -306,6 +308,11 @@ pub fn slice_into(src: &[Extent], off: u64, len: u64, out: &mut Vec<Extent>) {
 #[derive(Debug, Default)]
 pub struct Lazy {
     slab: Vec<Option<Alias>>,
+    /// When each live alias's bytes were aliased, by slab id: a count of
+    /// aliases made, kept by the pieces a trim leaves. Aliases taken
+    /// together are handed out oldest first (see [`Lazy::take_sourced`]).
+    born: Vec<u64>,
+    next_born: u64,
     free: Vec<u32>,
     /// Targets per memory as (start, end, id), sorted (they are disjoint).
     targets: FxHashMap<u64, Vec<(u64, u64, u32)>>,
@@ -325,13 +332,22 @@ impl Lazy {
     }
 
     fn insert(&mut self, a: Alias) {
+        let born = self.next_born;
+        self.next_born += 1;
+        self.insert_born(a, born);
+    }
+
+    /// Insert `a` as made at `born` (a trimmed alias's pieces keep its).
+    fn insert_born(&mut self, a: Alias, born: u64) {
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
                 self.slab.push(None);
+                self.born.push(0);
                 (self.slab.len() - 1) as u32
             }
         };
+        self.born[id as usize] = born;
         for (i, e) in a.src.iter().enumerate() {
             self.sources.insert(e, id, i as u32);
         }
@@ -480,9 +496,11 @@ impl Lazy {
     pub fn clear_target(&mut self, e: &Extent) -> Vec<Alias> {
         let mut out = Vec::new();
         if self.live == 0 {
-            return out;
+            return Vec::new();
         }
-        let Some((s, end)) = span(e) else { return out };
+        let Some((s, end)) = span(e) else {
+            return Vec::new();
+        };
         let dense = e.rows <= 1 || e.stride <= e.len;
         for id in self.target_ids(s, end) {
             let a = self.slab[id as usize].as_ref().expect("live alias");
@@ -502,38 +520,43 @@ impl Lazy {
                     _ => None,
                 }
             };
+            let born = self.born[id as usize];
             let a = self.remove(id);
             match run {
                 Some((lo, hi)) => {
                     if as_ < lo {
                         let mut src = Vec::new();
                         slice_into(&a.src, 0, lo - as_, &mut src);
-                        self.insert(Alias {
+                        let piece = Alias {
                             start: as_,
                             len: lo - as_,
                             src,
-                        });
+                        };
+                        self.insert_born(piece, born);
                     }
                     if hi < ae {
                         let mut src = Vec::new();
                         slice_into(&a.src, hi - as_, ae - hi, &mut src);
-                        self.insert(Alias {
+                        let piece = Alias {
                             start: hi,
                             len: ae - hi,
                             src,
-                        });
+                        };
+                        self.insert_born(piece, born);
                     }
                 }
-                None => out.push(a),
+                None => out.push((born, a)),
             }
         }
-        out
+        oldest_first(out)
     }
 
     /// The physical bytes of `e` are about to change: remove and return
-    /// every alias whose source covers any of them (in creation order is
-    /// not needed: the caller materializes each after those it depends
-    /// on, see the module docs).
+    /// every alias whose source covers any of them, oldest first, the
+    /// order to materialize them in: a younger one's target may overlap an
+    /// older one's source (its bytes were aliased after the older one
+    /// was made), never the reverse (see the module docs), and once
+    /// removed here neither can find the other when it is materialized.
     pub fn take_sourced(&mut self, e: &Extent) -> Vec<Alias> {
         if self.live == 0 {
             return Vec::new();
@@ -550,7 +573,11 @@ impl Lazy {
         });
         ids.sort_unstable();
         ids.dedup();
-        ids.into_iter().map(|id| self.remove(id)).collect()
+        let taken = ids
+            .into_iter()
+            .map(|id| (self.born[id as usize], self.remove(id)))
+            .collect();
+        oldest_first(taken)
     }
 
     /// Every alias, in no particular order.
@@ -558,12 +585,17 @@ impl Lazy {
         self.slab.iter().flatten()
     }
 
-    /// Remove every alias, returning them.
+    /// Remove every alias, returning them oldest first (the order to
+    /// materialize them in, as [`Lazy::take_sourced`]'s).
     pub fn drain(&mut self) -> Vec<Alias> {
         let ids: Vec<u32> = (0..self.slab.len() as u32)
             .filter(|&i| self.slab[i as usize].is_some())
             .collect();
-        ids.into_iter().map(|id| self.remove(id)).collect()
+        let all = ids
+            .into_iter()
+            .map(|id| (self.born[id as usize], self.remove(id)))
+            .collect();
+        oldest_first(all)
     }
 
     /// Debug check of the invariants: disjoint targets, no source over its
@@ -590,6 +622,12 @@ impl Lazy {
             assert!(self.sources.is_empty());
         }
     }
+}
+
+/// Aliases in the order they were made (by their `born` counts).
+fn oldest_first(mut v: Vec<(u64, Alias)>) -> Vec<Alias> {
+    v.sort_unstable_by_key(|(born, _)| *born);
+    v.into_iter().map(|(_, a)| a).collect()
 }
 
 #[cfg(test)]
@@ -779,6 +817,29 @@ mod tests {
         assert!(!l.any_target(&[Extent::contiguous(2016, 4)]));
         assert_eq!(l.drain().len(), 1);
         l.check();
+    }
+
+    /// Aliases come out of `take_sourced` and `drain` in the order they
+    /// were made, whatever their slab ids, and the pieces a trim leaves
+    /// keep their alias's age.
+    #[test]
+    fn aliases_taken_together_come_oldest_first() {
+        let mut l = Lazy::default();
+        l.set(9000, 4, vec![Extent::contiguous(5000, 4)]); // id 0
+        l.set(1000, 32, vec![Extent::contiguous(5000, 32)]); // id 1, older
+        assert!(l.clear_target(&Extent::contiguous(9000, 4)).is_empty()); // frees id 0
+        l.set(5000, 8, vec![Extent::contiguous(5008, 8)]); // id 0, younger
+        l.check();
+        let got = l.take_sourced(&Extent::contiguous(5008, 1));
+        let starts: Vec<u64> = got.iter().map(|a| a.start).collect();
+        assert_eq!(starts, [1000, 5000]);
+        // A trimmed alias's pieces are as old as it was.
+        l.set(2000, 16, vec![Extent::contiguous(6000, 16)]); // older
+        l.set(3000, 16, vec![Extent::contiguous(6000, 16)]); // younger
+        assert!(l.clear_target(&Extent::contiguous(2004, 4)).is_empty());
+        l.check();
+        let starts: Vec<u64> = l.drain().iter().map(|a| a.start).collect();
+        assert_eq!(starts, [2000, 2008, 3000]);
     }
 
     #[test]

@@ -366,6 +366,49 @@ fn aliases_are_read_through_and_materialized_before_their_sources_change() {
     );
 }
 
+/// Two aliases of one source, the younger's target inside the older's
+/// source (a tile stored lazily to HBM, then the tile's first half
+/// loaded lazily from its second half): a write to their shared source
+/// bytes materializes the older first, which still reads the tile as it
+/// was. Slab ids are reused, so the younger alias here has the lower id
+/// (the order aliases were taken in before, which copied the younger
+/// first and stored the changed tile: the hierarchical all-reduce's
+/// wrong rows, `kb-sim -t large -b allreduce -p group=all -p
+/// algorithm=hierarchical -p depth=16`).
+#[test]
+fn aliases_taken_together_are_materialized_oldest_first() {
+    let tcm = dev(Space::Tcm, 0x40);
+    let hbm = dev(Space::Hbm, 0x200);
+    let spare = dev(Space::Hbm, 0x900);
+    let tile: Vec<u8> = (0..16).collect();
+    for finish in ["write to the source", "materialize everything"] {
+        let mut p = plane();
+        p.write(tcm, &tile).unwrap();
+        // An alias made first and dropped, so its slab id is reused.
+        p.lazy_mut()
+            .set(spare, 4, vec![Extent::contiguous(tcm + 12, 4)]);
+        // hbm := tile (older), then tile[0..8] := tile[8..16] (younger).
+        p.lazy_mut().set(hbm, 16, vec![Extent::contiguous(tcm, 16)]);
+        p.write(spare, &[0; 4]).unwrap();
+        p.lazy_mut()
+            .set(tcm, 8, vec![Extent::contiguous(tcm + 8, 8)]);
+        p.lazy().check();
+        assert_eq!(read(&p, hbm, 16), tile, "{finish}");
+        let mut now: Vec<u8> = (8..16).chain(8..16).collect();
+        if finish == "write to the source" {
+            p.write(tcm + 8, &[0xee; 8]).unwrap();
+            now[8..].fill(0xee);
+        } else {
+            p.materialize_all();
+            assert_eq!(read_phys(&p, tcm, 16), now, "{finish}");
+        }
+        p.lazy().check();
+        assert_eq!(read(&p, hbm, 16), tile, "{finish}: the stored tile");
+        assert_eq!(read_phys(&p, hbm, 16), tile, "{finish}: the stored tile");
+        assert_eq!(read(&p, tcm, 16), now, "{finish}: the tile");
+    }
+}
+
 #[test]
 fn copies_and_views_move_physical_bytes() {
     let mut p = plane();
