@@ -465,3 +465,119 @@ fn copies_and_views_move_physical_bytes() {
     p.gather(&paged, &mut b).unwrap();
     assert_eq!(a, b);
 }
+
+/// One step of the lazy-copy model check.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Write `byte` physically over `len` bytes at `at` (memory `mem`).
+    Write {
+        mem: u8,
+        at: u64,
+        len: u64,
+        byte: u8,
+    },
+    /// Write `rows` rows of `len` bytes, `stride` apart.
+    Rows {
+        mem: u8,
+        at: u64,
+        len: u64,
+        rows: u32,
+        stride: u64,
+        byte: u8,
+    },
+    /// Copy `len` bytes, lazily where the planner would.
+    Copy {
+        from: (u8, u64),
+        to: (u8, u64),
+        len: u64,
+    },
+    /// Write every alias to its target.
+    MaterializeAll,
+}
+
+const MODEL_BYTES: u64 = 64;
+
+fn model_addr(mem: u8) -> u64 {
+    if mem == 0 {
+        dev(Space::Tcm, 0x40)
+    } else {
+        dev(Space::Hbm, 0x1000)
+    }
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let at_len = (0u64..MODEL_BYTES).prop_flat_map(|at| (Just(at), 1..=MODEL_BYTES - at));
+    prop_oneof![
+        2 => (0u8..2, at_len, any::<u8>())
+            .prop_map(|(mem, (at, len), byte)| Step::Write { mem, at, len, byte }),
+        1 => (0u8..2, 0u64..16, 1u64..6, 2u32..5, 6u64..12, any::<u8>()).prop_map(
+            |(mem, at, len, rows, stride, byte)| Step::Rows { mem, at, len, rows, stride, byte }
+        ),
+        4 => (0u8..2, 0u8..2, 1u64..=32, 0u64..=32, 0u64..=32).prop_map(
+            |(fm, tm, len, fa, ta)| Step::Copy { from: (fm, fa), to: (tm, ta), len }
+        ),
+        1 => Just(Step::MaterializeAll),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+    /// Lazy copies against plain bytes: after every step the plane's logical
+    /// bytes are the model's, whatever aliases were made, trimmed, taken
+    /// together or materialized (copies are made lazily exactly when the
+    /// planner would make them so: the destination one range, no resolved
+    /// source byte inside it or inside a live target).
+    #[test]
+    fn lazy_copies_read_as_plain_copies(steps in proptest::collection::vec(step(), 1..40)) {
+        let mut p = plane();
+        let mut model = [vec![0u8; MODEL_BYTES as usize], vec![0u8; MODEL_BYTES as usize]];
+        for s in &steps {
+            match *s {
+                Step::Write { mem, at, len, byte } => {
+                    p.write(model_addr(mem) + at, &vec![byte; len as usize]).unwrap();
+                    model[mem as usize][at as usize..(at + len) as usize].fill(byte);
+                }
+                Step::Rows { mem, at, len, rows, stride, byte } => {
+                    let e = Extent { pa: model_addr(mem) + at, len, rows, stride };
+                    p.scatter(&[e], &vec![byte; (len * rows as u64) as usize]).unwrap();
+                    for r in 0..rows as u64 {
+                        let o = (at + r * stride) as usize;
+                        model[mem as usize][o..o + len as usize].fill(byte);
+                    }
+                }
+                Step::Copy { from, to, len } => {
+                    let src = Extent::contiguous(model_addr(from.0) + from.1, len);
+                    let dst = Extent::contiguous(model_addr(to.0) + to.1, len);
+                    let resolved = p.resolve(&[src]);
+                    let lazy_ok = !resolved.iter().any(|x| lazy::overlaps(x, &dst))
+                        && !p.lazy().any_target(&resolved);
+                    let bytes = read(&p, src.pa, len as usize);
+                    if lazy_ok {
+                        p.lazy_mut().set(dst.pa, len, resolved);
+                    } else {
+                        p.write(dst.pa, &bytes).unwrap();
+                    }
+                    model[to.0 as usize][to.1 as usize..(to.1 + len) as usize]
+                        .copy_from_slice(&bytes);
+                }
+                Step::MaterializeAll => p.materialize_all(),
+            }
+            p.lazy().check();
+            for mem in 0..2u8 {
+                proptest::prop_assert_eq!(
+                    &read(&p, model_addr(mem), MODEL_BYTES as usize),
+                    &model[mem as usize],
+                    "memory {} after {:?}", mem, s
+                );
+            }
+        }
+        p.materialize_all();
+        for mem in 0..2u8 {
+            proptest::prop_assert_eq!(
+                &read_phys(&p, model_addr(mem), MODEL_BYTES as usize),
+                &model[mem as usize]
+            );
+        }
+    }
+}
