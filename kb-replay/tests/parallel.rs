@@ -1,5 +1,6 @@
 //! The parallel engine against the sequential one: random traces full of
-//! read/write hazards give bit-identical bytes for every thread count,
+//! read/write hazards (and copies of half buffers, so lazy copies share
+//! source bytes) give bit-identical bytes for every thread count,
 //! window size, lookahead and with batching on or off; errors are the
 //! first in effect order; streaming holds few records.
 
@@ -26,8 +27,9 @@ fn buf(pe: u32, i: u64) -> u64 {
 
 /// A random op log over 4 PEs' TCM buffers and an HBM region: loads,
 /// stores (some strided), GEMMs (f32, f16, with and without an in-place
-/// accumulator) and adds, with writes delayed past other ops' effects.
-fn random_trace(seed: u64, n: usize) -> Vec<u8> {
+/// accumulator) and adds, with writes delayed past other ops' effects;
+/// with `halves`, copies of half buffers too.
+fn random_trace(seed: u64, n: usize, halves: bool) -> Vec<u8> {
     let mut rng = StdRng::seed_from_u64(seed);
     let x: Vec<f32> = (0..(SLOTS * BUF / 4) as usize)
         .map(|_| rng.random_range(-1.0f32..1.0))
@@ -62,8 +64,26 @@ fn random_trace(seed: u64, n: usize) -> Vec<u8> {
         let slot = hbm(rng.random_range(0..SLOTS) * BUF);
         let t = i as u64 * 10;
         let id = i as u64;
-        let kind = rng.random_range(0..10);
+        let kind = rng.random_range(0..if halves { 11 } else { 10 });
         let mut op = match kind {
+            // Half of a buffer to half of another (or the other half of
+            // the same one): copies whose source or target lies inside
+            // another copy's, so several aliases share source bytes.
+            10 => {
+                let (from, to) = (b(&mut rng), b(&mut rng));
+                let (h0, mut h1) = (rng.random_range(0..2u64), rng.random_range(0..2u64));
+                if from == to && h0 == h1 {
+                    h1 = 1 - h0;
+                }
+                mem(
+                    id,
+                    t,
+                    0,
+                    vec![span(from + h0 * BUF / 2, BUF / 2)],
+                    0,
+                    vec![span(to + h1 * BUF / 2, BUF / 2)],
+                )
+            }
             // Load, contiguous or as 4 strided rows.
             0..=2 => {
                 let src = if rng.random_bool(0.5) {
@@ -147,7 +167,7 @@ fn random_trace(seed: u64, n: usize) -> Vec<u8> {
         let at = i as u64 * 10;
         pos.push((at, i, false));
         // Memory ops write a while later; compute ops right away.
-        let delay = if kind <= 4 {
+        let delay = if kind <= 4 || kind == 10 {
             rng.random_range(0..4) * 10 + 5
         } else {
             1
@@ -201,7 +221,7 @@ fn run(bytes: &[u8], threads: usize, opts: &ReplayOptions, be: &dyn GemmBackend)
 #[test]
 fn thread_counts_windows_and_batching_give_identical_bits() {
     for seed in 0..4 {
-        let bytes = random_trace(seed, 400);
+        let bytes = random_trace(seed, 400, true);
         let base = run(&bytes, 1, &ReplayOptions::default(), &GemmCrate);
         let want = state(&base);
         let d = ReplayOptions::default();
@@ -302,8 +322,9 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
         .unwrap();
         assert!(state(&seq) == want);
         // The naive reference agrees to rounding, on a short trace (long
-        // chains of GEMMs grow the values and amplify rounding differences).
-        let short = random_trace(seed, 40);
+        // chains of GEMMs grow the values and amplify rounding differences,
+        // as copies of half buffers do by moving big values about).
+        let short = random_trace(seed, 40, false);
         let naive = run(&short, 2, &ReplayOptions::default(), &NaiveGemm);
         let gemm = run(&short, 2, &ReplayOptions::default(), &GemmCrate);
         let (g, n) = (f32_of(&state(&gemm)), f32_of(&state(&naive)));
@@ -550,7 +571,7 @@ fn gemms_in_tcm_batch_in_place() {
 
 #[test]
 fn streaming_holds_a_window_not_the_trace() {
-    let bytes = random_trace(9, 3000);
+    let bytes = random_trace(9, 3000, true);
     let opts = ReplayOptions {
         window: 64,
         ..ReplayOptions::default()
