@@ -6,6 +6,7 @@
 #   THREADS=2 RUNS=5 scripts/bench-replay.sh
 #   ONLY=defaults BASE_REPLAY=old/kb-replay scripts/bench-replay.sh  # issue 15 traces only
 #   ONLY=layers BASE_REPLAY=old/kb-replay scripts/bench-replay.sh    # mlp and attention (issue 38)
+#   ONLY=verify BASE_REPLAY=old/kb-replay scripts/bench-replay.sh    # --verify's cost on issue 38's four traces
 #
 # Needs python3 (numpy goes into a private venv, target/replay-venv, or
 # VENV=path/to/a/venv with numpy). When
@@ -67,7 +68,7 @@ build_replay() { # name, cargo feature args...
     shift
     cargo build -q --release -p kb-replay "$@"
     cp "$TARGET/release/kb-replay" "$OUT/kb-replay-$name"
-    [ "${ONLY:-}" = layers ] && return 0
+    [ -n "${ONLY:-}" ] && return 0
     cargo bench -q -p kb-replay "$@" --bench backend --no-run 2>/dev/null
     cp "$(ls -t "$TARGET"/release/deps/backend-* | grep -v '\.d$' | head -1)" "$OUT/backend-$name"
 }
@@ -144,6 +145,47 @@ echo "batch-heavy replay seconds: 1 thread $t1, 2 threads $t2" | tee "$OUT/threa
 "$REPLAY" "$BATCHY" --threads 2 --report "$OUT/r.json" -q
 python3 -c "import json; e=json.load(open('$OUT/r.json'))['engine']; print(f\"batch-heavy engine: {e['gemm_batches']} batched calls of {e['gemm_batched_ops']} GEMMs, {e['tasks']} parallel tasks\")" | tee -a "$OUT/threads.txt"
 
+fi
+
+# ---- --verify's cost (issue 38): wall seconds with and without it ---------
+# The four traces of issue 38; each binary (this one, and BASE_REPLAY if
+# given) runs each trace without and with --verify, alternating RUNS times,
+# best (lowest) wall of each; the ratio is the issue's figure (<= 1.5).
+if [ "${ONLY:-}" = verify ]; then
+    VERIFY_TRACES=(
+        "gemm:-t default -b gemm -p m=2048 -p n=2048 -p k=1024 -p dtype=f32"
+        "gemm_tiled:-t default -b gemm_tiled -p m=2048 -p n=2048 -p k=2048 -p dtype=f32"
+        "mlp:-t default -b mlp -p m=2048 -p d=512 -p h=1024"
+        "attention_2048:-t default -b attention -p seq=2048 -p d=128"
+    )
+    bins=("$REPLAY")
+    [ -n "${BASE_REPLAY:-}" ] && bins+=("$BASE_REPLAY")
+    wall() { # command... -> wall seconds
+        local s e
+        s=$(date +%s.%N)
+        "$@" > /dev/null
+        e=$(date +%s.%N)
+        python3 -c "print($e - $s)"
+    }
+    : > "$OUT/verify.txt"
+    for spec in "${VERIFY_TRACES[@]}"; do
+        name=${spec%%:*}
+        # shellcheck disable=SC2086
+        $SIM -q ${spec#*:} -o "$OUT/verify-$name.kbt"
+        for i in "${!bins[@]}"; do
+            plain=999
+            checked=999
+            for _ in $(seq "$RUNS"); do
+                p=$(wall "${bins[$i]}" "$OUT/verify-$name.kbt" -q --threads "$THREADS")
+                c=$(wall "${bins[$i]}" "$OUT/verify-$name.kbt" -q --verify --threads "$THREADS")
+                plain=$(python3 -c "print(min($plain, $p))")
+                checked=$(python3 -c "print(min($checked, $c))")
+            done
+            python3 -c "print(f'verify $name bin=${bins[$i]}: replay {$plain:.3f} s, with --verify {$checked:.3f} s, ratio {$checked / $plain:.2f}')" |
+                tee -a "$OUT/verify.txt"
+        done
+    done
+    exit 0
 fi
 
 # ---- everyday traces: the workloads' default tiles (issue 15) ------------
