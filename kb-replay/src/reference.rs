@@ -756,9 +756,10 @@ fn row_block_body<const WIDE: bool>(
 /// a time, which loads and stores C for every k).
 const TILE_ROWS: usize = 4;
 const TILE_COLS: usize = 32;
-/// Rows of k a tile runs down at a time: a 128 x 32 slice of a panel is
-/// 32 KiB, the L1 of the CPUs measured.
-const DEPTH: usize = 128;
+/// Rows of k a tile runs down at a time: a 64 x 32 slice of a panel is
+/// 16 KiB, half an L1 data cache, leaving room for the rows of A (64 and
+/// 128 measured alike, within the loaded VM's noise).
+const DEPTH: usize = 64;
 
 /// [`tile`] in AVX-512 registers, written out: the compiler kept the
 /// portable version's running sums on the stack (measured: a load and a
