@@ -72,9 +72,10 @@ pub struct ChannelLog {
 /// A channel's busy intervals, served in order (the rule of
 /// [`extend_busy`]): the one still growing, and the closed ones encoded
 /// as the channels chunk holds them, (gap after the previous end, length)
-/// varint pairs, in blocks of fixed capacity: a log grows by a block
-/// now and then, never by copying what it holds (one growing `Vec` per
-/// channel reallocated a few times per channel as a run went on).
+/// varint pairs, in blocks that double in capacity up to a fixed one: a
+/// log grows by a block now and then, never by copying what it holds (one
+/// growing `Vec` per channel reallocated a few times per channel as a run
+/// went on).
 #[derive(Debug, Clone, Default)]
 pub struct BusyLog {
     open: Option<(Ps, Ps)>,
@@ -88,8 +89,13 @@ pub struct BusyLog {
 }
 
 impl BusyLog {
-    /// Bytes per block (a pair takes at most 20).
+    /// Bytes per block, at most (a pair takes at most 20).
     const BLOCK: usize = 16 << 10;
+    /// Bytes of a log's first block: each next one is twice the one
+    /// before, up to [`BusyLog::BLOCK`], so that a channel that served a
+    /// few times holds a few hundred bytes, not a full block (a 4,096-PE
+    /// machine has 32 K channels).
+    const FIRST_BLOCK: usize = 128;
 
     /// Add service `[start, end)`, starting no earlier than every service
     /// before it started; it merges into the open interval when they touch.
@@ -102,7 +108,8 @@ impl BusyLog {
 
     fn close(&mut self, (start, end): (Ps, Ps)) {
         if self.block.capacity() - self.block.len() < 2 * crate::cursor::V {
-            let next = Vec::with_capacity(Self::BLOCK);
+            let size = (2 * self.block.capacity()).clamp(Self::FIRST_BLOCK, Self::BLOCK);
+            let next = Vec::with_capacity(size);
             let done = std::mem::replace(&mut self.block, next);
             if !done.is_empty() {
                 self.full.push(done);

@@ -125,6 +125,32 @@ type RouteCache = HashMap<(NodeId, NodeId), Rc<[LinkId]>>;
 /// Routes by (from, via, to), filled on first use.
 type ViaRouteCache = HashMap<(NodeId, NodeId, NodeId), Rc<[LinkId]>>;
 
+/// A route search's state over the nodes: node `v` is seen in the current
+/// search when `seen[v]` is its mark (then `via[v]` is the link it was
+/// reached by); a new search takes a new mark instead of clearing.
+#[derive(Debug, Default)]
+struct Search {
+    mark: u32,
+    seen: Vec<u32>,
+    via: Vec<LinkId>,
+    q: VecDeque<NodeId>,
+}
+
+impl Search {
+    /// Begin a search over `n` nodes: none seen, the queue empty; returns
+    /// its mark.
+    fn start(&mut self, n: usize) -> u32 {
+        if self.seen.len() != n || self.mark == u32::MAX {
+            self.seen = vec![0; n];
+            self.via = vec![0; n];
+            self.mark = 0;
+        }
+        self.mark += 1;
+        self.q.clear();
+        self.mark
+    }
+}
+
 /// The built machine. Immutable after construction except the route cache.
 #[derive(Debug)]
 pub struct Machine {
@@ -140,6 +166,11 @@ pub struct Machine {
     pe_coords: Vec<PeCoord>,
     routes: RefCell<RouteCache>,
     via_routes: RefCell<ViaRouteCache>,
+    /// The route search's marks, kept from one search to the next: a
+    /// search of a large machine touches a fraction of its nodes, and
+    /// fresh arrays of every node per search were a tenth of a 4,096-PE
+    /// run.
+    search: RefCell<Search>,
     /// Per PE (dense index), its PE_MMU node, in the VA model.
     mmu_nodes: Vec<NodeId>,
     /// Per PE (dense index), its HBM routers in the LA model: `ch_r0..` (1:1)
@@ -162,6 +193,7 @@ impl Machine {
             pe_coords: Vec::new(),
             routes: RefCell::new(HashMap::default()),
             via_routes: RefCell::new(HashMap::default()),
+            search: RefCell::new(Search::default()),
             mmu_nodes: Vec::new(),
             hbm_routers: Vec::new(),
             first_flit_ps: ns_to_ps(topo.fabric.first_flit_ns.0),
@@ -408,20 +440,19 @@ impl Machine {
     }
 
     fn bfs(&self, from: NodeId, to: NodeId) -> Vec<LinkId> {
-        let n = self.nodes.len();
-        let mut via: Vec<Option<LinkId>> = vec![None; n];
-        let mut seen = vec![false; n];
-        let mut q = VecDeque::new();
-        seen[from as usize] = true;
+        let search = &mut *self.search.borrow_mut();
+        let mark = search.start(self.nodes.len());
+        let Search { seen, via, q, .. } = search;
+        seen[from as usize] = mark;
         q.push_back(from);
         while let Some(u) = q.pop_front() {
             if u == to {
                 break;
             }
             for &(v, l) in &self.adj[u as usize] {
-                if !seen[v as usize] {
-                    seen[v as usize] = true;
-                    via[v as usize] = Some(l);
+                if seen[v as usize] != mark {
+                    seen[v as usize] = mark;
+                    via[v as usize] = l;
                     q.push_back(v);
                 }
             }
@@ -429,7 +460,8 @@ impl Machine {
         let mut path = Vec::new();
         let mut at = to;
         while at != from {
-            let l = via[at as usize].expect("the fabric is connected");
+            assert_eq!(seen[at as usize], mark, "the fabric is connected");
+            let l = via[at as usize];
             path.push(l);
             at = self.links[l as usize].from;
         }
@@ -494,6 +526,32 @@ mod tests {
                 assert_eq!(pc, want, "{name} PE {i}");
                 assert_eq!(m.pe_index(pc), i);
             }
+        }
+    }
+
+    /// A route is the same whatever searches ran before it (the search's
+    /// marks are kept from one to the next), and it is a path of links
+    /// from its start to its end.
+    #[test]
+    fn routes_do_not_depend_on_the_searches_before_them() {
+        let topo = Topology::load("small").expect("built-in topology");
+        let m = Machine::build(&topo);
+        let n = m.nodes.len() as NodeId;
+        let pairs: Vec<(NodeId, NodeId)> = (0..n)
+            .step_by(3)
+            .flat_map(|a| (0..n).step_by(5).map(move |b| (a, b)))
+            .collect();
+        let seq: Vec<Rc<[LinkId]>> = pairs.iter().map(|&(a, b)| m.route(a, b)).collect();
+        // The same routes asked for in the other order, on another machine.
+        let other = Machine::build(&topo);
+        for (&(a, b), r) in pairs.iter().zip(&seq).rev() {
+            assert_eq!(*r, other.route(a, b), "{a} -> {b}");
+            let mut at = a;
+            for &l in r.iter() {
+                assert_eq!(m.links[l as usize].from, at);
+                at = m.links[l as usize].to;
+            }
+            assert_eq!(at, b);
         }
     }
 }

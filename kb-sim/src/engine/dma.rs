@@ -275,8 +275,11 @@ impl<W: Write> Engine<'_, W> {
             return Ok(out);
         }
         if self.m.topo.address_model == AddressModel::Va && a.space == Space::Hbm {
-            let table = &self.mmus[self.m.pe_index(pe)];
-            match table.extent_within_run(a.addr, rows, row_bytes, stride) {
+            let pe_index = self.m.pe_index(pe);
+            match self
+                .va_tables
+                .extent_within_run(pe_index, a.addr, rows, row_bytes, stride)
+            {
                 // Every row in one run of pages: one extent, as folding
                 // the rows' pieces would give.
                 Some(x) => out.order.push(x),

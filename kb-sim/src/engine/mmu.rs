@@ -172,7 +172,14 @@ impl<W: Write> Engine<'_, W> {
                     }
                 } else {
                     let page = self.m.topo.pe_mmu.page_bytes;
-                    self.mmus[pe as usize].apply(&mapping.pages, page, msg.unmap);
+                    self.va_tables.apply(
+                        pe as usize,
+                        msg.tensor,
+                        msg.group,
+                        &mapping.pages,
+                        page,
+                        msg.unmap,
+                    );
                 }
                 let latency = now - msg.sent;
                 let s = &mut self.stats.mmu;
@@ -249,14 +256,14 @@ impl<W: Write> Engine<'_, W> {
         out: &mut Vec<Extent>,
     ) -> Result<(), String> {
         let page = self.m.topo.pe_mmu.page_bytes;
-        let table = &self.mmus[self.m.pe_index(pe)];
+        let pe_index = self.m.pe_index(pe);
         let mut done = 0;
         while done < len {
             let at = va + done;
             // Rows of a tile mostly fall in the run the previous row used.
             let hit = match *run {
                 Some((s, e, p)) if s <= at && at < e => Some((p + (at - s), e)),
-                _ => table.run_at(at).map(|(s, e, p)| {
+                _ => self.va_tables.run_at(pe_index, at).map(|(s, e, p)| {
                     *run = Some((s, e, p));
                     (p + (at - s), e)
                 }),
@@ -288,11 +295,12 @@ impl<W: Write> Engine<'_, W> {
     }
 }
 
-/// A PE_MMU's page table as runs of pages mapped to contiguous PAs: a
-/// tensor's VA range is a few runs (one per contiguous PA part), so
-/// memory and lookups follow runs, not pages. Behaves exactly as a table
-/// of pages: a later mapping of a page replaces the earlier one, and an
-/// unmap removes the pages it names whatever they map to.
+/// Pages as runs of pages mapped to contiguous PAs: a mapping group's
+/// pages (see [`super::va_tables`], which puts a PE_MMU's table together
+/// from them). A tensor's VA range is a few runs (one per contiguous PA
+/// part), so memory and lookups follow runs, not pages. Behaves exactly
+/// as a table of pages: a later mapping of a page replaces the earlier
+/// one, and an unmap removes the pages it names whatever they map to.
 #[derive(Debug, Clone, Default)]
 pub(super) struct PageRuns {
     /// VA start -> (VA end, PA of the start); disjoint, page-aligned.
@@ -390,28 +398,27 @@ impl PageRuns {
         Some(found)
     }
 
-    /// `rows` rows of `len` bytes, `stride` apart (rows that touch already
-    /// merged, so `stride > len`), at `va` as one extent, when one run
-    /// holds every byte of them: what translating row by row and folding
-    /// the pieces gives then, in one lookup. `None` otherwise.
-    pub(super) fn extent_within_run(
-        &self,
-        va: u64,
-        rows: u32,
-        len: u64,
-        stride: u64,
-    ) -> Option<Extent> {
-        if rows == 0 || len == 0 || (rows > 1 && stride <= len) {
-            return None;
-        }
-        let span = (rows as u64 - 1).checked_mul(stride)?.checked_add(len)?;
-        let (s, e, p) = self.run_at(va)?;
-        (va.checked_add(span)? <= e).then(|| Extent {
-            pa: p + (va - s),
-            len,
-            rows,
-            stride: if rows > 1 { stride } else { 0 },
-        })
+    /// The VA span of the runs, first start to last end, if any.
+    pub(super) fn span(&self) -> Option<(u64, u64)> {
+        let (&lo, _) = self.runs.first_key_value()?;
+        let (_, &(hi, _)) = self.runs.last_key_value()?;
+        Some((lo, hi))
+    }
+
+    /// Around unmapped `va`: the end of the run below it (0 if none) and
+    /// the start of the run above it (`u64::MAX` if none).
+    pub(super) fn gap_at(&self, va: u64) -> (u64, u64) {
+        let below = self
+            .runs
+            .range(..=va)
+            .next_back()
+            .map_or(0, |(_, &(e, _))| e);
+        let above = self
+            .runs
+            .range(va.saturating_add(1)..)
+            .next()
+            .map_or(u64::MAX, |(&s, _)| s);
+        (below, above)
     }
 }
 
@@ -519,8 +526,8 @@ mod tests {
                     Some((*v * PAGE, *p * PAGE))
                 })
                 .collect();
-            let mut runs = PageRuns::default();
-            runs.apply(&pages, PAGE, false);
+            let mut tables = super::super::va_tables::VaTables::new(1, [1]);
+            tables.apply(0, 0, 0, &pages, PAGE, false);
             let model: std::collections::HashMap<u64, u64> = pages.iter().copied().collect();
             // Each row byte by page through the model; None if unmapped.
             let mut pieces: Vec<Extent> = Vec::new();
@@ -543,7 +550,7 @@ mod tests {
             }
             let mut folded = Vec::new();
             fold_rows(&pieces, &mut folded);
-            match runs.extent_within_run(va, rows, len, stride) {
+            match tables.extent_within_run(0, va, rows, len, stride) {
                 Some(x) => {
                     prop_assert!(mapped);
                     prop_assert_eq!(vec![x], folded);
@@ -552,7 +559,7 @@ mod tests {
                 // one run (pieces that do not fold into one extent, or
                 // the run ends inside the span).
                 None => {
-                    let (s, e, _) = runs.run_at(va).unwrap_or((0, 0, 0));
+                    let (s, e, _) = tables.run_at(0, va).unwrap_or((0, 0, 0));
                     prop_assert!(!(mapped && s <= va && va + (rows as u64 - 1) * stride + len <= e));
                 }
             }

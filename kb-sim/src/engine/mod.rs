@@ -40,6 +40,7 @@ mod launch;
 mod mmu;
 mod order;
 mod sync;
+mod va_tables;
 
 use launch::{HostWait, LaunchAct, LaunchArrive, LaunchState, PeLaunches};
 pub use launch::{LaunchBody, LaunchSpec, Step};
@@ -351,8 +352,9 @@ pub struct Engine<'m, W: Write> {
     comps: Vec<Option<Box<dyn Component>>>,
     engines: Vec<DmaEngines>,
     dma_setup_ps: Ps,
-    /// Per PE (dense index): VA page -> PA page (VA model).
-    mmus: Vec<mmu::PageRuns>,
+    /// Every PE's VA page -> PA page table (VA model), each mapping
+    /// group's runs held once.
+    va_tables: va_tables::VaTables,
     /// Per PE (dense index): the BAAW segment table in its PE_DMA (LA model).
     baaw: Vec<Vec<crate::runtime::Segment>>,
     /// Added to a DMA per translated side (VA model).
@@ -605,7 +607,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 })
                 .collect(),
             dma_setup_ps: ns_to_ps(t.pe_dma.setup_ns.0),
-            mmus: vec![Default::default(); n_pes],
+            va_tables: va_tables::VaTables::new(n_pes, tensors.iter().map(|t| t.mappings.len())),
             baaw: vec![Vec::new(); n_pes],
             tlb_ps: ns_to_ps(t.pe_mmu.tlb_overhead_ns.0),
             steps: steps.into(),
