@@ -163,7 +163,7 @@ if [ "${ONLY:-}" = verify ]; then
     wall() { # command... -> wall seconds
         local s e
         s=$(date +%s.%N)
-        "$@" > /dev/null
+        "$@" > /dev/null || { echo "failed: $*" >&2; return 1; }
         e=$(date +%s.%N)
         python3 -c "print($e - $s)"
     }
