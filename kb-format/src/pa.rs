@@ -1,4 +1,4 @@
-//! The 51-bit physical address (PA) that keys the data plane (ADR-0011):
+//! The 51-bit physical address (PA) that keys the data plane (docs/design.md A1):
 //! which SIP, cube and PE, which memory space, and the byte offset there.
 //!
 //! ```text

@@ -18,6 +18,23 @@ pub enum Dtype {
     U8 = 5,
 }
 
+/// A `.npy` descr (`<f8`, `|u1`, `>i4`) with its numpy name, for
+/// messages: `<f8 (float64)`. The descr alone when it is not a plain
+/// numeric type numpy names by kind and width.
+pub fn npy_descr_named(descr: &str) -> String {
+    let body = descr.trim_start_matches(['<', '>', '|', '=']);
+    let (kind, digits) = body.split_at(body.len().min(1));
+    let name = match (kind, digits.parse::<u32>().ok()) {
+        ("f", Some(n @ (2 | 4 | 8 | 16))) => format!("float{}", n * 8),
+        ("i", Some(n @ (1 | 2 | 4 | 8))) => format!("int{}", n * 8),
+        ("u", Some(n @ (1 | 2 | 4 | 8))) => format!("uint{}", n * 8),
+        ("c", Some(n @ (8 | 16 | 32))) => format!("complex{}", n * 8),
+        ("b", Some(1)) => "bool".to_string(),
+        _ => return descr.to_string(),
+    };
+    format!("{descr} ({name})")
+}
+
 impl Dtype {
     pub const ALL: [Dtype; 6] = [
         Dtype::F32,
@@ -44,6 +61,20 @@ impl Dtype {
             Dtype::I8 => "i8",
             Dtype::I32 => "i32",
             Dtype::U8 => "u8",
+        }
+    }
+
+    /// The numpy dtype of the `.npy` file a tensor of this dtype is read
+    /// from and written as (`kb-sim --input`, `kb-inspect tensor`,
+    /// `kb-replay --dump-outputs`): its descr and numpy name. bf16, which
+    /// numpy lacks, travels as float32.
+    pub fn npy(self) -> (&'static str, &'static str) {
+        match self {
+            Dtype::F32 | Dtype::Bf16 => ("<f4", "float32"),
+            Dtype::F16 => ("<f2", "float16"),
+            Dtype::I8 => ("|i1", "int8"),
+            Dtype::I32 => ("<i4", "int32"),
+            Dtype::U8 => ("|u1", "uint8"),
         }
     }
 
@@ -93,7 +124,7 @@ impl Space {
     }
 }
 
-/// Phase 2 dispatch class of an op (ADR-0020 D5, ADR-0052 D1).
+/// Phase 2 dispatch class of an op (docs/design.md P6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum OpKind {
     #[default]
@@ -189,7 +220,7 @@ pub struct Effect {
     pub ranges: Vec<Extent>,
 }
 
-/// DMA params (ADR-0020 D5 memory, ADR-0052 D3 dma_read/dma_write): a 2-D
+/// DMA params (docs/design.md L2: dma_read/dma_write): a 2-D
 /// block of `rows` x `row_bytes` from `src` to `dst`, each side with its own
 /// row stride (equal to `row_bytes` when contiguous).
 ///
@@ -220,7 +251,7 @@ pub enum Layout {
     ColMajor,
 }
 
-/// GEMM params (ADR-0020 D5 gemm, ADR-0052 D3 `gemm_<dtype>`): out = a x b (+ acc).
+/// GEMM params (docs/design.md L2: `gemm_<dtype>`): out = a x b (+ acc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmParams {
     pub a: Addr,
@@ -385,7 +416,7 @@ pub enum MathInput {
     Scalar(f64),
 }
 
-/// Math params (ADR-0020 D5 math, ADR-0052 D3 math).
+/// Math params (docs/design.md L2).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MathParams {
     pub op: MathOp,
@@ -785,7 +816,7 @@ pub struct Tolerance {
 pub struct VerifyOutput {
     pub tensor: String,
     pub reference: Expr,
-    /// Overrides the per-dtype default (ADR-0020 D11) when set.
+    /// Overrides the per-dtype default (docs/design.md P7) when set.
     pub tolerance: Option<Tolerance>,
 }
 
@@ -806,4 +837,23 @@ pub struct Counts {
     /// set it later, [`crate::TraceWriter::end_at`]: kb-sim's last event,
     /// after the host's frees and unmaps).
     pub max_t_end: Ps,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_descrs_are_named_as_numpy_names_them() {
+        assert_eq!(npy_descr_named("<f8"), "<f8 (float64)");
+        assert_eq!(npy_descr_named(">i2"), ">i2 (int16)");
+        assert_eq!(npy_descr_named("|u1"), "|u1 (uint8)");
+        assert_eq!(npy_descr_named("|b1"), "|b1 (bool)");
+        assert_eq!(npy_descr_named("<c16"), "<c16 (complex128)");
+        // Not a plain numeric type: as given.
+        assert_eq!(npy_descr_named("<U8"), "<U8");
+        assert_eq!(npy_descr_named("|V16"), "|V16");
+        assert_eq!(npy_descr_named(""), "");
+        assert_eq!(Dtype::Bf16.npy(), ("<f4", "float32"));
+    }
 }

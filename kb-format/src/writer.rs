@@ -254,7 +254,7 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Input `operand` of op `op_id` as Phase 1 observed it (debug mode,
-    /// ADR-0052 D4): Phase 2 can compare the bytes it computed with these.
+    /// docs/design.md L4): Phase 2 can compare the bytes it computed with these.
     pub fn snapshot(&mut self, op_id: u64, operand: u32, bytes: &[u8]) -> Result<()> {
         self.chunk(ChunkKind::Snapshot, [op_id, operand as u64, 0], bytes)
     }

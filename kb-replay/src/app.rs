@@ -437,9 +437,23 @@ pub fn run(cfg: &Config, backend: &dyn GemmBackend) -> Result<Report> {
     } else {
         report.summary()
     };
-    let mut err = std::io::stderr().lock();
-    for line in lines {
-        let _ = writeln!(err, "{line}");
+    // The verdict is the command's result: stdout (`| grep PASS`), and
+    // diagnostics stay on stderr. With `--report -` stdout is the JSON
+    // report, so the lines go to stderr instead. A reader that has gone
+    // (`| grep -q PASS`) is not an error: the exit code still says it.
+    if cfg.report.as_deref() == Some(Path::new("-")) {
+        let mut err = std::io::stderr().lock();
+        for line in lines {
+            let _ = writeln!(err, "{line}");
+        }
+    } else {
+        let mut out = std::io::stdout().lock();
+        for line in lines {
+            if writeln!(out, "{line}").is_err() {
+                break;
+            }
+        }
+        let _ = out.flush();
     }
     Ok(report)
 }

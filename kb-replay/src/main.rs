@@ -11,13 +11,19 @@ use kb_replay::engine::{Fingerprints, ReplayOptions};
 use kb_replay::verify::{TolFlag, TolerancePolicy};
 
 const AFTER_HELP: &str = "\
+Output: the verdict (each output's PASS/FAIL line and the summary) goes to
+stdout, so `kb-sim ... | kb-replay --verify | grep PASS` works; errors,
+warnings and the progress bar go to stderr. With --report - stdout is the
+JSON report and the verdict lines go to stderr. The summary's GFLOP/s is
+how fast this host replayed the trace's GEMMs, not simulated performance.
+
 Exit codes:
   0  replay succeeded (and, with --verify or --expect, every output passed)
   1  verification mismatch: an output differs from its reference
   2  error: bad flags, an unreadable, corrupt or truncated trace, an op that
      cannot be replayed (e.g. a fingerprint mismatch), a bad .npy file
 
-Tolerances (ADR-0020 D11, unless the trace's spec gives one):
+Tolerances (docs/design.md P7, unless the trace's spec gives one):
   f32 rtol=atol=1e-5, f16 1e-3, bf16 1e-2, integers exact;
   an element passes when |out - ref| <= atol + rtol * |ref|.
   Each output's PASS/FAIL line says which rtol and atol it used and
@@ -59,8 +65,8 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     dump_outputs: Option<PathBuf>,
 
-    /// No summary or progress bar on stderr (errors and FAIL lines are
-    /// still printed)
+    /// No PASS lines, summary or progress bar (errors on stderr and FAIL
+    /// lines on stdout are still printed)
     #[arg(long, short)]
     quiet: bool,
 

@@ -248,7 +248,15 @@ pub fn read(path: &Path) -> Result<NpyArray> {
         (TypeChar::Uint, 4) => convert(f, |v: u32| v as f64),
         (TypeChar::Uint, 8) => convert(f, |v: u64| v as f64),
         (TypeChar::Bool, 1) => convert(f, |v: bool| v as u8 as f64),
-        _ => return Err(Error::file(path, format!("unsupported .npy dtype {ts}"))),
+        _ => {
+            return Err(Error::file(
+                path,
+                format!(
+                    "unsupported .npy dtype {}: a reference may be float16/32/64, int8-64, uint8-64 or bool",
+                    kb_format::npy_descr_named(&ts.to_string())
+                ),
+            ));
+        }
     }
     .map_err(|e| Error::file(path, e))?;
     let data = match order {
@@ -430,5 +438,41 @@ mod tests {
         let e = read(Path::new("/dev/zero")).unwrap_err().to_string();
         assert!(e.contains("/dev/zero") && e.contains("bad magic"), "{e}");
         assert!(read(&dir.path().join("missing.npy")).is_err());
+    }
+
+    /// A dtype a reference cannot be: named with its numpy name, and the
+    /// ones accepted listed; an f64 reference reads.
+    #[test]
+    fn an_unsupported_dtype_is_named_with_what_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.npy");
+        write(&p, Dtype::F32, &[2, 2], &[0u8; 16]).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        // The header's text changed in place (same lengths).
+        let edit = |pairs: &[(&str, &str)]| {
+            let mut b = good.clone();
+            for (from, to) in pairs {
+                let at = b
+                    .windows(from.len())
+                    .position(|w| w == from.as_bytes())
+                    .unwrap();
+                b[at..at + to.len()].copy_from_slice(to.as_bytes());
+            }
+            b
+        };
+        // '<f4' -> '<c8': the same 16 data bytes are two complex64.
+        let c8 = edit(&[("'<f4'", "'<c8'"), ("(2, 2, )", "(2, 1, )")]);
+        std::fs::write(&p, c8).unwrap();
+        let e = read(&p).unwrap_err().to_string();
+        assert!(
+            e.contains(&p.display().to_string())
+                && e.contains(
+                    "unsupported .npy dtype <c8 (complex64): a reference may be float16/32/64"
+                ),
+            "{e}"
+        );
+        let f8 = edit(&[("'<f4'", "'<f8'"), ("(2, 2, )", "(2, 1, )")]);
+        std::fs::write(&p, f8).unwrap();
+        assert_eq!(read(&p).unwrap().shape, vec![2, 1]);
     }
 }

@@ -131,7 +131,9 @@ impl Report {
         })
     }
 
-    /// GEMM throughput of the replay, in GFLOP/s.
+    /// GEMM throughput of the replay on this host, in GFLOP/s: how fast
+    /// the host replayed the trace, not the simulated machine's speed
+    /// (that is kb-sim's: `kb-inspect stats`).
     pub fn gflops(&self) -> f64 {
         if self.stats.replay_seconds > 0.0 {
             self.stats.gemm_flops as f64 / self.stats.replay_seconds / 1e9
@@ -261,7 +263,7 @@ impl Report {
             String::new()
         };
         lines.push(format!(
-            "{} ops replayed (memory {}, gemm {}, math {}; {} sync records, {} unknown skipped), {} fingerprints checked{skipped}, {:.3} s, {:.2} GFLOP/s; {verdict}",
+            "{} ops replayed (memory {}, gemm {}, math {}; {} sync records, {} unknown skipped), {} fingerprints checked{skipped}; replayed in {:.3} s at {:.2} GFLOP/s on this host (the host's replay speed, not the simulated machine's); {verdict}",
             s.memory + s.gemm + s.math,
             s.memory,
             s.gemm,

@@ -3,7 +3,7 @@
 //! `--expect` array) and compare element by element.
 //!
 //! Comparison follows numpy's `allclose`: `|got - ref| <= atol + rtol*|ref|`,
-//! with the tolerance from the spec or, by default, per ADR-0020 D11
+//! with the tolerance from the spec or, by default, per docs/design.md P7
 //! ([`default_tolerance`]); `--strict-tolerance`, `--atol` and `--rtol`
 //! override the spec ([`TolerancePolicy`]), and a spec tolerance looser than
 //! the default is named in the verdict ([`OutputReport::tolerance_note`]).
@@ -196,7 +196,7 @@ impl TolerancePolicy {
     }
 }
 
-/// ADR-0020 D11 tolerance for a dtype.
+/// The default tolerance for a dtype (docs/design.md P7).
 pub fn default_tolerance(d: Dtype) -> Tolerance {
     let t = match d {
         Dtype::F32 => 1e-5,

@@ -35,6 +35,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The verdict: PASS/FAIL lines and the summary are on stdout.
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 fn assert_no_panic(o: &Output) {
     let e = stderr(o);
     assert!(!e.contains("panicked"), "panic: {e}");
@@ -66,13 +71,24 @@ fn a_file_trace_verifies_and_passes() {
     let p = write_trace(dir.path(), &bytes);
     let o = run(&[p.to_str().unwrap(), "--verify"], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let e = stderr(&o);
-    assert!(e.contains("PASS y f32 [4, 8]"), "{e}");
-    assert!(e.contains("verification PASSED (1 outputs)"), "{e}");
+    // The verdict is on stdout (`| grep PASS`); stderr has nothing to say.
+    let out = stdout(&o);
+    assert!(out.contains("PASS y f32 [4, 8]"), "{out}");
+    assert!(out.contains("verification PASSED (1 outputs)"), "{out}");
+    assert!(o.stderr.is_empty(), "{}", stderr(&o));
+    // The GFLOP/s figure is the host's replay speed, and says so.
+    let summary = out.lines().last().unwrap();
+    assert!(
+        summary.contains(
+            " GFLOP/s on this host (the host's replay speed, not the simulated machine's)"
+        ),
+        "{summary}"
+    );
     // --quiet prints nothing on success.
     let o = run(&[p.to_str().unwrap(), "--verify", "--quiet"], None);
     assert_eq!(o.status.code(), Some(0));
     assert!(o.stderr.is_empty(), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", stdout(&o));
 }
 
 #[test]
@@ -81,7 +97,7 @@ fn stdin_input_with_dash_and_without_an_argument() {
     for args in [&["-", "--verify"][..], &["--verify"][..]] {
         let o = run(args, Some(&bytes));
         assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
-        assert!(stderr(&o).contains("PASS y"));
+        assert!(stdout(&o).contains("PASS y"), "{}", stdout(&o));
     }
     // A path that is a pipe, not a file, is streamed.
     let o = run(&["/dev/stdin", "--verify"], Some(&bytes));
@@ -90,9 +106,9 @@ fn stdin_input_with_dash_and_without_an_argument() {
     let o = run(&["-"], Some(&bytes));
     assert_eq!(o.status.code(), Some(0));
     assert!(
-        stderr(&o).contains("replay OK (not verified)"),
+        stdout(&o).contains("replay OK (not verified)"),
         "{}",
-        stderr(&o)
+        stdout(&o)
     );
 }
 
@@ -156,7 +172,7 @@ fn a_wrong_expected_array_exits_1_naming_the_first_mismatch() {
     let arg = format!("y={}", npy.display());
     let o = run(&[p.to_str().unwrap(), "--expect", &arg], None);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    let e = stderr(&o);
+    let e = stdout(&o);
     assert!(
         e.contains("FAIL y f32 [4, 8]: 1 of 32 elements outside atol + rtol |ref|"),
         "{e}"
@@ -169,8 +185,9 @@ fn a_wrong_expected_array_exits_1_naming_the_first_mismatch() {
     // --quiet keeps the FAIL line and nothing else.
     let o = run(&[p.to_str().unwrap(), "--expect", &arg, "-q"], None);
     assert_eq!(o.status.code(), Some(1));
-    let e = stderr(&o);
+    let e = stdout(&o);
     assert!(e.starts_with("FAIL y f32") && e.lines().count() == 1, "{e}");
+    assert!(o.stderr.is_empty(), "{}", stderr(&o));
     // The right array passes.
     let good = dir.path().join("good.npy");
     npy_f32(&good, &[4, 8], &x);
@@ -267,13 +284,13 @@ fn skipped_unknown_ops_fail_verify_unless_allowed() {
     let o = run(&["-", "--verify", "-q"], Some(&bytes));
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("FAIL: 1 ops of kinds this kb-replay does not know were skipped"),
+        stdout(&o).contains("FAIL: 1 ops of kinds this kb-replay does not know were skipped"),
         "{}",
-        stderr(&o)
+        stdout(&o)
     );
     let o = run(&["-", "--verify", "--allow-unknown"], Some(&bytes));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stderr(&o).contains("1 unknown skipped"), "{}", stderr(&o));
+    assert!(stdout(&o).contains("1 unknown skipped"), "{}", stdout(&o));
     // Not verifying: a replay, no verdict on them.
     assert_eq!(run(&["-"], Some(&bytes)).status.code(), Some(0));
 }
@@ -303,6 +320,13 @@ fn report_to_stdout_is_json() {
     assert_eq!(j["backend"], "gemm");
     assert!(j["threads"].as_u64().unwrap() >= 1);
     assert!(j["engine"]["windows"].as_u64().unwrap() >= 1);
+    // Not quiet: stdout stays the JSON alone, the verdict lines go to
+    // stderr.
+    let o = run(&["-", "--verify", "--report", "-"], Some(&bytes));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report alone");
+    assert_eq!(j["pass"], true);
+    assert!(stderr(&o).contains("PASS y f32 [4, 8]"), "{}", stderr(&o));
 }
 
 #[test]
@@ -474,9 +498,9 @@ fn fingerprints_and_copies_can_be_chosen_and_the_report_says_which() {
         assert_eq!(skipped, (flags[1] != "all") as u64, "{j}");
         if flags[1] == "off" {
             assert!(
-                stderr(&o).contains("not checked: --fingerprints off"),
+                stdout(&o).contains("not checked: --fingerprints off"),
                 "{}",
-                stderr(&o)
+                stdout(&o)
             );
             assert_eq!(j["engine"]["copies_elided"], 0);
         }
@@ -549,7 +573,13 @@ fn corrupted_trace_data_is_caught_under_fingerprints_all() {
         if want_ok {
             assert_eq!(o.status.code(), Some(0), "{flags:?}: {e}");
             let off = flags.contains(&"off");
-            assert_eq!(e.contains("not checked: --fingerprints off"), off, "{e}");
+            // The summary (stdout) says which fingerprints went unchecked.
+            let out = stdout(&o);
+            assert_eq!(
+                out.contains("not checked: --fingerprints off"),
+                off,
+                "{out}"
+            );
         } else {
             assert_eq!(o.status.code(), Some(2), "{flags:?}: {e}");
             assert!(
@@ -600,12 +630,12 @@ fn tolerance_flags_override_the_default_and_the_trace() {
     // bf16's default 1e-2 covers the rounding of the output.
     let o = run(&[p, "--verify"], None);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stderr(&o).contains("PASS c bf16 [2, 2]"), "{}", stderr(&o));
+    assert!(stdout(&o).contains("PASS c bf16 [2, 2]"), "{}", stdout(&o));
     // No tolerance at all: the rounded results fail.
     let o = run(&[p, "--verify", "--atol", "0", "--rtol", "0"], None);
     assert_no_panic(&o);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    let e = stderr(&o);
+    let e = stdout(&o);
     assert!(e.contains("FAIL c bf16 [2, 2]"), "{e}");
     assert!(
         e.contains("rtol 0e0 from --rtol, atol 0e0 from --atol"),
@@ -731,7 +761,7 @@ fn a_trace_tolerance_looser_than_the_default_is_named_and_strict_ignores_it() {
     let note = "tolerance from the trace, looser than the f32 default 1e-5";
     let o = run(&["-", "--verify"], Some(&loose));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let e = stderr(&o);
+    let e = stdout(&o);
     assert!(e.contains("PASS y f32 [8]") && e.contains(note), "{e}");
     // The JSON report says it too.
     let o = run(&["-", "--verify", "--report", "-", "-q"], Some(&loose));
@@ -746,7 +776,7 @@ fn a_trace_tolerance_looser_than_the_default_is_named_and_strict_ignores_it() {
     // --strict-tolerance: f32's 1e-5, which the 1e-4 difference fails.
     let o = run(&["-", "--verify", "--strict-tolerance"], Some(&loose));
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    let e = stderr(&o);
+    let e = stdout(&o);
     assert!(
         e.contains("FAIL y f32 [8]")
             && e.contains("rtol 1e-5 from the f32 default, atol 1e-5 from the f32 default"),
@@ -762,7 +792,7 @@ fn a_trace_tolerance_looser_than_the_default_is_named_and_strict_ignores_it() {
     // Only rtol left to the trace: the note names it.
     let o = run(&["-", "--verify", "--atol", "1e-3"], Some(&loose));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let e = stderr(&o);
+    let e = stdout(&o);
     assert!(
         e.contains("rtol from the trace, looser than the f32 default 1e-5"),
         "{e}"
@@ -774,7 +804,7 @@ fn a_trace_tolerance_looser_than_the_default_is_named_and_strict_ignores_it() {
     ] {
         let b = build(tensors.clone(), &[(0, f32_bytes(&x))], &ops, vec![spec]);
         let o = run(&["-", "--verify"], Some(&b));
-        assert!(!stderr(&o).contains("looser"), "{}", stderr(&o));
+        assert!(!stdout(&o).contains("looser"), "{}", stdout(&o));
     }
     // Without verification the flags do nothing, and say so.
     let o = run(&["-", "--strict-tolerance"], Some(&loose));

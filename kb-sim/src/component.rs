@@ -1,5 +1,5 @@
-//! Component timing models, replaceable behind one trait (the seeds'
-//! ADR-0015): a component says when it can serve a request and when the
+//! Component timing models, replaceable behind one trait
+//! (docs/design.md L6): a component says when it can serve a request and when the
 //! service ends. Components never log; the framework's op-log hook in
 //! `engine` records data ops around their service.
 

@@ -82,14 +82,13 @@ pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, Strin
         // Name what it holds when its header says (a wider dtype, a
         // larger shape); the data was not read past the bound.
         return Err(match NpyFile::new(&bytes[..]) {
-            Ok(f) => format!(
-                "{shown} holds a {} array of shape {:?}; the workload declares {dtype} {shape:?}",
-                match f.dtype() {
-                    DType::Plain(ts) => ts.to_string(),
-                    other => other.descr(),
-                },
-                f.shape()
-            ),
+            Ok(f) => {
+                let (descr, ok_dtype) = match f.dtype() {
+                    DType::Plain(ts) => (ts.to_string(), accepts(dtype, &ts)),
+                    other => (other.descr(), false),
+                };
+                mismatch(path, &descr, f.shape(), dtype, shape, ok_dtype)
+            }
             Err(_) => format!(
                 "{shown} is larger than a {dtype} {shape:?} array ({want} data bytes) can be"
             ),
@@ -102,20 +101,17 @@ pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, Strin
     let DType::Plain(ts) = f.dtype() else {
         return Err(format!("{shown}: structured arrays are not supported"));
     };
-    let kind = (ts.type_char(), ts.size_field());
-    let ok_dtype = matches!(
-        (dtype, kind),
-        (Dtype::F32 | Dtype::Bf16, (TypeChar::Float, 4))
-            | (Dtype::F16, (TypeChar::Float, 2))
-            | (Dtype::I8, (TypeChar::Int, 1))
-            | (Dtype::I32, (TypeChar::Int, 4))
-            | (Dtype::U8, (TypeChar::Uint, 1))
-    );
+    let ok_dtype = accepts(dtype, &ts);
     let ok_shape = file_shape == shape
         || (file_shape.len() == 1 && shape.contains(&1) && file_shape[0] == shape[0] * shape[1]);
     if !ok_dtype || !ok_shape {
-        return Err(format!(
-            "{shown} holds a {ts} array of shape {file_shape:?}; the workload declares {dtype} {shape:?}"
+        return Err(mismatch(
+            path,
+            &ts.to_string(),
+            &file_shape,
+            dtype,
+            shape,
+            ok_dtype,
         ));
     }
     let fortran = f.order() == Order::Fortran && file_shape.len() == 2;
@@ -150,6 +146,48 @@ pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, Strin
         out = fortran_to_c(&out, shape, dtype.size());
     }
     Ok(out)
+}
+
+/// Whether a file of numpy type `ts` holds a `dtype` tensor's values.
+fn accepts(dtype: Dtype, ts: &npyz::TypeStr) -> bool {
+    matches!(
+        (dtype, (ts.type_char(), ts.size_field())),
+        (Dtype::F32 | Dtype::Bf16, (TypeChar::Float, 4))
+            | (Dtype::F16, (TypeChar::Float, 2))
+            | (Dtype::I8, (TypeChar::Int, 1))
+            | (Dtype::I32, (TypeChar::Int, 4))
+            | (Dtype::U8, (TypeChar::Uint, 1))
+    )
+}
+
+/// A file that does not fit the declaration: what it holds (its numpy
+/// dtype by name: `<f8 (float64)`), what was declared and, when the dtype
+/// is what differs, the one this tensor is read from.
+fn mismatch(
+    path: &Path,
+    descr: &str,
+    file_shape: &[u64],
+    dtype: Dtype,
+    shape: [u64; 2],
+    ok_dtype: bool,
+) -> String {
+    let mut m = format!(
+        "{} holds a {} array of shape {file_shape:?}; the workload declares {dtype} {shape:?}",
+        path.display(),
+        kb_format::npy_descr_named(descr)
+    );
+    if !ok_dtype {
+        let (want, name) = dtype.npy();
+        let bf16 = if dtype == Dtype::Bf16 {
+            " holding bf16 values"
+        } else {
+            ""
+        };
+        m.push_str(&format!(
+            ", read from a {want} ({name}) file{bf16} (numpy: `np.save(path, a.astype(np.{name}))`)"
+        ));
+    }
+    m
 }
 
 fn le<T, const N: usize>(v: Vec<T>, f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
@@ -235,13 +273,31 @@ mod tests {
         let e = read(f.path(), Dtype::F32, shape).unwrap_err();
         assert!(
             e.ends_with(
-                "holds a <f8 array of shape [300, 300]; the workload declares f32 [300, 300]"
+                "holds a <f8 (float64) array of shape [300, 300]; the workload declares f32 [300, 300], read from a <f4 (float32) file (numpy: `np.save(path, a.astype(np.float32))`)"
             ),
             "{e}"
         );
         // Small enough to read: the same words.
         let f = npy("<f8", [2, 2], &[0u8; 32]);
         let e = read(f.path(), Dtype::F32, [2, 2]).unwrap_err();
-        assert!(e.contains("holds a <f8 array of shape [2, 2]"), "{e}");
+        assert!(
+            e.contains("holds a <f8 (float64) array of shape [2, 2]")
+                && e.contains("read from a <f4 (float32) file"),
+            "{e}"
+        );
+        assert!(e.starts_with(&f.path().display().to_string()), "{e}");
+        // The shape alone differs: no word about dtypes.
+        let f = npy("<f4", [2, 2], &[0u8; 16]);
+        let e = read(f.path(), Dtype::F32, [4, 1]).unwrap_err();
+        assert!(
+            e.ends_with(
+                "holds a <f4 (float32) array of shape [2, 2]; the workload declares f32 [4, 1]"
+            ),
+            "{e}"
+        );
+        // Each dtype names its file's.
+        let f = npy("<f4", [2, 2], &[0u8; 16]);
+        let e = read(f.path(), Dtype::I32, [2, 2]).unwrap_err();
+        assert!(e.contains("read from a <i4 (int32) file"), "{e}");
     }
 }

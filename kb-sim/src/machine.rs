@@ -1,4 +1,4 @@
-//! The machine built from a topology: named nodes (the seeds' components),
+//! The machine built from a topology: named nodes (the original simulator's components),
 //! directed links with latency and bandwidth, and memoized shortest routes.
 
 use std::cell::RefCell;

@@ -60,7 +60,7 @@ pub struct DmaCmd {
     pub label: Option<&'static str>,
 }
 
-/// A message that is a data op declares itself (ADR-0020 D4); the
+/// A message that is a data op declares itself (docs/design.md P5); the
 /// framework's op-log hook records its service from this declaration, so
 /// no component or protocol names op kinds itself.
 pub trait DataOp {
@@ -244,8 +244,8 @@ pub enum Command {
     /// Issue a DMA and resume at once; `WaitAll` waits for it.
     DmaAsync(DmaCmd),
     /// A store (`tl.store`): its data effects happen at issue, so a load
-    /// right after it sees the new bytes (ADR-0020 Store Visibility
-    /// Rule); the transfer's timing runs on asynchronously.
+    /// right after it sees the new bytes (docs/design.md P3,
+    /// store visibility); the transfer's timing runs on asynchronously.
     Store(DmaCmd),
     /// A copy (`Tl::put`, `Tl::copy`): like a store, its data effects
     /// happen at issue and its transfer is timed after; resumes at once.

@@ -44,7 +44,7 @@ impl Policy {
 }
 
 /// Sharding of a tensor: first over all cubes of the machine, then over
-/// the PEs of each cube (the seeds' DPPolicy with `cube` and `pe` levels).
+/// the PEs of each cube (the original simulator's DPPolicy with `cube` and `pe` levels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sharding {
     /// How the tensor is split over all cubes of the machine.
@@ -92,7 +92,7 @@ pub enum Memory {
     #[default]
     Hbm,
     /// Each holder PE's TCM, addressed by PA under every model (a fixed
-    /// on-chip resource, ADR-0011): receive slots for PE-to-PE copies and
+    /// on-chip resource, docs/design.md A1): receive slots for PE-to-PE copies and
     /// data kept on chip across launches. Kernels allocate their tiles
     /// around it.
     Tcm,
@@ -207,7 +207,7 @@ pub struct Mapping {
     pub segment: Option<Segment>,
 }
 
-/// A BAAW segment (ADR-0011 D-LA3): a PE-local LA range and where its bytes
+/// A BAAW segment (docs/design.md A3): a PE-local LA range and where its bytes
 /// live. 1:1: striped across the PE's channels `stripe` bytes at a time,
 /// stripe j in channel j % N at `channel_pas[j % N] + (j / N) * stripe`.
 /// n:1: contiguous at `agg_pa`, served by the PE's channels together.
@@ -284,13 +284,13 @@ impl Tensor {
     }
 }
 
-/// Start of the device VA space (ADR-0011: 4 GiB, the former VA start).
+/// Start of the device VA space (docs/design.md A2: 4 GiB).
 pub const VA_BASE: u64 = 0x1_0000_0000;
 /// Size of the device VA space.
 pub const VA_BYTES: u64 = 1 << 44;
-/// Start of each PE's LA space (ADR-0011 D-LA1).
+/// Start of each PE's LA space (docs/design.md A3).
 pub const LA_BASE: u64 = 0x1_0000_0000;
-/// Size of each PE's LA space (ADR-0011 D-LA1: 64 GB per PE).
+/// Size of each PE's LA space (docs/design.md A3: 64 GiB per PE).
 pub const LA_BYTES: u64 = 64 << 30;
 
 /// Setup-time state: allocators and declared tensors.
@@ -709,7 +709,7 @@ impl<'m> Runtime<'m> {
         t.hbm_bytes_per_pe() / n / stripe * stripe
     }
 
-    /// The LA layout of a tensor (ADR-0011 D-LA1..7): each PE's part gets a
+    /// The LA layout of a tensor (docs/design.md A3, A4): each PE's part gets a
     /// range of that PE's LA space and a BAAW segment. n:1: the part is
     /// contiguous in the PE's partition. 1:1: it is striped over the PE's
     /// channels, so the trace describes it as one strided shard per channel.
@@ -838,7 +838,7 @@ impl<'m> Runtime<'m> {
         Ok(out)
     }
 
-    /// The VA layout of a tensor (ADR-0011 D-VA1, D-VA3): one contiguous VA
+    /// The VA layout of a tensor (docs/design.md A2): one contiguous VA
     /// range; within one replica, shard k sits at `base + offset_k` (each
     /// shard page-aligned, so pages map whole). Replicated over cubes, each
     /// cube (or, replicated over PEs too, each PE) maps the range to its own

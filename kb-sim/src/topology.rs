@@ -36,7 +36,7 @@ pub struct LinkSpec {
     pub bw_gbs: Positive,
 }
 
-/// Address model (ADR-0011): what addresses kernels use.
+/// Address model (docs/design.md A1-A4): what addresses kernels use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AddressModel {
@@ -61,7 +61,7 @@ impl AddressModel {
     }
 }
 
-/// How an LA access reaches the PE's HBM pseudo channels (ADR-0011 D-LA2).
+/// How an LA access reaches the PE's HBM pseudo channels (docs/design.md A4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MappingMode {
@@ -71,7 +71,7 @@ pub enum MappingMode {
     NToOne,
 }
 
-/// The LA model's channel mapping (ADR-0011 D-LA2).
+/// The LA model's channel mapping (docs/design.md A4).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryMap {

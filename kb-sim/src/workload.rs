@@ -173,15 +173,30 @@ impl Params {
     }
 
     /// The raw text of parameter `name` (declared, so always present).
+    /// Panics, at the caller's line and listing the declared names, if
+    /// the workload does not declare `name` (a bug in its `build`).
+    #[track_caller]
     pub fn str(&self, name: &str) -> &str {
-        self.values
-            .get(name)
-            .map(String::as_str)
-            .unwrap_or_else(|| panic!("parameter {name:?} is not declared by this workload"))
+        match self.values.get(name) {
+            Some(v) => v,
+            None => {
+                let declared: Vec<&str> = self.values.keys().map(String::as_str).collect();
+                panic!(
+                    "parameter {name:?} is not declared by workload {}; it declares: {} (Workload::params)",
+                    self.workload,
+                    if declared.is_empty() {
+                        "none".to_string()
+                    } else {
+                        declared.join(", ")
+                    }
+                )
+            }
+        }
     }
 
     /// A whole number of at least `min`, at most 2^32 (shapes and tile
     /// sizes are u32 in the kernel API; larger values would truncate).
+    #[track_caller]
     pub fn u64(&self, name: &str, min: u64) -> Result<u64, WorkloadError> {
         let v = self.str(name);
         let n: u64 = v
@@ -197,6 +212,7 @@ impl Params {
     }
 
     /// A signed whole number.
+    #[track_caller]
     pub fn i64(&self, name: &str) -> Result<i64, WorkloadError> {
         let v = self.str(name);
         v.parse()
@@ -204,6 +220,7 @@ impl Params {
     }
 
     /// A finite number (`1e-5`, `0.5`, `-3`).
+    #[track_caller]
     pub fn f64(&self, name: &str) -> Result<f64, WorkloadError> {
         let v = self.str(name);
         match v.parse::<f64>() {
@@ -213,6 +230,7 @@ impl Params {
     }
 
     /// A dtype name (f32, f16, bf16, i8, i32, u8).
+    #[track_caller]
     pub fn dtype(&self, name: &str) -> Result<Dtype, WorkloadError> {
         let v = self.str(name);
         Dtype::from_name(v).ok_or_else(|| {
@@ -613,7 +631,7 @@ impl<'m> Program<'m> {
     }
 
     /// Free a tensor: the host waits for every launch so far, then unmaps
-    /// it through the fabric (ADR-0011 D-VA4). Its data stays readable by
+    /// it through the fabric (docs/design.md A2). Its data stays readable by
     /// replay and verification. Every tensor is freed at the end anyway.
     pub fn free(&mut self, t: TensorId) {
         self.steps.push(Step::Free(t.0));

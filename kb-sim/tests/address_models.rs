@@ -1,4 +1,4 @@
-//! ADR-0011's test requirements for the address models, one named test
+//! The address models' test requirements (docs/design.md A1-A4) for the address models, one named test
 //! each (VA: mappings, fabric traversal, TLB, page-fault fallback).
 
 use std::sync::Arc;
@@ -201,7 +201,7 @@ fn va_page_fault_falls_back_to_pa() {
     assert_eq!(r.read.as_ref().unwrap().ranges[0].pa, pa(Space::Hbm, 2));
 }
 
-// ---- LA model (ADR-0011 "LA model" test requirements) ----
+// ---- LA model (docs/design.md A3, A4) ----
 
 /// Run `kernel` on every PE of an LA topology with x: (8 * rows) x 64 f32
 /// (value = element index), row-sharded; returns records and totals.

@@ -262,3 +262,70 @@ fn useful_flops_count_the_data_and_not_the_padding() {
     r.skip_to_end().unwrap();
     assert_eq!(r.launches(), &report.launches[..]);
 }
+
+fn misspells_its_tensor(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let _ = tl.program_id(0);
+    let _ = args.tensor("X");
+}
+
+/// A misspelled argument name fails the kernel, listing the names the
+/// launch passed.
+#[test]
+fn a_misspelled_tensor_name_lists_the_tensors_passed() {
+    let e = run_kernel(misspells_its_tensor, Executor::Coroutine)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no tensor named \"X\" was passed to the kernel; the tensors passed are \"x\""),
+        "{e}"
+    );
+    assert!(
+        e.contains("test_kernel[") && e.contains("sip0.cube0.pe"),
+        "{e}"
+    );
+}
+
+/// A workload's `build` asking for a parameter it does not declare is its
+/// author's bug: the panic lists the parameters it does declare.
+#[test]
+fn an_undeclared_workload_parameter_lists_the_declared_ones() {
+    #[derive(Debug)]
+    struct Two;
+    impl kb_sim::workload::Workload for Two {
+        fn name(&self) -> &str {
+            "two"
+        }
+        fn about(&self) -> &str {
+            "two parameters"
+        }
+        fn params(&self) -> &[kb_sim::workload::ParamSpec] {
+            &[
+                kb_sim::workload::ParamSpec {
+                    name: "rows",
+                    default: "8",
+                    help: "",
+                },
+                kb_sim::workload::ParamSpec {
+                    name: "cols",
+                    default: "4",
+                    help: "",
+                },
+            ]
+        }
+        fn build(
+            &self,
+            _: &kb_sim::workload::Params,
+            _: &mut kb_sim::workload::Program<'_>,
+        ) -> Result<(), kb_sim::workload::WorkloadError> {
+            Ok(())
+        }
+    }
+    let p = kb_sim::workload::Params::resolve(&Two, &[]).unwrap();
+    assert_eq!(p.u64("rows", 1).unwrap(), 8);
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.u64("row", 1))).unwrap_err();
+    let e = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert_eq!(
+        e,
+        "parameter \"row\" is not declared by workload two; it declares: cols, rows (Workload::params)"
+    );
+}

@@ -281,7 +281,7 @@ fn t(name: &str) -> Box<Expr> {
 
 /// The tolerance of a GEMM of depth `k`: an f32 result accumulates
 /// rounding error that grows with k (about k x 2^-24 relative for random
-/// inputs), so past k = 84 ADR-0020's f32 tolerance of 1e-5 widens to
+/// inputs), so past k = 84 the f32 default tolerance (docs/design.md P7) of 1e-5 widens to
 /// k x 2^-23; other dtypes keep their defaults.
 fn gemm_tolerance(dtype: Dtype, k: u64) -> Option<Tolerance> {
     (dtype == Dtype::F32).then(|| {

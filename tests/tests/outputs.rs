@@ -180,9 +180,11 @@ fn every_tool_survives_a_closed_stdout_or_stderr() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let t = t.to_str().unwrap();
-    let cases: [(&str, Vec<&str>, i32); 6] = [
+    let cases: [(&str, Vec<&str>, i32); 7] = [
         ("kb-sim", vec!["-q", "-t", "small", "-b", "gemm"], 0),
         ("kb-replay", vec![t, "--verify", "--report", "-"], 0),
+        // The verdict lines (stdout) to a reader that has gone.
+        ("kb-replay", vec![t, "--verify"], 0),
         ("kb-inspect", vec!["ops", t], 0),
         ("kb-inspect", vec!["summary", t], 0),
         ("kb-inspect", vec!["--help"], 0),

@@ -43,7 +43,7 @@ fn reading_a_value_only_phase_2_knows_is_an_error_naming_its_writer() {
     let dir = tempfile::tempdir().unwrap();
     let t = dir.path().join("peek.kbt");
     let out = run(
-        "my-kb-sim",
+        "kb-sim-example-kernels",
         &[
             "-q",
             "-t",
@@ -72,7 +72,10 @@ fn reading_a_value_only_phase_2_knows_is_an_error_naming_its_writer() {
     assert!(!t.exists(), "a failed run left {}", t.display());
     // Without the peek the same program verifies.
     let (sim, replay) = pipe(
-        ("my-kb-sim", &["-q", "-t", "small", "-b", "axpy_rowmax"]),
+        (
+            "kb-sim-example-kernels",
+            &["-q", "-t", "small", "-b", "axpy_rowmax"],
+        ),
         ("kb-replay", &["--verify"]),
     );
     assert!(sim.status.success(), "{}", stderr(&sim));

@@ -662,7 +662,7 @@ fn a_failing_point_makes_the_sweep_exit_non_zero_after_writing_its_table() {
             ("FAIL".into(), "PASS".into())
         );
         assert!(
-            text("status", 0).starts_with("fail: kb-replay --verify: "),
+            text("status", 0).starts_with("fail: kb-replay --verify: FAIL "),
             "{}",
             text("status", 0)
         );

@@ -1,4 +1,4 @@
-//! `my-kb-sim`: kb-sim's command line with the built-in workloads and
+//! `kb-sim-example-kernels`: kb-sim's command line with the built-in workloads and
 //! this crate's own.
 
 fn main() -> std::process::ExitCode {

@@ -27,7 +27,7 @@ fn commands(doc: &str) -> Vec<String> {
 
 /// The directory of the built binaries, checked to hold all three.
 fn bin_dir() -> PathBuf {
-    let sim = PathBuf::from(env!("CARGO_BIN_EXE_my-kb-sim"));
+    let sim = PathBuf::from(env!("CARGO_BIN_EXE_kb-sim-example-kernels"));
     let dir = sim.parent().expect("target dir").to_path_buf();
     for name in ["kb-replay", "kb-inspect"] {
         let p = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));

@@ -233,7 +233,7 @@ impl<W: Write> Engine<'_, W> {
             }
         }
         if self.capture_inputs {
-            // Debug mode (ADR-0052 D4): the inputs Phase 1 knows (loaded
+            // Debug mode (docs/design.md L4): the inputs Phase 1 knows (loaded
             // tiles; results of other compute ops exist only in Phase 2).
             for (i, x) in inputs.iter().enumerate() {
                 let mut bytes = Vec::new();

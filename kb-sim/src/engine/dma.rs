@@ -8,7 +8,7 @@
 //! parts are requested and served in parallel. A record keeps one read and
 //! one write effect. A load reads the source once every part has been
 //! served and writes the destination once every part has been delivered;
-//! a store or a copy does both at issue (ADR-0020's store visibility, so
+//! a store or a copy does both at issue (docs/design.md P3: store visibility, so
 //! a release after it covers its bytes), and its transfer is timed after.
 //! A copy's notification leaves the destination once the bytes are there.
 
@@ -319,7 +319,7 @@ impl<W: Write> Engine<'_, W> {
         Ok(out)
     }
 
-    /// BAAW (ADR-0011 D-LA4): resolve `len` bytes at `la` through the PE's
+    /// BAAW (docs/design.md A3): resolve `len` bytes at `la` through the PE's
     /// segment table. 1:1: one piece per stripe, each on its channel's
     /// router and pinned to that channel; n:1: one piece through the
     /// aggregated router, spread over the PE's channels. An address in no
@@ -890,7 +890,7 @@ impl<W: Write> Engine<'_, W> {
             }
             DmaAct::SrcRead(d) => {
                 if !self.dmas.get(d).at_issue {
-                    // Compute results move without their value (ADR-0020:
+                    // Compute results move without their value (docs/design.md P4:
                     // only reading them in Phase 1 is an error).
                     let src = std::mem::take(&mut self.dmas.get(d).src_order);
                     let mut unknown = Vec::new();

@@ -1,4 +1,4 @@
-//! The VA model's PE_MMU (ADR-0011 D-VA2..4): page tables per PE, filled
+//! The VA model's PE_MMU (docs/design.md A2): page tables per PE, filled
 //! and emptied by map and unmap messages that walk the fabric (host ->
 //! pcie_ep -> io_cpu -> m_cpu -> noc -> pe_mmu), sent only to the SIPs that
 //! hold target PEs, with their latency measured end to end; translation of

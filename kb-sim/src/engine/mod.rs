@@ -684,7 +684,7 @@ impl<'m, W: Write> Engine<'m, W> {
     }
 
     /// Snapshot every compute op's known inputs into the trace (debug
-    /// mode, ADR-0052 D4; `kb-replay --check-intermediates` compares).
+    /// mode, docs/design.md L4; `kb-replay --check-intermediates` compares).
     pub fn capture_inputs(mut self, on: bool) -> Self {
         self.capture_inputs = on;
         self

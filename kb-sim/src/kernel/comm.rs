@@ -76,7 +76,7 @@ impl Tl<'_> {
 
     /// Send a tile of this PE's TCM to `dst`: another PE's TCM buffer (a
     /// tensor placed with `Placement::in_tcm`), an SRAM slot, or any other
-    /// memory (the seeds' IPCQ copy, recorded as `ipcq_copy`). Like a
+    /// memory (the original simulator's IPCQ copy, recorded as `ipcq_copy`). Like a
     /// store, its data effects happen at issue (the tile may be dropped or
     /// reused at once) and the transfer is timed after: it walks the route
     /// from this PE's DMA engine to the destination, with the route's

@@ -1,12 +1,12 @@
 //! Composite ops: tiled HBM -> HBM pipelines built on the `tl` primitives
-//! (the seeds' tile tokens, ADR-0052 D5). Each tile token moves through
+//! (tile tokens, docs/design.md L5). Each tile token moves through
 //! DMA_READ -> GEMM or MATH -> DMA_WRITE; every op a stage issues is
 //! recorded as `TileToken/<STAGE>`. Double-buffered: the reads of token
 //! t+1 are in flight while token t computes and writes, so stages overlap.
 
 use super::{Block, Operand, Pending, Tl};
 
-/// Op name of a pipeline's load stage (ADR-0052 D5 tile tokens).
+/// Op name of a pipeline's load stage (docs/design.md L5 tile tokens).
 pub const DMA_READ: &str = "TileToken/DMA_READ";
 /// Op name of a pipeline's GEMM stage.
 pub const GEMM: &str = "TileToken/GEMM";

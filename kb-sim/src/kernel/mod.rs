@@ -1,9 +1,9 @@
 //! Kernels: plain Rust functions that drive a PE through the `tl` API
-//! ([`Tl`]), run by an [`Executor`] beside the event loop (ADR-0020 D3).
+//! ([`Tl`]), run by an [`Executor`] beside the event loop (docs/design.md P2).
 //!
 //! Phase 1 semantics: `load` returns a [`Tile`] holding the real bytes, so
 //! kernels can branch on loaded values; `store` is visible at issue
-//! (ADR-0020 "Store Visibility Rule"); tiles live in the PE's TCM and free
+//! (docs/design.md P3, store visibility); tiles live in the PE's TCM and free
 //! it when dropped; running out of TCM is a kernel failure naming the PE
 //! and the sizes.
 
@@ -102,30 +102,72 @@ impl KernelArgs {
         self
     }
 
-    /// The tensor named `name`; panics (a kernel failure) if absent.
+    /// The tensor named `name`; panics (a kernel failure naming the
+    /// tensors passed) if absent.
+    #[track_caller]
     pub fn tensor(&self, name: &str) -> &TensorArg {
         self.tensors
             .iter()
             .find(|t| t.name == name)
-            .unwrap_or_else(|| panic!("no tensor named {name:?} was passed to the kernel"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}",
+                    missing("tensor", name, self.tensors.iter().map(|t| t.name.as_str()))
+                )
+            })
     }
 
-    /// The integer parameter `name`; panics (a kernel failure) if absent.
+    /// The integer parameter `name`; panics (a kernel failure naming the
+    /// scalars passed) if absent.
+    #[track_caller]
     pub fn get(&self, name: &str) -> u64 {
         self.scalars
             .iter()
             .find(|(n, _)| n == name)
             .map(|&(_, v)| v)
-            .unwrap_or_else(|| panic!("no scalar named {name:?} was passed to the kernel"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}",
+                    missing("scalar", name, self.scalars.iter().map(|(n, _)| n.as_str()))
+                )
+            })
     }
 
-    /// The float parameter `name`; panics (a kernel failure) if absent.
+    /// The float parameter `name`; panics (a kernel failure naming the
+    /// floats passed) if absent.
+    #[track_caller]
     pub fn get_f64(&self, name: &str) -> f64 {
         self.floats
             .iter()
             .find(|(n, _)| n == name)
             .map(|&(_, v)| v)
-            .unwrap_or_else(|| panic!("no float named {name:?} was passed to the kernel"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}",
+                    missing("float", name, self.floats.iter().map(|(n, _)| n.as_str()))
+                )
+            })
+    }
+}
+
+/// The message of a failed `KernelArgs` lookup: what was asked for and
+/// the names of that kind the launch passed (or how to pass one).
+fn missing<'a>(kind: &str, name: &str, passed: impl Iterator<Item = &'a str>) -> String {
+    let passed: Vec<String> = passed.map(|n| format!("{n:?}")).collect();
+    let how = match kind {
+        "tensor" => "`Program::bind` or `Program::args`",
+        "scalar" => "`KernelArgs::scalar`",
+        _ => "`KernelArgs::float`",
+    };
+    if passed.is_empty() {
+        format!(
+            "no {kind} named {name:?} was passed to the kernel; it was passed no {kind}s (pass them with {how})"
+        )
+    } else {
+        format!(
+            "no {kind} named {name:?} was passed to the kernel; the {kind}s passed are {}",
+            passed.join(", ")
+        )
     }
 }
 
@@ -207,7 +249,7 @@ impl Block {
 /// A tile in TCM holding the bytes Phase 1 loaded. Bytes whose last
 /// writer was a compute op (loaded from where a result was stored) are
 /// unknown in Phase 1: the tile can still be an operand or be stored, but
-/// reading those values panics, naming the writer (ADR-0020: no branching
+/// reading those values panics, naming the writer (docs/design.md P4: no branching
 /// on compute results). Frees its TCM when dropped.
 #[derive(Debug)]
 pub struct Tile {
@@ -329,8 +371,9 @@ pub struct LoadHandle {
 
 /// The result of a compute op (dot, math): a tile in TCM whose value exists
 /// only in Phase 2. It deliberately has no value accessor, so reading it in
-/// Phase 1 does not compile (ADR-0020 D3 "Result Handle Semantics"); it can
-/// be an operand of further ops and can be stored. Frees its TCM on drop.
+/// Phase 1 does not compile (docs/design.md P4): its `get`, `to_f64` and
+/// `bytes` exist only to make the compiler say so. It can be an operand of
+/// further ops and can be stored. Frees its TCM on drop.
 #[derive(Debug)]
 pub struct Pending {
     pa: u64,
@@ -352,7 +395,46 @@ impl Pending {
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
+
+    /// Does not compile: a compute result has no value in Phase 1 (see
+    /// [`NoValueInPhase1`]). [`Tile::get`] reads a loaded tile.
+    pub fn get(&self, _r: usize, _c: usize) -> f64
+    where
+        for<'a> &'a Pending: NoValueInPhase1,
+    {
+        unreachable!("Pending::get cannot be called: its bound has no implementation")
+    }
+
+    /// Does not compile: a compute result has no value in Phase 1 (see
+    /// [`NoValueInPhase1`]). [`Tile::to_f64`] reads a loaded tile.
+    pub fn to_f64(&self) -> Array2<f64>
+    where
+        for<'a> &'a Pending: NoValueInPhase1,
+    {
+        unreachable!("Pending::to_f64 cannot be called: its bound has no implementation")
+    }
+
+    /// Does not compile: a compute result has no value in Phase 1 (see
+    /// [`NoValueInPhase1`]). [`Tile::bytes`] reads a loaded tile.
+    pub fn bytes(&self) -> &[u8]
+    where
+        for<'a> &'a Pending: NoValueInPhase1,
+    {
+        unreachable!("Pending::bytes cannot be called: its bound has no implementation")
+    }
 }
+
+/// Never implemented: the bound of [`Pending`]'s `get`, `to_f64` and
+/// `bytes`, so that reading a compute result in a kernel fails to compile
+/// with a message saying why (docs/design.md P4) instead of "no method
+/// named `get`".
+#[diagnostic::on_unimplemented(
+    message = "a compute result (`Pending`) has no value in Phase 1: kb-replay computes it in Phase 2",
+    label = "`get`, `to_f64` and `bytes` of a `Pending` do not compile",
+    note = "`tl.wait` only waits for the time a result takes; it never gives its value",
+    note = "use the result as an operand of further ops or `tl.store` it; kernels read values (`Tile::get`) only of tiles they loaded from data no compute op wrote, e.g. to branch on host data"
+)]
+pub trait NoValueInPhase1 {}
 
 impl Drop for Pending {
     fn drop(&mut self) {
@@ -547,7 +629,7 @@ fn int_range(d: Dtype) -> (f64, f64) {
     }
 }
 
-/// Accumulation dtype of a dot over `dtype` inputs (ADR-0020 D5).
+/// Accumulation dtype of a dot over `dtype` inputs (docs/design.md P6).
 pub fn accumulation_dtype(dtype: Dtype) -> Dtype {
     match dtype {
         Dtype::I8 | Dtype::U8 | Dtype::I32 => Dtype::I32,
@@ -771,6 +853,55 @@ pub fn grid_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The panic message of `f` (a kernel failure).
+    fn panic_message(f: impl FnOnce()) -> String {
+        let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .expect_err("expected a panic");
+        e.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    }
+
+    /// A misspelled argument name says which names the launch passed.
+    #[test]
+    fn a_missing_argument_lists_the_names_passed() {
+        let args = KernelArgs::default()
+            .scalar("block_rows", 8)
+            .scalar("cols", 4)
+            .float("alpha", 0.5);
+        let e = panic_message(|| {
+            args.get("block_row");
+        });
+        assert_eq!(
+            e,
+            "no scalar named \"block_row\" was passed to the kernel; the scalars passed are \"block_rows\", \"cols\""
+        );
+        let e = panic_message(|| {
+            args.get_f64("alpah");
+        });
+        assert!(
+            e.contains("no float named \"alpah\"")
+                && e.ends_with("the floats passed are \"alpha\""),
+            "{e}"
+        );
+        // None of that kind at all: how to pass one.
+        let e = panic_message(|| {
+            args.tensor("x");
+        });
+        assert!(
+            e.contains("no tensor named \"x\"")
+                && e.contains("it was passed no tensors (pass them with `Program::bind`"),
+            "{e}"
+        );
+        assert!(
+            missing("tensor", "xs", ["x", "y0"].into_iter())
+                .ends_with("the tensors passed are \"x\", \"y0\""),
+        );
+        assert_eq!(args.get("cols"), 4);
+        assert_eq!(args.get_f64("alpha"), 0.5);
+    }
 
     /// The non-allocating encoding gives each dtype's little-endian bytes,
     /// rounded and saturated as the conversions do.

@@ -217,24 +217,20 @@ fn interrupted() -> Option<i32> {
     None
 }
 
-/// The most bytes of a child's stderr kept (its last ones).
+/// The most bytes of a child's stdout or stderr kept (its last ones).
 const STDERR_TAIL: usize = 64 << 10;
 
-/// Run `cmd` (stdin and stdout closed, stderr collected: its last
-/// [`STDERR_TAIL`] bytes); `Ok(None)` when a signal stopped the sweep
-/// first: the child is asked to stop (SIGTERM: kb's tools remove their
-/// partial output) and waited for.
-fn run_child(cmd: &mut Command) -> std::io::Result<Option<(std::process::ExitStatus, Vec<u8>)>> {
-    use std::io::Read as _;
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let mut err = child.stderr.take().expect("stderr is piped");
-    let reader = std::thread::spawn(move || {
+/// What a child printed and how it ended: its status, the last
+/// [`STDERR_TAIL`] bytes of its stdout (kb-replay's verdict lines) and of
+/// its stderr (errors).
+type ChildEnd = (std::process::ExitStatus, Vec<u8>, Vec<u8>);
+
+/// Read `from` to its end on a thread, keeping the last [`STDERR_TAIL`]
+/// bytes.
+fn tail_of(mut from: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
         let (mut tail, mut buf) = (Vec::new(), vec![0u8; 8192]);
-        while let Ok(n) = err.read(&mut buf) {
+        while let Ok(n) = from.read(&mut buf) {
             if n == 0 {
                 break;
             }
@@ -244,10 +240,28 @@ fn run_child(cmd: &mut Command) -> std::io::Result<Option<(std::process::ExitSta
             }
         }
         tail
-    });
+    })
+}
+
+/// Run `cmd` (stdin closed, stdout and stderr collected: their last
+/// [`STDERR_TAIL`] bytes); `Ok(None)` when a signal stopped the sweep
+/// first: the child is asked to stop (SIGTERM: kb's tools remove their
+/// partial output) and waited for.
+fn run_child(cmd: &mut Command) -> std::io::Result<Option<ChildEnd>> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = tail_of(child.stdout.take().expect("stdout is piped"));
+    let err = tail_of(child.stderr.take().expect("stderr is piped"));
     loop {
         if let Some(status) = child.try_wait()? {
-            return Ok(Some((status, reader.join().unwrap_or_default())));
+            return Ok(Some((
+                status,
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default(),
+            )));
         }
         if interrupted().is_some() {
             #[cfg(unix)]
@@ -255,7 +269,8 @@ fn run_child(cmd: &mut Command) -> std::io::Result<Option<(std::process::ExitSta
             #[cfg(not(unix))]
             let _ = child.kill();
             let _ = child.wait();
-            let _ = reader.join();
+            let _ = out.join();
+            let _ = err.join();
             return Ok(None);
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
@@ -288,7 +303,7 @@ fn run_point(cfg: &SweepConfig, point: usize, idx: &[usize], machine: &MachineIn
             o.status = stopped;
             o.trace = None;
         }
-        Ok(Some((status, stderr))) if !status.success() => {
+        Ok(Some((status, _, stderr))) if !status.success() => {
             o.status = format!("error: {}", last_line(&stderr));
             o.trace = None;
         }
@@ -314,12 +329,20 @@ fn run_point(cfg: &SweepConfig, point: usize, idx: &[usize], machine: &MachineIn
                     )
                 };
                 let (verdict, status) = match r {
-                    Ok(Some((st, _))) if st.code() == Some(0) => ("PASS".to_string(), None),
-                    Ok(Some((st, err))) if st.code() == Some(1) => (
+                    Ok(Some((st, _, _))) if st.code() == Some(0) => ("PASS".to_string(), None),
+                    // The FAIL lines are kb-replay's verdict, on stdout
+                    // (a failed --check-intermediates says why on stderr).
+                    Ok(Some((st, out, err))) if st.code() == Some(1) => (
                         "FAIL".into(),
-                        Some(format!("fail: kb-replay --verify: {}", last_line(&err))),
+                        Some(format!(
+                            "fail: kb-replay --verify: {}",
+                            match last_line(&out) {
+                                l if l.is_empty() => last_line(&err),
+                                l => l,
+                            }
+                        )),
                     ),
-                    Ok(Some((_, err))) => error(last_line(&err)),
+                    Ok(Some((_, _, err))) => error(last_line(&err)),
                     Ok(None) => error("stopped by a signal".into()),
                     Err(e) => error(format!("running {}: {e}", replay_exe(cfg).display())),
                 };
