@@ -260,8 +260,9 @@ impl Block {
         rs.dedup();
         cs.sort_unstable();
         cs.dedup();
-        // Per row band: (holder index, c_start, c_end) runs.
-        let mut bands: Vec<(u64, u64, Vec<(usize, u64, u64)>)> = Vec::new();
+        // Per row band [r, r_end): its runs of (holder index, c, c_end).
+        type Runs = Vec<(usize, u64, u64)>;
+        let mut bands: Vec<(u64, u64, Runs)> = Vec::new();
         for rw in rs.windows(2) {
             let mut runs: Vec<(usize, u64, u64)> = Vec::new();
             for cw in cs.windows(2) {
