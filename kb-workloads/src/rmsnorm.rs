@@ -7,12 +7,14 @@ use kb_sim::workload::{ParamSpec, Params, Program, Sharding, Workload, WorkloadE
 
 use crate::t;
 
-/// `rmsnorm` over the last axis. `grid` (the default): program `i` of a
+/// `rmsnorm` over the last axis. `grid` (the default, but under LA):
+/// program `i` of a
 /// 1-D grid of `ceil(rows / block_rows)` programs over every PE
 /// normalises tensor rows `[i * block_rows, ...)` wherever they live,
 /// with `Block::of` in tensor coordinates (a block that spans shards or
 /// lies in another PE's HBM is one DMA per part). `local`: each PE walks
-/// its own shard's row blocks (`TensorArg::row_blocks`), every DMA local.
+/// its own shard's row blocks (`TensorArg::row_blocks`), every DMA local
+/// (the default under LA, where a PE cannot address another's shard).
 /// `w` (1 x cols) is replicated.
 #[derive(Debug)]
 pub struct Rmsnorm;
@@ -40,8 +42,8 @@ const PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "mode",
-        default: "grid",
-        help: "grid (row blocks in tensor coordinates over a 1-D grid) or local (each PE its own shard's row blocks)",
+        default: "auto",
+        help: "grid (row blocks in tensor coordinates over a 1-D grid), local (each PE its own shard's row blocks), or auto (grid where a PE can address other PEs' shards, local under LA)",
     },
 ];
 
@@ -108,7 +110,12 @@ impl Workload for Rmsnorm {
             .args(&[x, w, y])
             .scalar("block_rows", block)
             .float("eps", eps);
-        match p.str("mode") {
+        let mode = match p.str("mode") {
+            "auto" if prog.arg(x).peers_reach => "grid",
+            "auto" => "local",
+            m => m,
+        };
+        match mode {
             "grid" => {
                 let programs = rows.div_ceil(block);
                 if programs > u32::MAX as u64 {
@@ -121,7 +128,10 @@ impl Workload for Rmsnorm {
                 prog.launch("rmsnorm", rmsnorm_local, args);
             }
             other => {
-                return Err(p.err("mode", format!("{other:?} is not a mode (grid, local)")));
+                return Err(p.err(
+                    "mode",
+                    format!("{other:?} is not a mode (grid, local, auto)"),
+                ));
             }
         }
         let inv = Expr::Rsqrt(Box::new(Expr::Add(

@@ -33,10 +33,20 @@ fn rmsnorm_over_a_grid_of_row_blocks_in_tensor_coordinates_verifies_at_300_x_700
     for block in ["64", "7"] {
         sim_and_verify(
             "default",
-            &["rows=300", "cols=700", &format!("block_rows={block}")],
+            &[
+                "rows=300",
+                "cols=700",
+                &format!("block_rows={block}"),
+                "mode=grid",
+            ],
         );
     }
-    sim_and_verify("small", &["rows=300", "cols=700", "block_rows=64"]);
+    sim_and_verify(
+        "small",
+        &["rows=300", "cols=700", "block_rows=64", "mode=grid"],
+    );
+    // auto picks the shard walk under LA.
+    sim_and_verify("la-nto1", &["rows=300", "cols=700", "block_rows=64"]);
 }
 
 #[test]
@@ -61,6 +71,8 @@ fn under_la_a_grid_block_in_another_pes_shard_is_a_clear_error() {
             "la-1to1",
             "-b",
             "rmsnorm",
+            "-p",
+            "mode=grid",
             "-o",
             t.to_str().unwrap(),
         ],
