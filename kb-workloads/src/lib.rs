@@ -15,6 +15,7 @@ mod gemm_bias_gelu;
 mod gemm_tiled;
 mod layernorm;
 mod mlp;
+mod rmsnorm;
 mod softmax;
 mod tp_mlp;
 mod vector_add;
@@ -28,6 +29,7 @@ pub use gemm_bias_gelu::GemmBiasGelu;
 pub use gemm_tiled::GemmTiled;
 pub use layernorm::Layernorm;
 pub use mlp::Mlp;
+pub use rmsnorm::Rmsnorm;
 pub use softmax::Softmax;
 pub use tp_mlp::TpMlp;
 pub use vector_add::VectorAdd;
@@ -52,6 +54,7 @@ pub fn all() -> Vec<Box<dyn Workload>> {
         Box::new(Mlp),
         Box::new(AllReduce),
         Box::new(TpMlp),
+        Box::new(Rmsnorm),
     ]
 }
 

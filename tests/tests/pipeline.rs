@@ -258,6 +258,10 @@ fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
                 "slot_kib=1",
             ],
         ],
+        "rmsnorm" => vec![
+            vec!["rows=37", "cols=9", "block_rows=5"],
+            vec!["rows=37", "cols=9", "block_rows=5", "mode=local"],
+        ],
         other => panic!("add odd shapes for the new benchmark {other:?} here"),
     }
 }

@@ -65,11 +65,13 @@ impl Group {
 
 impl Tl<'_> {
     /// The PEs of this launch, in the order programs are dealt to them.
+    #[track_caller]
     pub fn pes(&self) -> &[PeCoord] {
         &self.pes
     }
 
     /// Every PE of this launch as a group.
+    #[track_caller]
     pub fn launch_group(&self) -> Group {
         Group::new(&self.pes)
     }
@@ -89,6 +91,7 @@ impl Tl<'_> {
     /// of everything this PE did before it except loads still in flight
     /// (wait for those first if the receiver may overwrite what they read).
     /// Returns at once; `wait_all` waits for the transfer.
+    #[track_caller]
     pub fn put(&mut self, tile: &dyn Operand, dst: Block, notify: Option<Notify>) {
         let (pa, rows, cols, dtype) = tile.operand();
         assert_eq!(
@@ -120,6 +123,7 @@ impl Tl<'_> {
     /// PE's TCM buffers): recorded as `dma_copy`, or `ipcq_copy` when it
     /// reaches another PE's TCM. Data effects at issue, transfer timed
     /// after, `notify` as for [`Tl::put`]. Returns at once.
+    #[track_caller]
     pub fn copy(&mut self, dst: Block, src: Block, notify: Option<Notify>) {
         assert_eq!(
             (dst.rows, dst.cols, dst.dtype),
@@ -161,6 +165,7 @@ impl Tl<'_> {
     /// (`Tl::wait` for them first if the receiver may overwrite what they
     /// read: the race detector reports it otherwise). The kernel goes on
     /// once it is sent. Signals belong to the launch: each launch's start at 0.
+    #[track_caller]
     pub fn signal(&mut self, pe: PeCoord, signal: u32, op: SignalOp) {
         match self.port.call(Command::Signal { pe, signal, op }) {
             Reply::Done => {}
@@ -171,6 +176,7 @@ impl Tl<'_> {
     /// Wait until this PE's signal `signal` is at least `at_least` (at
     /// once if it already is). What the updates' senders did before them
     /// is then ordered before what this kernel does next.
+    #[track_caller]
     pub fn wait_signal(&mut self, signal: u32, at_least: u64) {
         self.wait_any(&[(signal, at_least)]);
     }
@@ -179,6 +185,7 @@ impl Tl<'_> {
     /// at_least)` pairs; at once if one already has). Each that has is
     /// acquired, as by [`Tl::wait_signal`]; read them with
     /// [`Tl::signal_value`] to see which.
+    #[track_caller]
     pub fn wait_any(&mut self, any: &[(u32, u64)]) {
         assert!(!any.is_empty(), "wait_any: no signal to wait for");
         let mut list = crate::program::signal_list();
@@ -193,6 +200,7 @@ impl Tl<'_> {
     /// Reading it takes no simulated time (a register of the PE) and, like
     /// a satisfied wait, orders what its updates' senders did before what
     /// the kernel does next.
+    #[track_caller]
     pub fn signal_value(&mut self, signal: u32) -> u64 {
         match self.port.call(Command::ReadSignal(signal)) {
             Reply::Value(v) => v,
@@ -205,6 +213,7 @@ impl Tl<'_> {
     /// first; then an arrival goes to the group's first PE, which releases
     /// every member once all have arrived. What any member did before the
     /// barrier is ordered before what every member does after it.
+    #[track_caller]
     pub fn barrier(&mut self, group: &Group) {
         match self.port.call(Command::Barrier(group.pes().to_vec())) {
             Reply::Done => {}

@@ -49,6 +49,7 @@ impl Executor {
 
     /// Start `body` (which drives a kernel through the port) as a program.
     pub fn spawn(self, name: String, body: KernelBody) -> Result<Box<dyn PeProgram>, String> {
+        note_kernel_panic_locations();
         match self {
             Executor::Coroutine => {
                 CoroutineProgram::new(name, body).map(|p| Box::new(p) as Box<dyn PeProgram>)
@@ -79,6 +80,32 @@ struct Cancelled;
 
 thread_local! {
     static IN_KERNEL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Where the last kernel panic on this thread happened (`file:line`).
+    static PANIC_AT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+static HOOK: std::sync::Once = std::sync::Once::new();
+
+/// Install (once per process) a panic hook that notes where a kernel
+/// panicked, so the failure names the kernel's source line, and stays
+/// quiet about it (the simulation reports it with the kernel, PE and
+/// time); any other panic goes to the hook that was there before. The
+/// `tl` methods are `#[track_caller]`, so a panic inside one is located
+/// at the kernel's call.
+pub fn note_kernel_panic_locations() {
+    HOOK.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if in_kernel() {
+                let at = info
+                    .location()
+                    .map(|l| format!("{}:{}", l.file(), l.line()));
+                let _ = PANIC_AT.try_with(|p| *p.borrow_mut() = at);
+            } else {
+                prev(info);
+            }
+        }));
+    });
 }
 
 /// True while kernel code (not the simulation) runs on this thread. A
@@ -99,7 +126,13 @@ fn run_body(body: KernelBody, port: &mut dyn Port) -> Result<(), String> {
     match r {
         Ok(()) => Ok(()),
         Err(p) if p.is::<Cancelled>() => Err("cancelled".into()),
-        Err(p) => Err(panic_message(p.as_ref())),
+        Err(p) => {
+            let message = panic_message(p.as_ref());
+            match PANIC_AT.with(|a| a.borrow_mut().take()) {
+                Some(at) => Err(format!("{at}: {message}")),
+                None => Err(message),
+            }
+        }
     }
 }
 
@@ -365,9 +398,10 @@ mod tests {
             });
             let mut p = ex.spawn("k".into(), body).unwrap();
             assert!(p.resume(Reply::Go).unwrap().is_some());
+            let line = line!() - 4;
             assert_eq!(
                 p.resume(Reply::Done),
-                Err("boom at tile 3".to_string()),
+                Err(format!("{}:{line}: boom at tile 3", file!())),
                 "{ex:?}"
             );
         }

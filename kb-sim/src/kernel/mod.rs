@@ -75,6 +75,32 @@ impl TensorArg {
     pub fn elem_bytes(&self) -> u64 {
         self.dtype.size() as u64
     }
+
+    /// The rows of the shard `pe` holds, in blocks of `block_rows` (the
+    /// last one shorter), in tensor coordinates: for kernels that want
+    /// locality, `Block::of(t, pe, b.row, b.col, b.rows, b.cols)` of each
+    /// is one DMA from `pe`'s own memory. Empty when `pe` holds no rows
+    /// (or `block_rows` is 0).
+    pub fn row_blocks(&self, pe: PeCoord, block_rows: u32) -> impl Iterator<Item = RowBlock> {
+        let (row0, rows, col, cols) = match self.shard(pe) {
+            Some(s) if block_rows > 0 => (
+                s.row0,
+                s.rows,
+                s.col0,
+                (s.row_bytes / self.elem_bytes()) as u32,
+            ),
+            _ => (0, 0, 0, 0),
+        };
+        (0..rows.div_ceil(block_rows.max(1) as u64)).map(move |i| {
+            let r = i * block_rows as u64;
+            RowBlock {
+                row: row0 + r,
+                rows: (rows - r).min(block_rows as u64) as u32,
+                col,
+                cols,
+            }
+        })
+    }
 }
 
 /// Arguments shared by every program of a launch: tensors, integer and
@@ -193,33 +219,152 @@ pub struct Block {
 impl Block {
     /// The block of tensor rows `[r0, r0+rows)` x columns `[c0, c0+cols)`,
     /// in tensor coordinates (Triton style: a program picks its block by
-    /// `program_id`). The block is read from the shard that holds all of
-    /// it, `pe`'s own copy first (a replicated tensor is read locally);
-    /// panics if no single shard holds it (choose blocks that respect the
-    /// tensor's sharding, or replicate it).
-    pub fn of(t: &TensorArg, pe: PeCoord, r0: u64, c0: u64, rows: u32, cols: u32) -> Block {
-        let holds = |s: &ShardArg| {
-            let scols = s.row_bytes / t.elem_bytes();
-            r0 >= s.row0
-                && c0 >= s.col0
-                && r0 + rows as u64 <= s.row0 + s.rows
-                && c0 + cols as u64 <= s.col0 + scols
+    /// `program_id`), as PE `pe` reads or writes it. Anywhere in the
+    /// tensor: a block that `pe`'s own shard holds is one part there (a
+    /// replicated tensor is read locally); one that spans shards, or lies
+    /// in another PE's shard or another cube's HBM, is one part per shard
+    /// it touches (each cell taken from the nearest holder: `pe`'s own
+    /// shard, then its cube's, its SIP's, any). A load or store of it is
+    /// one DMA per part, from or to where the part lives, issued by `pe`;
+    /// a load assembles the parts in one TCM tile.
+    ///
+    /// Panics (a kernel failure naming the tensor) if the block runs past
+    /// the tensor, or if a part lies in another PE's HBM shard under the
+    /// LA address model, where `pe` cannot address it
+    /// ([`TensorArg::peers_reach`]): there, a PE reaches only its own
+    /// shard (walk it with [`TensorArg::row_blocks`]; other PEs' data
+    /// comes by `put` or a collective).
+    #[track_caller]
+    pub fn of(t: &TensorArg, pe: PeCoord, r0: u64, c0: u64, rows: u32, cols: u32) -> TensorBlock {
+        let (r1, c1) = (r0 + rows as u64, c0 + cols as u64);
+        if r1 > t.shape[0] || c1 > t.shape[1] {
+            panic!(
+                "block rows {r0}..+{rows} cols {c0}..+{cols} runs past {} ({}x{})",
+                t.name, t.shape[0], t.shape[1]
+            );
+        }
+        let es = t.elem_bytes();
+        let holds = |s: &ShardArg, (a, b, c, d): (u64, u64, u64, u64)| {
+            let scols = s.row_bytes / es;
+            a >= s.row0 && c >= s.col0 && b <= s.row0 + s.rows && d <= s.col0 + scols
         };
-        let s = t
-            .shard(pe)
-            .filter(|s| holds(s))
-            .or_else(|| t.shards.iter().find(|s| holds(s)))
-            .unwrap_or_else(|| {
-                panic!(
-                    "block rows {r0}..+{rows} cols {c0}..+{cols} of {} ({}x{}) is not within one shard (blocks must respect the tensor's sharding; a replicated tensor holds every block)",
-                    t.name, t.shape[0], t.shape[1]
-                )
-            });
-        Block::in_shard(t, s, r0 - s.row0, c0 - s.col0, rows, cols)
+        let whole = (r0, r1, c0, c1);
+        let one = |s: &ShardArg| TensorBlock {
+            rows,
+            cols,
+            dtype: t.dtype,
+            parts: Parts::One(Part {
+                block: Block::in_shard(t, s, r0 - s.row0, c0 - s.col0, rows, cols),
+                row: 0,
+                col: 0,
+            }),
+        };
+        if let Some(s) = t.shard(pe).filter(|s| holds(s, whole)) {
+            return one(s);
+        }
+        // Nearest holder first: this PE, its cube, its SIP, then any.
+        let rank = |s: &ShardArg| {
+            if s.pe == pe {
+                0
+            } else if (s.pe.sip, s.pe.cube) == (pe.sip, pe.cube) {
+                1
+            } else if s.pe.sip == pe.sip {
+                2
+            } else {
+                3
+            }
+        };
+        let mut order: Vec<&ShardArg> = t.shards.iter().filter(|s| s.rows > 0).collect();
+        order.sort_by_key(|s| rank(s));
+        if t.peers_reach
+            && let Some(s) = order.iter().find(|s| holds(s, whole))
+        {
+            return one(s);
+        }
+        // The cells between every shard edge inside the block, each from
+        // its nearest holder; runs of cells with one holder merge.
+        let mut rs = vec![r0, r1];
+        let mut cs = vec![c0, c1];
+        for s in &order {
+            let scols = s.row_bytes / es;
+            for r in [s.row0, s.row0 + s.rows] {
+                if r > r0 && r < r1 {
+                    rs.push(r);
+                }
+            }
+            for c in [s.col0, s.col0 + scols] {
+                if c > c0 && c < c1 {
+                    cs.push(c);
+                }
+            }
+        }
+        rs.sort_unstable();
+        rs.dedup();
+        cs.sort_unstable();
+        cs.dedup();
+        // Per row band [r, r_end): its runs of (holder index, c, c_end).
+        type Runs = Vec<(usize, u64, u64)>;
+        let mut bands: Vec<(u64, u64, Runs)> = Vec::new();
+        for rw in rs.windows(2) {
+            let mut runs: Vec<(usize, u64, u64)> = Vec::new();
+            for cw in cs.windows(2) {
+                let cell = (rw[0], rw[1], cw[0], cw[1]);
+                let Some(k) = order.iter().position(|s| holds(s, cell)) else {
+                    panic!(
+                        "rows {}..{} cols {}..{} of {} ({}x{}) are in no shard",
+                        rw[0], rw[1], cw[0], cw[1], t.name, t.shape[0], t.shape[1]
+                    );
+                };
+                let s = order[k];
+                if !t.peers_reach && s.pe != pe {
+                    panic!(
+                        "block rows {r0}..+{rows} cols {c0}..+{cols} of {} ({}x{}): rows {}..{} lie in {}'s HBM shard, which {pe} cannot address under the LA model (each PE reaches only its own shard: walk it with TensorArg::row_blocks, or move other PEs' data with put or a collective)",
+                        t.name, t.shape[0], t.shape[1], rw[0], rw[1], s.pe
+                    );
+                }
+                match runs.last_mut() {
+                    Some(last) if last.0 == k => last.2 = cw[1],
+                    _ => runs.push((k, cw[0], cw[1])),
+                }
+            }
+            match bands.last_mut() {
+                Some(last) if last.2 == runs => last.1 = rw[1],
+                _ => bands.push((rw[0], rw[1], runs)),
+            }
+        }
+        let mut parts = Vec::new();
+        for (a, b, runs) in bands {
+            for (k, c, d) in runs {
+                let s = order[k];
+                parts.push(Part {
+                    block: Block::in_shard(
+                        t,
+                        s,
+                        a - s.row0,
+                        c - s.col0,
+                        (b - a) as u32,
+                        (d - c) as u32,
+                    ),
+                    row: (a - r0) as u32,
+                    col: (c - c0) as u32,
+                });
+            }
+        }
+        TensorBlock {
+            rows,
+            cols,
+            dtype: t.dtype,
+            parts: if parts.len() == 1 {
+                Parts::One(parts[0])
+            } else {
+                Parts::Many(parts)
+            },
+        }
     }
 
     /// The block of rows [r0, r0+rows) x cols [c0, c0+cols) of a shard
     /// (shard coordinates), in the tensor's memory.
+    #[track_caller]
     pub fn in_shard(t: &TensorArg, s: &ShardArg, r0: u64, c0: u64, rows: u32, cols: u32) -> Block {
         let es = t.elem_bytes();
         assert!(
@@ -244,6 +389,97 @@ impl Block {
     fn row_bytes(&self) -> u64 {
         self.cols as u64 * self.dtype.size() as u64
     }
+}
+
+/// A block in tensor coordinates ([`Block::of`]): a `rows` x `cols` tile's
+/// worth of a tensor, in one or more [`Part`]s, each a [`Block`] in the
+/// memory that holds it. `tl.load`, `store` and their masked variants take
+/// one (or a plain [`Block`], one part at the tile's corner) and move each
+/// part by its own DMA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorBlock {
+    rows: u32,
+    cols: u32,
+    dtype: Dtype,
+    parts: Parts,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Parts {
+    One(Part),
+    Many(Vec<Part>),
+}
+
+/// One part of a [`TensorBlock`]: `block` (where it lives) is the part's
+/// rows and columns starting at (`row`, `col`) of the tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    /// The memory it is in.
+    pub block: Block,
+    /// Its first row in the tile.
+    pub row: u32,
+    /// Its first column in the tile.
+    pub col: u32,
+}
+
+impl TensorBlock {
+    /// (rows, cols) of the whole block.
+    pub fn shape(&self) -> (u32, u32) {
+        (self.rows, self.cols)
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// Its parts, in row-major order of their corners (one per shard cell
+    /// it touches; one when a single shard holds it).
+    pub fn parts(&self) -> &[Part] {
+        match &self.parts {
+            Parts::One(p) => std::slice::from_ref(p),
+            Parts::Many(v) => v,
+        }
+    }
+
+    /// The block as one [`Block`] when a single shard holds it (what `put`,
+    /// `copy` and operands need), else `None`.
+    pub fn single(&self) -> Option<Block> {
+        match &self.parts {
+            Parts::One(p) => Some(p.block),
+            Parts::Many(_) => None,
+        }
+    }
+}
+
+impl From<Block> for TensorBlock {
+    fn from(b: Block) -> Self {
+        TensorBlock {
+            rows: b.rows,
+            cols: b.cols,
+            dtype: b.dtype,
+            parts: Parts::One(Part {
+                block: b,
+                row: 0,
+                col: 0,
+            }),
+        }
+    }
+}
+
+/// A block of rows of one shard, in tensor coordinates: rows
+/// `[row, row+rows)` x columns `[col, col+cols)` (see
+/// [`TensorArg::row_blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowBlock {
+    /// First tensor row.
+    pub row: u64,
+    /// Rows (at most the block size asked for; the last may be fewer).
+    pub rows: u32,
+    /// First tensor column of the shard.
+    pub col: u64,
+    /// Columns of the shard.
+    pub cols: u32,
 }
 
 /// A tile in TCM holding the bytes Phase 1 loaded. Bytes whose last
@@ -286,6 +522,7 @@ impl Tile {
     }
 
     /// Panics (a kernel failure) if bytes `[at, at+len)` are unknown.
+    #[track_caller]
     fn check_known(&self, at: usize, len: usize, what: &str) {
         if let Some(u) = self
             .unknown
@@ -300,6 +537,7 @@ impl Tile {
     }
 
     /// The raw little-endian bytes, row-major. Panics if any is unknown.
+    #[track_caller]
     pub fn bytes(&self) -> &[u8] {
         self.check_known(0, self.data.len(), "the bytes");
         self.flat_bytes()
@@ -313,6 +551,7 @@ impl Tile {
     }
 
     /// Element (r, c) as f64. Panics if it is unknown in Phase 1.
+    #[track_caller]
     pub fn get(&self, r: usize, c: usize) -> f64 {
         assert!(
             r < self.rows as usize && c < self.cols as usize,
@@ -335,6 +574,7 @@ impl Tile {
 
     /// The values as f64, row-major, as an ndarray. Panics if any is
     /// unknown in Phase 1.
+    #[track_caller]
     pub fn to_f64(&self) -> Array2<f64> {
         self.check_known(0, self.data.len(), "the values");
         let es = self.dtype.size();
@@ -366,6 +606,9 @@ impl Drop for Tile {
 #[derive(Debug)]
 pub struct LoadHandle {
     op: u64,
+    /// A block in several parts: each part's DMA and place (else empty,
+    /// and `op` is the one DMA).
+    parts: Vec<(u64, Part)>,
     tile: Tile,
 }
 
@@ -701,6 +944,8 @@ pub struct Tl<'p> {
     stage: Option<&'static str>,
     /// Scratch: a masked load's bytes gathered from their pages.
     gather: Vec<u8>,
+    /// The launch's arguments, to name a tensor in an error.
+    args: Option<Arc<KernelArgs>>,
 }
 
 impl std::fmt::Debug for Tl<'_> {
@@ -731,7 +976,71 @@ impl<'p> Tl<'p> {
             tcm: Rc::new(RefCell::new(tcm)),
             stage: None,
             gather: Vec::new(),
+            args: None,
         }
+    }
+
+    /// Fail the kernel: `tl.OP: message`. The caller's source line is
+    /// added by the executor, from the panic's location (every `tl`
+    /// method is `#[track_caller]`, so it is the kernel's line).
+    #[track_caller]
+    pub(crate) fn fail(&self, op: &str, message: String) -> ! {
+        panic!("tl.{op}: {message}")
+    }
+
+    /// The tensor of the launch whose memory `addr` is in (this PE's
+    /// shard first: under VA or LA another PE's may use the same
+    /// addresses), as ` of NAME`, or "" if none is.
+    pub(crate) fn name_at(&self, addr: Addr) -> String {
+        self.name_in(Some(addr.space), addr.addr)
+    }
+
+    /// [`Tl::name_at`] in memory `space` (any when `None`).
+    fn name_in(&self, space: Option<Space>, addr: u64) -> String {
+        let Some(args) = &self.args else {
+            return String::new();
+        };
+        let within = |t: &TensorArg, s: &ShardArg| {
+            space.is_none_or(|sp| t.space == sp)
+                && addr >= s.addr
+                && addr < s.addr + s.rows * s.row_bytes
+        };
+        let mut found = None;
+        for t in &args.tensors {
+            for s in &t.shards {
+                if within(t, s) && (found.is_none() || s.pe == self.pe) {
+                    found = Some(t.name.as_str());
+                }
+            }
+        }
+        found.map(|n| format!(" of {n}")).unwrap_or_default()
+    }
+
+    /// Fail op `op` unless its operand `i` at `addr` is in this PE's TCM
+    /// (the engine would refuse it, without the kernel's line).
+    #[track_caller]
+    pub(crate) fn check_operand(&self, op: &str, i: usize, addr: u64) {
+        match Pa::decode(addr) {
+            Some(p)
+                if p.space == Space::Tcm
+                    && (p.sip, p.cube, p.pe) == (self.pe.sip, self.pe.cube, self.pe.pe) => {}
+            _ => self.fail(
+                op,
+                format!(
+                    "operand {i} (a block{} at {addr:#x}) is not in {}'s TCM: load it into a tile first (only a block of this PE's own TCM is an operand where it lies)",
+                    self.name_in(None, addr),
+                    self.pe
+                ),
+            ),
+        }
+    }
+
+    /// [`Tl::name_at`] of a block's first part.
+    pub(crate) fn block_name(&self, b: &TensorBlock) -> String {
+        b.parts()
+            .first()
+            .map(|p| self.name_at(p.block.addr))
+            .unwrap_or_default()
     }
 
     /// Name the ops issued until the next call `stage` (e.g.
@@ -747,6 +1056,7 @@ impl<'p> Tl<'p> {
 
     /// This program's index along `axis` (0 or 1) of the launch's grid,
     /// as Triton's `tl.program_id(axis)`.
+    #[track_caller]
     pub fn program_id(&self, axis: usize) -> u32 {
         assert!(
             axis < 2,
@@ -757,6 +1067,7 @@ impl<'p> Tl<'p> {
 
     /// Programs along `axis` (0 or 1) of the launch's grid, as Triton's
     /// `tl.num_programs(axis)`.
+    #[track_caller]
     pub fn num_programs(&self, axis: usize) -> u32 {
         assert!(
             axis < 2,
@@ -770,17 +1081,22 @@ impl<'p> Tl<'p> {
         self.tcm.borrow().largest_free()
     }
 
-    fn tcm_alloc(&mut self, bytes: u64) -> u64 {
-        let mut tcm = self.tcm.borrow_mut();
-        let offset = tcm.alloc(bytes, 64).unwrap_or_else(|| {
-            panic!(
-                "{}: out of TCM allocating a {bytes}-byte tile ({} of {} bytes in use, largest free block {})",
-                self.pe,
-                tcm.used(),
-                tcm.limit(),
-                tcm.largest_free()
-            )
-        });
+    #[track_caller]
+    fn tcm_alloc(&mut self, bytes: u64, op: &str) -> u64 {
+        let got = self.tcm.borrow_mut().alloc(bytes, 64);
+        let Some(offset) = got else {
+            let tcm = self.tcm.borrow();
+            self.fail(
+                op,
+                format!(
+                    "{}: out of TCM allocating a {bytes}-byte tile ({} of {} bytes in use, largest free block {})",
+                    self.pe,
+                    tcm.used(),
+                    tcm.limit(),
+                    tcm.largest_free()
+                ),
+            );
+        };
         Pa {
             space: Space::Tcm,
             sip: self.pe.sip,
@@ -792,8 +1108,16 @@ impl<'p> Tl<'p> {
         .expect("TCM PA in range")
     }
 
-    fn pending(&mut self, rows: u32, cols: u32, dtype: Dtype, valid: (u32, u32)) -> Pending {
-        let pa = self.tcm_alloc(rows as u64 * cols as u64 * dtype.size() as u64);
+    #[track_caller]
+    fn pending(
+        &mut self,
+        op: &str,
+        rows: u32,
+        cols: u32,
+        dtype: Dtype,
+        valid: (u32, u32),
+    ) -> Pending {
+        let pa = self.tcm_alloc(rows as u64 * cols as u64 * dtype.size() as u64, op);
         Pending {
             pa,
             rows,
@@ -817,6 +1141,7 @@ pub fn body(
 ) -> KernelBody {
     Box::new(move |port: &mut dyn Port| {
         let mut tl = Tl::new(port, pe, [program_id, 0], [num_programs, 1], tcm);
+        tl.args = Some(args.clone());
         kernel(&mut tl, &args);
         tl.wait_all();
     })
@@ -839,6 +1164,7 @@ pub fn grid_body(
         let n = pes.len() as u64;
         let mut tl = Tl::new(port, pe, [0, 0], grid, tcm);
         tl.pes = pes;
+        tl.args = Some(args.clone());
         let total = grid[0] as u64 * grid[1] as u64;
         let mut k = slot as u64;
         while k < total {
