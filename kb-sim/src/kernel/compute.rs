@@ -89,7 +89,7 @@ impl<'p> Tl<'p> {
     /// A math op with a `rows` x `cols` result whose top-left `valid`
     /// part is computed from data (one useful FLOP per element of it).
     #[allow(clippy::too_many_arguments)]
-    fn math(
+    pub(super) fn math(
         &mut self,
         op: MathOp,
         inputs: Vec<MathInput>,
@@ -120,13 +120,13 @@ impl<'p> Tl<'p> {
         out
     }
 
-    fn unary(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
+    pub(super) fn unary(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
         let (_, r, c, d) = x.operand();
         self.math(op, one_input(tile_input(x)), r, c, d, None, x.valid())
     }
 
     /// A float-only unary op (sigmoid, tanh, erf, exp2).
-    fn unary_float(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
+    pub(super) fn unary_float(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
         let (_, _, _, d) = x.operand();
         assert!(is_float(d), "{}: needs a float tile, not {d}", op.name());
         self.unary(op, x)
@@ -134,7 +134,7 @@ impl<'p> Tl<'p> {
 
     /// The shape inputs of shapes `shapes` broadcast to (numpy's rule:
     /// each dim equal, or 1).
-    fn broadcast(op: MathOp, shapes: &[(u32, u32)]) -> (u32, u32) {
+    pub(super) fn broadcast(op: MathOp, shapes: &[(u32, u32)]) -> (u32, u32) {
         let dim = |a: u32, b: u32| match (a, b) {
             (a, b) if a == b => Some(a),
             (1, b) => Some(b),
@@ -153,7 +153,7 @@ impl<'p> Tl<'p> {
     /// The inputs, broadcast shape, dtype and each tile's (shape, valid
     /// extent) of an elementwise op over `args` (at least one a tile;
     /// tiles share one dtype).
-    fn elementwise_inputs(
+    pub(super) fn elementwise_inputs(
         op: MathOp,
         args: &[Rhs<'_>],
     ) -> (Vec<MathInput>, (u32, u32), Dtype, Tiles) {
@@ -185,7 +185,7 @@ impl<'p> Tl<'p> {
 
     /// Elementwise `a op b`, broadcasting numpy-style; `b` may be a tile
     /// or a scalar.
-    fn binary(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
+    pub(super) fn binary(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
         let (inputs, (r, c), d, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
         let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(op, inputs, r, c, d, None, valid)
@@ -193,7 +193,7 @@ impl<'p> Tl<'p> {
 
     /// A comparison: a u8 mask, 1 where true (NaN compares false, except
     /// in `ne`).
-    fn compare(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
+    pub(super) fn compare(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
         let (inputs, (r, c), _, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
         let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(op, inputs, r, c, Dtype::U8, None, valid)
@@ -381,7 +381,7 @@ impl<'p> Tl<'p> {
         )
     }
 
-    fn reduce_to(
+    pub(super) fn reduce_to(
         &mut self,
         op: MathOp,
         x: &dyn Operand,
