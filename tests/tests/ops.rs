@@ -138,6 +138,12 @@ fn zoo(tl: &mut Tl<'_>, args: &KernelArgs) {
     let offs = tl.load(whole("offs", R, C));
     let r1 = tl.rand(SEED, &offs);
     tl.store(whole("rand_loaded", R, C), &r1);
+    // Phase 1 knows these values (a store is visible at issue): loading
+    // them back and reading them works, and they are in [0, 1). Replay
+    // checks the store's fingerprint against its own bits.
+    let back = tl.load(whole("rand_loaded", R, C));
+    let v = back.to_f64();
+    assert!(v.iter().all(|u| (0.0..1.0).contains(u)), "{v:?}");
     let rows = tl.arange(R, C, 0, Dtype::I32);
     let cols = tl.arange(R, C, 1, Dtype::I32);
     let rc = tl.mul(&rows, C as f64);
