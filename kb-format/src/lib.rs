@@ -18,9 +18,11 @@ pub mod channels;
 pub mod chunk;
 mod cursor;
 pub mod error;
+mod expr;
 pub mod footer;
 pub mod launch;
 pub mod pa;
+pub mod philox;
 pub mod reader;
 pub mod record_codec;
 #[cfg(unix)]
@@ -31,6 +33,7 @@ pub mod writer;
 
 pub use channels::{BusyLog, ChannelLog, ChannelUsage};
 pub use error::{FormatError, Result};
+pub use expr::TensorShape;
 pub use footer::{Footer, IndexEntry};
 pub use launch::Launch;
 pub use reader::{DigestCheck, Event, MmapTrace, PayloadCheck, RecordChunk, StreamReader, Strings};

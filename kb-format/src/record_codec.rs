@@ -1053,6 +1053,36 @@ mod tests {
     }
 
     #[test]
+    fn the_newest_math_ops_round_trip_and_the_next_code_is_refused() {
+        let rec = |op| Record {
+            kind: OpKind::Math,
+            params: Params::Math(MathParams {
+                op,
+                inputs: vec![MathInput::Scalar(1.0)],
+                out: Addr::default(),
+                rows: 1,
+                cols: 1,
+                dtype: Dtype::F32,
+                axis: None,
+            }),
+            ..Record::default()
+        };
+        let (a, b) = (rec(MathOp::Rand), rec(MathOp::Clamp));
+        let (ea, eb) = (
+            encode_each(std::slice::from_ref(&a)).concat(),
+            encode_each(std::slice::from_ref(&b)).concat(),
+        );
+        assert_eq!(decode_all(&ea, 1), [a]);
+        // The one byte that differs is the op code (51, 50): 52 is unknown.
+        let diff: Vec<usize> = (0..ea.len()).filter(|&i| ea[i] != eb[i]).collect();
+        assert_eq!(diff.len(), 1);
+        assert_eq!((ea[diff[0]], eb[diff[0]]), (51, 50));
+        let mut next = ea.clone();
+        next[diff[0]] = 52;
+        assert!(decode_err(&next).contains("unknown math op code 52"));
+    }
+
+    #[test]
     fn a_sync_op_has_no_params() {
         let r = Record {
             kind: OpKind::Sync,

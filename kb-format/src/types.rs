@@ -322,11 +322,56 @@ pub enum MathOp {
     /// No inputs: each element is its index along `axis` (0: the row, 1:
     /// the column), like Triton's `arange` broadcast to the tile.
     Arange = 31,
+    // Codes 32 and up: the second round of kernel ops (issue 34).
+    /// Logical and of two masks (non-zero is true): a u8 0/1 mask.
+    And = 32,
+    /// Logical or of two masks.
+    Or = 33,
+    /// Logical exclusive or of two masks.
+    Xor = 34,
+    /// Logical not of a mask (1 where the input is zero).
+    Not = 35,
+    /// The input's transpose: an R x C input gives a C x R output.
+    Transpose = 36,
+    /// The input's elements in row-major order, as a `rows x cols` tile
+    /// with as many elements.
+    Reshape = 37,
+    /// The `rows x cols` block of the input whose top-left element is
+    /// (scalar input 1, scalar input 2).
+    Slice = 38,
+    /// Two tiles joined along `axis` (0: stacked, 1: side by side).
+    Concat = 39,
+    /// Inclusive running sum along `axis`.
+    Cumsum = 40,
+    /// Inclusive running product along `axis`.
+    Cumprod = 41,
+    /// Inclusive running maximum along `axis` (NaN propagates).
+    Cummax = 42,
+    /// `a` to the power `b` (floats).
+    Pow = 43,
+    /// Base-2 logarithm (floats).
+    Log2 = 44,
+    /// Sine (floats, radians).
+    Sin = 45,
+    /// Cosine (floats, radians).
+    Cos = 46,
+    /// Round toward negative infinity.
+    Floor = 47,
+    /// Round toward positive infinity.
+    Ceil = 48,
+    /// Remainder of truncated division (C's `fmod`: the sign of `a`).
+    Rem = 49,
+    /// `min(max(x, lo), hi)` of (x, lo, hi).
+    Clamp = 50,
+    /// Uniform f32 in [0, 1) from Philox4x32-10 of each offset (an integer
+    /// tile) under a 64-bit seed (scalar inputs: its low and high 32 bits),
+    /// as Triton's `tl.rand`.
+    Rand = 51,
 }
 
 impl MathOp {
     /// Every op, in code order (`ALL[code]` has that code).
-    pub const ALL: [MathOp; 32] = [
+    pub const ALL: [MathOp; 52] = [
         MathOp::Exp,
         MathOp::Log,
         MathOp::Sqrt,
@@ -359,6 +404,26 @@ impl MathOp {
         MathOp::ArgMax,
         MathOp::ArgMin,
         MathOp::Arange,
+        MathOp::And,
+        MathOp::Or,
+        MathOp::Xor,
+        MathOp::Not,
+        MathOp::Transpose,
+        MathOp::Reshape,
+        MathOp::Slice,
+        MathOp::Concat,
+        MathOp::Cumsum,
+        MathOp::Cumprod,
+        MathOp::Cummax,
+        MathOp::Pow,
+        MathOp::Log2,
+        MathOp::Sin,
+        MathOp::Cos,
+        MathOp::Floor,
+        MathOp::Ceil,
+        MathOp::Rem,
+        MathOp::Clamp,
+        MathOp::Rand,
     ];
 
     pub fn from_code(code: u8) -> Option<MathOp> {
@@ -400,6 +465,26 @@ impl MathOp {
             MathOp::ArgMax => "argmax",
             MathOp::ArgMin => "argmin",
             MathOp::Arange => "arange",
+            MathOp::And => "and",
+            MathOp::Or => "or",
+            MathOp::Xor => "xor",
+            MathOp::Not => "not",
+            MathOp::Transpose => "transpose",
+            MathOp::Reshape => "reshape",
+            MathOp::Slice => "slice",
+            MathOp::Concat => "concat",
+            MathOp::Cumsum => "cumsum",
+            MathOp::Cumprod => "cumprod",
+            MathOp::Cummax => "cummax",
+            MathOp::Pow => "pow",
+            MathOp::Log2 => "log2",
+            MathOp::Sin => "sin",
+            MathOp::Cos => "cos",
+            MathOp::Floor => "floor",
+            MathOp::Ceil => "ceil",
+            MathOp::Rem => "rem",
+            MathOp::Clamp => "clamp",
+            MathOp::Rand => "rand",
         }
     }
 }
@@ -780,6 +865,114 @@ pub enum Expr {
         #[serde(deserialize_with = "de_sub")]
         input: Box<Expr>,
         reps: u64,
+    },
+    // Indices 35 and up (issue 34): positions, masks and the second round
+    // of kernel ops, so references need no index tensors on the device.
+    /// A `rows x cols` matrix whose elements are their index along `axis`
+    /// (0: the row, 1: the column); numpy's `arange` broadcast. A causal
+    /// mask is `Le(Iota{1, n, 1}, Iota{n, 1, 0})`.
+    Iota {
+        rows: u64,
+        cols: u64,
+        axis: u8,
+    },
+    /// `input` with the elements above diagonal `diagonal` zeroed: kept
+    /// where `j - i <= diagonal` (numpy's `tril(x, k)`).
+    Tril {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        diagonal: i64,
+    },
+    /// `input` with the elements below diagonal `diagonal` zeroed: kept
+    /// where `j - i >= diagonal` (numpy's `triu(x, k)`).
+    Triu {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        diagonal: i64,
+    },
+    /// Logical ops on masks (non-zero, NaN included, is true): 1.0 or 0.0.
+    And(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Or(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Xor(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    Not(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    /// Base-2 logarithm.
+    Log2(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Sin(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Cos(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Floor(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    Ceil(#[serde(deserialize_with = "de_sub")] Box<Expr>),
+    /// Remainder of truncated division, the sign of `a` (C's `fmod`).
+    Rem(
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+        #[serde(deserialize_with = "de_sub")] Box<Expr>,
+    ),
+    /// `min(max(input, lo), hi)`, broadcast.
+    Clamp {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        #[serde(deserialize_with = "de_sub")]
+        lo: Box<Expr>,
+        #[serde(deserialize_with = "de_sub")]
+        hi: Box<Expr>,
+    },
+    /// Inclusive running sum along `axis` (same shape).
+    Cumsum {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        axis: u8,
+    },
+    /// Inclusive running product along `axis`.
+    Cumprod {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        axis: u8,
+    },
+    /// Inclusive running maximum along `axis` (NaN propagates).
+    Cummax {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        axis: u8,
+    },
+    /// `input`'s elements in row-major order as `rows x cols`.
+    Reshape {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        rows: u64,
+        cols: u64,
+    },
+    /// The `rows x cols` block of `input` at (`row`, `col`).
+    Slice {
+        #[serde(deserialize_with = "de_sub")]
+        input: Box<Expr>,
+        row: u64,
+        col: u64,
+        rows: u64,
+        cols: u64,
+    },
+    /// `a` and `b` joined along `axis` (0: `a` above `b`, 1: side by side).
+    Concat {
+        #[serde(deserialize_with = "de_sub")]
+        a: Box<Expr>,
+        #[serde(deserialize_with = "de_sub")]
+        b: Box<Expr>,
+        axis: u8,
+    },
+    /// Triton's `tl.rand(seed, offsets)`: a uniform value in [0, 1) per
+    /// element of `offsets` (integers, taken mod 2^32), from
+    /// Philox4x32-10 keyed by `seed` (see [`MathOp::Rand`]).
+    Rand {
+        seed: u64,
+        #[serde(deserialize_with = "de_sub")]
+        offsets: Box<Expr>,
     },
 }
 

@@ -540,6 +540,47 @@ pub fn expr_string(e: &Expr) -> String {
             format!("sum_blocks({}, blocks={blocks})", expr_string(input))
         }
         Expr::Tile { input, reps } => format!("tile({}, reps={reps})", expr_string(input)),
+        Expr::Iota { rows, cols, axis } => format!("iota({rows}x{cols}, axis={axis})"),
+        Expr::Tril { input, diagonal } => format!("tril({}, k={diagonal})", expr_string(input)),
+        Expr::Triu { input, diagonal } => format!("triu({}, k={diagonal})", expr_string(input)),
+        Expr::And(a, b) => bin("and", a, b),
+        Expr::Or(a, b) => bin("or", a, b),
+        Expr::Xor(a, b) => bin("xor", a, b),
+        Expr::Not(a) => un("not", a),
+        Expr::Log2(a) => un("log2", a),
+        Expr::Sin(a) => un("sin", a),
+        Expr::Cos(a) => un("cos", a),
+        Expr::Floor(a) => un("floor", a),
+        Expr::Ceil(a) => un("ceil", a),
+        Expr::Rem(a, b) => bin("rem", a, b),
+        Expr::Clamp { input, lo, hi } => format!(
+            "clamp({}, {}, {})",
+            expr_string(input),
+            expr_string(lo),
+            expr_string(hi)
+        ),
+        Expr::Cumsum { input, axis } => format!("cumsum({}, axis={axis})", expr_string(input)),
+        Expr::Cumprod { input, axis } => format!("cumprod({}, axis={axis})", expr_string(input)),
+        Expr::Cummax { input, axis } => format!("cummax({}, axis={axis})", expr_string(input)),
+        Expr::Reshape { input, rows, cols } => {
+            format!("reshape({}, {rows}x{cols})", expr_string(input))
+        }
+        Expr::Slice {
+            input,
+            row,
+            col,
+            rows,
+            cols,
+        } => format!(
+            "slice({}, at=({row}, {col}), {rows}x{cols})",
+            expr_string(input)
+        ),
+        Expr::Concat { a, b, axis } => format!(
+            "concat({}, {}, axis={axis})",
+            expr_string(a),
+            expr_string(b)
+        ),
+        Expr::Rand { seed, offsets } => format!("rand(seed={seed}, {})", expr_string(offsets)),
     }
 }
 

@@ -142,13 +142,13 @@ impl Evaluator<'_> {
             return Err(format!("expression nests deeper than {MAX_DEPTH} levels"));
         }
         let mut args = Vec::with_capacity(3);
-        for x in operands(e) {
+        for x in e.children() {
             args.push(self.eval_at(x, depth + 1)?);
         }
         self.apply(e, args)
     }
 
-    /// `e`'s op on its evaluated operands (in [`operands`] order).
+    /// `e`'s op on its evaluated operands (in [`Expr::children`] order).
     #[inline(never)]
     fn apply(&self, e: &Expr, args: Vec<Matrix>) -> Result<Matrix, String> {
         let mut args = args.into_iter();
@@ -215,7 +215,119 @@ impl Evaluator<'_> {
             Expr::Gather { .. } => self.gather(&arg()?, &arg()?)?,
             Expr::SumBlocks { blocks, .. } => self.sum_blocks(&arg()?, *blocks)?,
             Expr::Tile { reps, .. } => self.tile(&arg()?, *reps)?,
+            Expr::Iota { rows, cols, axis } => self.iota(*rows, *cols, *axis)?,
+            Expr::Tril { diagonal, .. } => band(arg()?, |i, j| j - i <= *diagonal as i128),
+            Expr::Triu { diagonal, .. } => band(arg()?, |i, j| j - i >= *diagonal as i128),
+            Expr::And(..) => {
+                self.broadcast("and", &arg()?, &arg()?, |x, y| truth(x != 0.0 && y != 0.0))?
+            }
+            Expr::Or(..) => {
+                self.broadcast("or", &arg()?, &arg()?, |x, y| truth(x != 0.0 || y != 0.0))?
+            }
+            Expr::Xor(..) => self.broadcast("xor", &arg()?, &arg()?, |x, y| {
+                truth((x != 0.0) != (y != 0.0))
+            })?,
+            Expr::Not(_) => map(arg()?, |v| truth(v == 0.0)),
+            Expr::Log2(_) => map(arg()?, f64::log2),
+            Expr::Sin(_) => map(arg()?, f64::sin),
+            Expr::Cos(_) => map(arg()?, f64::cos),
+            Expr::Floor(_) => map(arg()?, f64::floor),
+            Expr::Ceil(_) => map(arg()?, f64::ceil),
+            // Rust's `%` on floats is C's fmod: the sign of the dividend.
+            Expr::Rem(..) => self.broadcast("rem", &arg()?, &arg()?, |x, y| x % y)?,
+            Expr::Clamp { .. } => {
+                let (x, lo, hi) = (arg()?, arg()?, arg()?);
+                self.broadcast_n("clamp", &[&x, &lo, &hi], |v| {
+                    min_nan(max_nan(v[0], v[1]), v[2])
+                })?
+            }
+            Expr::Cumsum { axis, .. } => scan(arg()?, *axis, |a, b| a + b)?,
+            Expr::Cumprod { axis, .. } => scan(arg()?, *axis, |a, b| a * b)?,
+            Expr::Cummax { axis, .. } => scan(arg()?, *axis, max_nan)?,
+            Expr::Reshape { rows, cols, .. } => {
+                let m = arg()?;
+                let what = format!("reshape of {} x {} to {rows} x {cols}", m.rows, m.cols);
+                let (r, c) = (usize::try_from(*rows), usize::try_from(*cols));
+                match (r, c) {
+                    (Ok(r), Ok(c)) if r.checked_mul(c) == Some(m.data.len()) => {
+                        Matrix::new(r, c, m.data)?
+                    }
+                    _ => return Err(format!("{what}: the element counts differ")),
+                }
+            }
+            Expr::Slice {
+                row,
+                col,
+                rows,
+                cols,
+                ..
+            } => {
+                let m = arg()?;
+                let fits =
+                    |at: u64, n: u64, of: usize| at.checked_add(n).is_some_and(|e| e <= of as u64);
+                if !fits(*row, *rows, m.rows) || !fits(*col, *cols, m.cols) {
+                    return Err(format!(
+                        "slice {rows} x {cols} at ({row}, {col}) is not within {} x {}",
+                        m.rows, m.cols
+                    ));
+                }
+                let (r0, c0, r, c) = (*row as usize, *col as usize, *rows as usize, *cols as usize);
+                let mut data = Vec::with_capacity(r * c);
+                for i in r0..r0 + r {
+                    data.extend_from_slice(&m.data[i * m.cols + c0..i * m.cols + c0 + c]);
+                }
+                Matrix::new(r, c, data)?
+            }
+            Expr::Concat { axis, .. } => self.concat(arg()?, arg()?, *axis)?,
+            Expr::Rand { seed, .. } => map(arg()?, |v| philox_uniform(*seed, v)),
         })
+    }
+
+    /// A `rows x cols` matrix of each element's index along `axis`.
+    fn iota(&self, rows: u64, cols: u64, axis: u8) -> Result<Matrix, String> {
+        check_axis(axis)?;
+        let what = format!("iota {rows} x {cols}");
+        let (r, c) = match (usize::try_from(rows), usize::try_from(cols)) {
+            (Ok(r), Ok(c)) => (r, c),
+            _ => return Err(format!("{what}: too large")),
+        };
+        self.alloc_check(r, c).map_err(|e| format!("{what}: {e}"))?;
+        let mut data = Vec::with_capacity(r * c);
+        for i in 0..r {
+            for j in 0..c {
+                data.push(if axis == 0 { i } else { j } as f64);
+            }
+        }
+        Matrix::new(r, c, data)
+    }
+
+    /// `a` and `b` joined along `axis`.
+    fn concat(&self, a: Matrix, b: Matrix, axis: u8) -> Result<Matrix, String> {
+        check_axis(axis)?;
+        let what = format!(
+            "concat of {} x {} and {} x {} along axis {axis}",
+            a.rows, a.cols, b.rows, b.cols
+        );
+        if axis == 0 {
+            if a.cols != b.cols {
+                return Err(format!("{what}: the column counts differ"));
+            }
+            self.alloc_check(a.rows + b.rows, a.cols)?;
+            let mut data = a.data;
+            data.extend_from_slice(&b.data);
+            Matrix::new(a.rows + b.rows, a.cols, data)
+        } else {
+            if a.rows != b.rows {
+                return Err(format!("{what}: the row counts differ"));
+            }
+            self.alloc_check(a.rows, a.cols + b.cols)?;
+            let mut data = Vec::with_capacity(a.rows * (a.cols + b.cols));
+            for i in 0..a.rows {
+                data.extend_from_slice(&a.data[i * a.cols..(i + 1) * a.cols]);
+                data.extend_from_slice(&b.data[i * b.cols..(i + 1) * b.cols]);
+            }
+            Matrix::new(a.rows, a.cols + b.cols, data)
+        }
     }
 
     /// The elementwise sum of `m`'s `blocks` equal row blocks:
@@ -390,47 +502,67 @@ impl Evaluator<'_> {
     }
 }
 
-/// An expression's operands, in the order [`Evaluator::apply`] takes them.
-fn operands(e: &Expr) -> Vec<&Expr> {
-    match e {
-        Expr::Tensor(_) | Expr::Scalar(_) => Vec::new(),
-        Expr::Transpose(a)
-        | Expr::Exp(a)
-        | Expr::Sqrt(a)
-        | Expr::Rsqrt(a)
-        | Expr::Log(a)
-        | Expr::Abs(a)
-        | Expr::Neg(a)
-        | Expr::Tanh(a)
-        | Expr::Erf(a)
-        | Expr::Sigmoid(a)
-        | Expr::Softmax { input: a, .. }
-        | Expr::Sum { input: a, .. }
-        | Expr::Max { input: a, .. }
-        | Expr::Min { input: a, .. }
-        | Expr::Mean { input: a, .. }
-        | Expr::SumBlocks { input: a, .. }
-        | Expr::Tile { input: a, .. } => vec![a],
-        Expr::Matmul(a, b)
-        | Expr::Add(a, b)
-        | Expr::Sub(a, b)
-        | Expr::Mul(a, b)
-        | Expr::Div(a, b)
-        | Expr::Maximum(a, b)
-        | Expr::Minimum(a, b)
-        | Expr::Pow(a, b)
-        | Expr::Lt(a, b)
-        | Expr::Le(a, b)
-        | Expr::Gt(a, b)
-        | Expr::Ge(a, b)
-        | Expr::Eq(a, b)
-        | Expr::Ne(a, b)
-        | Expr::Gather {
-            table: a,
-            indices: b,
-        } => vec![a, b],
-        Expr::Where { cond, a, b } => vec![cond, a, b],
+/// `m` with the elements (i, j) for which `keep(i, j)` is false zeroed.
+fn band(mut m: Matrix, keep: impl Fn(i128, i128) -> bool) -> Matrix {
+    for i in 0..m.rows {
+        for j in 0..m.cols {
+            if !keep(i as i128, j as i128) {
+                m.data[i * m.cols + j] = 0.0;
+            }
+        }
     }
+    m
+}
+
+/// Inclusive running `f` along `axis`.
+fn scan(mut m: Matrix, axis: u8, f: impl Fn(f64, f64) -> f64) -> Result<Matrix, String> {
+    check_axis(axis)?;
+    for lane in lanes(&m, axis) {
+        for w in lane.windows(2) {
+            m.data[w[1]] = f(m.data[w[0]], m.data[w[1]]);
+        }
+    }
+    Ok(m)
+}
+
+/// Triton's `tl.rand(seed, offset)` for an integer-valued `offset` (taken
+/// mod 2^32), written here apart from `kb_format::philox` (which op replay
+/// and kb-sim use): Philox4x32-10 of the counter (offset, 0, 0, 0) under
+/// the key (seed mod 2^32, seed >> 32), its first word folded to a
+/// non-negative i32 and scaled by 4.6566127342e-10, in f64 (NaN for an
+/// offset that is not an integer).
+fn philox_uniform(seed: u64, offset: f64) -> f64 {
+    if offset.fract() != 0.0 || !offset.is_finite() {
+        return f64::NAN;
+    }
+    let word = (offset.rem_euclid(4_294_967_296.0)) as u64;
+    let bits = philox_words([word, 0, 0, 0], seed)[0];
+    // Read as an i32 and fold the negatives: -x - 1.
+    let x = if bits >= 1 << 31 {
+        (1u64 << 32) - 1 - bits
+    } else {
+        bits
+    };
+    x as f64 * 4.6566127342e-10
+}
+
+/// Philox4x32-10 with 32-bit words held in u64s.
+fn philox_words(mut c: [u64; 4], seed: u64) -> [u64; 4] {
+    const MASK: u64 = 0xFFFF_FFFF;
+    let (mut k0, mut k1) = (seed & MASK, seed >> 32);
+    for _ in 0..10 {
+        let a = 0xD251_1F53 * c[0];
+        let b = 0xCD9E_8D57 * c[2];
+        c = [
+            (b >> 32) ^ c[1] ^ k0,
+            b & MASK,
+            (a >> 32) ^ c[3] ^ k1,
+            a & MASK,
+        ];
+        k0 = (k0 + 0x9E37_79B9) & MASK;
+        k1 = (k1 + 0xBB67_AE85) & MASK;
+    }
+    c
 }
 
 fn map(mut m: Matrix, f: impl Fn(f64) -> f64 + Sync) -> Matrix {
@@ -1311,6 +1443,157 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    #[test]
+    fn philox_matches_random123_known_answers() {
+        assert_eq!(
+            philox_words([0; 4], 0),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
+        let m = 0xFFFF_FFFF;
+        assert_eq!(
+            philox_words([m; 4], u64::MAX),
+            [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
+        );
+        assert_eq!(
+            philox_words(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                0x299f_31d0_a409_3822
+            ),
+            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
+        );
+        // First word 0x6627e8d5 is positive as an i32.
+        assert_eq!(
+            philox_uniform(0, 0.0),
+            0x6627_e8d5 as f64 * 4.6566127342e-10
+        );
+        assert!(philox_uniform(0, 0.5).is_nan());
+    }
+
+    #[test]
+    fn positions_masks_scans_and_blocks() {
+        let iota = |rows, cols, axis| Box::new(Expr::Iota { rows, cols, axis });
+        // A causal mask: column <= row.
+        let m = eval(Expr::Le(iota(1, 3, 1), iota(3, 1, 0))).unwrap();
+        assert_eq!(m.data, [1., 0., 0., 1., 1., 0., 1., 1., 1.]);
+        let ones = || {
+            Box::new(Expr::Add(
+                Box::new(Expr::Mul(iota(3, 3, 0), s(0.0))),
+                s(1.0),
+            ))
+        };
+        let m = eval(Expr::Tril {
+            input: ones(),
+            diagonal: 0,
+        })
+        .unwrap();
+        assert_eq!(m.data, [1., 0., 0., 1., 1., 0., 1., 1., 1.]);
+        let m = eval(Expr::Triu {
+            input: ones(),
+            diagonal: 1,
+        })
+        .unwrap();
+        assert_eq!(m.data, [0., 1., 1., 0., 0., 1., 0., 0., 0.]);
+        let m = eval(Expr::Tril {
+            input: ones(),
+            diagonal: -1,
+        })
+        .unwrap();
+        assert_eq!(m.data, [0., 0., 0., 1., 0., 0., 1., 1., 0.]);
+        // a = [[1, 2, 3], [4, 5, 6]]
+        let m = eval(Expr::Cumsum {
+            input: t("a"),
+            axis: 1,
+        })
+        .unwrap();
+        assert_eq!(m.data, [1., 3., 6., 4., 9., 15.]);
+        let m = eval(Expr::Cumprod {
+            input: t("a"),
+            axis: 0,
+        })
+        .unwrap();
+        assert_eq!(m.data, [1., 2., 3., 4., 10., 18.]);
+        let m = eval(Expr::Cummax {
+            input: Box::new(Expr::Neg(t("a"))),
+            axis: 1,
+        })
+        .unwrap();
+        assert_eq!(m.data, [-1., -1., -1., -4., -4., -4.]);
+        let m = eval(Expr::Reshape {
+            input: t("a"),
+            rows: 3,
+            cols: 2,
+        })
+        .unwrap();
+        assert_eq!((m.rows, m.data), (3, vec![1., 2., 3., 4., 5., 6.]));
+        let m = eval(Expr::Slice {
+            input: t("a"),
+            row: 1,
+            col: 1,
+            rows: 1,
+            cols: 2,
+        })
+        .unwrap();
+        assert_eq!(m.data, [5., 6.]);
+        let m = eval(Expr::Concat {
+            a: t("a"),
+            b: t("col"),
+            axis: 1,
+        })
+        .unwrap();
+        assert_eq!((m.cols, m.data), (4, vec![1., 2., 3., 1., 4., 5., 6., 2.]));
+        let m = eval(Expr::Concat {
+            a: t("a"),
+            b: t("a"),
+            axis: 0,
+        })
+        .unwrap();
+        assert_eq!(m.rows, 4);
+        assert!(
+            eval(Expr::Concat {
+                a: t("a"),
+                b: t("col"),
+                axis: 0
+            })
+            .unwrap_err()
+            .contains("column counts")
+        );
+        assert!(
+            eval(Expr::Slice {
+                input: t("a"),
+                row: 1,
+                col: 0,
+                rows: 2,
+                cols: 1
+            })
+            .unwrap_err()
+            .contains("not within")
+        );
+    }
+
+    #[test]
+    fn logic_rounding_and_remainders() {
+        let and = eval(Expr::And(s(2.0), s(0.0))).unwrap().data;
+        let or = eval(Expr::Or(s(2.0), s(0.0))).unwrap().data;
+        let xor = eval(Expr::Xor(s(2.0), s(1.0))).unwrap().data;
+        let not = eval(Expr::Not(s(0.0))).unwrap().data;
+        assert_eq!([and, or, xor, not], [[0.0], [1.0], [0.0], [1.0]]);
+        assert_eq!(eval(Expr::Floor(s(-1.5))).unwrap().data, [-2.0]);
+        assert_eq!(eval(Expr::Ceil(s(-1.5))).unwrap().data, [-1.0]);
+        // fmod: the sign of the dividend.
+        assert_eq!(eval(Expr::Rem(s(-7.0), s(3.0))).unwrap().data, [-1.0]);
+        assert_eq!(eval(Expr::Rem(s(7.0), s(-3.0))).unwrap().data, [1.0]);
+        assert_eq!(eval(Expr::Log2(s(8.0))).unwrap().data, [3.0]);
+        assert_eq!(eval(Expr::Sin(s(0.0))).unwrap().data, [0.0]);
+        assert_eq!(eval(Expr::Cos(s(0.0))).unwrap().data, [1.0]);
+        let m = eval(Expr::Clamp {
+            input: t("a"),
+            lo: s(2.0),
+            hi: s(5.0),
+        })
+        .unwrap();
+        assert_eq!(m.data, [2., 2., 3., 4., 5., 5.]);
     }
 
     #[test]

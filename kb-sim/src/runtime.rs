@@ -119,6 +119,8 @@ enum Split {
     Machine(Sharding),
     /// Over the listed PEs, in order.
     Pes(Vec<PeCoord>, Policy),
+    /// Nowhere on the device: host data a reference reads.
+    Host,
 }
 
 /// Where a tensor lives: which [`Memory`], and how it is split among the
@@ -139,6 +141,16 @@ impl Placement {
         Placement {
             memory: Memory::Hbm,
             split: Split::Pes(pes.to_vec(), policy),
+        }
+    }
+
+    /// Nowhere on the device: a tensor whose host data only the
+    /// verification reference reads (no memory, no upload, no mapping;
+    /// kernels see it with no shards).
+    pub fn host_only() -> Placement {
+        Placement {
+            memory: Memory::Hbm,
+            split: Split::Host,
         }
     }
 
@@ -453,6 +465,7 @@ impl<'m> Runtime<'m> {
         let whole = [0, shape[0], 0, shape[1]];
         let sram = placement.memory == Memory::Sram;
         let holders: Vec<(PeCoord, [u64; 4])> = match &placement.split {
+            Split::Host => Vec::new(),
             Split::Machine(sharding) if sram => {
                 if sharding.pe != Policy::Replicate {
                     return Err("SRAM is per cube: a tensor in SRAM splits over cubes only (its sharding's pe policy must be replicate)".into());
@@ -541,6 +554,12 @@ impl<'m> Runtime<'m> {
                 format!("{} bytes of data for {nbytes}", d.len()),
             ));
         }
+        if placement.split == Split::Host && data.is_none() {
+            return Err(SetupError::Tensor(
+                name.into(),
+                "a host-only tensor needs host data (it exists only for the reference)".into(),
+            ));
+        }
         let id = self.tensors.len() as u32;
         if id >= kb_format::pa::MAX_HOST_TENSORS {
             return Err(SetupError::Tensor(name.into(), "too many tensors".into()));
@@ -568,6 +587,13 @@ impl<'m> Runtime<'m> {
             ));
         }
         let layout = match (placement.memory, self.machine.topo.address_model) {
+            _ if placement.split == Split::Host => Layout {
+                shards: Vec::new(),
+                shard_pes: Vec::new(),
+                kernel_shards: Vec::new(),
+                va: None,
+                mappings: Vec::new(),
+            },
             (Memory::Tcm | Memory::Sram, _) => {
                 self.layout_on_chip(name, placement.memory, &parts)?
             }
@@ -867,7 +893,7 @@ impl<'m> Runtime<'m> {
                 _ => Replicas::One,
             },
             Split::Pes(_, Policy::Replicate) => Replicas::PerPe,
-            Split::Pes(..) => Replicas::One,
+            Split::Pes(..) | Split::Host => Replicas::One,
         };
         let key = |p: &PeCoord| -> (u32, u32, u32) {
             match replicas {

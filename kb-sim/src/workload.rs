@@ -648,6 +648,59 @@ impl<'m> Program<'m> {
         });
     }
 
+    /// Check every reference of the verify spec against the declared
+    /// tensors before anything runs: each name it reads is a tensor with
+    /// host data, its operators' shapes fit, and its result has the
+    /// output's shape (or, both vectors, as many elements), so a bad
+    /// reference fails the build (exit 2, naming the name or the shapes)
+    /// rather than kb-replay after the whole simulation.
+    fn check_references(&self) -> Result<(), WorkloadError> {
+        let names = || -> String {
+            let n: Vec<&str> = self
+                .rt
+                .tensors
+                .iter()
+                .map(|t| t.meta.name.as_str())
+                .collect();
+            n.join(", ")
+        };
+        let shape = |name: &str| -> Result<(u64, u64), String> {
+            let t = self
+                .rt
+                .tensors
+                .iter()
+                .find(|t| t.meta.name == name)
+                .ok_or_else(|| format!("no tensor is named {name:?} (the tensors: {})", names()))?;
+            if !t.meta.host_data {
+                return Err(format!(
+                    "tensor {name:?} has no host data (declared with zeros), so a reference \
+                     cannot read it"
+                ));
+            }
+            let s = &t.meta.shape;
+            Ok((s[0], s[1]))
+        };
+        for o in &self.verify.outputs {
+            let fail =
+                |m: String| self.error(format!("the reference of output {:?}: {m}", o.tensor));
+            let got = o.reference.shape(&shape).map_err(fail)?;
+            let Some(t) = self.rt.tensors.iter().find(|t| t.meta.name == o.tensor) else {
+                continue;
+            };
+            let want = (t.meta.shape[0], t.meta.shape[1]);
+            let vectors = (got.0 == 1 || got.1 == 1)
+                && (want.0 == 1 || want.1 == 1)
+                && got.0.saturating_mul(got.1) == want.0 * want.1;
+            if got != want && !vectors {
+                return Err(fail(format!(
+                    "it is {} x {}, but the output is {} x {}",
+                    got.0, got.1, want.0, want.1
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The finished program; errs if an `--input` named no tensor, or an
     /// output the workload computes and verifies (its data would be
     /// overwritten, and the check would compare against inputs it never
@@ -694,6 +747,7 @@ impl<'m> Program<'m> {
                 ),
             });
         }
+        self.check_references()?;
         let mut payloads = vec![None; self.launches];
         for (l, p) in self.payloads {
             payloads[l] = Some(p);

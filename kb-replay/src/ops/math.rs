@@ -36,6 +36,17 @@
 //! - `arange` takes no inputs: each element is its index along `axis` (0:
 //!   its row, 1: its column), rounded to the output dtype.
 //! - `copy`/`cast` between equal dtypes and shapes copy bytes verbatim.
+//! - `and`, `or`, `xor` and `not` treat non-zero (NaN included) as true and
+//!   write a u8 0/1 mask. `pow`, `log2`, `sin` and `cos` need floats and
+//!   use std's f64 functions. `floor`, `ceil` and `clamp` (x, lo, hi:
+//!   `min(max(x, lo), hi)`, NaN propagating) keep integers in i64. `rem`
+//!   is C's `fmod` in f64 (the sign of the dividend; integers exactly).
+//! - `transpose`, `reshape`, `slice` (a tile, then its first row and
+//!   column as scalars) and `concat` move bytes (the input's dtype);
+//!   `cumsum`, `cumprod` and `cummax` scan along `axis` in f64 (wrapping
+//!   i64 for integers), each running value rounded once; `rand` writes the
+//!   f32 [`kb_format::philox::rand`] of integer offsets (mod 2^32) under
+//!   the seed given as two scalar words.
 
 use kb_format::{Dtype, MathInput, MathOp, MathParams};
 
@@ -67,7 +78,8 @@ fn arity(op: MathOp) -> usize {
     match op {
         MathOp::Add | MathOp::Sub | MathOp::Mul | MathOp::Div | MathOp::Max | MathOp::Min => 2,
         op if is_comparison(op) => 2,
-        MathOp::Where => 3,
+        MathOp::And | MathOp::Or | MathOp::Xor | MathOp::Pow | MathOp::Rem | MathOp::Concat => 2,
+        MathOp::Where | MathOp::Clamp | MathOp::Slice | MathOp::Rand => 3,
         MathOp::Arange => 0,
         _ => 1,
     }
@@ -85,6 +97,26 @@ fn is_reduction(op: MathOp) -> bool {
     )
 }
 
+/// Ops that move or scan a whole tile rather than map elements
+/// (see [`structural`]).
+fn is_structural(op: MathOp) -> bool {
+    matches!(
+        op,
+        MathOp::Transpose
+            | MathOp::Reshape
+            | MathOp::Slice
+            | MathOp::Concat
+            | MathOp::Cumsum
+            | MathOp::Cumprod
+            | MathOp::Cummax
+            | MathOp::Rand
+    )
+}
+
+fn is_logical(op: MathOp) -> bool {
+    matches!(op, MathOp::And | MathOp::Or | MathOp::Xor | MathOp::Not)
+}
+
 fn is_comparison(op: MathOp) -> bool {
     matches!(
         op,
@@ -96,7 +128,14 @@ fn is_comparison(op: MathOp) -> bool {
 fn needs_float(op: MathOp) -> bool {
     matches!(
         op,
-        MathOp::Sigmoid | MathOp::Tanh | MathOp::Erf | MathOp::Exp2
+        MathOp::Sigmoid
+            | MathOp::Tanh
+            | MathOp::Erf
+            | MathOp::Exp2
+            | MathOp::Pow
+            | MathOp::Log2
+            | MathOp::Sin
+            | MathOp::Cos
     )
 }
 
@@ -480,9 +519,25 @@ fn float_elementwise(op: MathOp, ops: &[Operand], rows: usize, cols: usize) -> V
             .map(|(&c, (&a, &b))| if c != 0.0 { a } else { b })
             .collect();
     }
+    if op == MathOp::Clamp {
+        let hi = args.pop().map_or_else(Vec::new, |a| a.full(count));
+        let lo = args.pop().map_or_else(Vec::new, |a| a.full(count));
+        let x = args.pop().map_or_else(Vec::new, |a| a.full(count));
+        return x
+            .iter()
+            .zip(lo.iter().zip(&hi))
+            .map(|(&x, (&lo, &hi))| min_nan(max_nan(x, lo), hi))
+            .collect();
+    }
     if args.len() == 2 {
         let (a, b) = (&args[0], &args[1]);
         return match op {
+            MathOp::And => map2(a, b, count, |x, y| truth(x != 0.0 && y != 0.0)),
+            MathOp::Or => map2(a, b, count, |x, y| truth(x != 0.0 || y != 0.0)),
+            MathOp::Xor => map2(a, b, count, |x, y| truth((x != 0.0) != (y != 0.0))),
+            MathOp::Pow => map2(a, b, count, f64::powf),
+            // C's fmod: the sign of the dividend.
+            MathOp::Rem => map2(a, b, count, |x, y| x % y),
             MathOp::Add => map2(a, b, count, |x, y| x + y),
             MathOp::Sub => map2(a, b, count, |x, y| x - y),
             MathOp::Mul => map2(a, b, count, |x, y| x * y),
@@ -512,6 +567,12 @@ fn float_elementwise(op: MathOp, ops: &[Operand], rows: usize, cols: usize) -> V
         MathOp::Tanh => map1_slice(x, count, fmath::tanh_in_place),
         MathOp::Erf => map1_slice(x, count, fmath::erf_in_place),
         MathOp::Exp2 => map1(x, count, |v| v.exp2()),
+        MathOp::Not => map1(x, count, |v| truth(v == 0.0)),
+        MathOp::Log2 => map1(x, count, f64::log2),
+        MathOp::Sin => map1(x, count, f64::sin),
+        MathOp::Cos => map1(x, count, f64::cos),
+        MathOp::Floor => map1(x, count, f64::floor),
+        MathOp::Ceil => map1(x, count, f64::ceil),
         // copy and cast: the values, rounded to the output dtype by the caller.
         _ => x.full(count),
     }
@@ -543,7 +604,7 @@ fn check_dtypes(p: &MathParams, ops: &[Operand]) -> Result<(), String> {
             ))
         }
     };
-    if is_comparison(p.op) {
+    if is_comparison(p.op) || is_logical(p.op) {
         need_out(Dtype::U8, "a 0/1 mask")?;
     }
     if matches!(p.op, MathOp::ArgMax | MathOp::ArgMin) {
@@ -626,6 +687,10 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
             dtype::extend_f64(p.dtype, &v, &mut out);
         }
         return Ok(out);
+    }
+
+    if is_structural(p.op) {
+        return structural(p, &ops);
     }
 
     if is_reduction(p.op) {
@@ -722,6 +787,9 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
             | MathOp::Sum
             | MathOp::ReduceMax
             | MathOp::ReduceMin
+            | MathOp::Floor
+            | MathOp::Ceil
+            | MathOp::Clamp
     );
     if matches!(p.op, MathOp::ArgMax | MathOp::ArgMin) {
         // Every dtype decodes exactly to f64, so comparing there is exact.
@@ -753,6 +821,7 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
                         a[2]
                     }
                 }
+                MathOp::Clamp => a[0].max(a[1]).min(a[2]),
                 _ => a[0],
             }),
         };
@@ -778,6 +847,194 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
         dtype::extend_f64(p.dtype, &vals, &mut out);
     }
     Ok(out)
+}
+
+/// A scalar input that must be a whole number in `[0, 2^32)`.
+fn word(o: &Operand, name: &str, what: &str) -> Result<u32, String> {
+    match *o {
+        Operand::Scalar(v) if v.fract() == 0.0 && (0.0..4_294_967_296.0).contains(&v) => {
+            Ok(v as u32)
+        }
+        _ => Err(format!(
+            "math {name} needs its {what} as a scalar whole number below 2^32"
+        )),
+    }
+}
+
+/// The ops that move or scan whole tiles:
+///
+/// - `transpose` (R x C into C x R), `reshape` (the elements in row-major
+///   order, as many of them), `slice` (a tile and the scalars row0, col0:
+///   the output-sized block there) and `concat` (two tiles along `axis`)
+///   move bytes: the output dtype is the inputs'.
+/// - `cumsum`, `cumprod` and `cummax` run along `axis`, each element
+///   the op of the running value and itself, in f64 (wrapping i64 when the
+///   dtype is an integer), each rounded once to the dtype (the input's);
+///   cummax propagates NaN.
+/// - `rand` takes an integer tile of offsets (each taken mod 2^32) and the
+///   seed's low and high 32 bits as scalars, and writes f32
+///   [`kb_format::philox::rand`] of each.
+fn structural(p: &MathParams, ops: &[Operand]) -> Result<Vec<u8>, String> {
+    let name = op_name(p.op);
+    let (rows, cols) = (p.rows as usize, p.cols as usize);
+    let out_size = rows * cols * p.dtype.size();
+    let tile = |k: usize| match ops.get(k) {
+        Some(&Operand::Tile {
+            rows,
+            cols,
+            dtype,
+            bytes,
+        }) => Ok((rows, cols, dtype, bytes)),
+        _ => Err(format!("math {name} needs a tile as input {k}")),
+    };
+    let (r, c, d, x) = tile(0)?;
+    let same_dtype = |d: Dtype| {
+        if d == p.dtype {
+            Ok(())
+        } else {
+            Err(format!(
+                "math {name} keeps its input's dtype ({d}), but the record's output is {}",
+                p.dtype
+            ))
+        }
+    };
+    let bad_shape = |want: String| {
+        Err(format!(
+            "math {name} of a {r} x {c} input gives {want}, but the output is {rows} x {cols}"
+        ))
+    };
+    let es = d.size();
+    match p.op {
+        MathOp::Transpose => {
+            same_dtype(d)?;
+            if (rows, cols) != (c, r) {
+                return bad_shape(format!("{c} x {r}"));
+            }
+            let mut out = vec![0u8; out_size];
+            for i in 0..r {
+                for j in 0..c {
+                    let (src, dst) = ((i * c + j) * es, (j * r + i) * es);
+                    out[dst..dst + es].copy_from_slice(&x[src..src + es]);
+                }
+            }
+            Ok(out)
+        }
+        MathOp::Reshape => {
+            same_dtype(d)?;
+            if rows * cols != r * c {
+                return bad_shape(format!("{} elements", r * c));
+            }
+            Ok(x.to_vec())
+        }
+        MathOp::Slice => {
+            same_dtype(d)?;
+            let r0 = word(&ops[1], name, "first row")? as usize;
+            let c0 = word(&ops[2], name, "first column")? as usize;
+            if r0 + rows > r || c0 + cols > c {
+                return Err(format!(
+                    "math {name}: a {rows} x {cols} block at ({r0}, {c0}) is not within the \
+                     {r} x {c} input"
+                ));
+            }
+            let mut out = Vec::with_capacity(out_size);
+            for i in r0..r0 + rows {
+                out.extend_from_slice(&x[(i * c + c0) * es..(i * c + c0 + cols) * es]);
+            }
+            Ok(out)
+        }
+        MathOp::Concat => {
+            same_dtype(d)?;
+            let (r2, c2, d2, y) = tile(1)?;
+            same_dtype(d2)?;
+            let axis = p.axis.ok_or_else(|| format!("math {name} has no axis"))?;
+            let want = match axis {
+                0 if c == c2 => (r + r2, c),
+                1 if r == r2 => (r, c + c2),
+                0 | 1 => {
+                    return Err(format!(
+                        "math {name} of {r} x {c} and {r2} x {c2} along axis {axis}: the other \
+                         dims differ"
+                    ));
+                }
+                a => return Err(format!("math {name} axis {a} is not 0 or 1")),
+            };
+            if want != (rows, cols) {
+                return bad_shape(format!("{} x {}", want.0, want.1));
+            }
+            if axis == 0 {
+                return Ok([x, y].concat());
+            }
+            let mut out = Vec::with_capacity(out_size);
+            for i in 0..r {
+                out.extend_from_slice(&x[i * c * es..(i + 1) * c * es]);
+                out.extend_from_slice(&y[i * c2 * es..(i + 1) * c2 * es]);
+            }
+            Ok(out)
+        }
+        MathOp::Cumsum | MathOp::Cumprod | MathOp::Cummax => {
+            same_dtype(d)?;
+            if (rows, cols) != (r, c) {
+                return bad_shape(format!("{r} x {c}"));
+            }
+            let axis = p.axis.ok_or_else(|| format!("math {name} has no axis"))?;
+            if axis > 1 {
+                return Err(format!("math {name} axis {axis} is not 0 or 1"));
+            }
+            // Element k's predecessor along the axis.
+            let prev = |k: usize| match axis {
+                0 if k >= c => Some(k - c),
+                1 if !k.is_multiple_of(c) => Some(k - 1),
+                _ => None,
+            };
+            let mut out = Vec::with_capacity(out_size);
+            if dtype::is_int(d) {
+                let mut v = dtype::to_i64(d, x);
+                for k in 0..v.len() {
+                    if let Some(j) = prev(k) {
+                        v[k] = match p.op {
+                            MathOp::Cumsum => v[j].wrapping_add(v[k]),
+                            MathOp::Cumprod => v[j].wrapping_mul(v[k]),
+                            _ => v[j].max(v[k]),
+                        };
+                    }
+                }
+                dtype::extend_i64(d, &v, &mut out);
+            } else {
+                let mut v = dtype::to_f64(d, x);
+                for k in 0..v.len() {
+                    if let Some(j) = prev(k) {
+                        v[k] = match p.op {
+                            MathOp::Cumsum => v[j] + v[k],
+                            MathOp::Cumprod => v[j] * v[k],
+                            _ => max_nan(v[j], v[k]),
+                        };
+                    }
+                }
+                dtype::extend_f64(d, &v, &mut out);
+            }
+            Ok(out)
+        }
+        _ => {
+            // rand
+            if !dtype::is_int(d) {
+                return Err(format!("math {name} needs integer offsets, not {d}"));
+            }
+            if p.dtype != Dtype::F32 {
+                return Err(format!("math {name} writes f32, not {}", p.dtype));
+            }
+            if (rows, cols) != (r, c) {
+                return bad_shape(format!("{r} x {c}"));
+            }
+            let lo = word(&ops[1], name, "seed's low word")? as u64;
+            let hi = word(&ops[2], name, "seed's high word")? as u64;
+            let seed = (hi << 32) | lo;
+            let v: Vec<f32> = dtype::to_i64(d, x)
+                .iter()
+                .map(|&o| kb_format::philox::rand(seed, o as u32))
+                .collect();
+            Ok(v.iter().flat_map(|f| f.to_le_bytes()).collect())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -247,12 +247,13 @@ impl<W: Write> Engine<'_, W> {
         let name = op.decl().op_name();
         self.race_check(pe, &inputs, false, op_id, name, &hb)?;
         self.race_check(pe, &[out], true, op_id, name, &hb)?;
+        let mut fill = std::mem::take(&mut self.fill_scratch);
+        let known = constant_fill(&op, &mut fill) || self.rand_fill(&op, &inputs, &mut fill);
         let read = self.effect(inputs);
         let mut outs = self.log.writer.take_ranges();
         outs.push(out);
         let write = self.effect(outs);
-        let mut fill = std::mem::take(&mut self.fill_scratch);
-        if constant_fill(&op, &mut fill) {
+        if known {
             // A fill's value is known now: Phase 1 materializes it (the op
             // is still recorded and replayed), so masked tiles stay readable.
             self.data.write(out.pa, &fill);
@@ -539,6 +540,40 @@ impl<W: Write> Engine<'_, W> {
         let unit = self.computes.get(c).unit;
         self.units[unit as usize].queue.push_back(c);
         self.try_start(unit, None);
+    }
+}
+
+impl<W: Write> Engine<'_, W> {
+    /// The bytes of a `rand` whose offsets Phase 1 knows (loaded, or an
+    /// arange), into `out`: kb_format::philox, as replay computes them.
+    /// False for any other op, or offsets only Phase 2 knows.
+    fn rand_fill(&self, op: &ComputeOp, inputs: &[Extent], out: &mut Vec<u8>) -> bool {
+        let ComputeOp::Math(Labeled { op: m, .. }) = op else {
+            return false;
+        };
+        let (
+            kb_format::MathOp::Rand,
+            [
+                MathInput::Tile { dtype, .. },
+                MathInput::Scalar(lo),
+                MathInput::Scalar(hi),
+            ],
+            [offsets, ..],
+        ) = (m.op, m.inputs.as_slice(), inputs)
+        else {
+            return false;
+        };
+        let mut bytes = Vec::new();
+        if self.data.read_extent(offsets, &mut bytes).is_err() {
+            return false;
+        }
+        let seed = ((*hi as u64) << 32) | *lo as u64;
+        out.clear();
+        for e in bytes.chunks_exact(dtype.size()) {
+            let offset = crate::kernel::decode(*dtype, e) as i64 as u32;
+            out.extend_from_slice(&kb_format::philox::rand(seed, offset).to_le_bytes());
+        }
+        true
     }
 }
 

@@ -107,7 +107,7 @@ impl<'p> Tl<'p> {
     /// part is computed from data (one useful FLOP per element of it).
     #[allow(clippy::too_many_arguments)]
     #[track_caller]
-    fn math(
+    pub(super) fn math(
         &mut self,
         op: MathOp,
         inputs: Vec<MathInput>,
@@ -151,14 +151,14 @@ impl<'p> Tl<'p> {
     }
 
     #[track_caller]
-    fn unary(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
+    pub(super) fn unary(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
         let (_, r, c, d) = x.operand();
         self.math(op, one_input(tile_input(x)), r, c, d, None, x.valid())
     }
 
     /// A float-only unary op (sigmoid, tanh, erf, exp2).
     #[track_caller]
-    fn unary_float(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
+    pub(super) fn unary_float(&mut self, op: MathOp, x: &dyn Operand) -> Pending {
         let (_, _, _, d) = x.operand();
         assert!(is_float(d), "tl.{}: needs a float tile, not {d}", op.name());
         self.unary(op, x)
@@ -167,7 +167,7 @@ impl<'p> Tl<'p> {
     /// The shape inputs of shapes `shapes` broadcast to (numpy's rule:
     /// each dim equal, or 1).
     #[track_caller]
-    fn broadcast(op: MathOp, shapes: &[(u32, u32)]) -> (u32, u32) {
+    pub(super) fn broadcast(op: MathOp, shapes: &[(u32, u32)]) -> (u32, u32) {
         let dim = |a: u32, b: u32| match (a, b) {
             (a, b) if a == b => Some(a),
             (1, b) => Some(b),
@@ -194,7 +194,7 @@ impl<'p> Tl<'p> {
     /// extent) of an elementwise op over `args` (at least one a tile;
     /// tiles share one dtype).
     #[track_caller]
-    fn elementwise_inputs(
+    pub(super) fn elementwise_inputs(
         op: MathOp,
         args: &[Rhs<'_>],
     ) -> (Vec<MathInput>, (u32, u32), Dtype, Tiles) {
@@ -233,7 +233,7 @@ impl<'p> Tl<'p> {
     /// Elementwise `a op b`, broadcasting numpy-style; `b` may be a tile
     /// or a scalar.
     #[track_caller]
-    fn binary(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
+    pub(super) fn binary(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
         let (inputs, (r, c), d, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
         let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(op, inputs, r, c, d, None, valid)
@@ -242,7 +242,7 @@ impl<'p> Tl<'p> {
     /// A comparison: a u8 mask, 1 where true (NaN compares false, except
     /// in `ne`).
     #[track_caller]
-    fn compare(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
+    pub(super) fn compare(&mut self, op: MathOp, a: &dyn Operand, b: Rhs<'_>) -> Pending {
         let (inputs, (r, c), _, tiles) = Self::elementwise_inputs(op, &[Rhs::Tile(a), b]);
         let valid = broadcast_valid((r, c), tiles.as_slice());
         self.math(op, inputs, r, c, Dtype::U8, None, valid)
@@ -458,7 +458,7 @@ impl<'p> Tl<'p> {
     }
 
     #[track_caller]
-    fn reduce_to(
+    pub(super) fn reduce_to(
         &mut self,
         op: MathOp,
         x: &dyn Operand,

@@ -13,6 +13,7 @@
 mod comm;
 pub mod composite;
 mod compute;
+mod compute_more;
 pub mod exec;
 mod memory;
 
