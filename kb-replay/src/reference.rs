@@ -219,12 +219,12 @@ impl Evaluator<'_> {
             Expr::Tril { diagonal, .. } => band(arg()?, |i, j| j - i <= *diagonal as i128),
             Expr::Triu { diagonal, .. } => band(arg()?, |i, j| j - i >= *diagonal as i128),
             Expr::And(..) => {
-                self.broadcast("and", &arg()?, &arg()?, |x, y| truth(x != 0.0 && y != 0.0))?
+                self.broadcast("and", arg()?, arg()?, |x, y| truth(x != 0.0 && y != 0.0))?
             }
             Expr::Or(..) => {
-                self.broadcast("or", &arg()?, &arg()?, |x, y| truth(x != 0.0 || y != 0.0))?
+                self.broadcast("or", arg()?, arg()?, |x, y| truth(x != 0.0 || y != 0.0))?
             }
-            Expr::Xor(..) => self.broadcast("xor", &arg()?, &arg()?, |x, y| {
+            Expr::Xor(..) => self.broadcast("xor", arg()?, arg()?, |x, y| {
                 truth((x != 0.0) != (y != 0.0))
             })?,
             Expr::Not(_) => map(arg()?, |v| truth(v == 0.0)),
@@ -234,7 +234,7 @@ impl Evaluator<'_> {
             Expr::Floor(_) => map(arg()?, f64::floor),
             Expr::Ceil(_) => map(arg()?, f64::ceil),
             // Rust's `%` on floats is C's fmod: the sign of the dividend.
-            Expr::Rem(..) => self.broadcast("rem", &arg()?, &arg()?, |x, y| x % y)?,
+            Expr::Rem(..) => self.broadcast("rem", arg()?, arg()?, |x, y| x % y)?,
             Expr::Clamp { .. } => {
                 let (x, lo, hi) = (arg()?, arg()?, arg()?);
                 self.broadcast_n("clamp", &[&x, &lo, &hi], |v| {

@@ -49,10 +49,18 @@ fn guide_manifest() -> String {
     blocks.remove(0)
 }
 
-const LIB: &str = r#"//! The out-of-tree test's workload: y = a * x.
+const LIB: &str = r#"//! The out-of-tree test's workloads: y = a * x; a Triton-style rmsnorm
+//! over a 1-D grid of row blocks in tensor coordinates; a causal softmax
+//! whose reference says "causal" with positions, not index tensors.
 use kb_format::{Dtype, Expr};
 use kb_sim::kernel::{Block, KernelArgs, Tl};
-use kb_sim::workload::{ParamSpec, Params, Program, Sharding, Workload, WorkloadError};
+use kb_sim::workload::{
+    ParamSpec, Params, Placement, Policy, Program, Sharding, Workload, WorkloadError,
+};
+
+fn t(name: &str) -> Box<Expr> {
+    Box::new(Expr::Tensor(name.into()))
+}
 
 #[derive(Debug)]
 pub struct Scale;
@@ -95,10 +103,113 @@ impl Workload for Scale {
         Ok(())
     }
 }
+
+/// Program i normalises rows [64 i, 64 i + 64) of x wherever they live.
+fn rmsnorm(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (x, w, y) = (args.tensor("x"), args.tensor("w"), args.tensor("y"));
+    let (rows, cols) = (x.shape[0], x.shape[1] as u32);
+    let r0 = tl.program_id(0) as u64 * 64;
+    let n = 64.min(rows - r0) as u32;
+    let pe = tl.pe();
+    let wt = tl.load(Block::of(w, pe, 0, 0, 1, cols));
+    let xt = tl.load(Block::of(x, pe, r0, 0, n, cols));
+    let sq = tl.mul(&xt, &xt);
+    let ms = tl.mean(&sq, 1);
+    let ms = tl.add(&ms, 1e-6);
+    let inv = tl.rsqrt(&ms);
+    let normed = tl.mul(&xt, &inv);
+    let out = tl.mul(&normed, &wt);
+    tl.store(Block::of(y, pe, r0, 0, n, cols), &out);
+}
+
+#[derive(Debug)]
+pub struct Rmsnorm;
+
+impl Workload for Rmsnorm {
+    fn name(&self) -> &str {
+        "oot_rmsnorm"
+    }
+    fn about(&self) -> &str {
+        "rmsnorm over a 1-D grid of 64-row blocks in tensor coordinates"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &[]
+    }
+    fn build(&self, _: &Params, prog: &mut Program<'_>) -> Result<(), WorkloadError> {
+        let x = prog.random("x", Dtype::F32, [300, 700], Sharding::ROWS)?;
+        let w = prog.random("w", Dtype::F32, [1, 700], Sharding::REPLICATE)?;
+        let y = prog.zeros("y", Dtype::F32, [300, 700], Sharding::ROWS)?;
+        let args = prog.bind(&[("x", x), ("w", w), ("y", y)]);
+        let pes = prog.pes();
+        prog.launch_grid("rmsnorm", rmsnorm, args, [300u32.div_ceil(64), 1], &pes)?;
+        let mean_sq = Expr::Mean { input: Box::new(Expr::Mul(t("x"), t("x"))), axis: 1 };
+        let inv = Expr::Rsqrt(Box::new(Expr::Add(Box::new(mean_sq), Box::new(Expr::Scalar(1e-6)))));
+        prog.verify(y, Expr::Mul(Box::new(Expr::Mul(t("x"), Box::new(inv))), t("w")), None);
+        Ok(())
+    }
+}
+
+/// Rows [16 i, 16 i + 16): softmax of columns up to the row, the rest 0.
+fn causal_softmax(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (x, out) = (args.tensor("x"), args.tensor("out"));
+    let (sx, so) = (&x.shards[0], &out.shards[0]);
+    let r0 = tl.program_id(0) * 16;
+    let n = 16.min(sx.rows as u32 - r0);
+    let width = r0 + n;
+    let xt = tl.load(Block::in_shard(x, sx, r0 as u64, 0, n, width));
+    let col = tl.arange(n, width, 1, Dtype::I32);
+    let row = tl.arange(n, width, 0, Dtype::I32);
+    let row = tl.add(&row, r0 as f64);
+    let keep = tl.le(&col, &row);
+    let masked = tl.where_(&keep, &xt, f64::NEG_INFINITY);
+    let m = tl.reduce_max(&masked, 1);
+    let d = tl.sub(&masked, &m);
+    let e = tl.exp(&d);
+    let sum = tl.sum(&e, 1);
+    let p = tl.div(&e, &sum);
+    tl.store(Block::in_shard(out, so, r0 as u64, 0, n, width), &p);
+}
+
+#[derive(Debug)]
+pub struct CausalSoftmax;
+
+impl Workload for CausalSoftmax {
+    fn name(&self) -> &str {
+        "oot_causal_softmax"
+    }
+    fn about(&self) -> &str {
+        "softmax of x under a causal mask, 72 x 72, the reference by positions"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &[]
+    }
+    fn build(&self, _: &Params, prog: &mut Program<'_>) -> Result<(), WorkloadError> {
+        let pes = prog.pes();
+        let on = Placement::over(&pes[..1], Policy::Replicate);
+        let x = prog.random("x", Dtype::F32, [72, 72], on.clone())?;
+        let out = prog.zeros("out", Dtype::F32, [72, 72], on)?;
+        let args = prog.bind(&[("x", x), ("out", out)]);
+        prog.launch_grid("causal_softmax", causal_softmax, args, [72u32.div_ceil(16), 1], &pes[..1])?;
+        let col = Expr::Iota { rows: 1, cols: 72, axis: 1 };
+        let row = Expr::Iota { rows: 72, cols: 1, axis: 0 };
+        let keep = Expr::Le(Box::new(col), Box::new(row));
+        let masked = Expr::Where {
+            cond: Box::new(keep),
+            a: t("x"),
+            b: Box::new(Expr::Scalar(f64::NEG_INFINITY)),
+        };
+        prog.verify(out, Expr::Softmax { input: Box::new(masked), axis: 1 }, None);
+        Ok(())
+    }
+}
 "#;
 
 const MAIN: &str = r#"fn main() -> std::process::ExitCode {
-    kb_sim::cli::main(vec![Box::new(oot_kernels::Scale)])
+    kb_sim::cli::main(vec![
+        Box::new(oot_kernels::Scale),
+        Box::new(oot_kernels::Rmsnorm),
+        Box::new(oot_kernels::CausalSoftmax),
+    ])
 }
 "#;
 
@@ -212,6 +323,42 @@ fn a_crate_from_the_guides_cargo_toml_builds_offline_and_verifies() {
     );
     assert!(out.contains("PASS y f32 [64, 16]"), "{out}");
     assert!(out.contains("verification PASSED (1 outputs)"), "{out}");
+
+    // Issue 34's two kernels, out of tree: a Triton-style rmsnorm over a
+    // 1-D grid of row blocks in tensor coordinates at 300 x 700 (64-row
+    // blocks cut across the default topology's shards of 300 / 32 rows),
+    // and a causal softmax whose reference has no index tensor.
+    for (bench, want) in [
+        ("oot_rmsnorm", "PASS y f32 [300, 700]"),
+        ("oot_causal_softmax", "PASS out f32 [72, 72]"),
+    ] {
+        let trace = d.join(format!("{bench}.kbt"));
+        let o = Command::new(&exe)
+            .args(["-q", "-t", "default", "-b", bench, "-o"])
+            .arg(&trace)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{bench}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let r = run("kb-replay", &[trace.to_str().unwrap(), "--verify"], b"");
+        let out = String::from_utf8_lossy(&r.stdout);
+        assert_eq!(
+            r.status.code(),
+            Some(0),
+            "{bench}: {out}{}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        assert!(out.contains(want), "{bench}: {out}");
+        let names = run("kb-inspect", &["tensors", trace.to_str().unwrap()], b"");
+        let names = String::from_utf8_lossy(&names.stdout);
+        assert!(
+            !names.contains("idx") && !names.contains("index"),
+            "{names}"
+        );
+    }
 
     // Reading a compute result: kb's compile error, at the user's line.
     let t0 = Instant::now();
