@@ -196,7 +196,7 @@ pub(super) struct Dma {
     pub(super) at_issue: bool,
     /// Raised once the destination is written (a copy's notification),
     /// with the clock the copy released.
-    notify: Option<(Notify, Vec<u32>, u64)>,
+    notify: Option<(Notify, crate::race::Clock, u64)>,
     /// The issuing PE's clock at issue, for race checks.
     hb: HbTag,
     /// Its fetch went ahead (a DMA woken by two writebacks landing at one

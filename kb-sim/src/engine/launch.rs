@@ -86,10 +86,10 @@ pub(super) struct LaunchState {
     flops: u64,
     useful_flops: u64,
     /// The host's clock when it launched (kernels acquire it as they start).
-    start_clock: Vec<u32>,
+    start_clock: crate::race::Clock,
     /// The join of its kernels' clocks at their ends (the host acquires it
     /// when it hears the launch is done).
-    end_clock: Vec<u32>,
+    end_clock: crate::race::Clock,
     /// Per dense cube index: its PEs in this launch not yet reported.
     cube_left: Vec<u32>,
     /// Per SIP: its cubes in this launch not yet reported.
@@ -108,6 +108,9 @@ pub(super) struct LaunchState {
     link_bytes_at_start: Vec<u64>,
     /// Its share of the fabric, once done.
     fabric: super::FabricLoad,
+    /// Its PEs, shared by its kernels' bodies (made at its first kernel
+    /// start: a copy per kernel was P x P coordinates at P PEs).
+    pes_shared: Option<Arc<[PeCoord]>>,
 }
 
 impl LaunchState {
@@ -292,7 +295,7 @@ impl<W: Write> Engine<'_, W> {
             last_end: None,
             spec,
             start_clock,
-            end_clock: Vec::new(),
+            end_clock: crate::race::Clock::default(),
             t_start: None,
             t_end: 0,
             flops: 0,
@@ -303,6 +306,7 @@ impl<W: Write> Engine<'_, W> {
             done: false,
             link_bytes_at_start: Vec::new(),
             fabric: super::FabricLoad::default(),
+            pes_shared: None,
         });
         if sips_left == 0 {
             // No PE: done at once.
@@ -572,7 +576,10 @@ impl<W: Write> Engine<'_, W> {
                 executor,
             } => {
                 let tcm = self.kernel_tcm[pe as usize].clone();
-                let pes: Arc<[PeCoord]> = l.spec.pes.as_slice().into();
+                let pes = l
+                    .pes_shared
+                    .get_or_insert_with(|| l.spec.pes.as_slice().into())
+                    .clone();
                 let body =
                     kernel::grid_body(*kernel, args.clone(), pes, slot as u32, l.spec.grid, tcm);
                 executor

@@ -43,7 +43,7 @@ use super::{Act, Arrive, CONTROL_BYTES, Engine, OpenOp, SimError, Slab, Wait, ns
 use crate::component::Request;
 use crate::machine::{Machine, NodeId, NodeKind, PeCoord};
 use crate::program::{Reply, SignalOp};
-use crate::race::{Access, Clocks, OpInfo, Race, Shadow, join};
+use crate::race::{Access, Clock, Clocks, OpInfo, Race, Shadow, join};
 
 /// What to do about data races (`kb-sim --races`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,7 +105,7 @@ impl From<SyncAct> for Act {
 #[derive(Debug, Clone)]
 pub(super) struct HbTag {
     pub(super) label: u32,
-    clock: Rc<[u32]>,
+    clock: Rc<Clock>,
     pub(super) launch: u32,
 }
 
@@ -116,7 +116,7 @@ struct Update {
     pe: u32,
     signal: u32,
     op: SignalOp,
-    clock: Vec<u32>,
+    clock: Clock,
     /// Its `signal` sync record, from sending to applying.
     record: OpenOp,
     /// Why it was sent: the sender's program, or the copy it notifies.
@@ -127,7 +127,7 @@ struct Update {
 #[derive(Debug, Default)]
 struct SignalState {
     value: u64,
-    clock: Vec<u32>,
+    clock: Clock,
 }
 
 /// One barrier instance (a group's n-th barrier in a launch).
@@ -138,7 +138,7 @@ struct Barrier {
     members: Vec<u32>,
     arrived: u32,
     released: u32,
-    clock: Vec<u32>,
+    clock: Clock,
     /// What the last member to arrive had last finished: the release's
     /// cause.
     last_cause: Option<Dep>,
@@ -183,7 +183,7 @@ pub(super) struct HeldNotify {
     pub(super) from: NodeId,
     pub(super) launch: u32,
     pub(super) notify: crate::program::Notify,
-    pub(super) clock: Vec<u32>,
+    pub(super) clock: Clock,
     pub(super) cause: Option<Dep>,
 }
 
@@ -284,7 +284,7 @@ impl<W: Write> Engine<'_, W> {
     /// the receiver acts on the release, so they take the new label (as if
     /// issued after it) and an access the release orders after them is
     /// still checked against them.
-    pub(super) fn release(&mut self, pe: u32) -> Vec<u32> {
+    pub(super) fn release(&mut self, pe: u32) -> Clock {
         let clock = self.sync.clocks.release(pe);
         if self.sync.policy != RacePolicy::Off {
             let label = self.sync.clocks.label(pe);
@@ -471,7 +471,7 @@ impl<W: Write> Engine<'_, W> {
         to: PeCoord,
         signal: u32,
         op: SignalOp,
-        clock: Vec<u32>,
+        clock: Clock,
         cause: Option<Dep>,
     ) {
         let pe = self.m.pe_index(to) as u32;
@@ -544,7 +544,7 @@ impl<W: Write> Engine<'_, W> {
                     members: dense,
                     arrived: 0,
                     released: 0,
-                    clock: Vec::new(),
+                    clock: Clock::default(),
                     last_cause: None,
                 });
                 self.sync.barrier_ids.insert(key, b);
