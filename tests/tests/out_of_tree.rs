@@ -352,12 +352,20 @@ fn a_crate_from_the_guides_cargo_toml_builds_offline_and_verifies() {
             String::from_utf8_lossy(&r.stderr)
         );
         assert!(out.contains(want), "{bench}: {out}");
-        let names = run("kb-inspect", &["tensors", trace.to_str().unwrap()], b"");
-        let names = String::from_utf8_lossy(&names.stdout);
-        assert!(
-            !names.contains("idx") && !names.contains("index"),
-            "{names}"
-        );
+        // The tensors are the kernel's own: no index tensor for the mask.
+        let t = run("kb-inspect", &["tensors", trace.to_str().unwrap()], b"");
+        let listing = String::from_utf8_lossy(&t.stdout);
+        let names: Vec<&str> = listing
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .collect();
+        let want_names: &[&str] = if bench == "oot_rmsnorm" {
+            &["x", "w", "y"]
+        } else {
+            &["x", "out"]
+        };
+        assert_eq!(names, want_names, "{listing}");
     }
 
     // Reading a compute result: kb's compile error, at the user's line.
