@@ -832,9 +832,9 @@ fn row_block_body<const WIDE: bool>(
 ) {
     let rows = block.len() / n;
     let full = n - n % TILE_COLS;
-    // Register tiles of TILE_ROWS x TILE_COLS elements of C, each running
-    // down the whole of k; the rows and columns a tile cannot cover go
-    // one row at a time.
+    // Register tiles of TILE_ROWS x TILE_COLS elements of C, running down
+    // k a DEPTH slice at a time; the rows and columns a tile cannot cover
+    // go one row at a time (`row_span`).
     let tiled = rows - rows % TILE_ROWS;
     for j0 in (0..full).step_by(TILE_COLS) {
         let panel = &packed[j0 * k..(j0 + TILE_COLS) * k];
@@ -859,26 +859,34 @@ fn row_block_body<const WIDE: bool>(
             }
         }
         for r in tiled..rows {
-            let arow = &a[(i0 + r) * k..(i0 + r + 1) * k];
-            let crow = &mut block[r * n + j0..r * n + j0 + TILE_COLS];
-            for (p, &av) in arow.iter().enumerate() {
-                let brow = &b[p * n + j0..p * n + j0 + TILE_COLS];
-                for (cv, &bv) in crow.iter_mut().zip(brow) {
-                    *cv = av.mul_add(bv, *cv);
-                }
-            }
+            row_span(a, b, k, n, i0 + r, j0..j0 + TILE_COLS, &mut block[r * n..]);
         }
     }
     if full < n {
         for r in 0..rows {
-            let arow = &a[(i0 + r) * k..(i0 + r + 1) * k];
-            let crow = &mut block[r * n + full..(r + 1) * n];
-            for (p, &av) in arow.iter().enumerate() {
-                let brow = &b[p * n + full..(p + 1) * n];
-                for (cv, &bv) in crow.iter_mut().zip(brow) {
-                    *cv = av.mul_add(bv, *cv);
-                }
-            }
+            row_span(a, b, k, n, i0 + r, full..n, &mut block[r * n..]);
+        }
+    }
+}
+
+/// `c[cols] += a[i] @ b[.., cols]` for one row of C (from `c[0]`), one
+/// row of B at a time, a fused multiply-add per product in ascending k:
+/// the rows and columns no register tile covers.
+#[inline(always)]
+fn row_span(
+    a: &[f64],
+    b: &[f64],
+    k: usize,
+    n: usize,
+    i: usize,
+    cols: std::ops::Range<usize>,
+    c: &mut [f64],
+) {
+    let crow = &mut c[cols.clone()];
+    for (p, &av) in a[i * k..(i + 1) * k].iter().enumerate() {
+        let brow = &b[p * n + cols.start..p * n + cols.end];
+        for (cv, &bv) in crow.iter_mut().zip(brow) {
+            *cv = av.mul_add(bv, *cv);
         }
     }
 }
