@@ -328,21 +328,7 @@ impl<'p> Tl<'p> {
             });
             return tile;
         };
-        let cmd = DmaCmd {
-            mem: MemoryParams {
-                src: src.addr,
-                dst: Addr {
-                    space: Space::Tcm,
-                    addr: pa,
-                },
-                rows: src.rows,
-                row_bytes: src.row_bytes(),
-                src_stride: src.row_stride,
-                dst_stride: cols as u64 * es,
-                dtype: Some(src.dtype),
-            },
-            label: self.stage,
-        };
+        let cmd = self.part_load(src, pa, cols as u64 * es);
         let valid = match self.port.call(Command::Dma(cmd)) {
             Reply::Data(loaded) => loaded,
             other => panic!("load_masked: the simulation answered {other:?} instead of data"),
