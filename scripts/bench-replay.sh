@@ -7,6 +7,7 @@
 #   ONLY=defaults BASE_REPLAY=old/kb-replay scripts/bench-replay.sh  # issue 15 traces only
 #   ONLY=layers BASE_REPLAY=old/kb-replay scripts/bench-replay.sh    # mlp and attention (issue 38)
 #   ONLY=verify BASE_REPLAY=old/kb-replay scripts/bench-replay.sh    # --verify's cost on issue 38's four traces
+#   ONLY=issue38 BASE_REPLAY=old/kb-replay scripts/bench-replay.sh   # issue 38's four traces against numpy
 #
 # Needs python3 (numpy goes into a private venv, target/replay-venv, or
 # VENV=path/to/a/venv with numpy). When
@@ -257,6 +258,15 @@ SIM_DEFAULTS=(
 # the trace's shapes (seq 2048, seq_kv 256, d 128), in f16 and f32.
 if [ "${ONLY:-}" = layers ]; then
     SIM_DEFAULTS=(
+        "mlp:-t default -b mlp -p m=2048 -p d=512 -p h=1024"
+        "attention_2048:-t default -b attention -p seq=2048 -p d=128"
+    )
+fi
+# Issue 38's table: its four traces against numpy in one run.
+if [ "${ONLY:-}" = issue38 ]; then
+    SIM_DEFAULTS=(
+        "gemm:-t default -b gemm -p m=2048 -p n=2048 -p k=1024 -p dtype=f32"
+        "gemm_tiled:-t default -b gemm_tiled -p m=2048 -p n=2048 -p k=2048 -p dtype=f32"
         "mlp:-t default -b mlp -p m=2048 -p d=512 -p h=1024"
         "attention_2048:-t default -b attention -p seq=2048 -p d=128"
     )
