@@ -178,7 +178,12 @@ mod tests {
 
     #[test]
     fn a_3d_grid_round_trips_and_an_old_reader_refuses_it() {
-        for grid in [[4, 2, 3], [1, 1, 2], [u32::MAX, u32::MAX, u32::MAX], [5, 0, 7]] {
+        for grid in [
+            [4, 2, 3],
+            [1, 1, 2],
+            [u32::MAX, u32::MAX, u32::MAX],
+            [5, 0, 7],
+        ] {
             let l = launch(grid);
             let b = postcard::to_stdvec(&l).unwrap();
             assert_eq!(postcard::from_bytes::<Launch>(&b).unwrap(), l, "{grid:?}");
@@ -208,7 +213,10 @@ mod tests {
         assert_eq!(launch([4, 2, 1]).grid_label(), "4 x 2");
         assert_eq!(launch([4, 2, 3]).grid_label(), "4 x 2 x 3");
         assert_eq!(launch([4, 2, 3]).programs(), Some(24));
-        assert_eq!(launch([u32::MAX, u32::MAX, 1]).programs(), Some(0xffff_fffe_0000_0001));
+        assert_eq!(
+            launch([u32::MAX, u32::MAX, 1]).programs(),
+            Some(0xffff_fffe_0000_0001)
+        );
         assert_eq!(launch([u32::MAX, 2, 3]).programs(), Some(0x5_ffff_fffa));
         // (2^32 - 1)^2 * 2 is above 2^64.
         assert_eq!(launch([u32::MAX, u32::MAX, 2]).programs(), None);

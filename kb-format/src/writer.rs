@@ -481,7 +481,11 @@ impl<W: Write> TraceWriter<W> {
     /// launch whose grid has an empty axis is a usage error (the format
     /// writes axis 2 of one program and of none alike).
     pub fn finish_with_launches(mut self, launches: &[Launch], verify: &VerifySpec) -> Result<W> {
-        if let Some((i, l)) = launches.iter().enumerate().find(|(_, l)| l.grid.contains(&0)) {
+        if let Some((i, l)) = launches
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.grid.contains(&0))
+        {
             return Err(FormatError::Usage(format!(
                 "launch {i} ({}) has a grid of {}: every axis needs a program",
                 l.kernel,

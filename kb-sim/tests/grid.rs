@@ -49,7 +49,11 @@ fn simulate(build: Build) -> Result<Vec<u8>, RunError> {
 }
 
 const fn pe(pe: u32) -> PeCoord {
-    PeCoord { sip: 0, cube: 0, pe }
+    PeCoord {
+        sip: 0,
+        cube: 0,
+        pe,
+    }
 }
 
 /// What each program saw, in the order programs ran.
@@ -79,12 +83,8 @@ fn a_3d_grid_deals_its_programs_axis_0_fastest_and_the_trace_records_it() {
     assert!(seen.iter().all(|s| s.2 == [4, 2, 3]), "{seen:?}");
     // By hand: program k = i0 + 4*i1 + 8*i2 runs on PE k mod 3, each PE
     // its programs in increasing k. PE 1 runs k = 1, 4, 7, ..., 22.
-    let on = |p: u32| -> Vec<[u32; 3]> {
-        seen.iter()
-            .filter(|s| s.0 == pe(p))
-            .map(|s| s.1)
-            .collect()
-    };
+    let on =
+        |p: u32| -> Vec<[u32; 3]> { seen.iter().filter(|s| s.0 == pe(p)).map(|s| s.1).collect() };
     assert_eq!(
         on(1),
         [

@@ -172,5 +172,8 @@ fn a_kernel_that_ignores_axis_2_fails_verification() {
     let out = run("kb-replay", &[trace.to_str().unwrap(), "--verify"], b"");
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("verification FAILED (1 of 1 outputs)"), "{text}");
+    assert!(
+        text.contains("verification FAILED (1 of 1 outputs)"),
+        "{text}"
+    );
 }
