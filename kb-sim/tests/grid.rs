@@ -56,8 +56,11 @@ const fn pe(pe: u32) -> PeCoord {
     }
 }
 
+/// A program's PE, program id and grid.
+type Seen = (PeCoord, [u32; 3], [u32; 3]);
+
 /// What each program saw, in the order programs ran.
-static SEEN: Mutex<Vec<(PeCoord, [u32; 3], [u32; 3])>> = Mutex::new(Vec::new());
+static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
 
 fn where_am_i(tl: &mut Tl<'_>, _: &KernelArgs) {
     let id = [tl.program_id(0), tl.program_id(1), tl.program_id(2)];
