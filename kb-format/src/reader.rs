@@ -404,7 +404,12 @@ impl State {
         let launches: Vec<Launch> = decode_all(p, at, "launches chunk")?;
         for (i, l) in launches.iter().enumerate() {
             let bad = if l.grid.contains(&0) {
-                Some(format!("a grid of {} x {}", l.grid[0], l.grid[1]))
+                Some(format!("a grid of {}", l.grid_label()))
+            } else if l.programs().is_none() {
+                Some(format!(
+                    "a grid of {} (more than 2^64 programs)",
+                    l.grid_label()
+                ))
             } else if l.pes.is_empty() {
                 Some("no PEs".to_string())
             } else if l.t_end < l.t_start {

@@ -426,7 +426,7 @@ mod tests {
     fn windows_units_and_kinds() {
         let l = |t_start, t_end| Launch {
             kernel: "k".into(),
-            grid: [1, 1],
+            grid: [1, 1, 1],
             pes: vec![[0, 0, 0]],
             t_start,
             t_end,

@@ -477,8 +477,21 @@ impl<W: Write> TraceWriter<W> {
         self.finish_with_launches(&[], verify)
     }
 
-    /// [`finish`](Self::finish), recording the run's kernel launches.
+    /// [`finish`](Self::finish), recording the run's kernel launches. A
+    /// launch whose grid has an empty axis is a usage error (the format
+    /// writes axis 2 of one program and of none alike).
     pub fn finish_with_launches(mut self, launches: &[Launch], verify: &VerifySpec) -> Result<W> {
+        if let Some((i, l)) = launches
+            .iter()
+            .enumerate()
+            .find(|(_, l)| l.grid.contains(&0))
+        {
+            return Err(FormatError::Usage(format!(
+                "launch {i} ({}) has a grid of {}: every axis needs a program",
+                l.kernel,
+                l.grid_label()
+            )));
+        }
         // Every record is about to be written.
         self.seq_floor = u64::MAX;
         self.advance(Ps::MAX)?;

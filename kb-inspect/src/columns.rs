@@ -394,7 +394,7 @@ mod tests {
     fn launches_are_found_by_pe_and_time() {
         let l = |k: &str, pes: Vec<[u32; 3]>, t0, t1| Launch {
             kernel: k.into(),
-            grid: [1, 1],
+            grid: [1, 1, 1],
             pes,
             t_start: t0,
             t_end: t1,

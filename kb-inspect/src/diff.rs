@@ -1346,7 +1346,7 @@ mod tests {
         ];
         let launch = kb_format::Launch {
             kernel: "k".into(),
-            grid: [2, 1],
+            grid: [2, 1, 1],
             pes: vec![[0, 0, 0], [0, 0, 1]],
             t_start: 1000,
             t_end: end,

@@ -536,7 +536,7 @@ impl Summary {
             "strings": self.strings,
             "launches": self.launches.iter().zip(self.bound.iter().chain(std::iter::repeat(&Vec::new()))).map(|(l, b)| json!({
                 "kernel": l.kernel,
-                "grid": l.grid,
+                "grid": if l.grid[2] == 1 { &l.grid[..2] } else { &l.grid[..] },
                 "pes": l.pes.iter().map(|p| format!("sip{}.cube{}.pe{}", p[0], p[1], p[2])).collect::<Vec<_>>(),
                 "t_start_ps": l.t_start,
                 "t_end_ps": l.t_end,
@@ -622,10 +622,9 @@ impl Summary {
         for (i, l) in self.launches.iter().enumerate() {
             writeln!(
                 w,
-                "  #{i} {}  grid {} x {} on {} PE{}  {} .. {} ns  {} FLOPs ({} useful)",
+                "  #{i} {}  grid {} on {} PE{}  {} .. {} ns  {} FLOPs ({} useful)",
                 l.kernel,
-                l.grid[0],
-                l.grid[1],
+                l.grid_label(),
                 l.pes.len(),
                 if l.pes.len() == 1 { "" } else { "s" },
                 ns(l.t_start),
@@ -744,6 +743,20 @@ mod tests {
             json!(["sip0.cube0.pe0", "sip0.cube0.pe1"])
         );
         assert_eq!(j["launches"][1]["grid"], json!([4, 2]));
+        // A 3-D grid shows its third axis; 2-D ones keep two.
+        let mut s3 = s.clone();
+        s3.launches[1].grid = [4, 2, 3];
+        let mut text = Vec::new();
+        s3.write_text(&mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.contains("  #1 softmax  grid 4 x 2 x 3 on 1 PE  6.000 .. 7.000 ns")
+                && text.contains("  #0 gemm  grid 2 x 1 on 2 PEs"),
+            "{text}"
+        );
+        let j3 = s3.to_json();
+        assert_eq!(j3["launches"][1]["grid"], json!([4, 2, 3]));
+        assert_eq!(j3["launches"][0]["grid"], json!([2, 1]));
         assert_eq!(j["launches"][1]["t_start_ps"], 6_000);
         assert_eq!(j["launches"][1]["t_end_ps"], 7_000);
         assert_eq!(j["launches"][0]["useful_flops"], 30);
@@ -819,7 +832,7 @@ mod tests {
         ];
         let launch = |kernel: &str, pes: Vec<[u32; 3]>, t_start, t_end| Launch {
             kernel: kernel.into(),
-            grid: [1, 1],
+            grid: [1, 1, 1],
             pes,
             t_start,
             t_end,

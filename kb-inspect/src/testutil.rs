@@ -285,7 +285,7 @@ pub fn sample_launches() -> Vec<kb_format::Launch> {
     vec![
         kb_format::Launch {
             kernel: "gemm".into(),
-            grid: [2, 1],
+            grid: [2, 1, 1],
             pes: vec![[0, 0, 0], [0, 0, 1]],
             t_start: 0,
             t_end: 5_000,
@@ -294,7 +294,7 @@ pub fn sample_launches() -> Vec<kb_format::Launch> {
         },
         kb_format::Launch {
             kernel: "softmax".into(),
-            grid: [4, 2],
+            grid: [4, 2, 1],
             pes: vec![[0, 1, 0]],
             t_start: 6_000,
             t_end: 7_000,
@@ -640,7 +640,7 @@ pub fn critical_ops() -> Vec<Op> {
 pub fn critical_launches() -> Vec<kb_format::Launch> {
     let launch = |kernel: &str, pes: Vec<[u32; 3]>, t_start, t_end| kb_format::Launch {
         kernel: kernel.into(),
-        grid: [pes.len() as u32, 1],
+        grid: [pes.len() as u32, 1, 1],
         pes,
         t_start,
         t_end,

@@ -1009,7 +1009,7 @@ impl<W: Write> Writer<W> {
                 } else {
                     1.0
                 };
-                let grid = format!("{} x {}", l.grid[0], l.grid[1]);
+                let grid = l.grid_label();
                 self.info.launches += 1;
                 self.slice(
                     host,
@@ -2082,7 +2082,7 @@ mod tests {
         ];
         let launches = vec![kb_format::Launch {
             kernel: "k".into(),
-            grid: [3, 1],
+            grid: [3, 1, 1],
             pes: vec![[0, 0, 0], [0, 0, 1]],
             t_start: 1_000,
             t_end: 20_000,

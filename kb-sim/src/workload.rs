@@ -3,7 +3,7 @@
 //! A [`Workload`] declares its parameters and, given their values, builds a
 //! [`Program`]: tensors (seeded random, zeros, constants, or data from a
 //! `.npy` file through `kb-sim --input`), then steps (launch a kernel on all
-//! PEs or a subset with a 1-D or 2-D grid, wait for a launch, free a
+//! PEs or a subset with a 1-D, 2-D or 3-D grid, wait for a launch, free a
 //! tensor) and the verification spec (a reference [`Expr`] per output).
 //! Tensors persist across launches: a later launch reads what an earlier
 //! one wrote. The built-in workloads (the `kb-workloads` crate) use nothing
@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::engine::{LaunchBody, LaunchSpec, Step};
-use crate::kernel::{Executor, KernelArgs, KernelFn, TensorArg};
+use crate::kernel::{Executor, Grid, KernelArgs, KernelFn, TensorArg};
 use crate::machine::{Machine, PeCoord};
 use crate::runtime::{Runtime, SetupError};
 
@@ -560,23 +560,33 @@ impl<'m> Program<'m> {
     /// the PE's index). The host goes on at once; see [`Program::wait`].
     pub fn launch(&mut self, name: &str, kernel: KernelFn, args: KernelArgs) -> LaunchId {
         let pes = self.pes();
-        let grid = [pes.len() as u32, 1];
+        let grid = Grid::from(pes.len() as u32);
         self.push_launch(name, kernel, args, grid, pes)
     }
 
-    /// Launch `kernel` over a grid of `grid[0] x grid[1]` programs on
-    /// `pes` (in order; program k = `i0 + i1 * grid[0]` runs on
-    /// `pes[k % pes.len()]`, each PE running its programs in turn).
+    /// Launch `kernel` over a grid of `x x y x z` programs on `pes`:
+    /// `grid` is `[x, y, z]`, `[x, y]` (z = 1) or `x` (see [`Grid`]). In
+    /// order, program k = `i0 + i1 * x + i2 * x * y` runs on
+    /// `pes[k % pes.len()]`, each PE running its programs in turn. A grid
+    /// with an empty axis, or more than 2^64 programs, is an error.
     pub fn launch_grid(
         &mut self,
         name: &str,
         kernel: KernelFn,
         args: KernelArgs,
-        grid: [u32; 2],
+        grid: impl Into<Grid>,
         pes: &[PeCoord],
     ) -> Result<LaunchId, WorkloadError> {
-        if grid[0] == 0 || grid[1] == 0 {
-            return Err(self.error(format!("launch {name}: empty grid {grid:?}")));
+        let grid = grid.into();
+        if let Some(axis) = grid.empty_axis() {
+            return Err(self.error(format!(
+                "launch {name}: empty grid {grid} (axis {axis} has no programs)"
+            )));
+        }
+        if grid.programs().is_none() {
+            return Err(self.error(format!(
+                "launch {name}: grid {grid} has more than 2^64 programs"
+            )));
         }
         if pes.is_empty() {
             return Err(self.error(format!("launch {name}: no PEs")));
@@ -607,7 +617,7 @@ impl<'m> Program<'m> {
         name: &str,
         kernel: KernelFn,
         args: KernelArgs,
-        grid: [u32; 2],
+        grid: Grid,
         pes: Vec<PeCoord>,
     ) -> LaunchId {
         self.steps.push(Step::Launch(LaunchSpec {

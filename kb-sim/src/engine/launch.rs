@@ -14,7 +14,7 @@ use kb_format::{Dep, DepKind, Ps};
 use super::{Arrive, CONTROL_BYTES, Engine, SimError};
 use crate::component::Request;
 use crate::event::ns_to_ps;
-use crate::kernel::{self, Executor, KernelArgs, KernelFn};
+use crate::kernel::{self, Executor, Grid, KernelArgs, KernelFn};
 use crate::machine::{NodeKind, PeCoord};
 use crate::program::{PeProgram, Reply};
 
@@ -47,8 +47,8 @@ pub struct LaunchSpec {
     pub name: String,
     /// The PEs it runs on, in program-assignment order; no duplicates.
     pub pes: Vec<PeCoord>,
-    /// Programs along axis 0 and 1.
-    pub grid: [u32; 2],
+    /// Programs along axes 0, 1 and 2.
+    pub grid: Grid,
     pub body: LaunchBody,
 }
 
@@ -677,7 +677,7 @@ impl<W: Write> Engine<'_, W> {
             .iter()
             .map(|l| kb_format::Launch {
                 kernel: l.spec.name.clone(),
-                grid: l.spec.grid,
+                grid: l.spec.grid.axes(),
                 pes: l.spec.pes.iter().map(|p| [p.sip, p.cube, p.pe]).collect(),
                 t_start: l.t_start.unwrap_or(0),
                 t_end: l.t_end,

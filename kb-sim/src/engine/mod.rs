@@ -531,7 +531,7 @@ impl<'m, W: Write> Engine<'m, W> {
         let pes: Vec<PeCoord> = m.pes().take(programs.len()).collect();
         let launch = LaunchSpec {
             name: "script".into(),
-            grid: [pes.len() as u32, 1],
+            grid: (pes.len() as u32).into(),
             pes,
             body: LaunchBody::Scripts(programs),
         };

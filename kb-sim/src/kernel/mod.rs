@@ -15,6 +15,7 @@ pub mod composite;
 mod compute;
 mod compute_more;
 pub mod exec;
+mod grid;
 mod memory;
 
 use std::cell::{OnceCell, RefCell};
@@ -29,6 +30,7 @@ use ndarray::Array2;
 
 pub use comm::Group;
 pub use exec::{Executor, KernelBody, Port};
+pub use grid::{Grid, body, grid_body};
 
 pub use crate::program::{Notify, SignalOp};
 
@@ -938,8 +940,8 @@ pub struct Tl<'p> {
     pe: PeCoord,
     /// The launch's PEs, in program-assignment order.
     pes: Arc<[PeCoord]>,
-    program_id: [u32; 2],
-    grid: [u32; 2],
+    program_id: [u32; 3],
+    grid: Grid,
     tcm: Rc<RefCell<FreeList>>,
     /// Op-name override for commands issued now (pipeline stages).
     stage: Option<&'static str>,
@@ -964,8 +966,8 @@ impl<'p> Tl<'p> {
     pub fn new(
         port: &'p mut dyn Port,
         pe: PeCoord,
-        program_id: [u32; 2],
-        grid: [u32; 2],
+        program_id: [u32; 3],
+        grid: Grid,
         tcm: FreeList,
     ) -> Self {
         Tl {
@@ -1055,28 +1057,6 @@ impl<'p> Tl<'p> {
         self.pe
     }
 
-    /// This program's index along `axis` (0 or 1) of the launch's grid,
-    /// as Triton's `tl.program_id(axis)`.
-    #[track_caller]
-    pub fn program_id(&self, axis: usize) -> u32 {
-        assert!(
-            axis < 2,
-            "program_id: axis {axis} (a grid has axes 0 and 1)"
-        );
-        self.program_id[axis]
-    }
-
-    /// Programs along `axis` (0 or 1) of the launch's grid, as Triton's
-    /// `tl.num_programs(axis)`.
-    #[track_caller]
-    pub fn num_programs(&self, axis: usize) -> u32 {
-        assert!(
-            axis < 2,
-            "num_programs: axis {axis} (a grid has axes 0 and 1)"
-        );
-        self.grid[axis]
-    }
-
     /// The largest tile this PE's TCM can hold now, in bytes.
     pub fn tcm_available(&self) -> u64 {
         self.tcm.borrow().largest_free()
@@ -1128,53 +1108,6 @@ impl<'p> Tl<'p> {
             tcm: self.tcm.clone(),
         }
     }
-}
-
-/// Build the body that runs program `program_id` of a 1-D grid of
-/// `num_programs` on `pe` with a TCM allocator.
-pub fn body(
-    kernel: KernelFn,
-    args: Arc<KernelArgs>,
-    pe: PeCoord,
-    program_id: u32,
-    num_programs: u32,
-    tcm: FreeList,
-) -> KernelBody {
-    Box::new(move |port: &mut dyn Port| {
-        let mut tl = Tl::new(port, pe, [program_id, 0], [num_programs, 1], tcm);
-        tl.args = Some(args.clone());
-        kernel(&mut tl, &args);
-        tl.wait_all();
-    })
-}
-
-/// Build the body that runs, on `pes[slot]` (a launch on `pes`), the
-/// programs of `grid` dealt to it: linear program k = i0 + i1 * `grid[0]`
-/// runs on slot k mod pes, in increasing k. Each program sees its own
-/// (i0, i1); tiles it leaves are dropped before the next starts.
-pub fn grid_body(
-    kernel: KernelFn,
-    args: Arc<KernelArgs>,
-    pes: Arc<[PeCoord]>,
-    slot: u32,
-    grid: [u32; 2],
-    tcm: FreeList,
-) -> KernelBody {
-    Box::new(move |port: &mut dyn Port| {
-        let pe = pes[slot as usize];
-        let n = pes.len() as u64;
-        let mut tl = Tl::new(port, pe, [0, 0], grid, tcm);
-        tl.pes = pes;
-        tl.args = Some(args.clone());
-        let total = grid[0] as u64 * grid[1] as u64;
-        let mut k = slot as u64;
-        while k < total {
-            tl.program_id = [(k % grid[0] as u64) as u32, (k / grid[0] as u64) as u32];
-            kernel(&mut tl, &args);
-            k += n.max(1);
-        }
-        tl.wait_all();
-    })
 }
 
 #[cfg(test)]

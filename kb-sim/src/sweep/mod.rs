@@ -912,7 +912,7 @@ mod tests {
         }
         let launch = |t_start, t_end| Launch {
             kernel: "k".into(),
-            grid: [1, 1],
+            grid: [1, 1, 1],
             pes: vec![[0, 0, 0]],
             t_start,
             t_end,
