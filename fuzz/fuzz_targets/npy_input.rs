@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(rest).unwrap();
     f.flush().unwrap();
-    if let Ok(bytes) = kb_sim::input::read(f.path(), dtype, shape) {
+    if let Ok(bytes) = kb_sim::input::read(f.path(), dtype, &shape) {
         // What it returns is exactly the declared tensor's bytes.
         assert_eq!(bytes.len() as u64, shape[0] * shape[1] * dtype.size() as u64);
     }

@@ -197,6 +197,28 @@ impl Expr {
                 }
             }
             Expr::Rand { offsets, .. } => s(offsets)?,
+            Expr::BatchedMatmul { a, b, batch } => {
+                let (a, b) = (s(a)?, s(b)?);
+                let what = || {
+                    format!(
+                        "batched matmul of {} by {} in {batch} batches",
+                        fmt(a),
+                        fmt(b)
+                    )
+                };
+                if *batch == 0 || !a.0.is_multiple_of(*batch) || !b.0.is_multiple_of(*batch) {
+                    return Err(format!("{}: the rows do not split evenly", what()));
+                }
+                if a.1 != b.0 / batch {
+                    return Err(format!(
+                        "{}: inner dimensions differ ({} by {})",
+                        what(),
+                        fmt((a.0 / batch, a.1)),
+                        fmt((b.0 / batch, b.1))
+                    ));
+                }
+                (a.0, b.1)
+            }
         })
     }
 
@@ -278,7 +300,8 @@ impl Expr {
                 table: a,
                 indices: b,
             }
-            | Expr::Concat { a, b, .. } => vec![a, b],
+            | Expr::Concat { a, b, .. }
+            | Expr::BatchedMatmul { a, b, .. } => vec![a, b],
             Expr::Where { cond, a, b } => vec![cond, a, b],
             Expr::Clamp { input, lo, hi } => vec![input, lo, hi],
         }
@@ -298,6 +321,9 @@ mod tests {
             "x" => Ok((4, 6)),
             "w" => Ok((6, 3)),
             "col" => Ok((4, 1)),
+            // [3, 4, 5] and [3, 5, 2] as 2-D views.
+            "a3" => Ok((12, 5)),
+            "b3" => Ok((15, 2)),
             _ => Err(format!("no tensor named {name:?}")),
         }
     }
@@ -351,6 +377,10 @@ mod tests {
         );
     }
 
+    fn e_shape(e: Expr) -> Result<(u64, u64), String> {
+        e.shape(&shapes)
+    }
+
     #[test]
     fn errors_name_the_problem() {
         let sh = |e: Expr| e.shape(&shapes).unwrap_err();
@@ -380,6 +410,18 @@ mod tests {
             })
             .contains("axis 2")
         );
+        let bmm = |a, b, batch| Expr::BatchedMatmul { a, b, batch };
+        assert_eq!(
+            e_shape(bmm(t("a3"), t("b3"), 3)),
+            Ok((12, 2)),
+            "3 batches of 4 x 5 by 5 x 2"
+        );
+        assert!(sh(bmm(t("a3"), t("b3"), 4)).contains("do not split evenly"));
+        assert!(
+            sh(bmm(t("a3"), t("b3"), 1))
+                .contains("in 1 batches: inner dimensions differ (12 x 5 by 15 x 2)")
+        );
+        assert!(sh(bmm(t("a3"), t("b3"), 0)).contains("do not split evenly"));
         let e = Expr::Add(t("x"), Box::new(Expr::Mul(t("col"), t("x"))));
         assert_eq!(e.tensors(), ["x", "col"]);
     }

@@ -721,7 +721,10 @@ impl Meta {
 /// A reference expression over named input tensors, evaluated by kb-replay
 /// in f64 independently of the op replay.
 ///
-/// Values are 2-D. Elementwise ops with several operands (arithmetic,
+/// Values are 2-D. A tensor of more than 2 dims is read as its 2-D view
+/// `[product of the leading dims, last dim]` (`[1, n]` for a 1-D one), so
+/// axis 1 is its last dim and [`Expr::BatchedMatmul`] multiplies the
+/// stacked matrices of 3-D tensors. Elementwise ops with several operands (arithmetic,
 /// `Maximum`/`Minimum`/`Pow`, comparisons, `Where`) broadcast numpy-style:
 /// each dim equal or 1 (a `Scalar` is 1 x 1). Reductions keep dims: axis 0
 /// gives 1 x cols, axis 1 rows x 1.
@@ -973,6 +976,17 @@ pub enum Expr {
         seed: u64,
         #[serde(deserialize_with = "de_sub")]
         offsets: Box<Expr>,
+    },
+    /// Batched matmul over 2-D views: `a` stacks `batch` matrices of `m
+    /// x k` (`batch*m x k`, the view of a `[batch, m, k]` tensor), `b`
+    /// stacks `batch` of `k x n` (`batch*k x n`); the value stacks the
+    /// `batch` products (`batch*m x n`, the view of `[batch, m, n]`).
+    BatchedMatmul {
+        #[serde(deserialize_with = "de_sub")]
+        a: Box<Expr>,
+        #[serde(deserialize_with = "de_sub")]
+        b: Box<Expr>,
+        batch: u64,
     },
 }
 

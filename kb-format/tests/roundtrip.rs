@@ -133,6 +133,7 @@ fn expr() -> impl Strategy<Value = Expr> {
             (b(), any::<u8>()).prop_map(|(input, axis)| Expr::Min { input, axis }),
             (b(), any::<u64>()).prop_map(|(input, blocks)| Expr::SumBlocks { input, blocks }),
             (b(), any::<u64>()).prop_map(|(input, reps)| Expr::Tile { input, reps }),
+            (b(), b(), any::<u64>()).prop_map(|(a, b, batch)| Expr::BatchedMatmul { a, b, batch }),
         ]
     })
 }

@@ -581,6 +581,11 @@ pub fn expr_string(e: &Expr) -> String {
             expr_string(b)
         ),
         Expr::Rand { seed, offsets } => format!("rand(seed={seed}, {})", expr_string(offsets)),
+        Expr::BatchedMatmul { a, b, batch } => format!(
+            "batched_matmul({}, {}, batch={batch})",
+            expr_string(a),
+            expr_string(b)
+        ),
     }
 }
 

@@ -21,6 +21,8 @@
 
 use kb_format::{Dtype, Expr};
 
+mod batched;
+
 /// A dense row-major f64 matrix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Matrix {
@@ -280,6 +282,7 @@ impl Evaluator<'_> {
             }
             Expr::Concat { axis, .. } => self.concat(arg()?, arg()?, *axis)?,
             Expr::Rand { seed, .. } => map(arg()?, |v| philox_uniform(*seed, v)),
+            Expr::BatchedMatmul { batch, .. } => self.batched_matmul(&arg()?, &arg()?, *batch)?,
         })
     }
 

@@ -3,7 +3,10 @@
 //! The file's dtype and shape must match the tensor the workload declares:
 //! f32 `<f4`, f16 `<f2`, i8 `|i1`, i32 `<i4`, u8 `|u1` (either byte order),
 //! and bf16 from `<f4` holding only bf16 values (as `kb-inspect tensor`
-//! writes bf16). A 1-D file fits an `[n, 1]` or `[1, n]` tensor. The bytes
+//! writes bf16). The file's shape is the tensor's dims (1 to 6 of them;
+//! a Fortran-order file of any rank is reordered to row-major); a 1-D
+//! file also fits a tensor with at most one dim other than 1 and as many
+//! elements (`[n, 1]`, `[1, n]`, `[1, 1, n]`). The bytes
 //! become the tensor's host data exactly, so `kb-inspect tensor` exports
 //! the same array. The read is bounded by the declared tensor's size, so a
 //! huge or endless file cannot exhaust memory.
@@ -60,11 +63,11 @@ fn check_header_depth(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// The host bytes of a `dtype` tensor of `shape` read from `path`, or a
-/// message naming what the file holds and what was declared.
-pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, String> {
+/// The host bytes of a `dtype` tensor of dims `shape` read from `path`,
+/// or a message naming what the file holds and what was declared.
+pub fn read(path: &Path, dtype: Dtype, shape: &[u64]) -> Result<Vec<u8>, String> {
     let shown = path.display();
-    let elems = shape[0].saturating_mul(shape[1]);
+    let elems = shape.iter().fold(1u64, |acc, &d| acc.saturating_mul(d));
     let want = elems.saturating_mul(dtype.size() as u64);
     // The file's bytes: bf16 comes as <f4, 4 bytes an element.
     let file_es = if dtype == Dtype::Bf16 {
@@ -103,7 +106,9 @@ pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, Strin
     };
     let ok_dtype = accepts(dtype, &ts);
     let ok_shape = file_shape == shape
-        || (file_shape.len() == 1 && shape.contains(&1) && file_shape[0] == shape[0] * shape[1]);
+        || (file_shape.len() == 1
+            && shape.iter().filter(|&&d| d != 1).count() <= 1
+            && file_shape[0] == elems);
     if !ok_dtype || !ok_shape {
         return Err(mismatch(
             path,
@@ -114,7 +119,7 @@ pub fn read(path: &Path, dtype: Dtype, shape: [u64; 2]) -> Result<Vec<u8>, Strin
             ok_dtype,
         ));
     }
-    let fortran = f.order() == Order::Fortran && file_shape.len() == 2;
+    let fortran = f.order() == Order::Fortran && file_shape.len() >= 2;
     let io = |e: std::io::Error| format!("{shown}: {e}");
     let mut out = match dtype {
         Dtype::F32 => le(f.into_vec::<f32>().map_err(io)?, f32::to_le_bytes),
@@ -168,7 +173,7 @@ fn mismatch(
     descr: &str,
     file_shape: &[u64],
     dtype: Dtype,
-    shape: [u64; 2],
+    shape: &[u64],
     ok_dtype: bool,
 ) -> String {
     let mut m = format!(
@@ -194,14 +199,32 @@ fn le<T, const N: usize>(v: Vec<T>, f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
     v.into_iter().flat_map(f).collect()
 }
 
-/// Row-major copy of a column-major 2-D array of `es`-byte elements.
-fn fortran_to_c(b: &[u8], [rows, cols]: [u64; 2], es: usize) -> Vec<u8> {
-    let (rows, cols) = (rows as usize, cols as usize);
+/// Row-major copy of a column-major array of dims `shape` of `es`-byte
+/// elements (`b` holds exactly their product).
+fn fortran_to_c(b: &[u8], shape: &[u64], es: usize) -> Vec<u8> {
+    let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+    // Column-major: dim 0 varies fastest.
+    let fstride: Vec<usize> = dims
+        .iter()
+        .scan(1usize, |acc, &d| {
+            let s = *acc;
+            *acc *= d;
+            Some(s)
+        })
+        .collect();
+    let n: usize = dims.iter().product();
     let mut out = Vec::with_capacity(b.len());
-    for r in 0..rows {
-        for c in 0..cols {
-            let at = (c * rows + r) * es;
-            out.extend_from_slice(&b[at..at + es]);
+    let mut idx = vec![0usize; dims.len()];
+    for _ in 0..n {
+        let at = idx.iter().zip(&fstride).map(|(i, s)| i * s).sum::<usize>() * es;
+        out.extend_from_slice(&b[at..at + es]);
+        // The next index, row-major (last dim fastest).
+        for (i, &d) in idx.iter_mut().zip(&dims).rev() {
+            *i += 1;
+            if *i < d {
+                break;
+            }
+            *i = 0;
         }
     }
     out
@@ -213,13 +236,67 @@ mod tests {
 
     /// A v1 .npy file of `descr` and `shape` holding `data`.
     fn npy(descr: &str, shape: [u64; 2], data: &[u8]) -> tempfile::NamedTempFile {
+        npy_nd(descr, false, &shape, data)
+    }
+
+    /// A v1 .npy file of `descr`, order and dims `shape` holding `data`.
+    fn npy_nd(descr: &str, fortran: bool, shape: &[u64], data: &[u8]) -> tempfile::NamedTempFile {
+        let dims: String = shape.iter().map(|d| format!("{d}, ")).collect();
+        let order = if fortran { "True" } else { "False" };
         npy_with_header(
-            format!(
-                "{{'descr': '{descr}', 'fortran_order': False, 'shape': ({}, {}), }}",
-                shape[0], shape[1]
-            ),
+            format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': ({dims}), }}"),
             data,
         )
+    }
+
+    fn f32s(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
+        v.into_iter().flat_map(f32::to_le_bytes).collect()
+    }
+
+    #[test]
+    fn an_nd_file_reads_into_an_nd_tensor_in_either_order() {
+        // 2 x 3 x 4, element (i, j, k) = 100 i + 10 j + k.
+        let at = |i: u64, j: u64, k: u64| (100 * i + 10 * j + k) as f32;
+        let mut c = Vec::new();
+        for i in 0..2 {
+            for j in 0..3 {
+                for k in 0..4 {
+                    c.push(at(i, j, k));
+                }
+            }
+        }
+        let f = npy_nd("<f4", false, &[2, 3, 4], &f32s(c.clone()));
+        assert_eq!(
+            read(f.path(), Dtype::F32, &[2, 3, 4]).unwrap(),
+            f32s(c.clone())
+        );
+        // Column-major: dim 0 fastest.
+        let mut fo = Vec::new();
+        for k in 0..4 {
+            for j in 0..3 {
+                for i in 0..2 {
+                    fo.push(at(i, j, k));
+                }
+            }
+        }
+        let f = npy_nd("<f4", true, &[2, 3, 4], &f32s(fo));
+        assert_eq!(
+            read(f.path(), Dtype::F32, &[2, 3, 4]).unwrap(),
+            f32s(c.clone())
+        );
+        // The same elements in another shape are refused, naming both.
+        let f = npy_nd("<f4", false, &[2, 3, 4], &f32s(c.clone()));
+        let e = read(f.path(), Dtype::F32, &[6, 4]).unwrap_err();
+        assert!(
+            e.ends_with(
+                "holds a <f4 (float32) array of shape [2, 3, 4]; the workload declares f32 [6, 4]"
+            ),
+            "{e}"
+        );
+        // A 1-D file fits [1, 1, n], not [2, 1, n/2].
+        let f = npy_nd("<f4", false, &[24], &f32s(c.clone()));
+        assert_eq!(read(f.path(), Dtype::F32, &[1, 1, 24]).unwrap(), f32s(c));
+        assert!(read(f.path(), Dtype::F32, &[2, 1, 12]).is_err());
     }
 
     /// A v1 .npy file with header text `header` (padded) and `data`.
@@ -244,13 +321,13 @@ mod tests {
         let header = format!("{{{}    ape': (0, 3),%}}", "{".repeat(60));
         let f = npy_with_header(header, &[0, 0x40, 0xa0, 0, 0]);
         let t = std::time::Instant::now();
-        let e = read(f.path(), Dtype::F32, [2, 3]).unwrap_err();
+        let e = read(f.path(), Dtype::F32, &[2, 3]).unwrap_err();
         assert!(t.elapsed().as_secs() < 2, "{:?}", t.elapsed());
         assert!(e.contains("nests brackets more than 8 deep"), "{e}");
         // A real header passes the check (and the read).
         let data: Vec<u8> = (0..6).flat_map(|i| (i as f32).to_le_bytes()).collect();
         let ok = npy("<f4", [2, 3], &data);
-        assert_eq!(read(ok.path(), Dtype::F32, [2, 3]).unwrap(), data);
+        assert_eq!(read(ok.path(), Dtype::F32, &[2, 3]).unwrap(), data);
     }
 
     #[test]
@@ -260,7 +337,7 @@ mod tests {
         let shape = [300, 300];
         let data: Vec<u8> = (0..90_000).flat_map(|_| 1.5f32.to_le_bytes()).collect();
         let f = npy("<f4", shape, &data);
-        let b = read(f.path(), Dtype::Bf16, shape).unwrap();
+        let b = read(f.path(), Dtype::Bf16, &shape).unwrap();
         assert_eq!(b.len(), 180_000);
         assert_eq!(&b[..2], &half::bf16::from_f32(1.5).to_le_bytes());
     }
@@ -270,7 +347,7 @@ mod tests {
         // f64 for an f32 tensor: twice the bytes, past the read bound.
         let shape = [300, 300];
         let f = npy("<f8", shape, &vec![0u8; 90_000 * 8]);
-        let e = read(f.path(), Dtype::F32, shape).unwrap_err();
+        let e = read(f.path(), Dtype::F32, &shape).unwrap_err();
         assert!(
             e.ends_with(
                 "holds a <f8 (float64) array of shape [300, 300]; the workload declares f32 [300, 300], read from a <f4 (float32) file (numpy: `np.save(path, a.astype(np.float32))`)"
@@ -279,7 +356,7 @@ mod tests {
         );
         // Small enough to read: the same words.
         let f = npy("<f8", [2, 2], &[0u8; 32]);
-        let e = read(f.path(), Dtype::F32, [2, 2]).unwrap_err();
+        let e = read(f.path(), Dtype::F32, &[2, 2]).unwrap_err();
         assert!(
             e.contains("holds a <f8 (float64) array of shape [2, 2]")
                 && e.contains("read from a <f4 (float32) file"),
@@ -288,7 +365,7 @@ mod tests {
         assert!(e.starts_with(&f.path().display().to_string()), "{e}");
         // The shape alone differs: no word about dtypes.
         let f = npy("<f4", [2, 2], &[0u8; 16]);
-        let e = read(f.path(), Dtype::F32, [4, 1]).unwrap_err();
+        let e = read(f.path(), Dtype::F32, &[4, 1]).unwrap_err();
         assert!(
             e.ends_with(
                 "holds a <f4 (float32) array of shape [2, 2]; the workload declares f32 [4, 1]"
@@ -297,7 +374,7 @@ mod tests {
         );
         // Each dtype names its file's.
         let f = npy("<f4", [2, 2], &[0u8; 16]);
-        let e = read(f.path(), Dtype::I32, [2, 2]).unwrap_err();
+        let e = read(f.path(), Dtype::I32, &[2, 2]).unwrap_err();
         assert!(e.contains("read from a <i4 (int32) file"), "{e}");
     }
 }

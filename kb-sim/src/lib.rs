@@ -9,7 +9,8 @@
 //! host runtime's setup ([`runtime`]), PE programs ([`program`]), the
 //! happens-before clocks and race checks ([`race`]), and the
 //! public surface users build on: the kernel API ([`kernel`]: `Tl`, tiles),
-//! the program API ([`workload`]: `Workload`, `Program`), collectives
+//! the program API ([`workload`]: `Workload`, `Program`), tensor shapes of
+//! 1 to 6 dims and their 2-D view ([`shape`]), collectives
 //! written with the kernel API ([`collective`]), `.npy` inputs
 //! ([`input`]) and the command line ([`cli::main`]). Does not own: any
 //! particular workload (the built-ins are the `kb-workloads` crate), the
@@ -45,6 +46,7 @@ pub mod progress;
 pub mod race;
 pub mod run;
 pub mod runtime;
+pub mod shape;
 pub mod sweep;
 pub mod topology;
 pub mod workload;

@@ -437,7 +437,8 @@ impl<'m> Runtime<'m> {
         crate::kernel::TensorArg {
             name: t.meta.name.clone(),
             dtype: t.meta.dtype,
-            shape: [t.meta.shape[0], t.meta.shape[1]],
+            shape: crate::shape::Shape::from(&t.meta.shape).matrix(),
+            dims: t.meta.shape.clone(),
             space: t.memory.space(),
             shards: t.kernel_shards.clone(),
             peers_reach: !(t.memory.space() == Space::Hbm
@@ -532,20 +533,35 @@ impl<'m> Runtime<'m> {
         Ok(holders)
     }
 
-    /// Declare a 2-D tensor with optional host data, placed by `placement`
-    /// (a [`Sharding`] over the machine's HBM, or a [`Placement`]).
+    /// Declare a tensor of 1 to [`crate::shape::MAX_RANK`] dims with
+    /// optional host data, placed by `placement` (a [`Sharding`] over the
+    /// machine's HBM, or a [`Placement`]). It is stored, sharded and placed
+    /// as its 2-D view `[product of the leading dims, last dim]`
+    /// ([`crate::shape::Shape::matrix`]); the trace records its dims.
     pub fn tensor(
         &mut self,
         name: &str,
         dtype: Dtype,
-        shape: [u64; 2],
+        shape: impl Into<crate::shape::Shape>,
         data: Option<Vec<u8>>,
         placement: impl Into<Placement>,
     ) -> Result<u32, SetupError> {
         let placement = placement.into();
+        let dims = shape.into();
+        let shape = dims
+            .check()
+            .map_err(|e| SetupError::Tensor(name.into(), e))?;
         let [rows, cols] = shape;
         let es = dtype.size() as u64;
-        let nbytes = rows * cols * es;
+        let nbytes = rows
+            .checked_mul(cols)
+            .and_then(|n| n.checked_mul(es))
+            .ok_or_else(|| {
+                SetupError::Tensor(
+                    name.into(),
+                    format!("shape {:?} has more bytes than a u64 counts", dims.dims()),
+                )
+            })?;
         if let Some(d) = &data
             && d.len() as u64 != nbytes
         {
@@ -654,7 +670,7 @@ impl<'m> Runtime<'m> {
         let meta = TensorMeta {
             name: name.to_string(),
             dtype,
-            shape: vec![rows, cols],
+            shape: dims.dims().to_vec(),
             address: va.map_or_else(
                 || kernel_shards.first().map_or(0, |s| s.addr),
                 |(base, _)| base,

@@ -25,6 +25,7 @@ use crate::machine::{Machine, PeCoord};
 use crate::runtime::{Runtime, SetupError};
 
 pub use crate::runtime::{Memory, Placement, Policy, Sharding};
+pub use crate::shape::{MAX_RANK, Shape};
 
 /// A workload parameter with its default, as `kb-sim list` shows it.
 #[derive(Debug, Clone, Copy)]
@@ -388,8 +389,11 @@ impl<'m> Program<'m> {
 
     /// Each PE's part `[r0, r1, c0, c1]` of a `shape` tensor under
     /// `sharding`, in [`Program::pes`] order, PEs left empty included (to
-    /// choose a layout before declaring the tensor).
-    pub fn parts(&self, shape: [u64; 2], sharding: Sharding) -> Vec<(PeCoord, [u64; 4])> {
+    /// choose a layout before declaring the tensor). The parts are of the
+    /// tensor's 2-D view `[product of the leading dims, last dim]`
+    /// ([`Shape::matrix`]).
+    pub fn parts(&self, shape: impl Into<Shape>, sharding: Sharding) -> Vec<(PeCoord, [u64; 4])> {
+        let shape = shape.into().matrix();
         let c = self.rt.machine.topo.counts;
         let cubes = (c.sips * c.cubes_per_sip) as u64;
         self.rt
@@ -407,7 +411,8 @@ impl<'m> Program<'m> {
     /// Whether the machine's address model can hold a `shape` tensor
     /// under `sharding` (LA 1:1 needs each PE's part contiguous in the
     /// tensor, so no column splits of tensors with several rows).
-    pub fn can_shard(&self, shape: [u64; 2], sharding: Sharding) -> bool {
+    pub fn can_shard(&self, shape: impl Into<Shape>, sharding: Sharding) -> bool {
+        let shape = shape.into().matrix();
         self.parts(shape, sharding)
             .iter()
             .all(|&(_, part)| self.rt.can_hold(part, shape[1]))
@@ -425,19 +430,20 @@ impl<'m> Program<'m> {
         }
     }
 
-    /// Bytes of a `shape` tensor of `dtype`, bounded so host buffers stay
-    /// sane (2^31 elements).
-    fn elements(&self, name: &str, shape: [u64; 2]) -> Result<usize, WorkloadError> {
-        shape[0]
-            .checked_mul(shape[1])
-            .filter(|&n| n <= 1 << 31)
-            .map(|n| n as usize)
-            .ok_or_else(|| {
-                self.error(format!(
-                    "tensor {name}: {} x {} elements is more than a workload supports (2^31)",
-                    shape[0], shape[1]
-                ))
-            })
+    /// Elements of a `shape` tensor, bounded so host buffers stay sane
+    /// (2^31 elements); errs naming the tensor on a shape of no dims, more
+    /// than [`MAX_RANK`], a zero dim, or too many elements.
+    fn elements(&self, name: &str, shape: &Shape) -> Result<usize, WorkloadError> {
+        shape
+            .check()
+            .map_err(|e| self.error(format!("tensor {name}: {e}")))?;
+        let n = shape.elements();
+        if n > 1 << 31 {
+            return Err(self.error(format!(
+                "tensor {name}: {shape} elements is more than a workload supports (2^31)"
+            )));
+        }
+        Ok(n as usize)
     }
 
     /// Declare a tensor with host data `data` (or none: device memory that
@@ -446,13 +452,13 @@ impl<'m> Program<'m> {
         &mut self,
         name: &str,
         dtype: Dtype,
-        shape: [u64; 2],
+        shape: Shape,
         data: Option<Vec<u8>>,
         placement: Placement,
     ) -> Result<TensorId, WorkloadError> {
         let data = match self.inputs.get(name) {
             Some(path) => {
-                let bytes = crate::input::read(path, dtype, shape).map_err(|message| {
+                let bytes = crate::input::read(path, dtype, shape.dims()).map_err(|message| {
                     WorkloadError::Input {
                         name: name.into(),
                         message: format!("{message} (workload {})", self.workload),
@@ -474,10 +480,11 @@ impl<'m> Program<'m> {
         &mut self,
         name: &str,
         dtype: Dtype,
-        shape: [u64; 2],
+        shape: impl Into<Shape>,
         placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
-        let n = self.elements(name, shape)?;
+        let shape = shape.into();
+        let n = self.elements(name, &shape)?;
         self.host_data(name, n, dtype)?;
         let data = random_data(&mut self.rng, dtype, n);
         self.declare(name, dtype, shape, Some(data), placement.into())
@@ -489,10 +496,11 @@ impl<'m> Program<'m> {
         &mut self,
         name: &str,
         dtype: Dtype,
-        shape: [u64; 2],
+        shape: impl Into<Shape>,
         placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
-        self.elements(name, shape)?;
+        let shape = shape.into();
+        self.elements(name, &shape)?;
         self.declare(name, dtype, shape, None, placement.into())
     }
 
@@ -501,11 +509,12 @@ impl<'m> Program<'m> {
         &mut self,
         name: &str,
         dtype: Dtype,
-        shape: [u64; 2],
+        shape: impl Into<Shape>,
         value: f64,
         placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
-        let n = self.elements(name, shape)?;
+        let shape = shape.into();
+        let n = self.elements(name, &shape)?;
         self.host_data(name, n, dtype)?;
         let data = crate::kernel::encode(dtype, value).repeat(n);
         self.declare(name, dtype, shape, Some(data), placement.into())
@@ -516,11 +525,12 @@ impl<'m> Program<'m> {
         &mut self,
         name: &str,
         dtype: Dtype,
-        shape: [u64; 2],
+        shape: impl Into<Shape>,
         bytes: Vec<u8>,
         placement: impl Into<Placement>,
     ) -> Result<TensorId, WorkloadError> {
-        let n = self.elements(name, shape)?;
+        let shape = shape.into();
+        let n = self.elements(name, &shape)?;
         if bytes.len() != n * dtype.size() {
             return Err(self.error(format!(
                 "tensor {name}: {} bytes of data for {n} {dtype} elements",
@@ -687,8 +697,8 @@ impl<'m> Program<'m> {
                      cannot read it"
                 ));
             }
-            let s = &t.meta.shape;
-            Ok((s[0], s[1]))
+            let [r, c] = Shape::from(&t.meta.shape).matrix();
+            Ok((r, c))
         };
         for o in &self.verify.outputs {
             let fail =
@@ -697,7 +707,8 @@ impl<'m> Program<'m> {
             let Some(t) = self.rt.tensors.iter().find(|t| t.meta.name == o.tensor) else {
                 continue;
             };
-            let want = (t.meta.shape[0], t.meta.shape[1]);
+            let [r, c] = Shape::from(&t.meta.shape).matrix();
+            let want = (r, c);
             let vectors = (got.0 == 1 || got.1 == 1)
                 && (want.0 == 1 || want.1 == 1)
                 && got.0.saturating_mul(got.1) == want.0 * want.1;

@@ -17,6 +17,7 @@ mod layernorm;
 mod mlp;
 mod rmsnorm;
 mod softmax;
+mod softmax_nd;
 mod tp_mlp;
 mod vector_add;
 
@@ -31,6 +32,7 @@ pub use layernorm::Layernorm;
 pub use mlp::Mlp;
 pub use rmsnorm::Rmsnorm;
 pub use softmax::Softmax;
+pub use softmax_nd::SoftmaxNd;
 pub use tp_mlp::TpMlp;
 pub use vector_add::VectorAdd;
 
@@ -55,6 +57,7 @@ pub fn all() -> Vec<Box<dyn Workload>> {
         Box::new(AllReduce),
         Box::new(TpMlp),
         Box::new(Rmsnorm),
+        Box::new(SoftmaxNd),
     ]
 }
 

@@ -262,6 +262,13 @@ fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
             vec!["rows=37", "cols=9", "block_rows=5"],
             vec!["rows=37", "cols=9", "block_rows=5", "mode=local"],
         ],
+        "softmax_nd" => vec![
+            vec!["shape=3x5x7x9", "block=2x2x3x9"],
+            vec!["shape=3x5x7x9", "block=2x2x3x5", "op=copy"],
+            vec!["shape=37", "block=5", "op=copy"],
+            vec!["shape=37"],
+            vec!["shape=2x37x9", "mode=local"],
+        ],
         other => panic!("add odd shapes for the new benchmark {other:?} here"),
     }
 }

@@ -17,6 +17,7 @@ mod compute_more;
 pub mod exec;
 mod grid;
 mod memory;
+mod nd;
 
 use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
@@ -48,8 +49,13 @@ pub struct TensorArg {
     pub name: String,
     /// Element type.
     pub dtype: Dtype,
-    /// Rows and columns of the whole tensor.
+    /// Rows and columns of the whole tensor: for a tensor of more than 2
+    /// dims, its 2-D view `[product of the leading dims, last dim]` (`[1,
+    /// n]` for a 1-D one), which [`Block::of`] addresses and shards split.
     pub shape: [u64; 2],
+    /// The dims it was declared with, outermost first (1 to 6 of them;
+    /// equal to `shape` for a 2-D tensor), which [`Block::nd`] addresses.
+    pub dims: Vec<u64>,
     /// The memory its shards are in: `Hbm` (addresses in the model's
     /// space: PA, VA or LA), `Tcm` or `Sram` (PAs).
     pub space: Space,
