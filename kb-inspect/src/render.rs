@@ -56,12 +56,13 @@ pub fn parse_kind(s: &str) -> Result<KindSel, String> {
         "gemm" => KindSel::Kind(OpKind::Gemm),
         "math" => KindSel::Kind(OpKind::Math),
         "sync" => KindSel::Kind(OpKind::Sync),
+        "atomic" => KindSel::Kind(OpKind::Atomic),
         "unknown" => KindSel::AnyUnknown,
         other => match other.parse::<u8>() {
             Ok(c) => KindSel::Kind(OpKind::from_code(c)),
             Err(_) => {
                 return Err(format!(
-                    "unknown op kind {s:?} (memory, gemm, math, sync, unknown or a code 0-255)"
+                    "unknown op kind {s:?} (memory, gemm, math, sync, atomic, unknown or a code 0-255)"
                 ));
             }
         },
@@ -266,6 +267,21 @@ pub fn params_json(p: &Params) -> Value {
             "dtype": m.dtype.name(),
             "axis": m.axis,
         }),
+        Params::Atomic(a) => json!({
+            "op": a.op.name(),
+            "dtype": a.dtype.name(),
+            "target": addr_json(&a.target),
+            "values": match a.values {
+                kb_format::AtomicValues::Tile(v) => json!({ "tile": addr_json(&v) }),
+                kb_format::AtomicValues::Scalar(v) => json!({ "scalar": v }),
+            },
+            "old": addr_json(&a.old),
+            "mask": a.mask.as_ref().map(addr_json),
+            "rows": a.rows,
+            "cols": a.cols,
+            "stride": a.stride,
+            "cmp": (a.op == kb_format::AtomicOp::Cas).then_some(a.cmp),
+        }),
         Params::Raw(b) => json!({ "raw": hex(b) }),
     }
 }
@@ -461,6 +477,16 @@ pub fn params_brief(r: &Record) -> String {
             if g.transpose_b { " tB" } else { "" }
         ),
         Params::Math(m) => format!("{} {}x{} {}", m.op.name(), m.rows, m.cols, m.dtype),
+        Params::Atomic(a) => format!(
+            "{} {}:{:#x} {}x{} {}{}",
+            a.op.name(),
+            a.target.space.name(),
+            a.target.addr,
+            a.rows,
+            a.cols,
+            a.dtype,
+            if a.mask.is_some() { " masked" } else { "" }
+        ),
         Params::Raw(b) => format!("{} raw bytes", b.len()),
     }
 }

@@ -7,6 +7,7 @@
 //! replay (kb-replay).
 
 mod allreduce;
+mod atomics;
 mod attention;
 mod copy;
 mod gather;
@@ -21,6 +22,7 @@ mod tp_mlp;
 mod vector_add;
 
 pub use allreduce::AllReduce;
+pub use atomics::Atomics;
 pub use attention::Attention;
 pub use copy::Copy;
 pub use gather::Gather;
@@ -55,6 +57,7 @@ pub fn all() -> Vec<Box<dyn Workload>> {
         Box::new(AllReduce),
         Box::new(TpMlp),
         Box::new(Rmsnorm),
+        Box::new(Atomics),
     ]
 }
 
