@@ -5,7 +5,8 @@
 //! Derived quantities (documented in `--help` of `stats`):
 //! - **bytes moved** of a memory op: the sum of its write extents' bytes
 //!   (`Extent::bytes`); a memory op without a write effect counts its
-//!   params' `rows * row_bytes`. Compute ops move 0 bytes.
+//!   params' `rows * row_bytes`. An atomic moves its block's bytes
+//!   (`rows * cols * dtype`). Compute ops move 0 bytes.
 //! - **FLOPs**: gemm `2*m*n*k`; math one FLOP per element of its
 //!   `rows x cols` tile (`rows*cols`, whatever the operator); memory 0.
 //! - **route** of a memory op ([`route`]): `SRC -> DST`, the memories
@@ -95,6 +96,14 @@ pub fn kind_name(k: OpKind) -> String {
 
 /// Bytes moved by a record (see the module doc).
 pub fn bytes_moved(r: &Record) -> u64 {
+    if let Params::Atomic(a) = &r.params {
+        // An atomic moves its block's bytes (values out, old values back).
+        return if r.kind == OpKind::Atomic {
+            a.nbytes().unwrap_or(0)
+        } else {
+            0
+        };
+    }
     if r.kind != OpKind::Memory {
         return 0;
     }

@@ -75,7 +75,11 @@ fn i32s(v: &[i32]) -> Vec<u8> {
 
 /// x: 1 x 16 i32 (0..16) in PE0's HBM; v: 1 x 16 i32 (10, 20, ...) on
 /// every PE; `kernel` on `pes`.
-fn x_on_pe0(prog: &mut Program<'_>, kernel: kb_sim::kernel::KernelFn, pes: &[PeCoord]) {
+fn x_on_pe0(
+    prog: &mut Program<'_>,
+    kernel: kb_sim::kernel::KernelFn,
+    pes: &[PeCoord],
+) -> Result<(), WorkloadError> {
     let at0 = Placement::over(&[PE0], Policy::Replicate);
     let x = prog
         .data(
@@ -106,8 +110,8 @@ fn x_on_pe0(prog: &mut Program<'_>, kernel: kb_sim::kernel::KernelFn, pes: &[PeC
         )
         .unwrap();
     let args = prog.args(&[x, v, m]);
-    prog.launch_grid("atom", kernel, args, [pes.len() as u32, 1], pes)
-        .unwrap();
+    prog.launch_grid("atom", kernel, args, [pes.len() as u32, 1], pes)?;
+    Ok(())
 }
 
 fn one_add(tl: &mut Tl<'_>, args: &KernelArgs) {
