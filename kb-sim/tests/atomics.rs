@@ -80,7 +80,7 @@ fn x_on_pe0(
     kernel: kb_sim::kernel::KernelFn,
     pes: &[PeCoord],
 ) -> Result<(), WorkloadError> {
-    let at0 = Placement::over(&[PE0], Policy::Replicate);
+    let at0 = Placement::over(&[PE0], Policy::RowWise);
     let x = prog
         .data(
             "x",

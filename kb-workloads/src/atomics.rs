@@ -118,8 +118,9 @@ impl Workload for Atomics {
         let (m, n, k) = (p.u64("m", 1)?, p.u64("n", 1)?, p.u64("k", 1)?);
         let pes = prog.pes();
         let np = pes.len() as u64;
-        // The shared outputs live in PE 0's HBM.
-        let at0 = Placement::over(&pes[..1], Policy::Replicate);
+        // The shared outputs live in PE 0's HBM (one row-wise shard:
+        // under VA every PE maps it).
+        let at0 = Placement::over(&pes[..1], Policy::RowWise);
         let f32 = Dtype::F32;
         match p.str("op") {
             "splitk" => {
