@@ -162,6 +162,13 @@ impl AtomicParams {
                 a.stride
             ));
         }
+        if i32::try_from(a.cmp).is_err() {
+            return Err(format!(
+                "{}'s compare value {} is not an i32",
+                a.op.name(),
+                a.cmp
+            ));
+        }
         if a.op != AtomicOp::Cas && a.cmp != 0 {
             return Err(format!("{} has a compare value (cas only)", a.op.name()));
         }
@@ -490,6 +497,13 @@ mod tests {
         assert!(p.check().unwrap_err().contains("values tile is in hbm"));
         p.values = AtomicValues::Scalar(0.5);
         assert!(p.check().unwrap_err().contains("not an i32"));
+        let mut p = params(AtomicOp::Cas, Dtype::I32, false);
+        p.cmp = 1 << 40;
+        assert!(
+            p.check()
+                .unwrap_err()
+                .contains("compare value 1099511627776")
+        );
     }
 
     /// The params body's length (its bytes end the record).
