@@ -293,3 +293,56 @@ fn an_atomic_the_dtype_lacks_fails_naming_op_tensor_and_line() {
     );
     assert!(message.contains("atomics.rs:"), "{message}");
 }
+
+fn add_then_check(tl: &mut Tl<'_>, args: &KernelArgs) {
+    let (s, v) = (args.tensor("s"), args.tensor("v"));
+    let pe = tl.pe();
+    let tv = tl.load(Block::of(v, pe, 0, 0, 1, 16));
+    let old = tl.atomic_add(Block::of(s, pe, 0, 0, 1, 16), &tv, None);
+    // Either PE may go first: the old values are the start (0..16) or
+    // the start plus one v.
+    let first = (0..16).all(|c| old.get(0, c) == c as f64);
+    let second = (0..16).all(|c| old.get(0, c) == (c + 10 * (c + 1)) as f64);
+    assert!(first || second, "{:?}", old.to_f64());
+}
+
+#[test]
+fn atomics_on_sram_from_two_pes_add_up() {
+    let (recs, report) = simulate("pa", RacePolicy::Error, |p| {
+        let pes = [PE0, PE1];
+        let s = p.data(
+            "s",
+            Dtype::I32,
+            [1, 16],
+            i32s(&(0..16).collect::<Vec<_>>()),
+            Placement::over(&[PE0], Policy::RowWise).in_sram(),
+        )?;
+        let v = p.data(
+            "v",
+            Dtype::I32,
+            [1, 16],
+            i32s(&(1..=16).map(|i| 10 * i).collect::<Vec<_>>()),
+            Placement::over(&pes, Policy::Replicate),
+        )?;
+        let args = p.args(&[s, v]);
+        p.launch_grid("sram", add_then_check, args, [2, 1], &pes)?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(report.stats.races, 0);
+    let adds: Vec<&Record> = recs
+        .iter()
+        .filter(|(_, _, n)| n == "atomic_add")
+        .map(|(r, _, _)| r)
+        .collect();
+    assert_eq!(adds.len(), 2);
+    // Their target is SRAM, and the second applied after the first.
+    for r in &adds {
+        let Params::Atomic(a) = &r.params else {
+            panic!("atomic params")
+        };
+        assert_eq!(a.target.space, kb_format::Space::Sram);
+    }
+    let seqs: Vec<u64> = adds.iter().map(|r| r.write.as_ref().unwrap().seq).collect();
+    assert_ne!(seqs[0], seqs[1]);
+}
