@@ -14,6 +14,7 @@
 //! the footer holds counts, a digest of the stream and an index of every
 //! chunk. docs/trace-format.md gives the exact bytes.
 
+pub mod atomic;
 pub mod channels;
 pub mod chunk;
 mod cursor;
@@ -31,6 +32,7 @@ pub mod types;
 pub mod usage;
 pub mod writer;
 
+pub use atomic::{AtomicOp, AtomicParams, AtomicValues};
 pub use channels::{BusyLog, ChannelLog, ChannelUsage};
 pub use error::{FormatError, Result};
 pub use expr::TensorShape;

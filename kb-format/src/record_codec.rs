@@ -11,6 +11,7 @@
 //! carry PAs). docs/trace-format.md gives the exact layout and the context
 //! table.
 
+use crate::atomic::{AtomicOp, AtomicParams, AtomicValues};
 use crate::cursor::{Cur, V};
 use crate::error::{FormatError, Result};
 use crate::types::*;
@@ -27,7 +28,11 @@ const F_ACTIVE: u8 = 1 << 4;
 /// Causal edges (format 3.4): a count, then each as a varint
 /// `(op_id - dep) << 3 | kind`.
 const F_EDGES: u8 = 1 << 5;
-const F_KNOWN: u8 = F_FINGERPRINT | F_READ | F_WRITE | F_DEPS | F_ACTIVE | F_EDGES;
+/// An atomic op (kind 4, set exactly on those records): a reader built
+/// before atomics refuses the record (unknown flags) instead of skipping
+/// its effects as an unknown kind's. The trace's version stays 3.4.
+const F_ATOMIC: u8 = 1 << 6;
+const F_KNOWN: u8 = F_FINGERPRINT | F_READ | F_WRITE | F_DEPS | F_ACTIVE | F_EDGES | F_ATOMIC;
 
 /// Address predictor of the read-side params.
 const RD: usize = 0;
@@ -115,6 +120,7 @@ fn size_bound(r: &Record) -> usize {
         Params::Memory(_) => 2 * (1 + V) + 4 * V + 1,
         Params::Gemm(_) => 4 * (1 + V) + 1 + 3 * V + 4,
         Params::Math(m) => 1 + V + m.inputs.len() * (2 + 3 * V + 1) + (1 + V) + 2 * V + 2,
+        Params::Atomic(_) => 2 + 4 * (1 + V) + 2 + 8 + 4 * V,
     };
     let active = if r.active.is_some() { 2 * V } else { 0 };
     2 + 5 * V + active + 8 + V + r.deps.len() * V + effect(&r.read) + effect(&r.write) + V + params
@@ -281,6 +287,37 @@ impl Out<'_> {
                 self.byte(m.dtype as u8);
                 self.byte(m.axis.unwrap_or(0xff));
             }
+            Params::Atomic(a) => {
+                self.byte(a.op as u8);
+                self.byte(a.dtype as u8);
+                self.space_addr(st, WR, a.target);
+                match a.values {
+                    AtomicValues::Tile(v) => {
+                        self.byte(0);
+                        self.space_addr(st, RD, v);
+                    }
+                    AtomicValues::Scalar(v) => {
+                        self.byte(1);
+                        self.fixed(v.to_bits());
+                    }
+                }
+                self.space_addr(st, WR, a.old);
+                match a.mask {
+                    Some(m) => {
+                        self.byte(1);
+                        self.space_addr(st, RD, m);
+                    }
+                    None => self.byte(0),
+                }
+                self.varint(a.rows as u64);
+                self.varint(a.cols as u64);
+                if a.rows > 1 {
+                    self.varint(a.stride);
+                }
+                if a.op == AtomicOp::Cas {
+                    self.signed(a.cmp);
+                }
+            }
         }
     }
 }
@@ -340,7 +377,8 @@ impl RecordEncoder {
             | ((r.read.is_some() as u8) * F_READ)
             | ((r.write.is_some() as u8) * F_WRITE)
             | ((!r.deps.is_empty() as u8) * F_EDGES)
-            | ((r.active.is_some() as u8) * F_ACTIVE);
+            | ((r.active.is_some() as u8) * F_ACTIVE)
+            | (((r.kind == OpKind::Atomic) as u8) * F_ATOMIC);
         o.byte(flags);
         o.byte(r.kind.code());
         o.signed(r.op_id.wrapping_sub(st.op_id) as i64);
@@ -525,6 +563,13 @@ impl<'a> RecordDecoder<'a> {
             return Err(self.err(format!("unknown record flags {flags:#04x}")));
         }
         r.kind = OpKind::from_code(self.cur.byte());
+        if (flags & F_ATOMIC != 0) != (r.kind == OpKind::Atomic) {
+            self.cur.p = start;
+            return Err(self.err(format!(
+                "a {} record with flags {flags:#04x} (flag bit 6 goes with atomic ops, and only with them)",
+                r.kind.name()
+            )));
+        }
         r.op_id = self.state.op_id.wrapping_add(self.cur.signed());
         self.state.op_id = r.op_id;
         let dt = self.cur.varint();
@@ -770,6 +815,56 @@ impl<'a> RecordDecoder<'a> {
                     dtype,
                     axis,
                 });
+            }
+            OpKind::Atomic => {
+                let code = self.cur.byte();
+                let Some(op) = AtomicOp::from_code(code) else {
+                    return Err(self.err(format!("unknown atomic op code {code}")));
+                };
+                let dtype = self.dtype()?;
+                let target = self.space_addr(WR)?;
+                let values = match self.cur.byte() {
+                    0 => AtomicValues::Tile(self.space_addr(RD)?),
+                    1 => AtomicValues::Scalar(f64::from_bits(self.cur.fixed())),
+                    v => return Err(self.err(format!("bad atomic values tag {v}"))),
+                };
+                let old = self.space_addr(WR)?;
+                let mask = match self.cur.byte() {
+                    0 => None,
+                    1 => Some(self.space_addr(RD)?),
+                    v => return Err(self.err(format!("bad atomic mask flag {v}"))),
+                };
+                let rows = self.cur.varint_u32();
+                let cols = self.cur.varint_u32();
+                let stride = if rows > 1 {
+                    self.cur.varint()
+                } else {
+                    (cols as u64).saturating_mul(dtype.size() as u64)
+                };
+                let cmp = if op == AtomicOp::Cas {
+                    self.cur.signed() as i64
+                } else {
+                    0
+                };
+                if let Some((at, what)) = self.cur.bad {
+                    return Err(self.cursor_error(at, what));
+                }
+                let a = AtomicParams {
+                    op,
+                    dtype,
+                    target,
+                    values,
+                    old,
+                    mask,
+                    rows,
+                    cols,
+                    stride,
+                    cmp,
+                };
+                if let Err(e) = a.check() {
+                    return Err(self.err(format!("op {}: {e}", r.op_id)));
+                }
+                r.params = Params::Atomic(a);
             }
         }
         Ok(())

@@ -137,6 +137,10 @@ pub enum OpKind {
     /// effects: replay has nothing to do for them; they are on record so
     /// that every wait in a run has a cause a reader can follow.
     Sync,
+    /// An atomic read-modify-write on device memory (kind 4; its records
+    /// carry flag bit 6, which readers built before atomics refuse):
+    /// params [`crate::AtomicParams`].
+    Atomic,
     /// A kind this reader does not know (written by a newer tool). Its
     /// params are kept as raw bytes; replay skips it and counts it.
     Unknown(u8),
@@ -149,6 +153,7 @@ impl OpKind {
             OpKind::Gemm => 1,
             OpKind::Math => 2,
             OpKind::Sync => 3,
+            OpKind::Atomic => 4,
             OpKind::Unknown(c) => c,
         }
     }
@@ -159,6 +164,7 @@ impl OpKind {
             1 => OpKind::Gemm,
             2 => OpKind::Math,
             3 => OpKind::Sync,
+            4 => OpKind::Atomic,
             c => OpKind::Unknown(c),
         }
     }
@@ -169,6 +175,7 @@ impl OpKind {
             OpKind::Gemm => "gemm",
             OpKind::Math => "math",
             OpKind::Sync => "sync",
+            OpKind::Atomic => "atomic",
             OpKind::Unknown(_) => "unknown",
         }
     }
@@ -533,6 +540,7 @@ pub enum Params {
     Memory(MemoryParams),
     Gemm(GemmParams),
     Math(MathParams),
+    Atomic(crate::atomic::AtomicParams),
     /// Params of an unknown op kind, kept verbatim.
     Raw(Vec<u8>),
 }

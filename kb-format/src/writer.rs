@@ -555,6 +555,7 @@ fn check_record(r: &Record) -> Result<()> {
             | (Params::Memory(_), OpKind::Memory)
             | (Params::Gemm(_), OpKind::Gemm)
             | (Params::Math(_), OpKind::Math)
+            | (Params::Atomic(_), OpKind::Atomic)
             | (Params::Raw(_), OpKind::Unknown(_))
     );
     if !params_ok {
@@ -565,15 +566,21 @@ fn check_record(r: &Record) -> Result<()> {
                 Params::Memory(_) => "memory",
                 Params::Gemm(_) => "gemm",
                 Params::Math(_) => "math",
+                Params::Atomic(_) => "atomic",
                 Params::Raw(_) => "raw",
             },
             r.kind.name()
         ));
     }
     if let OpKind::Unknown(c) = r.kind
-        && c < 4
+        && c < 5
     {
         return bad(format!("OpKind::Unknown({c}) has the code of a known kind"));
+    }
+    if let Params::Atomic(a) = &r.params
+        && let Err(e) = a.check()
+    {
+        return bad(e);
     }
     if let Params::Math(m) = &r.params {
         if m.inputs.len() > MAX_MATH_INPUTS {

@@ -267,13 +267,14 @@ fn kind_params() -> impl Strategy<Value = (OpKind, Params)> {
         OpKind::Gemm,
         OpKind::Math,
         OpKind::Sync,
+        OpKind::Atomic,
     ]);
     prop_oneof![
-        (prop_oneof![known, (4..=255u8).prop_map(OpKind::Unknown)]).prop_map(|k| (k, Params::None)),
+        (prop_oneof![known, (5..=255u8).prop_map(OpKind::Unknown)]).prop_map(|k| (k, Params::None)),
         memory_params().prop_map(|p| (OpKind::Memory, Params::Memory(p))),
         gemm_params().prop_map(|p| (OpKind::Gemm, Params::Gemm(p))),
         math_params().prop_map(|p| (OpKind::Math, Params::Math(p))),
-        (4..=255u8, vec(any::<u8>(), 1..40))
+        (5..=255u8, vec(any::<u8>(), 1..40))
             .prop_map(|(c, raw)| (OpKind::Unknown(c), Params::Raw(raw))),
     ]
 }
@@ -706,7 +707,31 @@ fn every_params_variant_round_trips() {
                 axis: Some(254),
             }),
         ),
-        (OpKind::Unknown(4), Params::Raw(vec![0xff; 300])),
+        (OpKind::Unknown(5), Params::Raw(vec![0xff; 300])),
+        (
+            OpKind::Atomic,
+            Params::Atomic(kb_format::AtomicParams {
+                op: kb_format::AtomicOp::Cas,
+                dtype: Dtype::I32,
+                target: Addr {
+                    space: Space::Sram,
+                    addr: 1 << 40,
+                },
+                values: kb_format::AtomicValues::Scalar(-3.0),
+                old: Addr {
+                    space: Space::Tcm,
+                    addr: 64,
+                },
+                mask: Some(Addr {
+                    space: Space::Tcm,
+                    addr: 128,
+                }),
+                rows: 4,
+                cols: 8,
+                stride: 1024,
+                cmp: i32::MIN as i64,
+            }),
+        ),
         (OpKind::Sync, Params::None),
         (OpKind::Unknown(255), Params::Raw(vec![1])),
     ];

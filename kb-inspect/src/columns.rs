@@ -231,6 +231,17 @@ impl Flat {
                 }
                 (f.dst_space, f.dst_addr) = (Some(m.out.space), Some(m.out.addr));
             }
+            Params::Atomic(a) => {
+                f.dtype = Some(a.dtype);
+                f.dtype_out = Some(a.dtype);
+                f.rows = Some(a.rows);
+                f.cols = Some(a.cols as u64);
+                f.out_shape = Some([a.rows as u64, a.cols as u64]);
+                if let kb_format::AtomicValues::Tile(v) = a.values {
+                    (f.src_space, f.src_addr) = (Some(v.space), Some(v.addr));
+                }
+                (f.dst_space, f.dst_addr) = (Some(a.target.space), Some(a.target.addr));
+            }
             Params::None | Params::Raw(_) => {}
         }
         if let (Some(l), Some(sip), Some(cube), Some(pe)) =

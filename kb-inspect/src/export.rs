@@ -422,6 +422,8 @@ fn kind_id(k: OpKind) -> usize {
         OpKind::Gemm => 1,
         OpKind::Math => 2,
         OpKind::Sync => 3,
+        // (Unknown kinds have codes of 5 and up.)
+        OpKind::Atomic => 4,
         OpKind::Unknown(c) => 4 + c as usize,
     }
 }

@@ -49,7 +49,7 @@ struct FilterArgs {
     /// Component glob (`*` matches dots too, e.g. 'sip0.*.pe_dma'); repeatable
     #[arg(long = "component", value_name = "GLOB")]
     components: Vec<String>,
-    /// Op kind: memory, gemm, math, sync, unknown or a kind code; repeatable or comma-separated
+    /// Op kind: memory, gemm, math, sync, atomic, unknown or a kind code; repeatable or comma-separated
     #[arg(long = "kind", value_name = "KIND", value_parser = parse_kind, value_delimiter = ',')]
     kinds: Vec<KindSel>,
     /// Op name glob; repeatable

@@ -5,7 +5,8 @@
 //! Derived quantities (documented in `--help` of `stats`):
 //! - **bytes moved** of a memory op: the sum of its write extents' bytes
 //!   (`Extent::bytes`); a memory op without a write effect counts its
-//!   params' `rows * row_bytes`. Compute ops move 0 bytes.
+//!   params' `rows * row_bytes`. An atomic moves its block's bytes
+//!   (`rows * cols * dtype`). Compute ops move 0 bytes.
 //! - **FLOPs**: gemm `2*m*n*k`; math one FLOP per element of its
 //!   `rows x cols` tile (`rows*cols`, whatever the operator); memory 0.
 //! - **route** of a memory op ([`route`]): `SRC -> DST`, the memories
@@ -56,12 +57,13 @@ pub fn parse_kind(s: &str) -> Result<KindSel, String> {
         "gemm" => KindSel::Kind(OpKind::Gemm),
         "math" => KindSel::Kind(OpKind::Math),
         "sync" => KindSel::Kind(OpKind::Sync),
+        "atomic" => KindSel::Kind(OpKind::Atomic),
         "unknown" => KindSel::AnyUnknown,
         other => match other.parse::<u8>() {
             Ok(c) => KindSel::Kind(OpKind::from_code(c)),
             Err(_) => {
                 return Err(format!(
-                    "unknown op kind {s:?} (memory, gemm, math, sync, unknown or a code 0-255)"
+                    "unknown op kind {s:?} (memory, gemm, math, sync, atomic, unknown or a code 0-255)"
                 ));
             }
         },
@@ -94,6 +96,14 @@ pub fn kind_name(k: OpKind) -> String {
 
 /// Bytes moved by a record (see the module doc).
 pub fn bytes_moved(r: &Record) -> u64 {
+    if let Params::Atomic(a) = &r.params {
+        // An atomic moves its block's bytes (values out, old values back).
+        return if r.kind == OpKind::Atomic {
+            a.nbytes().unwrap_or(0)
+        } else {
+            0
+        };
+    }
     if r.kind != OpKind::Memory {
         return 0;
     }
@@ -265,6 +275,21 @@ pub fn params_json(p: &Params) -> Value {
             "cols": m.cols,
             "dtype": m.dtype.name(),
             "axis": m.axis,
+        }),
+        Params::Atomic(a) => json!({
+            "op": a.op.name(),
+            "dtype": a.dtype.name(),
+            "target": addr_json(&a.target),
+            "values": match a.values {
+                kb_format::AtomicValues::Tile(v) => json!({ "tile": addr_json(&v) }),
+                kb_format::AtomicValues::Scalar(v) => json!({ "scalar": v }),
+            },
+            "old": addr_json(&a.old),
+            "mask": a.mask.as_ref().map(addr_json),
+            "rows": a.rows,
+            "cols": a.cols,
+            "stride": a.stride,
+            "cmp": (a.op == kb_format::AtomicOp::Cas).then_some(a.cmp),
         }),
         Params::Raw(b) => json!({ "raw": hex(b) }),
     }
@@ -461,6 +486,16 @@ pub fn params_brief(r: &Record) -> String {
             if g.transpose_b { " tB" } else { "" }
         ),
         Params::Math(m) => format!("{} {}x{} {}", m.op.name(), m.rows, m.cols, m.dtype),
+        Params::Atomic(a) => format!(
+            "{} {}:{:#x} {}x{} {}{}",
+            a.op.name(),
+            a.target.space.name(),
+            a.target.addr,
+            a.rows,
+            a.cols,
+            a.dtype,
+            if a.mask.is_some() { " masked" } else { "" }
+        ),
         Params::Raw(b) => format!("{} raw bytes", b.len()),
     }
 }

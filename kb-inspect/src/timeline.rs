@@ -465,6 +465,10 @@ pub fn shape_and_dtype(r: &Record) -> (Option<String>, Option<String>) {
             ),
             None => (Some(format!("{}x{}B", p.rows, p.row_bytes)), None),
         },
+        Params::Atomic(a) => (
+            Some(format!("{} {}x{}", a.op.name(), a.rows, a.cols)),
+            Some(a.dtype.name().to_string()),
+        ),
         _ => (None, None),
     }
 }

@@ -184,7 +184,7 @@ impl Report {
             "verified": self.outputs.is_some(),
             "outputs": outputs,
             "records": s.records,
-            "ops": { "memory": s.memory, "gemm": s.gemm, "math": s.math },
+            "ops": { "memory": s.memory, "gemm": s.gemm, "math": s.math, "atomic": s.atomic },
             "sync_records": s.sync,
             "unknown_ops_skipped": s.unknown_skipped,
             "fingerprints": self.fingerprints,
@@ -262,9 +262,15 @@ impl Report {
         } else {
             String::new()
         };
+        // Atomics are named only in traces that have them.
+        let atomic = if s.atomic > 0 {
+            format!(", atomic {}", s.atomic)
+        } else {
+            String::new()
+        };
         lines.push(format!(
-            "{} ops replayed (memory {}, gemm {}, math {}; {} sync records, {} unknown skipped), {} fingerprints checked{skipped}; replayed in {:.3} s at {:.2} GFLOP/s on this host (the host's replay speed, not the simulated machine's); {verdict}",
-            s.memory + s.gemm + s.math,
+            "{} ops replayed (memory {}, gemm {}, math {}{atomic}; {} sync records, {} unknown skipped), {} fingerprints checked{skipped}; replayed in {:.3} s at {:.2} GFLOP/s on this host (the host's replay speed, not the simulated machine's); {verdict}",
+            s.memory + s.gemm + s.math + s.atomic,
             s.memory,
             s.gemm,
             s.math,

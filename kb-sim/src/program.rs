@@ -3,7 +3,7 @@
 //! programs with `tl` kernels driven by a KernelRunner through this seam.)
 
 use kb_format::{
-    Dtype, GemmParams, MathInput, MathParams, MemoryParams, OpKind, Params, Ps, Space,
+    AtomicParams, Dtype, GemmParams, MathInput, MathParams, MemoryParams, OpKind, Params, Ps, Space,
 };
 
 use crate::machine::PeCoord;
@@ -88,6 +88,29 @@ impl DataOp for DmaCmd {
 
     fn params(&self) -> Params {
         Params::Memory(self.mem)
+    }
+}
+
+/// An atomic read-modify-write (`tl.atomic_add` and the others): the
+/// trace's atomic params. The target is a block in HBM or SRAM (the
+/// address the kernel used); values, mask and old-values tiles are in
+/// this PE's TCM.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AtomicCmd {
+    pub params: AtomicParams,
+}
+
+impl DataOp for AtomicCmd {
+    fn op_name(&self) -> &'static str {
+        self.params.op.name()
+    }
+
+    fn op_kind(&self) -> OpKind {
+        OpKind::Atomic
+    }
+
+    fn params(&self) -> Params {
+        Params::Atomic(self.params)
     }
 }
 
@@ -282,6 +305,9 @@ pub enum Command {
     /// Resume when the op with this id (from `Reply::Issued`) completes;
     /// a load answers with its data.
     WaitOp(u64),
+    /// An atomic read-modify-write at the target's memory; resumes with
+    /// the old values (`Reply::Data`) once they are back in TCM.
+    Atomic(AtomicCmd),
 }
 
 /// What a PE program is resumed with.

@@ -249,6 +249,10 @@ pub struct Access {
     /// The thread's clock when the op was issued.
     pub clock: Rc<Clock>,
     pub write: bool,
+    /// An atomic read-modify-write (also a `write`): two atomics on the
+    /// same bytes never race, whatever their order; an atomic and a plain
+    /// access do, unordered.
+    pub atomic: bool,
     pub op: OpInfo,
 }
 
@@ -257,6 +261,7 @@ pub struct Access {
 pub struct Side {
     pub thread: u32,
     pub write: bool,
+    pub atomic: bool,
     pub op: OpInfo,
 }
 
@@ -278,11 +283,13 @@ impl Race {
             first: Side {
                 thread: e.thread,
                 write: e.write,
+                atomic: e.atomic,
                 op: e.op,
             },
             second: Side {
                 thread: acc.thread,
                 write: acc.write,
+                atomic: acc.atomic,
                 op: acc.op,
             },
             pa,
@@ -297,6 +304,7 @@ struct Entry {
     thread: u32,
     label: u32,
     write: bool,
+    atomic: bool,
     op: OpInfo,
 }
 
@@ -655,6 +663,7 @@ impl Shadow {
             && let Some(e) = &mut self.entries[id as usize]
             && e.thread == acc.thread
             && e.write == acc.write
+            && e.atomic == acc.atomic
             && e.x == *x
             && e.label <= acc.label
         {
@@ -672,6 +681,7 @@ impl Shadow {
             thread: acc.thread,
             label: acc.label,
             write: acc.write,
+            atomic: acc.atomic,
             op: acc.op,
         };
         let id = match self.free.pop() {
@@ -758,8 +768,9 @@ impl Visit<'_> {
         let (x, acc) = (self.x, self.acc);
         let ordered = e.thread == acc.thread || self.seen(e.thread) >= e.label;
         if !ordered {
-            // Unordered reads never race: skip the (row by row) overlap.
-            if !(e.write || acc.write) {
+            // Unordered reads never race, nor do two atomics: skip the
+            // (row by row) overlap.
+            if !(e.write || acc.write) || (e.atomic && acc.atomic) {
                 return;
             }
             let Some((pa, len)) = overlap(&e.x, x) else {
@@ -772,8 +783,14 @@ impl Visit<'_> {
             {
                 self.races.push(Race::between(e, acc, pa, len));
             }
-        } else if (acc.write || !e.write) && e.x.bytes() > 0 && contains(x, &e.x) {
-            // Contained and not empty: they overlap.
+        } else if (acc.write || !e.write)
+            && (!acc.atomic || e.atomic)
+            && e.x.bytes() > 0
+            && contains(x, &e.x)
+        {
+            // Contained and not empty: they overlap. An atomic replaces
+            // only atomics: a plain access it covered may still race with
+            // a later atomic of another thread.
             self.replaced.push(id);
         }
     }
@@ -820,11 +837,17 @@ mod tests {
     }
 
     fn acc(thread: u32, label: u32, clock: &[u32], write: bool, op_id: u64) -> Access {
+        acc_kind(thread, label, clock, write as u8, op_id)
+    }
+
+    /// An access of kind `kind`: 0 a read, 1 a write, 2 an atomic.
+    fn acc_kind(thread: u32, label: u32, clock: &[u32], kind: u8, op_id: u64) -> Access {
         Access {
             thread,
             label,
             clock: Rc::new(Clock::from_dense(clock)),
-            write,
+            write: kind > 0,
+            atomic: kind == 2,
             op: OpInfo {
                 op_id,
                 op_name: "op",
@@ -852,6 +875,31 @@ mod tests {
         // Two reads never race.
         s.access(&r, &acc(0, 2, &[2, 0], false, 4), &mut races);
         assert!(races.is_empty());
+    }
+
+    #[test]
+    fn two_atomics_never_race_but_an_atomic_and_a_plain_access_do() {
+        let mut s = Shadow::default();
+        let mut races = Vec::new();
+        let r = x(1 << 20, 256, 1, 0);
+        // Threads 0 and 1 update the same bytes atomically, unordered.
+        s.access(&r, &acc_kind(0, 1, &[1, 0, 0], 2, 1), &mut races);
+        s.access(&r, &acc_kind(1, 1, &[0, 1, 0], 2, 2), &mut races);
+        assert!(races.is_empty(), "{races:?}");
+        // Thread 2 reads them plainly: it races with both atomics.
+        s.access(&r, &acc_kind(2, 1, &[0, 0, 1], 0, 3), &mut races);
+        assert_eq!(races.len(), 2, "{races:?}");
+        assert!(races.iter().all(|r| r.first.atomic && !r.second.atomic));
+        // A plain write of thread 0 covered by its own later atomic still
+        // races with thread 1's atomic (the atomic did not replace it).
+        let mut s = Shadow::default();
+        races.clear();
+        s.access(&r, &acc_kind(0, 1, &[1, 0], 1, 1), &mut races);
+        s.access(&r, &acc_kind(0, 1, &[1, 0], 2, 2), &mut races);
+        assert_eq!(s.len(), 2);
+        s.access(&r, &acc_kind(1, 1, &[0, 1], 2, 3), &mut races);
+        assert_eq!(races.len(), 1, "{races:?}");
+        assert_eq!((races[0].first.op.op_id, races[0].second.op.op_id), (1, 3));
     }
 
     #[test]
@@ -893,13 +941,18 @@ mod tests {
                 if let Some((pa, len)) = meet
                     && !ordered
                     && (e.write || acc.write)
+                    && !(e.atomic && acc.atomic)
                 {
                     if !races.iter().any(|r| {
                         r.first.op.op_id == e.op.op_id && r.second.op.op_id == acc.op.op_id
                     }) {
                         races.push(Race::between(&e, acc, pa, len));
                     }
-                } else if meet.is_some() && ordered && (acc.write || !e.write) && contains(x, &e.x)
+                } else if meet.is_some()
+                    && ordered
+                    && (acc.write || !e.write)
+                    && (!acc.atomic || e.atomic)
+                    && contains(x, &e.x)
                 {
                     continue;
                 }
@@ -910,6 +963,7 @@ mod tests {
                 thread: acc.thread,
                 label: acc.label,
                 write: acc.write,
+                atomic: acc.atomic,
                 op: acc.op,
             });
             self.entries = keep;
@@ -942,7 +996,7 @@ mod tests {
         fn shadow_decides_as_a_walk_over_every_access(
             ops in proptest::collection::vec(
                 (0u64..6 * BUCKET, 1u64..BUCKET * 5 / 4, 1u32..5, 0u64..BUCKET * 5 / 2, 0u32..3, 0u32..4,
-                 proptest::collection::vec(0u32..4, 3), proptest::bool::ANY),
+                 proptest::collection::vec(0u32..4, 3), 0u8..3),
                 1..60,
             )
         ) {
@@ -952,7 +1006,7 @@ mod tests {
                 // Around a block boundary, over a few buckets each way.
                 let pa = (1 << (BUCKET_BITS + BLOCK_BITS)) - 3 * BUCKET + off;
                 let ext = x(pa, len, rows, if rows > 1 { len + gap } else { 0 });
-                let a = acc(thread, label, &clock, write, i as u64);
+                let a = acc_kind(thread, label, &clock, write, i as u64);
                 same_access(&mut shadow, &mut naive, &ext, &a, i)?;
             }
         }
@@ -964,7 +1018,7 @@ mod tests {
         fn shadow_decides_as_a_walk_over_repeated_accesses(
             pool in proptest::collection::vec((0u64..4 * BUCKET, 1u64..BUCKET * 3 / 2, 1u32..4, 0u64..BUCKET), 3),
             ops in proptest::collection::vec(
-                (0usize..3, 0u32..3, 0u32..4, proptest::collection::vec(0u32..4, 3), proptest::bool::ANY),
+                (0usize..3, 0u32..3, 0u32..4, proptest::collection::vec(0u32..4, 3), 0u8..3),
                 1..80,
             )
         ) {
@@ -974,7 +1028,7 @@ mod tests {
             for (i, (k, thread, label, clock, write)) in ops.into_iter().enumerate() {
                 let (off, len, rows, gap) = pool[k];
                 let ext = x(base + off, len, rows, if rows > 1 { len + gap } else { 0 });
-                let a = acc(thread, label, &clock, write, i as u64);
+                let a = acc_kind(thread, label, &clock, write, i as u64);
                 same_access(&mut shadow, &mut naive, &ext, &a, i)?;
             }
         }

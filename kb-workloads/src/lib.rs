@@ -7,6 +7,7 @@
 //! replay (kb-replay).
 
 mod allreduce;
+mod atomics;
 mod attention;
 mod copy;
 mod gather;
@@ -22,6 +23,7 @@ mod tp_mlp;
 mod vector_add;
 
 pub use allreduce::AllReduce;
+pub use atomics::Atomics;
 pub use attention::Attention;
 pub use copy::Copy;
 pub use gather::Gather;
@@ -58,6 +60,7 @@ pub fn all() -> Vec<Box<dyn Workload>> {
         Box::new(TpMlp),
         Box::new(Rmsnorm),
         Box::new(SoftmaxNd),
+        Box::new(Atomics),
     ]
 }
 

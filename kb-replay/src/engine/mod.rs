@@ -225,6 +225,8 @@ pub struct Stats {
     pub memory: u64,
     pub gemm: u64,
     pub math: u64,
+    /// Atomic read-modify-writes.
+    pub atomic: u64,
     /// Sync records (kernels, waits, signals, launches, map messages):
     /// timing only, nothing to replay.
     pub sync: u64,
@@ -596,6 +598,7 @@ impl Queue {
             OpKind::Gemm => self.stats.gemm += 1,
             OpKind::Math => self.stats.math += 1,
             OpKind::Sync => self.stats.sync += 1,
+            OpKind::Atomic => self.stats.atomic += 1,
             OpKind::Unknown(_) => self.stats.unknown_skipped += 1,
         }
         if let (Some(rd), Some(wr)) = (&r.read, &r.write)

@@ -74,6 +74,13 @@ fn plan_params(r: &Record) -> Result<Plan, String> {
             input: math::input_len(p).ok_or_else(overflow)?,
             output: math::output_len(p).ok_or_else(overflow)?,
         }),
+        // An atomic is a pure function too: values, mask and the target's
+        // old bytes in; the target's new bytes and the old ones out. Replay
+        // applies atomics on the same bytes in `seq` order, Phase 1's.
+        (OpKind::Atomic, Params::Atomic(p)) => Ok(Plan::Compute {
+            input: p.input_len().ok_or_else(overflow)?,
+            output: p.output_len().ok_or_else(overflow)?,
+        }),
         (kind, _) => Err(format!(
             "a {} op without {} params",
             kind.name(),
@@ -87,6 +94,7 @@ pub fn compute(r: &Record, input: &[u8], backend: &dyn GemmBackend) -> Result<Ve
     match &r.params {
         Params::Gemm(p) => gemm::execute(p, input, backend),
         Params::Math(p) => math::execute(p, input),
+        Params::Atomic(p) => p.apply(input),
         _ => Err(format!("{} op has no compute params", r.kind.name())),
     }
 }

@@ -40,7 +40,10 @@ pub(super) enum DmaArrive {
         dma: u32,
         group: u32,
     },
+    /// An acknowledgement (an atomic: its old values, head now).
     AckAtDma(u32),
+    /// An atomic's old values reached its TCM.
+    OldAtTcm(u32),
 }
 
 /// DMA protocol steps.
@@ -116,14 +119,14 @@ impl Resolved {
 /// vectors are kept from one DMA to the next (`Engine::dma_sides`).
 #[derive(Debug, Default)]
 pub(super) struct Side {
-    groups: Vec<Group>,
+    pub(super) groups: Vec<Group>,
     /// The pieces, group after group, each group's in data order.
     pub(super) pieces: Vec<Extent>,
 }
 
 impl Side {
     /// The pieces of group `g`.
-    fn pieces(&self, g: usize) -> &[Extent] {
+    pub(super) fn pieces(&self, g: usize) -> &[Extent] {
         let (lo, hi) = self.groups[g].pieces;
         &self.pieces[lo as usize..hi as usize]
     }
@@ -132,24 +135,24 @@ impl Side {
 /// Physical pieces of one side served by one node.
 #[derive(Debug)]
 pub(super) struct Group {
-    target: NodeId,
+    pub(super) target: NodeId,
     /// LA model: the PE's router on the way (`ch_rK` or `agg_router`) and
     /// the pseudo channels the request is pinned to.
-    via: Option<NodeId>,
+    pub(super) via: Option<NodeId>,
     channels: Option<(u32, u32)>,
     /// Served by this PE's own TCM: no request or acknowledgement (the
     /// engine drives its TCM port); data still crosses its tcm_port link.
     local: bool,
     /// Its pieces: `Side::pieces[lo..hi]`.
     pieces: (u32, u32),
-    bytes: u64,
+    pub(super) bytes: u64,
     /// A source part: when its last byte is ready at the source.
     tail: Ps,
 }
 
 impl Group {
     /// The request for piece `x` of this part.
-    fn request(&self, x: &Extent) -> Request {
+    pub(super) fn request(&self, x: &Extent) -> Request {
         Request {
             pa: x.pa,
             row_bytes: x.len,
@@ -165,12 +168,15 @@ pub(super) struct Dma {
     pub(super) pe: u32,
     pub(super) op_id: u64,
     cmd: DmaCmd,
+    /// An atomic's own state (`atomic.rs`); taken while its data step
+    /// runs.
+    pub(super) atomic: Option<Box<super::atomic::AtomicState>>,
     /// Parts per serving node (timing).
     pub(super) src: Side,
     pub(super) dst: Side,
     /// Physical pieces in data order (data and effects).
-    src_order: Vec<Extent>,
-    dst_order: Vec<Extent>,
+    pub(super) src_order: Vec<Extent>,
+    pub(super) dst_order: Vec<Extent>,
     /// Source parts not yet served (the read effect follows the last).
     reads_left: u32,
     /// Source parts whose data has not begun to reach the DMA engine (the
@@ -198,7 +204,7 @@ pub(super) struct Dma {
     /// with the clock the copy released.
     notify: Option<(Notify, crate::race::Clock, u64)>,
     /// The issuing PE's clock at issue, for race checks.
-    hb: HbTag,
+    pub(super) hb: HbTag,
     /// Its fetch went ahead (a DMA woken by two writebacks landing at one
     /// time fetches once).
     fetched: bool,
@@ -207,12 +213,12 @@ pub(super) struct Dma {
     /// interval runs from here to the last byte written.
     xfer_start: Ps,
     op: Option<OpenOp>,
-    data: crate::data::Snapshot,
+    pub(super) data: crate::data::Snapshot,
     /// Bytes of `data` that are compute results unknown in Phase 1.
-    unknown: Vec<Unknown>,
+    pub(super) unknown: Vec<Unknown>,
     fingerprint: Option<u64>,
-    read: Option<Effect>,
-    write: Option<Effect>,
+    pub(super) read: Option<Effect>,
+    pub(super) write: Option<Effect>,
     /// Its causal edges: the program's, the DMA whose engine it took, an
     /// earlier DMA on the same bytes, the producer of the tile it stores.
     pub(super) deps: Vec<Dep>,
@@ -231,7 +237,7 @@ pub(super) struct DmaEngines {
 }
 
 impl<W: Write> Engine<'_, W> {
-    fn kernel_err(&self, pe: PeCoord, message: String) -> SimError {
+    pub(super) fn kernel_err(&self, pe: PeCoord, message: String) -> SimError {
         SimError::Kernel {
             pe,
             time_ns: ns(self.q.now()),
@@ -385,6 +391,20 @@ impl<W: Write> Engine<'_, W> {
 
     /// Whether `x` lies in the machine, in `space`, within that memory's
     /// size, and (another PE's TCM) within one of that PE's TCM buffers.
+    /// A tile of `bytes` bytes at `a` (TCM) as its physical pieces.
+    pub(super) fn resolve_tcm(
+        &mut self,
+        pe: PeCoord,
+        side: &str,
+        a: Addr,
+        bytes: u64,
+    ) -> Result<Vec<Extent>, String> {
+        if a.space != Space::Tcm {
+            return Err(format!("the {side} tile is in {}, not tcm", a.space.name()));
+        }
+        Ok(self.resolve(pe, side, a, 1, bytes, bytes)?.order)
+    }
+
     fn check_pa(&self, pe: PeCoord, side: &str, space: Space, x: &Extent) -> Result<(), String> {
         let p =
             Pa::decode(x.pa).ok_or_else(|| format!("DMA {side} {:#x} is not a device PA", x.pa))?;
@@ -517,6 +537,7 @@ impl<W: Write> Engine<'_, W> {
         c: DmaCmd,
         mode: DmaMode,
         notify: Option<Notify>,
+        atomic: Option<Box<super::atomic::AtomicState>>,
     ) -> Result<u64, SimError> {
         let m = &c.mem;
         let src = self.resolve(pc, "source", m.src, m.rows, m.row_bytes, m.src_stride);
@@ -548,6 +569,7 @@ impl<W: Write> Engine<'_, W> {
             pe,
             op_id,
             cmd: c,
+            atomic,
             src,
             dst,
             src_order,
@@ -636,7 +658,11 @@ impl<W: Write> Engine<'_, W> {
     fn dma_race_check(&mut self, d: u32, ranges: &[Extent], write: bool) -> Result<(), SimError> {
         let (pe, op_id, name, hb) = {
             let x = self.dmas.get(d);
-            (x.pe, x.op_id, x.cmd.op_name(), x.hb.clone())
+            let name = match &x.atomic {
+                Some(a) => a.cmd.op_name(),
+                None => x.cmd.op_name(),
+            };
+            (x.pe, x.op_id, name, x.hb.clone())
         };
         self.race_check(pe, ranges, write, op_id, name, &hb)
     }
@@ -684,7 +710,7 @@ impl<W: Write> Engine<'_, W> {
         end
     }
 
-    fn dma_node(&mut self, d: u32) -> (PeCoord, NodeId) {
+    pub(super) fn dma_node(&mut self, d: u32) -> (PeCoord, NodeId) {
         let pe = self.m.pe_coord(self.dmas.get(d).pe as usize);
         (pe, self.m.pe_node(pe, NodeKind::PeDma))
     }
@@ -707,11 +733,19 @@ impl<W: Write> Engine<'_, W> {
                 self.src_head_in(dma, now, tail);
             }
             DmaArrive::DataAtTarget { dma, group } => {
-                let head = self.arrival.0;
-                let end = self.serve_part_write(dma, group as usize, head);
+                let end = if self.dmas.peek(dma).atomic.is_some() {
+                    self.serve_part_rmw(dma, group as usize)
+                } else {
+                    let head = self.arrival.0;
+                    self.serve_part_write(dma, group as usize, head)
+                };
                 self.at(end, DmaAct::DstPartDone(dma));
             }
+            DmaArrive::AckAtDma(d) if self.dmas.peek(d).atomic.is_some() => {
+                self.atomic_back_at_dma(d)
+            }
             DmaArrive::AckAtDma(d) => self.part_done(d, DmaAct::Finish(d)),
+            DmaArrive::OldAtTcm(d) => self.atomic_old_at_tcm(d),
         }
     }
 
@@ -778,11 +812,14 @@ impl<W: Write> Engine<'_, W> {
                     return Ok(());
                 }
                 let (_, dma) = self.dma_node(d);
-                let (cmd, op_id) = {
+                let (cmd, op_id, atomic) = {
                     let x = self.dmas.get(d);
-                    (x.cmd, x.op_id)
+                    (x.cmd, x.op_id, x.atomic.as_ref().map(|a| a.cmd))
                 };
-                let op = self.hook_start(dma, &cmd, op_id);
+                let op = match &atomic {
+                    Some(a) => self.hook_start(dma, a, op_id),
+                    None => self.hook_start(dma, &cmd, op_id),
+                };
                 self.dmas.get(d).op = Some(op);
                 // VA model: one TLB access per translated (HBM) side.
                 let tlb = if self.m.topo.address_model == AddressModel::Va {
@@ -804,20 +841,24 @@ impl<W: Write> Engine<'_, W> {
                     return Ok(());
                 }
                 // A store of a pending tile moves it once its producer is done.
+                // (An atomic's mask tile likewise.)
                 let first = self.dmas.get(d).src.pieces.first().map(|x| x.pa);
-                let producer = first.and_then(|pa| self.producers.get(&pa).copied());
-                if let Some(p) = producer {
-                    self.dmas.get(d).deps.push(Dep::data(p.op_id));
-                }
-                if let Some(super::compute::Producer {
-                    running: Some(c), ..
-                }) = producer
-                {
-                    self.computes
-                        .get(c)
-                        .dependents
-                        .push(super::compute::Waiter::DmaFetch(d));
-                    return Ok(());
+                let mask = self.dmas.peek(d).atomic.as_ref().and_then(|a| a.mask_pa());
+                for pa in [first, mask].into_iter().flatten() {
+                    let producer = self.producers.get(&pa).copied();
+                    if let Some(p) = producer {
+                        self.dmas.get(d).deps.push(Dep::data(p.op_id));
+                    }
+                    if let Some(super::compute::Producer {
+                        running: Some(c), ..
+                    }) = producer
+                    {
+                        self.computes
+                            .get(c)
+                            .dependents
+                            .push(super::compute::Waiter::DmaFetch(d));
+                        return Ok(());
+                    }
                 }
                 // Bytes a GEMM unit holds are written back to TCM first.
                 if self.acc_cap > 0 && self.dma_acc_wait(d) {
@@ -889,7 +930,9 @@ impl<W: Write> Engine<'_, W> {
                 }
             }
             DmaAct::SrcRead(d) => {
-                if !self.dmas.get(d).at_issue {
+                // (An atomic reads its values when it applies.)
+                let x = self.dmas.peek(d);
+                if !x.at_issue && x.atomic.is_none() {
                     // Compute results move without their value (docs/design.md P4:
                     // only reading them in Phase 1 is an error).
                     let src = std::mem::take(&mut self.dmas.get(d).src_order);
@@ -936,6 +979,11 @@ impl<W: Write> Engine<'_, W> {
                     if Pa::decode(x.pa).is_some_and(|p| p.space == Space::Tcm) {
                         self.producers.remove(&x.pa);
                     }
+                }
+                if self.dmas.peek(d).atomic.is_some() {
+                    self.apply_atomic(d)?;
+                    self.atomic_return(d);
+                    return Ok(());
                 }
                 if !self.dmas.get(d).at_issue {
                     let dst = std::mem::take(&mut self.dmas.get(d).dst_order);
@@ -996,21 +1044,27 @@ impl<W: Write> Engine<'_, W> {
                     side.pieces.clear();
                     self.dma_sides.push(side);
                 }
-                self.hook_end(
-                    x.op.expect("started"),
-                    &x.cmd,
-                    x.fingerprint,
-                    x.read,
-                    x.write,
-                    x.deps,
-                )?;
+                let atomic = x.atomic.take().map(|a| a.cmd);
+                match &atomic {
+                    Some(a) => {
+                        self.hook_end(x.op.expect("started"), a, None, x.read, x.write, x.deps)?
+                    }
+                    None => self.hook_end(
+                        x.op.expect("started"),
+                        &x.cmd,
+                        x.fingerprint,
+                        x.read,
+                        x.write,
+                        x.deps,
+                    )?,
+                }
                 let pe = x.pe as usize;
                 let kind = if x.at_issue {
                     super::Done::Store
                 } else {
                     super::Done::Load
                 };
-                if x.cmd.mem.dst.space == Space::Tcm && !x.at_issue {
+                if (x.cmd.mem.dst.space == Space::Tcm || atomic.is_some()) && !x.at_issue {
                     // A load: its bytes go to the kernel that waits on it,
                     // now or later (an asynchronous load).
                     let loaded = Loaded {

@@ -32,6 +32,7 @@ use crate::runtime::Tensor;
 pub const CONTROL_BYTES: u64 = 64;
 
 mod acc;
+mod atomic;
 mod compute;
 mod dma;
 mod fabric;
@@ -1214,8 +1215,13 @@ impl<'m, W: Write> Engine<'m, W> {
         let pc = self.m.pe_coord(pe as usize);
         let p = pe as usize;
         Ok(match cmd {
+            Command::Atomic(c) => {
+                let op_id = self.issue_atomic(pc, pe, c)?;
+                self.pes[p].waiting = Wait::Cmd(CmdRef(op_id));
+                None
+            }
             Command::Dma(c) => {
-                let op_id = self.issue_dma(pc, pe, c, DmaMode::Load, None)?;
+                let op_id = self.issue_dma(pc, pe, c, DmaMode::Load, None, None)?;
                 self.pes[p].waiting = Wait::Cmd(CmdRef(op_id));
                 None
             }
@@ -1225,12 +1231,14 @@ impl<'m, W: Write> Engine<'m, W> {
                 c,
                 DmaMode::Load,
                 None,
+                None,
             )?)),
             Command::Store(c) => Some(Reply::Issued(self.issue_dma(
                 pc,
                 pe,
                 c,
                 DmaMode::Store,
+                None,
                 None,
             )?)),
             Command::Send { cmd, notify } => Some(Reply::Issued(self.issue_dma(
@@ -1239,6 +1247,7 @@ impl<'m, W: Write> Engine<'m, W> {
                 cmd,
                 DmaMode::Store,
                 notify,
+                None,
             )?)),
             Command::Signal { pe: to, signal, op } => {
                 if !self.pes[p].fenced(Fence::Compute) {

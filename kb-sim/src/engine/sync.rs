@@ -385,6 +385,20 @@ impl<W: Write> Engine<'_, W> {
         op_name: &'static str,
         hb: &HbTag,
     ) -> Result<(), SimError> {
+        self.race_check_as(pe, ranges, (write, false), op_id, op_name, hb)
+    }
+
+    /// [`Engine::race_check`] of a plain access (`kind.1` false) or an
+    /// atomic one (`kind` (true, true)): two atomics never race.
+    pub(super) fn race_check_as(
+        &mut self,
+        pe: u32,
+        ranges: &[Extent],
+        (write, atomic): (bool, bool),
+        op_id: u64,
+        op_name: &'static str,
+        hb: &HbTag,
+    ) -> Result<(), SimError> {
         if self.sync.policy == RacePolicy::Off {
             return Ok(());
         }
@@ -393,6 +407,7 @@ impl<W: Write> Engine<'_, W> {
             label: hb.label,
             clock: hb.clock.clone(),
             write,
+            atomic,
             op: OpInfo {
                 op_id,
                 op_name,
@@ -436,7 +451,13 @@ impl<W: Write> Engine<'_, W> {
                 s.op.op_id,
                 s.op.op_name,
                 self.m.pe_coord(s.thread as usize),
-                if s.write { "wrote" } else { "read" },
+                if s.atomic {
+                    "updated"
+                } else if s.write {
+                    "wrote"
+                } else {
+                    "read"
+                },
                 ns(s.op.time)
             )
         };

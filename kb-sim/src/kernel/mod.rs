@@ -10,6 +10,7 @@
 // Public surface of the library: every public item is documented.
 #![warn(missing_docs)]
 
+mod atomic;
 mod comm;
 pub mod composite;
 mod compute;
