@@ -1,4 +1,6 @@
-//! `atomics`: the `tl` atomics on HBM tensors that every PE updates.
+//! `atomics`: the `tl` atomics on tensors that every PE updates, in PE
+//! 0's HBM or (`memory=sram`, and under the LA model, where a PE cannot
+//! address another PE's HBM shard) in cube 0's SRAM.
 //!
 //! - `op=splitk` (default): split-K GEMM, C = A @ B with K split over
 //!   the PEs; each PE's partial product (a `dot` result) is
@@ -14,6 +16,7 @@
 use kb_format::{Dtype, Expr};
 use kb_sim::kernel::{Block, KernelArgs, Tl};
 use kb_sim::runtime::Policy;
+use kb_sim::topology::AddressModel;
 use kb_sim::workload::{ParamSpec, Params, Placement, Program, Sharding, Workload, WorkloadError};
 
 use crate::{gemm_tolerance, t};
@@ -42,6 +45,11 @@ const PARAMS: &[ParamSpec] = &[
         name: "k",
         default: "16",
         help: "K depth per PE (splitk: K is k times the PEs)",
+    },
+    ParamSpec {
+        name: "memory",
+        default: "auto",
+        help: "where the shared outputs live: hbm (PE 0's), sram (cube 0's), or auto (hbm where PEs address each other's HBM, sram under LA)",
     },
 ];
 
@@ -119,8 +127,18 @@ impl Workload for Atomics {
         let pes = prog.pes();
         let np = pes.len() as u64;
         // The shared outputs live in PE 0's HBM (one row-wise shard:
-        // under VA every PE maps it).
+        // under VA every PE maps it) or in cube 0's SRAM, which every PE
+        // addresses under every model.
+        let la = prog.machine().topo.address_model == AddressModel::La;
         let at0 = Placement::over(&pes[..1], Policy::RowWise);
+        let at0 = match p.str("memory") {
+            "hbm" => at0,
+            "auto" if !la => at0,
+            "sram" | "auto" => at0.in_sram(),
+            other => {
+                return Err(p.err("memory", format!("{other:?} is not hbm, sram or auto")));
+            }
+        };
         let f32 = Dtype::F32;
         match p.str("op") {
             "splitk" => {

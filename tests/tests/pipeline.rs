@@ -269,6 +269,12 @@ fn odd_params(bench: &str) -> Vec<Vec<&'static str>> {
             vec!["shape=37"],
             vec!["shape=2x37x9", "mode=local"],
         ],
+        "atomics" => vec![
+            vec!["m=5", "n=7", "k=3"],
+            vec!["m=5", "n=7", "k=3", "memory=sram"],
+            vec!["op=maxmin", "m=3", "n=9"],
+            vec!["op=ticket", "n=5", "memory=sram"],
+        ],
         other => panic!("add odd shapes for the new benchmark {other:?} here"),
     }
 }
