@@ -971,6 +971,78 @@ impl<'a> Shared<'a> {
         MatRef::new(data, rows, row_bytes / 4, stride / 4)
     }
 
+    /// The bytes of `e` where they lie, when `e` is one contiguous run
+    /// inside one region (`None` otherwise: rows apart, paged, empty, host
+    /// space once written).
+    ///
+    /// # Safety
+    /// No write to these bytes may run, and no slice from
+    /// [`Shared::slice_mut`] or [`Shared::f32_view_mut`] over them may be
+    /// live, while the slice is.
+    #[allow(unsafe_code)]
+    pub unsafe fn slice(&self, e: &Extent) -> Option<&'a [u8]> {
+        let n = usize::try_from(e.bytes()).ok().filter(|&n| n > 0)?;
+        let (r, off, _, span) = self.plane.matrix_at(std::slice::from_ref(e), 1, n)?;
+        // SAFETY: in bounds (`matrix_at` checked); the caller rules out
+        // writers of these bytes.
+        Some(unsafe { r.bytes(off, span) })
+    }
+
+    /// As [`Shared::slice`], to write in place (never host space).
+    ///
+    /// # Safety
+    /// No other access to these bytes may run, and no other slice of them
+    /// may be live, while the slice is.
+    #[allow(unsafe_code)]
+    pub unsafe fn slice_mut(&self, e: &Extent) -> Option<&'a mut [u8]> {
+        if pa::space_of(e.pa) == Some(Space::Host) {
+            return None;
+        }
+        let n = usize::try_from(e.bytes()).ok().filter(|&n| n > 0)?;
+        let (r, off, _, span) = self.plane.matrix_at(std::slice::from_ref(e), 1, n)?;
+        // SAFETY: in bounds (`matrix_at` checked); the caller guarantees
+        // this is the only access to these bytes while the slice lives.
+        Some(unsafe { r.bytes_mut(off, span) })
+    }
+
+    /// Run `f` on an op's operands and output where they lie: `reads` one
+    /// extent per operand, of the byte lengths `lens` (at most three), and
+    /// `dst` one extent, each a contiguous run inside one region, `dst`
+    /// overlapping none of `reads`; `None` (`f` not called) otherwise.
+    ///
+    /// # Safety
+    /// No other access to the bytes of `dst`, and no write to those of
+    /// `reads`, may run while this does.
+    #[allow(unsafe_code)]
+    pub unsafe fn with_in_place<R>(
+        &self,
+        reads: &[Extent],
+        lens: &[usize],
+        dst: &[Extent],
+        f: impl FnOnce(&[&[u8]], &mut [u8]) -> R,
+    ) -> Option<R> {
+        let [d] = dst else {
+            return None;
+        };
+        if reads.len() != lens.len()
+            || reads.len() > 3
+            || reads.iter().zip(lens).any(|(e, &n)| e.bytes() != n as u64)
+            || reads.iter().any(|e| lazy::overlaps(e, d))
+        {
+            return None;
+        }
+        let mut tiles: [&[u8]; 3] = [&[]; 3];
+        for (t, e) in tiles.iter_mut().zip(reads) {
+            // SAFETY: the caller rules out writers of the read bytes, and
+            // the output slice below overlaps none of them (checked).
+            *t = unsafe { self.slice(e) }?;
+        }
+        // SAFETY: the caller rules out any other access to these bytes,
+        // and they overlap no operand slice (checked above).
+        let out = unsafe { self.slice_mut(d) }?;
+        Some(f(&tiles[..reads.len()], out))
+    }
+
     /// As [`Shared::f32_view`], to write in place.
     ///
     /// # Safety

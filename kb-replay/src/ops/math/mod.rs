@@ -338,6 +338,47 @@ fn check_dtypes(p: &MathParams, ops: &[Operand]) -> Result<(), String> {
     Ok(())
 }
 
+/// The shape rules: a reduction's output is its tile's lanes along its
+/// axis; an elementwise op's inputs broadcast to its output.
+fn check_shapes(
+    p: &MathParams,
+    ops: &[Operand],
+    rows: usize,
+    cols: usize,
+    count: usize,
+) -> Result<(), String> {
+    let name = op_name(p.op);
+    if is_reduction(p.op) {
+        let axis = p.axis.ok_or_else(|| format!("math {name} has no axis"))?;
+        let (ir, ic) = ops[0].shape();
+        let n = match axis {
+            0 => ic,
+            1 => ir,
+            a => return Err(format!("math {name} axis {a} is not 0 or 1")),
+        };
+        if ir == 0 || ic == 0 {
+            return Err(format!("math {name} of an empty {ir} x {ic} tile"));
+        }
+        if count != n || (rows != 1 && cols != 1) {
+            return Err(format!(
+                "math {name} along axis {axis} of a {ir} x {ic} tile gives {n} values, \
+                 but the output is {rows} x {cols}"
+            ));
+        }
+    } else {
+        for (k, o) in ops.iter().enumerate() {
+            let (r, c) = o.shape();
+            if !((r == rows || r == 1) && (c == cols || c == 1)) {
+                return Err(format!(
+                    "math {name} input {k} is {r} x {c}, which does not broadcast to the \
+                     {rows} x {cols} output"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Run one math op on its concatenated tile bytes; returns the output bytes.
 pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
     let name = op_name(p.op);
@@ -400,34 +441,7 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
         return structural::structural(p, &ops);
     }
 
-    if is_reduction(p.op) {
-        let axis = p.axis.ok_or_else(|| format!("math {name} has no axis"))?;
-        let (ir, ic) = ops[0].shape();
-        let n = match axis {
-            0 => ic,
-            1 => ir,
-            a => return Err(format!("math {name} axis {a} is not 0 or 1")),
-        };
-        if ir == 0 || ic == 0 {
-            return Err(format!("math {name} of an empty {ir} x {ic} tile"));
-        }
-        if count != n || (rows != 1 && cols != 1) {
-            return Err(format!(
-                "math {name} along axis {axis} of a {ir} x {ic} tile gives {n} values, \
-                 but the output is {rows} x {cols}"
-            ));
-        }
-    } else {
-        for (k, o) in ops.iter().enumerate() {
-            let (r, c) = o.shape();
-            if !((r == rows || r == 1) && (c == cols || c == 1)) {
-                return Err(format!(
-                    "math {name} input {k} is {r} x {c}, which does not broadcast to the \
-                     {rows} x {cols} output"
-                ));
-            }
-        }
-    }
+    check_shapes(p, &ops, rows, cols, count)?;
 
     check_dtypes(p, &ops)?;
 
@@ -532,28 +546,113 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
             }),
         };
         dtype::extend_i64(p.dtype, &vals, &mut out);
-    } else if is_reduction(p.op) {
+    } else {
+        out.resize(out_len, 0);
+        float_into(p, &ops, rows, cols, &mut out);
+    }
+    Ok(out)
+}
+
+/// Bytes of each tile input, in input order (scalars take none); `None`
+/// on overflow.
+pub fn tile_lens(p: &MathParams) -> Option<Vec<usize>> {
+    p.inputs
+        .iter()
+        .filter_map(|i| match *i {
+            MathInput::Tile {
+                rows, cols, dtype, ..
+            } => Some(tile_len(rows, cols, dtype).and_then(|n| usize::try_from(n).ok())),
+            MathInput::Scalar(_) => None,
+        })
+        .collect()
+}
+
+/// Run a float math op (an elementwise op or a float reduction, a copy or
+/// cast of a whole tile) on its tiles where they lie, one slice per tile
+/// input in order ([`tile_lens`]), writing its output into `out`, exactly
+/// its [`output_len`] bytes: the bits [`execute`] gives, without
+/// gathering the operands or scattering the result. `Ok(false)`: an op
+/// this path does not run (integer, arg, structural, fill, or slices of
+/// the wrong sizes), nothing written: run [`execute`] instead. Errors are
+/// [`execute`]'s.
+pub fn execute_tiles(p: &MathParams, tiles: &[&[u8]], out: &mut [u8]) -> Result<bool, String> {
+    let direct = !(p.op == MathOp::Arange
+        || is_structural(p.op)
+        || matches!(p.op, MathOp::ArgMax | MathOp::ArgMin)
+        || p.inputs.len() != arity(p.op));
+    let lens_match = tile_lens(p)
+        .is_some_and(|l| l.len() == tiles.len() && l.iter().zip(tiles).all(|(&n, t)| t.len() == n));
+    let (rows, cols) = (p.rows as usize, p.cols as usize);
+    let Some(count) = rows.checked_mul(cols) else {
+        return Ok(false);
+    };
+    if !direct || !lens_match || output_len(p) != Some(out.len() as u64) {
+        return Ok(false);
+    }
+    let mut next = tiles.iter();
+    let ops: Vec<Operand> = p
+        .inputs
+        .iter()
+        .map(|i| match *i {
+            MathInput::Tile {
+                rows, cols, dtype, ..
+            } => Operand::Tile {
+                rows: rows as usize,
+                cols: cols as usize,
+                dtype,
+                bytes: next.next().copied().unwrap_or_default(),
+            },
+            MathInput::Scalar(v) => Operand::Scalar(v),
+        })
+        .collect();
+    check_shapes(p, &ops, rows, cols, count)?;
+    check_dtypes(p, &ops)?;
+    let fill = count > 1 && ops.iter().all(|o| matches!(o, Operand::Scalar(_)));
+    let int = dtype::is_int(p.dtype) && ops.iter().all(Operand::is_integral);
+    if fill || int {
+        return Ok(false);
+    }
+    if matches!(p.op, MathOp::Copy | MathOp::Cast)
+        && let Operand::Tile {
+            rows: r,
+            cols: c,
+            dtype,
+            bytes,
+        } = ops[0]
+        && (r, c) == (rows, cols)
+    {
+        if dtype == p.dtype {
+            out.copy_from_slice(bytes);
+            return Ok(true);
+        }
+        if dtype::convert_f32_f16(dtype, p.dtype, bytes, out) {
+            return Ok(true);
+        }
+    }
+    float_into(p, &ops, rows, cols, out);
+    Ok(true)
+}
+
+/// A float reduction or elementwise op (not an integer, arg, structural
+/// or fill one) into `out`, exactly its output's bytes.
+fn float_into(p: &MathParams, ops: &[Operand], rows: usize, cols: usize, out: &mut [u8]) {
+    if is_reduction(p.op) {
         let vals = match ops[0] {
             Operand::Tile {
                 rows: r,
                 cols: c,
                 dtype,
                 bytes,
-            } => float_reduce(p.op, dtype, bytes, r, c, axis),
+            } => float_reduce(p.op, dtype, bytes, r, c, p.axis.unwrap_or(0)),
             // A scalar is its own sum, mean, maximum and minimum.
             Operand::Scalar(v) => vec![v],
         };
-        out.resize(out_len, 0);
-        dtype::encode_f64(p.dtype, &vals, &mut out);
+        dtype::encode_f64(p.dtype, &vals, out);
+    } else if cfg!(target_endian = "little") && kernels::f32_exact(p, ops) {
+        kernels::f32_lanes(p, ops, rows, cols, out);
     } else {
-        out.resize(out_len, 0);
-        if cfg!(target_endian = "little") && kernels::f32_exact(p, &ops) {
-            kernels::f32_lanes(p, &ops, rows, cols, &mut out);
-        } else {
-            kernels::float_elementwise(p.op, &ops, rows, cols, p.dtype, &mut out);
-        }
+        kernels::float_elementwise(p.op, ops, rows, cols, p.dtype, out);
     }
-    Ok(out)
 }
 
 /// A scalar input that must be a whole number in `[0, 2^32)`.

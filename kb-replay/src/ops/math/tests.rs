@@ -351,8 +351,15 @@ fn mixed_f32(n: usize, seed: u32, scale: f32) -> Vec<f32> {
 /// `fmath`'s scalar calls, so the vectorised loops keep their bits.
 #[test]
 fn float_kernels_match_element_by_element_evaluation() {
+    // Small tiles, and tiles whose rows or whole cross the kernels'
+    // 256-element blocks (a row segment, a flat run, a column).
+    for (rows, cols) in [(5, 7), (3, 300), (17, 31), (300, 1)] {
+        float_kernels_match_on(rows, cols);
+    }
+}
+
+fn float_kernels_match_on(rows: usize, cols: usize) {
     let f = Dtype::F32;
-    let (rows, cols) = (5usize, 7usize);
     let mut a = mixed_f32(rows * cols, 7, 20.0);
     a[..5].copy_from_slice(&[0.0, -0.0, 1.0, f32::INFINITY, f32::from_bits(1)]);
     let at = |v: &[f32], (r, c): (usize, usize), i: usize, j: usize| {
@@ -403,7 +410,7 @@ fn float_kernels_match_element_by_element_evaluation() {
                         dtype::push_f64(out, v, &mut want);
                     }
                 }
-                assert!(got == want, "{op:?} {sa:?} {sb:?}");
+                assert!(got == want, "{op:?} {sa:?} {sb:?} of {rows} x {cols}");
             }
         }
     }
@@ -439,7 +446,7 @@ fn float_kernels_match_element_by_element_evaluation() {
                         dtype::push_f64(out, v, &mut want);
                     }
                 }
-                assert!(got == want, "{op:?} {s:?} -> {out}");
+                assert!(got == want, "{op:?} {s:?} -> {out} of {rows} x {cols}");
             }
         }
     }
@@ -455,4 +462,271 @@ fn copy_of_equal_dtype_keeps_bits() {
     // Copy with broadcasting goes through values.
     let p = params(MathOp::Copy, vec![tile(1, 1, f)], 2, 2, f);
     assert_eq!(run_f32(&p, &[&[7.0]]), [7.0; 4]);
+}
+
+/// Where (f32 lanes: a u8 condition) and clamp (f64) with operands of
+/// every broadcast shape, a scalar among them, across block boundaries,
+/// against the values worked out element by element in f64.
+#[test]
+fn three_input_ops_broadcast_across_blocks() {
+    let f = Dtype::F32;
+    for (rows, cols) in [(4, 5), (2, 400), (300, 1)] {
+        let shapes = [(rows, cols), (1, cols), (rows, 1), (1, 1)];
+        let at = |v: &[f32], (r, c): (usize, usize), i: usize, j: usize| {
+            v[if r == 1 { 0 } else { i } * c + if c == 1 { 0 } else { j }] as f64
+        };
+        for sc in shapes {
+            for sa in shapes {
+                let cond: Vec<u8> = (0..sc.0 * sc.1).map(|k| (k % 3 == 0) as u8).collect();
+                let a = mixed_f32(sa.0 * sa.1, 5, 8.0);
+                let b = -2.5f64;
+                let p = params(
+                    MathOp::Where,
+                    vec![
+                        tile(sc.0 as u32, sc.1 as u32, Dtype::U8),
+                        tile(sa.0 as u32, sa.1 as u32, f),
+                        MathInput::Scalar(b),
+                    ],
+                    rows as u32,
+                    cols as u32,
+                    f,
+                );
+                let input: Vec<u8> = cond.iter().copied().chain(f32b(&a)).collect();
+                let got = dtype::to_f64(f, &execute(&p, &input).unwrap());
+                for i in 0..rows {
+                    for j in 0..cols {
+                        let c = cond
+                            [if sc.0 == 1 { 0 } else { i } * sc.1 + if sc.1 == 1 { 0 } else { j }];
+                        let want = if c != 0 { at(&a, sa, i, j) } else { b };
+                        let g = got[i * cols + j];
+                        assert!(
+                            g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                            "where {sc:?} {sa:?} of {rows} x {cols} at ({i}, {j}): {g} vs {want}"
+                        );
+                    }
+                }
+                // clamp(x, lo, hi) with lo a tile of shape `sc`, hi a scalar.
+                let lo = mixed_f32(sc.0 * sc.1, 9, 4.0);
+                let hi = 1.5f64;
+                let p = params(
+                    MathOp::Clamp,
+                    vec![
+                        tile(sa.0 as u32, sa.1 as u32, f),
+                        tile(sc.0 as u32, sc.1 as u32, f),
+                        MathInput::Scalar(hi),
+                    ],
+                    rows as u32,
+                    cols as u32,
+                    Dtype::F16,
+                );
+                let input: Vec<u8> = f32b(&a).into_iter().chain(f32b(&lo)).collect();
+                let got = execute(&p, &input).unwrap();
+                let mut want = Vec::new();
+                for i in 0..rows {
+                    for j in 0..cols {
+                        let v = min_nan(max_nan(at(&a, sa, i, j), at(&lo, sc, i, j)), hi);
+                        dtype::push_f64(Dtype::F16, v, &mut want);
+                    }
+                }
+                assert!(got == want, "clamp {sa:?} {sc:?} of {rows} x {cols}");
+            }
+        }
+    }
+}
+
+/// Float reductions read in place, eight rows at a time, against each
+/// lane folded in order in f64 here: shapes not a multiple of eight rows
+/// or of the 256-element blocks, signed zeros (a lane of one -0 sums to
+/// -0, not +0), NaN propagating through max and min, f16 and bf16
+/// inputs and outputs.
+#[test]
+fn float_reductions_fold_each_lane_in_order() {
+    for (rows, cols) in [(1, 1), (13, 300), (9, 1), (1, 600), (300, 3)] {
+        let mut x = mixed_f32(rows * cols, 21, 1e3);
+        x[0] = -0.0;
+        if rows * cols > 40 {
+            x[37] = f32::NAN;
+        }
+        for din in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            // The input as `din` (rounded), and its exact values.
+            let mut bytes = Vec::new();
+            x.iter()
+                .for_each(|&v| dtype::push_f64(din, v as f64, &mut bytes));
+            let vals = dtype::to_f64(din, &bytes);
+            for axis in [0u8, 1] {
+                let lanes = if axis == 0 { cols } else { rows };
+                let len = if axis == 0 { rows } else { cols };
+                let lane = |l: usize| -> Vec<f64> {
+                    (0..len)
+                        .map(|k| {
+                            if axis == 0 {
+                                vals[k * cols + l]
+                            } else {
+                                vals[l * cols + k]
+                            }
+                        })
+                        .collect()
+                };
+                type Fold = fn(f64, f64) -> f64;
+                let folds: [(MathOp, Fold); 4] = [
+                    (MathOp::Sum, |a, b| a + b),
+                    (MathOp::Mean, |a, b| a + b),
+                    (MathOp::ReduceMax, max_nan),
+                    (MathOp::ReduceMin, min_nan),
+                ];
+                for (op, g) in folds {
+                    for dout in [Dtype::F32, Dtype::Bf16] {
+                        let (orow, ocol) = if axis == 0 { (1, cols) } else { (rows, 1) };
+                        let mut p = params(
+                            op,
+                            vec![tile(rows as u32, cols as u32, din)],
+                            orow as u32,
+                            ocol as u32,
+                            dout,
+                        );
+                        p.axis = Some(axis);
+                        let got = execute(&p, &bytes).unwrap();
+                        let mut want = Vec::new();
+                        for l in 0..lanes {
+                            let v = lane(l);
+                            let mut acc = v[0];
+                            for &e in &v[1..] {
+                                acc = g(acc, e);
+                            }
+                            if op == MathOp::Mean {
+                                acc /= len as f64;
+                            }
+                            dtype::push_f64(dout, acc, &mut want);
+                        }
+                        assert!(
+                            got == want,
+                            "{op:?} axis {axis} of {rows} x {cols} {din} -> {dout}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A lane of one negative zero keeps its sign.
+    let mut p = params(MathOp::Sum, vec![tile(2, 1, Dtype::F32)], 2, 1, Dtype::F32);
+    p.axis = Some(1);
+    let got = execute(&p, &f32b(&[-0.0, 1.0])).unwrap();
+    assert_eq!(got, f32b(&[-0.0, 1.0]));
+}
+
+/// `execute_tiles` (operands and output where they lie) gives
+/// `execute`'s bytes for the float ops it takes, declines the others
+/// without writing, and reports `execute`'s errors.
+#[test]
+fn tiles_in_place_give_the_gathered_bits() {
+    let f = Dtype::F32;
+    let (rows, cols) = (6usize, 300usize);
+    let a = mixed_f32(rows * cols, 3, 6.0);
+    let col = mixed_f32(rows, 4, 2.0);
+    let h: Vec<u8> = a
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect();
+    let cases: Vec<(MathParams, Vec<Vec<u8>>)> = vec![
+        (
+            params(MathOp::Sub, vec![tile(6, 300, f), tile(6, 1, f)], 6, 300, f),
+            vec![f32b(&a), f32b(&col)],
+        ),
+        (
+            params(MathOp::Exp, vec![tile(6, 300, f)], 6, 300, f),
+            vec![f32b(&a)],
+        ),
+        (
+            params(
+                MathOp::Mul,
+                vec![tile(6, 300, Dtype::F16), MathInput::Scalar(0.1)],
+                6,
+                300,
+                Dtype::Bf16,
+            ),
+            vec![h.clone()],
+        ),
+        (
+            params(MathOp::Cast, vec![tile(6, 300, f)], 6, 300, Dtype::F16),
+            vec![f32b(&a)],
+        ),
+        (
+            params(
+                MathOp::Copy,
+                vec![tile(6, 300, Dtype::F16)],
+                6,
+                300,
+                Dtype::F16,
+            ),
+            vec![h.clone()],
+        ),
+        (
+            params(
+                MathOp::Lt,
+                vec![tile(6, 300, f), tile(1, 300, f)],
+                6,
+                300,
+                Dtype::U8,
+            ),
+            vec![f32b(&a), f32b(&a[..300])],
+        ),
+        (
+            MathParams {
+                axis: Some(1),
+                ..params(MathOp::Sum, vec![tile(6, 300, f)], 6, 1, f)
+            },
+            vec![f32b(&a)],
+        ),
+    ];
+    for (p, tiles) in &cases {
+        let want = execute(p, &tiles.concat()).unwrap();
+        let mut got = vec![0xa5u8; want.len()];
+        let parts: Vec<&[u8]> = tiles.iter().map(|t| &t[..]).collect();
+        assert_eq!(execute_tiles(p, &parts, &mut got), Ok(true), "{:?}", p.op);
+        assert!(got == want, "{:?}", p.op);
+    }
+    // Declined, nothing written: integer ops, structural ops, arg
+    // reductions, fills, slices of the wrong sizes.
+    let i = Dtype::I32;
+    let ints: Vec<u8> = (0..12i32).flat_map(|v| v.to_le_bytes()).collect();
+    let declined: Vec<(MathParams, Vec<&[u8]>)> = vec![
+        (
+            params(MathOp::Add, vec![tile(3, 4, i), tile(3, 4, i)], 3, 4, i),
+            vec![&ints, &ints],
+        ),
+        (
+            params(MathOp::Transpose, vec![tile(3, 4, i)], 4, 3, i),
+            vec![&ints],
+        ),
+        (
+            MathParams {
+                axis: Some(1),
+                ..params(MathOp::ArgMax, vec![tile(3, 4, i)], 3, 1, i)
+            },
+            vec![&ints],
+        ),
+        (
+            params(MathOp::Copy, vec![MathInput::Scalar(1.0)], 3, 4, f),
+            vec![],
+        ),
+        (
+            params(MathOp::Exp, vec![tile(3, 4, f)], 3, 4, f),
+            vec![&ints[..40]],
+        ),
+    ];
+    for (p, parts) in &declined {
+        let n = output_len(p).unwrap() as usize;
+        let mut out = vec![0xa5u8; n];
+        assert_eq!(execute_tiles(p, parts, &mut out), Ok(false), "{:?}", p.op);
+        assert!(out.iter().all(|&b| b == 0xa5), "{:?} wrote", p.op);
+    }
+    // A shape error is execute's.
+    let bad = params(MathOp::Add, vec![tile(2, 3, f), tile(3, 2, f)], 2, 3, f);
+    let x = f32b(&[1.0; 6]);
+    let mut out = vec![0u8; 24];
+    let e = execute_tiles(&bad, &[&x, &x], &mut out).unwrap_err();
+    assert_eq!(
+        e,
+        execute(&bad, &[x.clone(), x.clone()].concat()).unwrap_err()
+    );
 }
