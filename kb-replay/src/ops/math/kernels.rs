@@ -55,12 +55,16 @@ fn feed<'a>(o: &Operand<'a>, k: usize, cols: usize, count: usize) -> Feed<'a> {
 
 /// A lane type of the kernels: f64 (the contract's) or f32 (where it
 /// gives the same bits).
-pub(super) trait Lane: Copy + Default {
+pub(super) trait Lane: bytemuck::Pod + Default {
+    /// The dtype whose little-endian bytes are this lane's values as
+    /// they are (read and written in place, not converted), if any.
+    const SAME: Option<Dtype>;
     fn decode(d: Dtype, b: &[u8], out: &mut [Self]);
     fn from_f64(v: f64) -> Self;
 }
 
 impl Lane for f64 {
+    const SAME: Option<Dtype> = None;
     fn decode(d: Dtype, b: &[u8], out: &mut [f64]) {
         dtype::decode_f64(d, b, out)
     }
@@ -70,11 +74,22 @@ impl Lane for f64 {
 }
 
 impl Lane for f32 {
+    const SAME: Option<Dtype> = Some(Dtype::F32);
     fn decode(d: Dtype, b: &[u8], out: &mut [f32]) {
         dtype::decode_f32(d, b, out)
     }
     fn from_f64(v: f64) -> f32 {
         v as f32
+    }
+}
+
+/// `b` (elements of `d`) as lanes where it lies, when they are the lane
+/// type's own bytes, aligned (`None`: decode them).
+fn view<T: Lane>(d: Dtype, b: &[u8]) -> Option<&[T]> {
+    if cfg!(target_endian = "little") && T::SAME == Some(d) {
+        bytemuck::try_cast_slice(b).ok()
+    } else {
+        None
     }
 }
 
@@ -90,17 +105,52 @@ fn fill<T: Lane>(f: Feed, block: &mut [T]) {
     }
 }
 
+/// The operands' values for output elements `k..k + n`: a run of a tile
+/// read in place where it can be ([`view`]), else decoded into `bufs`
+/// (an operand past the op's arity: `n` zeros).
+#[allow(clippy::too_many_arguments)]
+fn operands<'b, T: Lane>(
+    ops: &[Operand<'b>],
+    views: &[Option<&'b [T]>; 3],
+    k: usize,
+    n: usize,
+    cols: usize,
+    count: usize,
+    bufs: &'b mut [[T; BLOCK]; 3],
+) -> [&'b [T]; 3] {
+    let mut args: [&[T]; 3] = [&[]; 3];
+    for (a, buf) in bufs.iter_mut().enumerate() {
+        args[a] = match (ops.get(a).map(|o| feed(o, k, cols, count)), views[a]) {
+            (Some(Feed::Run(_, _, at)), Some(v)) => &v[at..at + n],
+            (Some(f), _) => {
+                fill(f, &mut buf[..n]);
+                &buf[..n]
+            }
+            (None, _) => &buf[..n],
+        };
+    }
+    args
+}
+
+/// Where [`blocks`] writes: the output as lanes, or its bytes.
+enum Dst<'o, T> {
+    Lanes(&'o mut [T]),
+    Bytes(&'o mut [u8]),
+}
+
 /// Run `kernel` over the output a block at a time: `kernel(args, res)`
-/// gets the operands' values for the block (`args[i][..res.len()]`) and
-/// writes the block's results, which `encode` writes to `out` (the
-/// output's bytes, `size` bytes an element).
+/// gets the operands' values for the block (`args[i]`, each as long as
+/// `res`) and writes the block's results, straight into `out` where the
+/// output dtype is the lane type's own (aligned), else into a block that
+/// `encode` writes to `out` (the output's bytes, `size` bytes an element).
+#[allow(clippy::too_many_arguments)]
 fn blocks<T: Lane>(
     ops: &[Operand],
     rows: usize,
     cols: usize,
     out: &mut [u8],
-    size: usize,
-    mut kernel: impl FnMut(&[[T; BLOCK]; 3], &mut [T]),
+    out_dtype: Dtype,
+    mut kernel: impl FnMut([&[T]; 3], &mut [T]),
     encode: impl Fn(&[T], &mut [u8]),
 ) {
     let count = rows * cols;
@@ -113,17 +163,36 @@ fn blocks<T: Lane>(
         r * c == count || r * c == 1
     });
     let seg = if flat { count } else { cols };
-    let mut args = [[T::default(); BLOCK]; 3];
+    let mut views: [Option<&[T]>; 3] = [None; 3];
+    for (v, o) in views.iter_mut().zip(ops) {
+        if let Operand::Tile { dtype, bytes, .. } = *o {
+            *v = view(dtype, bytes);
+        }
+    }
+    let mut bufs = [[T::default(); BLOCK]; 3];
+    let size = out_dtype.size();
+    let direct = cfg!(target_endian = "little") && T::SAME == Some(out_dtype);
+    // Checked on a reborrow first: `cast_slice_mut` panics where
+    // `try_cast_slice_mut` would fail.
+    let lanes = direct && bytemuck::try_cast_slice_mut::<u8, T>(&mut *out).is_ok();
+    let mut dst = if lanes {
+        Dst::Lanes(bytemuck::cast_slice_mut::<u8, T>(out))
+    } else {
+        Dst::Bytes(out)
+    };
     let mut res = [T::default(); BLOCK];
     let mut k = 0;
     while k < count {
         let seg_end = (k / seg + 1) * seg;
         let n = BLOCK.min(seg_end - k);
-        for (a, o) in args.iter_mut().zip(ops) {
-            fill(feed(o, k, cols, count), &mut a[..n]);
+        let args = operands(ops, &views, k, n, cols, count, &mut bufs);
+        match &mut dst {
+            Dst::Lanes(o) => kernel(args, &mut o[k..k + n]),
+            Dst::Bytes(o) => {
+                kernel(args, &mut res[..n]);
+                encode(&res[..n], &mut o[k * size..(k + n) * size]);
+            }
         }
-        kernel(&args, &mut res[..n]);
-        encode(&res[..n], &mut out[k * size..(k + n) * size]);
         k += n;
     }
 }
@@ -157,9 +226,8 @@ fn in_place(res: &mut [f64], a: &[f64], f: fn(&mut [f64])) {
 
 /// One block of a float elementwise op in f64 (before rounding to the
 /// output dtype).
-fn f64_block(op: MathOp, args: &[[f64; BLOCK]; 3], res: &mut [f64]) {
-    let n = res.len();
-    let (a, b, c) = (&args[0][..n], &args[1][..n], &args[2][..n]);
+fn f64_block(op: MathOp, args: [&[f64]; 3], res: &mut [f64]) {
+    let [a, b, c] = args;
     match op {
         MathOp::Where => map3(res, a, b, c, |c, a, b| if c != 0.0 { a } else { b }),
         MathOp::Clamp => map3(res, a, b, c, |x, lo, hi| min_nan(max_nan(x, lo), hi)),
@@ -217,7 +285,7 @@ pub(super) fn float_elementwise(
         rows,
         cols,
         out,
-        d.size(),
+        d,
         |args, res| f64_block(op, args, res),
         |vals, bytes| dtype::encode_f64(d, vals, bytes),
     );
@@ -244,9 +312,8 @@ fn truth32(b: bool) -> f32 {
 }
 
 /// One block of an op in f32 lanes (see [`f32_lanes`]).
-fn f32_block(op: MathOp, args: &[[f32; BLOCK]; 3], res: &mut [f32]) {
-    let n = res.len();
-    let (a, b, c) = (&args[0][..n], &args[1][..n], &args[2][..n]);
+fn f32_block(op: MathOp, args: [&[f32]; 3], res: &mut [f32]) {
+    let [a, b, c] = args;
     match op {
         MathOp::Where => map3(res, a, b, c, |c, a, b| if c != 0.0 { a } else { b }),
         MathOp::Add => map2(res, a, b, |x, y| x + y),
@@ -318,7 +385,7 @@ pub(super) fn f32_lanes(p: &MathParams, ops: &[Operand], rows: usize, cols: usiz
         rows,
         cols,
         out,
-        d.size(),
+        d,
         |args, res| f32_block(op, args, res),
         |vals, bytes| dtype::encode_f32(d, vals, bytes),
     );
