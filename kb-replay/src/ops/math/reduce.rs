@@ -17,6 +17,8 @@ const LANES: usize = 8;
 
 /// Each row of the `rows x cols` tile `b` (elements of `d`) folded by `f`
 /// in order from its first element.
+// Indices, not iterators: element j of every lane, lane by lane.
+#[allow(clippy::needless_range_loop)]
 fn fold_rows(
     d: Dtype,
     b: &[u8],
