@@ -83,27 +83,186 @@ pub fn to_f32(d: Dtype, b: &[u8]) -> Vec<f32> {
     }
 }
 
-/// `b` (elements of `from`) converted to `to` when one is f32 and the
-/// other f16 (`None` otherwise): the same bits as going through f64
-/// ([`to_f64`], [`extend_f64`]), faster.
-pub fn convert_f32_f16(from: Dtype, to: Dtype, b: &[u8]) -> Option<Vec<u8>> {
-    if !cfg!(target_endian = "little") {
-        return None;
+/// Elements converted at a time through a stack buffer.
+const CHUNK: usize = 256;
+
+/// The first `out.len()` words of `b` (little-endian) into `out`: one
+/// copy on a little-endian target (`out`'s bytes are its words there).
+fn load_le<T: bytemuck::Pod, const N: usize>(b: &[u8], out: &mut [T], from: fn([u8; N]) -> T) {
+    let b = &b[..out.len() * N];
+    if cfg!(target_endian = "little") && std::mem::size_of::<T>() == N {
+        bytemuck::cast_slice_mut::<T, u8>(out).copy_from_slice(b);
+    } else {
+        for (o, w) in out.iter_mut().zip(words::<N>(b)) {
+            *o = from(w);
+        }
     }
+}
+
+/// `vals` into `out` as little-endian words (exactly their bytes): one
+/// copy on a little-endian target.
+fn store_le<T: bytemuck::Pod, const N: usize>(vals: &[T], out: &mut [u8], to: fn(T) -> [u8; N]) {
+    if cfg!(target_endian = "little") && std::mem::size_of::<T>() == N {
+        out.copy_from_slice(bytemuck::cast_slice(vals));
+    } else {
+        put_words(out, vals, to);
+    }
+}
+
+/// Decode the first `out.len()` elements of `b` (elements of `d`) into
+/// `out`, as [`to_f64`] does (exact for every dtype), without allocating.
+pub fn decode_f64(d: Dtype, b: &[u8], out: &mut [f64]) {
+    match d {
+        Dtype::F32 | Dtype::F16 | Dtype::Bf16 | Dtype::I8 | Dtype::U8 => {
+            // Through f32, which holds each exactly (f16 widened by F16C
+            // where the CPU has it), then widened in one loop.
+            let mut v = [0f32; CHUNK];
+            let es = d.size();
+            for (o, c) in out.chunks_mut(CHUNK).zip(b.chunks(CHUNK * es)) {
+                let v = &mut v[..o.len()];
+                decode_f32(d, c, v);
+                for (o, &x) in o.iter_mut().zip(v.iter()) {
+                    *o = x as f64;
+                }
+            }
+        }
+        Dtype::I32 => {
+            let mut v = [0i32; CHUNK];
+            for (o, c) in out.chunks_mut(CHUNK).zip(b.chunks(CHUNK * 4)) {
+                let v = &mut v[..o.len()];
+                load_le(c, v, i32::from_le_bytes);
+                for (o, &x) in o.iter_mut().zip(v.iter()) {
+                    *o = x as f64;
+                }
+            }
+        }
+    }
+}
+
+/// Decode the first `out.len()` elements of `b` (elements of `d`) into
+/// `out`, as [`to_f32`] does, without allocating.
+pub fn decode_f32(d: Dtype, b: &[u8], out: &mut [f32]) {
+    match d {
+        Dtype::F32 => load_le(b, out, f32::from_le_bytes),
+        Dtype::F16 | Dtype::Bf16 => {
+            let mut h = [0u16; CHUNK];
+            for (o, c) in out.chunks_mut(CHUNK).zip(b.chunks(CHUNK * 2)) {
+                let h = &mut h[..o.len()];
+                load_le(c, h, u16::from_le_bytes);
+                if d == Dtype::F16 {
+                    // Through half's slice conversion (F16C where the CPU
+                    // has it).
+                    h.reinterpret_cast::<f16>().convert_to_f32_slice(o);
+                } else {
+                    // bf16 is the top half of an f32: widening is a shift.
+                    for (o, &x) in o.iter_mut().zip(h.iter()) {
+                        *o = f32::from_bits((x as u32) << 16);
+                    }
+                }
+            }
+        }
+        Dtype::I8 => {
+            for (o, &x) in out.iter_mut().zip(b) {
+                *o = x as i8 as f32;
+            }
+        }
+        Dtype::U8 => {
+            for (o, &x) in out.iter_mut().zip(b) {
+                *o = x as f32;
+            }
+        }
+        Dtype::I32 => {
+            let mut v = [0i32; CHUNK];
+            for (o, c) in out.chunks_mut(CHUNK).zip(b.chunks(CHUNK * 4)) {
+                let v = &mut v[..o.len()];
+                load_le(c, v, i32::from_le_bytes);
+                for (o, &x) in o.iter_mut().zip(v.iter()) {
+                    *o = x as f32;
+                }
+            }
+        }
+    }
+}
+
+/// Encode `vals` as `d` into `out` (exactly `vals.len()` elements of `d`),
+/// rounding as [`extend_f64`] does.
+pub fn encode_f64(d: Dtype, vals: &[f64], out: &mut [u8]) {
+    match d {
+        Dtype::F32 => {
+            let mut v = [0f32; CHUNK];
+            for (c, o) in vals.chunks(CHUNK).zip(out.chunks_mut(CHUNK * 4)) {
+                let v = &mut v[..c.len()];
+                for (v, &x) in v.iter_mut().zip(c) {
+                    *v = x as f32;
+                }
+                store_le(v, o, f32::to_le_bytes);
+            }
+        }
+        Dtype::F16 => put_words(out, vals, |v| f16::from_f64(v).to_le_bytes()),
+        Dtype::Bf16 => put_words(out, vals, |v| bf16::from_f64(v).to_le_bytes()),
+        Dtype::I8 => {
+            for (o, &v) in out.iter_mut().zip(vals) {
+                *o = v as i8 as u8;
+            }
+        }
+        Dtype::U8 => {
+            for (o, &v) in out.iter_mut().zip(vals) {
+                *o = v as u8;
+            }
+        }
+        Dtype::I32 => put_words(out, vals, |v| (v as i32).to_le_bytes()),
+    }
+}
+
+/// Encode f32 `vals` as `d` into `out` (exactly `vals.len()` elements of
+/// `d`): f32 verbatim, integers as Rust's `as` (a 0/1 mask to u8), f16 and
+/// bf16 rounded to nearest even.
+pub fn encode_f32(d: Dtype, vals: &[f32], out: &mut [u8]) {
+    match d {
+        Dtype::F32 => store_le(vals, out, f32::to_le_bytes),
+        Dtype::U8 => {
+            for (o, &v) in out.iter_mut().zip(vals) {
+                *o = v as u8;
+            }
+        }
+        Dtype::I8 => {
+            for (o, &v) in out.iter_mut().zip(vals) {
+                *o = v as i8 as u8;
+            }
+        }
+        Dtype::I32 => put_words(out, vals, |v| (v as i32).to_le_bytes()),
+        Dtype::F16 => put_words(out, vals, |v| f16::from_f32(v).to_le_bytes()),
+        Dtype::Bf16 => put_words(out, vals, |v| bf16::from_f32(v).to_le_bytes()),
+    }
+}
+
+/// `b` (elements of `from`) converted into `out` (as many elements of
+/// `to`) when one dtype is f32 and the other f16; `false` (nothing
+/// written) otherwise: the same bits as going through f64 ([`to_f64`],
+/// [`extend_f64`]), through half's slice conversions (F16C where the CPU
+/// has it), a stack buffer at a time.
+pub fn convert_f32_f16(from: Dtype, to: Dtype, b: &[u8], out: &mut [u8]) -> bool {
     match (from, to) {
         (Dtype::F32, Dtype::F16) => {
-            let src: Vec<f32> = words::<4>(b).map(f32::from_le_bytes).collect();
-            let mut out = vec![f16::ZERO; src.len()];
-            out.convert_from_f32_slice(&src);
-            Some(out.iter().flat_map(|h| h.to_le_bytes()).collect())
+            let (mut v, mut h) = ([0f32; CHUNK], [f16::ZERO; CHUNK]);
+            for (o, c) in out.chunks_mut(CHUNK * 2).zip(b.chunks(CHUNK * 4)) {
+                let n = o.len() / 2;
+                decode_f32(Dtype::F32, c, &mut v[..n]);
+                h[..n].convert_from_f32_slice(&v[..n]);
+                store_le(h[..n].reinterpret_cast(), o, u16::to_le_bytes);
+            }
+            true
         }
-        (Dtype::F16, Dtype::F32) => Some(
-            to_f32(Dtype::F16, b)
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
-        ),
-        _ => None,
+        (Dtype::F16, Dtype::F32) => {
+            let mut v = [0f32; CHUNK];
+            for (o, c) in out.chunks_mut(CHUNK * 4).zip(b.chunks(CHUNK * 2)) {
+                let n = o.len() / 4;
+                decode_f32(Dtype::F16, c, &mut v[..n]);
+                store_le(&v[..n], o, f32::to_le_bytes);
+            }
+            true
+        }
+        _ => false,
     }
 }
 
@@ -244,16 +403,82 @@ mod tests {
             bits.push(x);
         }
         let b: Vec<u8> = bits.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let fast = convert_f32_f16(Dtype::F32, Dtype::F16, &b).unwrap();
+        let mut fast = vec![0u8; b.len() / 2];
+        assert!(convert_f32_f16(Dtype::F32, Dtype::F16, &b, &mut fast));
         let mut slow = Vec::new();
         extend_f64(Dtype::F16, &to_f64(Dtype::F32, &b), &mut slow);
         assert!(fast == slow);
         let h: Vec<u8> = (0..=u16::MAX).flat_map(|v| v.to_le_bytes()).collect();
-        let fast = convert_f32_f16(Dtype::F16, Dtype::F32, &h).unwrap();
+        let mut fast = vec![0u8; h.len() * 2];
+        assert!(convert_f32_f16(Dtype::F16, Dtype::F32, &h, &mut fast));
         let mut slow = Vec::new();
         extend_f64(Dtype::F32, &to_f64(Dtype::F16, &h), &mut slow);
         assert!(fast == slow);
-        assert!(convert_f32_f16(Dtype::F32, Dtype::Bf16, &b).is_none());
+        let mut none = vec![0u8; b.len() / 2];
+        assert!(!convert_f32_f16(Dtype::F32, Dtype::Bf16, &b, &mut none));
+        assert!(none.iter().all(|&x| x == 0), "nothing written");
+    }
+
+    /// The allocation-free block codecs give what the vector ones give,
+    /// for every dtype, over lengths that are not a multiple of their
+    /// stack chunk, reading only the front of a longer slice.
+    #[test]
+    fn block_codecs_match_the_vector_ones() {
+        let mut x = 0x2545_f491u32;
+        let raw: Vec<u8> = (0..4 * 1000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        for d in [
+            Dtype::F32,
+            Dtype::F16,
+            Dtype::Bf16,
+            Dtype::I8,
+            Dtype::U8,
+            Dtype::I32,
+        ] {
+            for n in [0, 1, 7, 255, 256, 257, 600] {
+                let b = &raw[..(n + 3) * d.size()];
+                let want64 = to_f64(d, &b[..n * d.size()]);
+                let mut got64 = vec![0.0; n];
+                decode_f64(d, b, &mut got64);
+                assert!(
+                    got64
+                        .iter()
+                        .zip(&want64)
+                        .all(|(g, w)| g.to_bits() == w.to_bits()),
+                    "decode_f64 {d} n={n}"
+                );
+                let want32 = to_f32(d, &b[..n * d.size()]);
+                let mut got32 = vec![0.0f32; n];
+                decode_f32(d, b, &mut got32);
+                assert!(
+                    got32
+                        .iter()
+                        .zip(&want32)
+                        .all(|(g, w)| g.to_bits() == w.to_bits()),
+                    "decode_f32 {d} n={n}"
+                );
+                // Encoding: the f64 values of random f32 bits (NaNs,
+                // infinities, subnormals, out-of-range integers).
+                let vals = to_f64(Dtype::F32, &raw[..n * 4]);
+                let mut want = Vec::new();
+                extend_f64(d, &vals, &mut want);
+                let mut got = vec![0u8; n * d.size()];
+                encode_f64(d, &vals, &mut got);
+                assert_eq!(got, want, "encode_f64 {d} n={n}");
+                let v32 = to_f32(Dtype::F32, &raw[..n * 4]);
+                let mut want = Vec::new();
+                v32.iter().for_each(|&v| push_f32(d, v, &mut want));
+                let mut got = vec![0u8; n * d.size()];
+                encode_f32(d, &v32, &mut got);
+                assert_eq!(got, want, "encode_f32 {d} n={n}");
+            }
+        }
     }
 
     fn round_trip(d: Dtype, vals: &[f64]) -> Vec<f64> {

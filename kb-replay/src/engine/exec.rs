@@ -385,6 +385,30 @@ fn with_gathered<T>(
     out
 }
 
+/// A float math op on tiles that lie whole in regions, computed where
+/// they lie: no gather, no scatter, the same bits (`ops::math::
+/// execute_tiles`). `Ok(false)`: not done (the generic path runs it).
+#[allow(unsafe_code)]
+fn math_in_place(cx: &Cx, op: &PendingOp, reads: &[Extent], dst: &[Extent]) -> Result<bool> {
+    let r = &op.rec;
+    let (Params::Math(p), None) = (&r.params, cx.snapshots) else {
+        return Ok(false);
+    };
+    let Some(lens) = ops::math::tile_lens(p) else {
+        return Ok(false);
+    };
+    // SAFETY: this node applies the op's read and write, so by the
+    // plane's contract no other node touches these bytes while it runs;
+    // `with_in_place` checks that the write overlaps no read, and the
+    // slices live no longer than the call.
+    let done = unsafe {
+        cx.plane.with_in_place(reads, &lens, dst, |tiles, out| {
+            ops::math::execute_tiles(p, tiles, out)
+        })
+    };
+    done.map_or(Ok(false), |res| res.map_err(|e| op_error(r, cx.strings, e)))
+}
+
 /// A compute op on its operands' physical bytes.
 fn compute_node(
     cx: &Cx,
@@ -400,6 +424,11 @@ fn compute_node(
         let mut job = gemm_job(cx, op, reads, dst, dense, delta)?;
         job.compute(cx.backend, share_pool);
         return finish_gemm(cx, op, dst, job, delta);
+    }
+    if let Some(d) = dst
+        && math_in_place(cx, op, reads, d)?
+    {
+        return Ok(None);
     }
     let out = with_gathered(cx, op, reads, delta, |bytes| {
         ops::compute(r, bytes, cx.backend).map_err(|d| op_error(r, cx.strings, d))

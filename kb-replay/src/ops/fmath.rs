@@ -658,6 +658,17 @@ mod tests {
         xs.extend([f64::NAN; 32]);
         xs.extend((0..31).map(|i| 7.0 + i as f64));
         xs.push(f64::NAN);
+        // Runs with a few elements in [1, 6) among small ones, large ones
+        // and NaNs, and the ranges' edges.
+        xs.extend((0..96).map(|i| match i % 11 {
+            3 => 1.0 + i as f64 * 0.05,
+            7 => -(i as f64),
+            9 => f64::NAN,
+            _ => (i as f64 - 48.0) * 0.02,
+        }));
+        xs.extend([1.0, -1.0, 6.0, -6.0, 5.999, -1.0000001, 0.9999999]);
+        xs.extend([f64::INFINITY, f64::NEG_INFINITY, 2.0, 3.5, -2.0, -3.5]);
+        xs.extend((0..19).map(|i| i as f64 * 0.01));
         xs.extend(inputs().into_iter().take(20_000));
         type Slice = fn(&mut [f64], Isa);
         type Scalar = fn(f64) -> f64;

@@ -479,7 +479,38 @@ impl DataPlane {
     /// Grow the regions to cover every device byte `extents` touch (up to
     /// their caps). Every write reserves its bytes first, so bytes are
     /// paged only beyond a region's cap: a region never grows over pages.
-    pub fn reserve<'e>(&mut self, extents: impl IntoIterator<Item = &'e Extent>) {
+    /// Each region grows at most once per call, straight to the size the
+    /// furthest of its extents needs: growing copies what the region holds
+    /// into fresh memory (page faults on every page copied), and a window
+    /// whose extents came in ascending order made each TCM double three or
+    /// four times (13 MB copied into fresh pages in the attention trace).
+    pub fn reserve<'e, I>(&mut self, extents: I)
+    where
+        I: IntoIterator<Item = &'e Extent> + Clone,
+    {
+        // The extent reaching furthest in each memory (among those a
+        // region may hold), grown to first.
+        let mut furthest: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
+        for e in extents.clone() {
+            let Some((start, end)) = span(e) else {
+                continue;
+            };
+            if matches!(pa::space_of(start), Some(Space::Host) | None)
+                || mem_key(end - 1) != mem_key(start)
+                || mem_offset(start) >= region_cap(start)
+            {
+                continue;
+            }
+            let need = mem_offset(end - 1) + 1;
+            let f = furthest.entry(mem_key(start)).or_insert((start, need));
+            if need > f.1 {
+                *f = (start, need);
+            }
+        }
+        for &(start, need) in furthest.values() {
+            self.grow_region(start, need);
+        }
+        // Then every extent, as one at a time (each notes what it may write).
         for e in extents {
             let Some((start, end)) = span(e) else {
                 continue;
@@ -938,6 +969,78 @@ impl<'a> Shared<'a> {
         let bytes = unsafe { r.bytes(off, span) };
         let data = bytemuck::try_cast_slice(bytes).ok()?;
         MatRef::new(data, rows, row_bytes / 4, stride / 4)
+    }
+
+    /// The bytes of `e` where they lie, when `e` is one contiguous run
+    /// inside one region (`None` otherwise: rows apart, paged, empty, host
+    /// space once written).
+    ///
+    /// # Safety
+    /// No write to these bytes may run, and no slice from
+    /// [`Shared::slice_mut`] or [`Shared::f32_view_mut`] over them may be
+    /// live, while the slice is.
+    #[allow(unsafe_code)]
+    pub unsafe fn slice(&self, e: &Extent) -> Option<&'a [u8]> {
+        let n = usize::try_from(e.bytes()).ok().filter(|&n| n > 0)?;
+        let (r, off, _, span) = self.plane.matrix_at(std::slice::from_ref(e), 1, n)?;
+        // SAFETY: in bounds (`matrix_at` checked); the caller rules out
+        // writers of these bytes.
+        Some(unsafe { r.bytes(off, span) })
+    }
+
+    /// As [`Shared::slice`], to write in place (never host space).
+    ///
+    /// # Safety
+    /// No other access to these bytes may run, and no other slice of them
+    /// may be live, while the slice is.
+    #[allow(unsafe_code)]
+    pub unsafe fn slice_mut(&self, e: &Extent) -> Option<&'a mut [u8]> {
+        if pa::space_of(e.pa) == Some(Space::Host) {
+            return None;
+        }
+        let n = usize::try_from(e.bytes()).ok().filter(|&n| n > 0)?;
+        let (r, off, _, span) = self.plane.matrix_at(std::slice::from_ref(e), 1, n)?;
+        // SAFETY: in bounds (`matrix_at` checked); the caller guarantees
+        // this is the only access to these bytes while the slice lives.
+        Some(unsafe { r.bytes_mut(off, span) })
+    }
+
+    /// Run `f` on an op's operands and output where they lie: `reads` one
+    /// extent per operand, of the byte lengths `lens` (at most three), and
+    /// `dst` one extent, each a contiguous run inside one region, `dst`
+    /// overlapping none of `reads`; `None` (`f` not called) otherwise.
+    ///
+    /// # Safety
+    /// No other access to the bytes of `dst`, and no write to those of
+    /// `reads`, may run while this does.
+    #[allow(unsafe_code)]
+    pub unsafe fn with_in_place<R>(
+        &self,
+        reads: &[Extent],
+        lens: &[usize],
+        dst: &[Extent],
+        f: impl FnOnce(&[&[u8]], &mut [u8]) -> R,
+    ) -> Option<R> {
+        let [d] = dst else {
+            return None;
+        };
+        if reads.len() != lens.len()
+            || reads.len() > 3
+            || reads.iter().zip(lens).any(|(e, &n)| e.bytes() != n as u64)
+            || reads.iter().any(|e| lazy::overlaps(e, d))
+        {
+            return None;
+        }
+        let mut tiles: [&[u8]; 3] = [&[]; 3];
+        for (t, e) in tiles.iter_mut().zip(reads) {
+            // SAFETY: the caller rules out writers of the read bytes, and
+            // the output slice below overlaps none of them (checked).
+            *t = unsafe { self.slice(e) }?;
+        }
+        // SAFETY: the caller rules out any other access to these bytes,
+        // and they overlap no operand slice (checked above).
+        let out = unsafe { self.slice_mut(d) }?;
+        Some(f(&tiles[..reads.len()], out))
     }
 
     /// As [`Shared::f32_view`], to write in place.

@@ -581,3 +581,81 @@ proptest::proptest! {
         }
     }
 }
+
+/// `with_in_place` hands an op its operands and output where they lie
+/// only when each is one contiguous run in a region and the output
+/// overlaps no operand; otherwise it calls nothing.
+#[test]
+fn in_place_operands_are_whole_runs_and_never_alias_the_output() {
+    let mut p = plane();
+    let hbm = dev(Space::Hbm, 0);
+    p.write(hbm, &(0u8..64).collect::<Vec<_>>()).unwrap();
+    let tcm = dev(Space::Tcm, 0);
+    p.reserve(&[Extent::contiguous(tcm, 256)]);
+    let a = Extent::contiguous(hbm, 16);
+    let b = Extent::contiguous(hbm + 32, 8);
+    let out = Extent::contiguous(tcm + 64, 16);
+    // SAFETY: nothing else uses the plane while these calls run.
+    #[allow(unsafe_code)]
+    let shared = unsafe { p.shared() };
+    #[allow(unsafe_code)]
+    let got = unsafe {
+        shared.with_in_place(&[a, b], &[16, 8], &[out], |t, o| {
+            assert_eq!(t.len(), 2);
+            assert_eq!(t[0], (0u8..16).collect::<Vec<_>>());
+            assert_eq!(t[1], (32u8..40).collect::<Vec<_>>());
+            assert_eq!(o.len(), 16);
+            o.copy_from_slice(t[0]);
+            o[0] = 99;
+            7
+        })
+    };
+    assert_eq!(got, Some(7));
+    let called = std::cell::Cell::new(false);
+    let call = |_: &[&[u8]], _: &mut [u8]| called.set(true);
+    #[allow(unsafe_code)]
+    unsafe {
+        // The output overlapping an operand (in place), rows apart, a
+        // length that is not the operand's, two output pieces, the
+        // output in host space or past the region (paged): not called.
+        let over = Extent::contiguous(hbm + 8, 16);
+        assert!(shared.with_in_place(&[a], &[16], &[over], call).is_none());
+        let rows = Extent {
+            pa: hbm,
+            len: 8,
+            rows: 2,
+            stride: 16,
+        };
+        assert!(shared.with_in_place(&[rows], &[16], &[out], call).is_none());
+        assert!(shared.with_in_place(&[a], &[8], &[out], call).is_none());
+        let halves = [Extent::contiguous(tcm, 8), Extent::contiguous(tcm + 8, 8)];
+        assert!(shared.with_in_place(&[a], &[16], &halves, call).is_none());
+        let host = Extent::contiguous(pa::host(0, 0), 16);
+        assert!(shared.with_in_place(&[a], &[16], &[host], call).is_none());
+        let paged = Extent::contiguous(dev(Space::Hbm, REGION_MAX + 64), 16);
+        assert!(shared.with_in_place(&[a], &[16], &[paged], call).is_none());
+    }
+    assert!(!called.get());
+    let mut want: Vec<u8> = (0u8..16).collect();
+    want[0] = 99;
+    assert_eq!(read(&p, tcm + 64, 16), want);
+}
+
+/// A window's extents grow a region straight to the size the furthest
+/// needs (whatever their order), keeping what it held.
+#[test]
+fn reserve_grows_a_region_to_its_furthest_extent() {
+    let mut p = plane();
+    let at = |o| dev(Space::Tcm, o);
+    p.write(at(10), &[1, 2, 3]).unwrap();
+    let key = at(0) >> OFFSET_BITS;
+    let first = p.regions[&key].len();
+    let extents: Vec<Extent> = (0..8)
+        .map(|i| Extent::contiguous(at(i << 18), 1 << 18))
+        .collect();
+    p.reserve(&extents);
+    assert!(first < 1 << 21);
+    assert_eq!(p.regions[&key].len(), 1 << 21);
+    assert_eq!(p.regions[&key].written(), 1 << 21);
+    assert_eq!(read(&p, at(9), 5), [0, 1, 2, 3, 0]);
+}
