@@ -234,11 +234,11 @@ fn a_fused_chain_computes_each_link_in_effect_order() {
             for be in [&GemmCrate as &dyn GemmBackend, &NaiveGemm] {
                 let l = run(&bytes, threads, true, be);
                 let what = format!("{cut:?}, {threads} threads, {}", be.name());
-                assert_eq!(l.replayer.stats().gemms_fused, fused, "{what}");
                 assert_eq!(f64s(&read(&l, hbm(0x10000), TILE)), want, "y: {what}");
                 if let Some(z) = &z {
                     assert_eq!(&f64s(&read(&l, hbm(0x20000), TILE)), z, "z: {what}");
                 }
+                assert_eq!(l.replayer.stats().gemms_fused, fused, "{what}");
                 let unfused = run(&bytes, threads, false, be);
                 assert_eq!(unfused.replayer.stats().gemms_fused, 0);
                 assert_eq!(
@@ -372,10 +372,10 @@ fn random_chains_replay_the_same_bits_fused_and_unfused_on_any_thread_count() {
         for threads in [1, 2, 3] {
             for fuse in [true, false] {
                 let l = run(&bytes, threads, fuse, &GemmCrate);
-                assert_eq!(
-                    state(&l),
-                    want,
-                    "seed {seed}, {threads} threads, fuse {fuse}"
+                // (Not assert_eq: the states are 32 kB.)
+                assert!(
+                    state(&l) == want,
+                    "seed {seed}, {threads} threads, fuse {fuse}: other bytes"
                 );
                 let fused = l.replayer.stats().gemms_fused;
                 if fuse {
