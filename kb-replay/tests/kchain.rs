@@ -319,7 +319,7 @@ fn random_chains(seed: u64, n: usize) -> Vec<u8> {
                 seq += 1;
                 let f = Dtype::F32;
                 let at = tcm_tile(pe, rng.random_range(0..4));
-                let m = math(
+                math(
                     i,
                     t,
                     s,
@@ -329,8 +329,7 @@ fn random_chains(seed: u64, n: usize) -> Vec<u8> {
                     None,
                     vec![span(at, T)],
                     vec![span(at, T)],
-                );
-                m
+                )
             }
             // A GEMM into an output tile, mostly accumulating.
             _ => {
