@@ -75,6 +75,9 @@ enum Cut {
     None,
     /// After the second GEMM, a store of the accumulator to `z`.
     ReadAcc,
+    /// The same store, its write after the third GEMM: its read gathers
+    /// the bytes (a capture) when its write is planned.
+    ReadAccLate,
     /// After the first GEMM, an add doubling the tile the second GEMM
     /// reads as `a` (a physical write of an operand).
     WriteOperand,
@@ -99,7 +102,7 @@ fn hand_chain(cut: Cut) -> (Vec<u8>, Vec<f64>, Option<Vec<f64>>) {
         tensor("y", Dtype::F32, &[N as u64, N as u64], false, Some(y_at)),
         tensor("z", Dtype::F32, &[N as u64, N as u64], false, Some(z_at)),
     ];
-    let mut ops = Vec::new();
+    let mut ops: Vec<Op> = Vec::new();
     let mut seq = 0u64;
     let mut t = 0u64;
     let mut next = |n: u64| {
@@ -131,6 +134,7 @@ fn hand_chain(cut: Cut) -> (Vec<u8>, Vec<f64>, Option<Vec<f64>>) {
     let mut want = vec![0.0; (N * N) as usize];
     let mut z = None;
     let mut doubled = false;
+    let mut late_store: Option<usize> = None;
     for g in 0..4u64 {
         let mut p = gemm_params(N, N, N, Dtype::F32, Dtype::F32, Dtype::F32);
         let mut reads = vec![span(op_tile(2 * g), TILE), span(op_tile(2 * g + 1), TILE)];
@@ -147,6 +151,10 @@ fn hand_chain(cut: Cut) -> (Vec<u8>, Vec<f64>, Option<Vec<f64>>) {
             op.deps.push(20);
         }
         ops.push(op);
+        if let (Some(i), 2) = (late_store, g) {
+            let (s, _) = next(1);
+            ops[i].write.as_mut().unwrap().seq = s;
+        }
         let a = if doubled && g == 1 {
             add(&tiles[2], &tiles[2])
         } else {
@@ -164,6 +172,13 @@ fn hand_chain(cut: Cut) -> (Vec<u8>, Vec<f64>, Option<Vec<f64>>) {
                     s + 1,
                     vec![span(z_at, TILE)],
                 ));
+                z = Some(want.clone());
+            }
+            (Cut::ReadAccLate, 1) => {
+                let (s, tt) = next(1);
+                let store = mem(20, tt, s, vec![span(out, TILE)], 0, vec![span(z_at, TILE)]);
+                late_store = Some(ops.len());
+                ops.push(store);
                 z = Some(want.clone());
             }
             (Cut::Dep, 1) => {
@@ -226,6 +241,7 @@ fn a_fused_chain_computes_each_link_in_effect_order() {
     for (cut, fused) in [
         (Cut::None, 3),
         (Cut::ReadAcc, 2),
+        (Cut::ReadAccLate, 2),
         (Cut::WriteOperand, 2),
         (Cut::Dep, 2),
     ] {
