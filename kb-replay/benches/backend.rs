@@ -18,7 +18,8 @@
 //!   panel of A, a K x 64 panel of a K x 2048 B), on one thread: as K/64
 //!   calls on dense 64^3 tiles (`links`, what the replay's K-chains run)
 //!   and as one 64 x 64 x K call on the panels where they lie (`fused`,
-//!   other bits); best of 5 of 64 tiles.
+//!   other bits) or with the B panel dense (`fused-dense-b`); best of 5
+//!   of 64 tiles.
 use std::time::Instant;
 
 use kb_format::{Dtype, GemmParams, Layout, MmapTrace, OpKind, Params};
@@ -213,6 +214,18 @@ fn kchain(be: &dyn GemmBackend, k: usize) {
             be.gemm_f32_view(fd, va, vb, vc, false);
         }
     });
+    // The B panel decoded once into a dense k x 64 matrix (as the
+    // replay's shared decoded operands would be).
+    let b_panel: Vec<f32> = b_tiles.concat();
+    let fused_dense = best(5, || {
+        for _ in 0..tiles {
+            c.fill(0.0);
+            let va = MatRef::new(&a, T, k, k).expect("a");
+            let vb = MatRef::dense(&b_panel, k, T).expect("b");
+            let vc = MatMut::dense(&mut c, T, T).expect("c");
+            be.gemm_f32_view(fd, va, vb, vc, false);
+        }
+    });
     let flops = tiles as f64 * fd.flops();
     println!(
         "kchain k={k} links backend={} threads=1: {:.1} GFLOP/s",
@@ -223,6 +236,11 @@ fn kchain(be: &dyn GemmBackend, k: usize) {
         "kchain k={k} fused backend={} threads=1: {:.1} GFLOP/s",
         be.name(),
         flops / fused / 1e9
+    );
+    println!(
+        "kchain k={k} fused-dense-b backend={} threads=1: {:.1} GFLOP/s",
+        be.name(),
+        flops / fused_dense / 1e9
     );
 }
 
