@@ -14,10 +14,16 @@
 //!   on the backend directly: one call at a time (`direct`), and grouped
 //!   by shape in batches of up to 32 (`direct-batched`, the engine's
 //!   batching); best of 3.
+//! - `kchain K`: a 64 x 64 f32 tile accumulating `A . B` over K (a 64 x K
+//!   panel of A, a K x 64 panel of a K x 2048 B), on one thread: as K/64
+//!   calls on dense 64^3 tiles (`links`, what the replay's K-chains run)
+//!   and as one 64 x 64 x K call on the panels where they lie (`fused`,
+//!   other bits) or with the B panel dense (`fused-dense-b`); best of 5
+//!   of 64 tiles.
 use std::time::Instant;
 
 use kb_format::{Dtype, GemmParams, Layout, MmapTrace, OpKind, Params};
-use kb_replay::backend::{self, Dims, GemmArgs, GemmBackend};
+use kb_replay::backend::{self, Dims, GemmArgs, GemmBackend, MatMut, MatRef};
 use kb_replay::ops::gemm;
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -162,6 +168,82 @@ fn trace(be: &dyn GemmBackend, pool: &rayon::ThreadPool, threads: usize, path: &
     );
 }
 
+fn kchain(be: &dyn GemmBackend, k: usize) {
+    const T: usize = 64;
+    const W: usize = 2048;
+    let tiles = 64;
+    let a = values(T * k, 1);
+    let b = values(k * W, 2);
+    // The links' operands, decoded into dense tiles (once, as the
+    // replay's shared decoded operands are).
+    let steps = k / T;
+    let a_tiles: Vec<Vec<f32>> = (0..steps)
+        .map(|s| {
+            (0..T)
+                .flat_map(|i| a[i * k + s * T..i * k + s * T + T].to_vec())
+                .collect()
+        })
+        .collect();
+    let b_tiles: Vec<Vec<f32>> = (0..steps)
+        .map(|s| {
+            (0..T)
+                .flat_map(|p| b[(s * T + p) * W..(s * T + p) * W + T].to_vec())
+                .collect()
+        })
+        .collect();
+    let mut c = vec![0f32; T * T];
+    let d = Dims { m: T, k: T, n: T };
+    let links = best(5, || {
+        for _ in 0..tiles {
+            c.fill(0.0);
+            for s in 0..steps {
+                let va = MatRef::dense(&a_tiles[s], T, T).expect("a");
+                let vb = MatRef::dense(&b_tiles[s], T, T).expect("b");
+                let vc = MatMut::dense(&mut c, T, T).expect("c");
+                be.gemm_f32_view(d, va, vb, vc, false);
+            }
+        }
+    });
+    let fd = Dims { m: T, k, n: T };
+    let fused = best(5, || {
+        for _ in 0..tiles {
+            c.fill(0.0);
+            let va = MatRef::new(&a, T, k, k).expect("a");
+            let vb = MatRef::new(&b[..(k - 1) * W + T], k, T, W).expect("b");
+            let vc = MatMut::dense(&mut c, T, T).expect("c");
+            be.gemm_f32_view(fd, va, vb, vc, false);
+        }
+    });
+    // The B panel decoded once into a dense k x 64 matrix (as the
+    // replay's shared decoded operands would be).
+    let b_panel: Vec<f32> = b_tiles.concat();
+    let fused_dense = best(5, || {
+        for _ in 0..tiles {
+            c.fill(0.0);
+            let va = MatRef::new(&a, T, k, k).expect("a");
+            let vb = MatRef::dense(&b_panel, k, T).expect("b");
+            let vc = MatMut::dense(&mut c, T, T).expect("c");
+            be.gemm_f32_view(fd, va, vb, vc, false);
+        }
+    });
+    let flops = tiles as f64 * fd.flops();
+    println!(
+        "kchain k={k} links backend={} threads=1: {:.1} GFLOP/s",
+        be.name(),
+        flops / links / 1e9
+    );
+    println!(
+        "kchain k={k} fused backend={} threads=1: {:.1} GFLOP/s",
+        be.name(),
+        flops / fused / 1e9
+    );
+    println!(
+        "kchain k={k} fused-dense-b backend={} threads=1: {:.1} GFLOP/s",
+        be.name(),
+        flops / fused_dense / 1e9
+    );
+}
+
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let mut backend_name = "gemm".to_string();
@@ -171,7 +253,9 @@ fn main() {
         match a.as_str() {
             "--backend" => backend_name = args.next().expect("--backend NAME"),
             "--threads" => threads = args.next().expect("--threads N").parse().expect("N"),
-            "square" | "f16" | "trace" => modes.push((a.clone(), args.next().expect("argument"))),
+            "square" | "f16" | "trace" | "kchain" => {
+                modes.push((a.clone(), args.next().expect("argument")))
+            }
             other => panic!("unknown argument {other:?}"),
         }
     }
@@ -184,6 +268,7 @@ fn main() {
         match mode.as_str() {
             "square" => square(be.as_ref(), &pool, threads, arg.parse().expect("N")),
             "f16" => f16(be.as_ref(), &pool, threads, arg.parse().expect("N")),
+            "kchain" => kchain(be.as_ref(), arg.parse().expect("K")),
             _ => trace(be.as_ref(), &pool, threads, &arg),
         }
     }

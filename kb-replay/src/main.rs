@@ -111,6 +111,12 @@ struct Args {
     #[arg(long)]
     no_elide: bool,
 
+    /// Plan every GEMM as a node of its own, instead of a chain of GEMMs
+    /// accumulating into one output as one node (for comparison; same
+    /// results)
+    #[arg(long)]
+    no_fuse: bool,
+
     /// Debug mode: compare each compute op's inputs with the snapshots
     /// `kb-sim --capture-inputs` recorded; the first op that differs exits 1
     #[arg(long)]
@@ -183,6 +189,7 @@ fn main() -> ExitCode {
             check_intermediates: args.check_intermediates,
             fingerprints: args.fingerprints,
             elide: !args.no_elide,
+            fuse: !args.no_fuse,
             ..ReplayOptions::default()
         },
     };

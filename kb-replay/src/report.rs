@@ -212,6 +212,7 @@ impl Report {
                 "copies_elided": s.copies_elided,
                 "materialized": s.materialized,
                 "captured": s.captured,
+                "gemms_fused": s.gemms_fused,
                 "gemm_in_place": s.gemm_in_place,
                 "plan_seconds": num(s.plan_seconds),
                 "queue_seconds": num(s.queue_seconds),

@@ -546,6 +546,21 @@ pub(super) fn run_node(
         Action::Compute { reads, dst, dense } => {
             out = compute_node(cx, op, reads, dst.as_deref(), dense, share_pool, &mut delta)?;
         }
+        Action::Chain(c) => {
+            // Each GEMM as its own node would run it, in effect order.
+            for l in &c.links {
+                let held = compute_node(
+                    cx,
+                    &l.op,
+                    &l.reads,
+                    Some(&c.dst),
+                    &l.dense,
+                    share_pool,
+                    &mut delta,
+                )?;
+                debug_assert!(held.is_none(), "a chain's GEMMs write their output");
+            }
+        }
     }
     Ok(Done {
         node: index,

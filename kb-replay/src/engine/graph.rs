@@ -141,17 +141,20 @@ pub(crate) fn build(nodes: &[PNode], written: &FxHashSet<u64>) -> Graph {
         let i = i as u32;
         preds.clear();
         if node.of_op {
-            let r = &node.op.rec;
-            match latest.insert(r.op_id, i) {
-                // Its own earlier node.
-                Some(own) => preds.push(own),
-                // The op's first node here: its explicit dependencies.
-                None => preds.extend(
-                    r.deps
-                        .iter()
-                        .filter(|d| d.kind == kb_format::DepKind::Data)
-                        .filter_map(|d| latest.get(&d.op).copied()),
-                ),
+            // (A K-chain's node applies every one of its GEMMs' effects.)
+            for op in node.ops() {
+                let r = &op.rec;
+                match latest.insert(r.op_id, i) {
+                    // Its own earlier node.
+                    Some(own) => preds.push(own),
+                    // The op's first node here: its explicit dependencies.
+                    None => preds.extend(
+                        r.deps
+                            .iter()
+                            .filter(|d| d.kind == kb_format::DepKind::Data)
+                            .filter_map(|d| latest.get(&d.op).copied()),
+                    ),
+                }
             }
         }
         let (reads, writes) = node.accesses();

@@ -54,6 +54,20 @@
 //! into a dense matrix shared by every GEMM planned to read the same
 //! unchanged bytes the same way.
 //!
+//! # K-chains
+//!
+//! A GEMM whose read and write are planned together, writing the same one
+//! extent as an earlier GEMM of the window (a K-chain: tile `C += A_k B_k`
+//! for k = 0, 1, ...), joins that GEMM's node instead of getting one of
+//! its own ([`ReplayOptions::fuse`]): the node runs its GEMMs one after
+//! another, each by the backend call it gets alone, so the bits are the
+//! unfused ones. It joins only when running it at the chain's node
+//! changes nothing: since that node, no physical write touched what it
+//! reads (the output aside, which only the chain wrote), no node read the
+//! output (a read closes the chain), its write materialized no alias, and
+//! its data dependencies are the chain's GEMMs. A chain is one node, one
+//! task and one set of graph edges instead of one per GEMM.
+//!
 //! # Parallel execution
 //!
 //! `graph` links each node to the earlier nodes it conflicts with (RAW,
@@ -96,20 +110,23 @@ mod dataflow;
 mod exec;
 mod graph;
 mod plan;
+mod queue;
+mod stats;
+
+use queue::{Planned, Queue};
+pub(crate) use stats::Delta;
+pub use stats::Stats;
 
 pub use plan::sampled;
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kb_format::{Extent, Meta, OpKind, Record, RecordChunk, Strings, TensorMeta};
+use kb_format::{Meta, Record, RecordChunk, Strings, TensorMeta};
 use rustc_hash::FxHashMap;
-use serde::Serialize;
 
 use crate::error::{Error, Result, fmt_ns};
-use crate::ops::{self, GemmBackend, Plan};
+use crate::ops::{GemmBackend, Plan};
 use crate::plane::DataPlane;
 use crate::plane::lazy::Lazy;
 
@@ -131,6 +148,11 @@ pub struct ReplayOptions {
     /// it read (engine::plan), and ops read them where they lie. Never
     /// changes a result.
     pub elide: bool,
+    /// K-chain fusion: a chain of GEMMs accumulating into one output is
+    /// planned as one node that runs them in order, each by the backend
+    /// call it gets alone (engine::plan's `Chain`). Never changes a
+    /// result.
+    pub fuse: bool,
     /// Which memory ops' fingerprints are checked.
     pub fingerprints: Fingerprints,
     /// How far ahead of the first unfinished node (in effect order) ready
@@ -154,6 +176,7 @@ impl Default for ReplayOptions {
             window: 4096,
             batch_gemms: true,
             elide: true,
+            fuse: true,
             fingerprints: Fingerprints::All,
             lookahead: 256,
             hold_budget: 16 << 20,
@@ -217,115 +240,6 @@ impl<'a> Exec<'a> {
     }
 }
 
-/// What a replay did.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Stats {
-    pub records: u64,
-    /// Ops executed, by kind.
-    pub memory: u64,
-    pub gemm: u64,
-    pub math: u64,
-    /// Atomic read-modify-writes.
-    pub atomic: u64,
-    /// Sync records (kernels, waits, signals, launches, map messages):
-    /// timing only, nothing to replay.
-    pub sync: u64,
-    /// Records of kinds this build does not know, skipped.
-    pub unknown_skipped: u64,
-    /// Fingerprints checked and matched (each by a hash of the bytes it
-    /// names, or by an earlier check of the same unchanged bytes: see
-    /// `fingerprints_reused`).
-    pub fingerprints_checked: u64,
-    /// Of those, checked by the hash of an earlier op that read the same
-    /// bytes, unchanged since, with the same recorded fingerprint.
-    pub fingerprints_reused: u64,
-    /// Recorded fingerprints not checked (`--fingerprints sample|off`).
-    pub fingerprints_skipped: u64,
-    /// Bytes hashed to check fingerprints.
-    pub fingerprint_bytes: u64,
-    /// Bytes the trace's effects read and wrote (what Phase 1 moved).
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    /// Bytes replay copied to apply them: memory ops done physically,
-    /// materialized aliases, operands decoded or gathered into buffers,
-    /// outputs written from buffers (an operand read where it lies and an
-    /// output computed in place count nothing).
-    pub bytes_copied: u64,
-    /// Memory ops applied as lazy copies (nothing copied).
-    pub copies_elided: u64,
-    /// Lazy copies done after all, because their source was about to be
-    /// overwritten or their destination cut by a strided write.
-    pub materialized: u64,
-    /// Memory ops whose read gathered their bytes for a later write:
-    /// something overwrote them first, or the write comes in a later
-    /// window.
-    pub captured: u64,
-    /// 2mnk summed over gemm ops.
-    pub gemm_flops: u64,
-    /// Seconds spent applying effects.
-    pub replay_seconds: f64,
-    /// Of those, seconds spent planning windows and building their
-    /// dependency graphs (serial work).
-    pub plan_seconds: f64,
-    /// Seconds spent decoding records and queueing their effects in seq
-    /// order (serial work, besides `replay_seconds`).
-    pub queue_seconds: f64,
-    /// Of `plan_seconds` and `queue_seconds`, the seconds during which no
-    /// window ran: the part the threads wait for. With more than one
-    /// thread a window runs while the next records are decoded and the
-    /// next window is planned, so this is less than their sum.
-    pub serial_seconds: f64,
-    /// Windows applied, and the most effects one held.
-    pub windows: u64,
-    pub max_window_effects: u64,
-    /// Most records held at once (waiting for their effects' turn).
-    pub max_pending_records: u64,
-    /// Tasks started in parallel windows (0 with one thread): a node, or
-    /// a batched call of GEMMs. With more than one thread this and the
-    /// batch counts depend on timing (what is ready when); the results
-    /// never do.
-    pub tasks: u64,
-    /// Batched GEMM calls of two or more GEMMs, and the GEMMs in them.
-    pub gemm_batches: u64,
-    pub gemm_batched_ops: u64,
-    /// GEMMs computed where their matrices lie: both operands read in
-    /// place (TCM, HBM or host data, strided) and the output accumulated
-    /// in its own bytes; no byte copied.
-    pub gemm_in_place: u64,
-}
-
-impl Stats {
-    /// Bytes copied per GEMM flop (0 without GEMMs).
-    pub fn bytes_copied_per_gemm_flop(&self) -> f64 {
-        if self.gemm_flops == 0 {
-            0.0
-        } else {
-            self.bytes_copied as f64 / self.gemm_flops as f64
-        }
-    }
-}
-
-/// Counters a node adds to [`Stats`].
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Delta {
-    pub bytes_copied: u64,
-    pub gemm_in_place: u64,
-}
-
-impl Stats {
-    fn add(&mut self, d: Delta) {
-        self.bytes_copied += d.bytes_copied;
-        self.gemm_in_place += d.gemm_in_place;
-    }
-}
-
-impl Delta {
-    fn add(&mut self, d: Delta) {
-        self.bytes_copied += d.bytes_copied;
-        self.gemm_in_place += d.gemm_in_place;
-    }
-}
-
 /// An effect waiting to be applied, in application order: seq, then read
 /// before write, then op id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -353,35 +267,6 @@ pub(crate) enum Held {
     /// A computed GEMM, its output encoded straight into place by the
     /// write.
     Gemm(crate::ops::gemm::Prepared<'static>),
-}
-
-/// The smallest seq no effect has carried yet.
-#[derive(Debug, Default)]
-struct Frontier {
-    next: u64,
-    ahead: BinaryHeap<Reverse<u64>>,
-}
-
-impl Frontier {
-    fn see(&mut self, seq: u64) {
-        if seq > self.next {
-            self.ahead.push(Reverse(seq));
-            return;
-        }
-        if seq < self.next {
-            return;
-        }
-        self.next = self.next.saturating_add(1);
-        while let Some(&Reverse(s)) = self.ahead.peek() {
-            if s > self.next {
-                break;
-            }
-            self.ahead.pop();
-            if s == self.next {
-                self.next = self.next.saturating_add(1);
-            }
-        }
-    }
 }
 
 pub(crate) fn op_error(r: &Record, strings: &Strings, detail: String) -> Error {
@@ -446,335 +331,6 @@ struct Ran {
     res: Result<()>,
     start: Instant,
     end: Instant,
-}
-
-/// The records waiting for their effects' turn, and the planning of
-/// windows.
-#[derive(Debug)]
-struct Queue {
-    /// Where ranges may lie (the trace's memories).
-    bounds: crate::bounds::Bounds,
-    ops: Vec<Option<Arc<PendingOp>>>,
-    /// Effects each op has still to plan, by slot.
-    left: Vec<u8>,
-    free: Vec<u32>,
-    pending: u64,
-    /// Effects not staged yet: the first `sorted` in order (those left by
-    /// the last `stage`), then those that arrived since.
-    queue: Vec<EffKey>,
-    sorted: usize,
-    /// Sorted effects below `staged_below`, not applied yet.
-    staged: Vec<EffKey>,
-    /// The last window's effect vector, emptied, for the next one.
-    spare_keys: Vec<EffKey>,
-    /// No effect with a seq below this may arrive any more.
-    staged_below: u64,
-    frontier: Frontier,
-    watermark: u64,
-    stats: Stats,
-    planner: plan::Planner,
-    /// Records to decode the next ones into (their vectors reused), and
-    /// where the threads that run windows hand them back.
-    spare: Vec<Arc<PendingOp>>,
-    recycled: Arc<Recycled>,
-}
-
-/// Finished records handed back by the threads that free windows, for
-/// [`Queue::decode`] to decode new ones into: decoding allocated a
-/// record and its ranges, and the pool threads freed them into the
-/// decoding thread's heap, under its lock (measured: allocations per
-/// record 7.9 -> 3.9 on gemm_tiled 1024^3). Records that finished stay
-/// allocated only until decoding takes them, so they add no memory as a
-/// trace grows.
-#[derive(Debug, Default)]
-struct Recycled {
-    records: std::sync::Mutex<Vec<Arc<PendingOp>>>,
-    /// The largest node vector handed back, emptied.
-    nodes: std::sync::Mutex<Vec<plan::PNode>>,
-}
-
-/// Most records kept for reuse.
-const RECYCLED_MAX: usize = 1 << 15;
-
-impl Recycled {
-    /// Keep the records no node shares any more.
-    fn give(&self, ops: Vec<Arc<PendingOp>>) {
-        let mut bin = self
-            .records
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let room = RECYCLED_MAX.saturating_sub(bin.len());
-        bin.extend(
-            ops.into_iter()
-                .filter(|op| Arc::strong_count(op) == 1)
-                .take(room),
-        );
-    }
-
-    /// Move every kept record to `into`.
-    fn take_all(&self, into: &mut Vec<Arc<PendingOp>>) {
-        let mut bin = self
-            .records
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        into.append(&mut bin);
-    }
-
-    /// Keep a window's node vector (emptied) for the next window: a
-    /// fresh one each window, hundreds of kB, was fresh pages to fault in
-    /// (measured: 1 400 of 15 700 page faults on gemm_tiled 2048^3).
-    fn give_nodes(&self, mut nodes: Vec<plan::PNode>) {
-        nodes.clear();
-        let mut kept = self
-            .nodes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if nodes.capacity() > kept.capacity() {
-            *kept = nodes;
-        }
-    }
-
-    /// The node vector kept, if any (empty).
-    fn take_nodes(&self) -> Vec<plan::PNode> {
-        std::mem::take(
-            &mut *self
-                .nodes
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-    }
-}
-
-/// A planned window, not run yet.
-#[derive(Debug)]
-struct Planned {
-    nodes: Vec<plan::PNode>,
-    /// Their dependencies, when they run as a dataflow.
-    graph: Option<graph::Graph>,
-    /// The extents its nodes write physically: their regions grow before
-    /// it runs.
-    reserve: Vec<Extent>,
-    /// Records whose effects are all planned: handed back for reuse
-    /// (or freed) with the window, by the thread that runs it.
-    finished: Vec<Arc<PendingOp>>,
-    recycled: Arc<Recycled>,
-}
-
-impl Queue {
-    fn new(meta: &Meta) -> Queue {
-        Queue {
-            bounds: crate::bounds::Bounds::new(meta),
-            ops: Vec::new(),
-            left: Vec::new(),
-            free: Vec::new(),
-            pending: 0,
-            queue: Vec::new(),
-            sorted: 0,
-            staged: Vec::new(),
-            spare_keys: Vec::new(),
-            staged_below: 0,
-            frontier: Frontier::default(),
-            watermark: 0,
-            stats: Stats::default(),
-            planner: plan::Planner::default(),
-            spare: Vec::new(),
-            recycled: Arc::default(),
-        }
-    }
-
-    /// Queue a decoded record (`op`, whose plan is set here).
-    fn push(&mut self, mut op: Arc<PendingOp>, strings: &Strings) -> Result<()> {
-        self.stats.records += 1;
-        let plan = ops::plan(&op.rec).map_err(|d| op_error(&op.rec, strings, d))?;
-        Arc::get_mut(&mut op)
-            .expect("a record being queued is not shared")
-            .plan = plan;
-        let r = &op.rec;
-        self.bounds
-            .check(&r.read, &r.write)
-            .map_err(|d| op_error(r, strings, d))?;
-        match r.kind {
-            OpKind::Memory => self.stats.memory += 1,
-            OpKind::Gemm => self.stats.gemm += 1,
-            OpKind::Math => self.stats.math += 1,
-            OpKind::Sync => self.stats.sync += 1,
-            OpKind::Atomic => self.stats.atomic += 1,
-            OpKind::Unknown(_) => self.stats.unknown_skipped += 1,
-        }
-        if let (Some(rd), Some(wr)) = (&r.read, &r.write)
-            && wr.seq < rd.seq
-        {
-            return Err(op_error(
-                r,
-                strings,
-                format!(
-                    "its write (seq {}) comes before its read (seq {})",
-                    wr.seq, rd.seq
-                ),
-            ));
-        }
-        for e in [&r.read, &r.write].into_iter().flatten() {
-            if e.seq < self.staged_below {
-                return Err(op_error(
-                    r,
-                    strings,
-                    format!(
-                        "its effect at seq {} ({}) arrives after replay applied every effect \
-                         below seq {}: effect seqs must be unique",
-                        e.seq,
-                        fmt_ns(e.time),
-                        self.staged_below
-                    ),
-                ));
-            }
-            self.frontier.see(e.seq);
-        }
-        if plan == Plan::Skip {
-            self.spare.push(op);
-            return Ok(());
-        }
-        self.stats.gemm_flops = self.stats.gemm_flops.saturating_add(ops::flops(r));
-        let left = r.read.is_some() as u8 + r.write.is_some() as u8;
-        if left == 0 {
-            self.spare.push(op);
-            return Ok(());
-        }
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                self.ops.push(None);
-                self.left.push(0);
-                (self.ops.len() - 1) as u32
-            }
-        };
-        for (e, write) in [(&r.read, false), (&r.write, true)] {
-            if let Some(e) = e {
-                self.queue.push(EffKey {
-                    seq: e.seq,
-                    write,
-                    op_id: r.op_id,
-                    slot,
-                });
-            }
-        }
-        self.ops[slot as usize] = Some(op);
-        self.left[slot as usize] = left;
-        self.pending += 1;
-        self.stats.max_pending_records = self.stats.max_pending_records.max(self.pending);
-        Ok(())
-    }
-
-    /// Decode a records chunk and queue its records (decoded into records
-    /// that finished, when there are some).
-    fn decode(&mut self, c: &mut RecordChunk<'_>) -> Result<()> {
-        loop {
-            if self.spare.is_empty() {
-                self.recycled.take_all(&mut self.spare);
-            }
-            let mut op = self.spare.pop().unwrap_or_else(|| {
-                Arc::new(PendingOp {
-                    rec: Record::default(),
-                    plan: Plan::Skip,
-                })
-            });
-            let rec = &mut Arc::get_mut(&mut op)
-                .expect("a spare record is not shared")
-                .rec;
-            if !c.next_into(rec)? {
-                self.spare.push(op);
-                return Ok(());
-            }
-            self.push(op, c.strings())?;
-        }
-    }
-
-    /// Move every queued effect below `bound` to the staged list.
-    fn stage(&mut self, bound: u64) {
-        // The effects that arrived since the last call are sorted, then
-        // merged with the sorted ones left from it (two runs: the stable
-        // sort merges them in linear time); a heap sifted every effect.
-        self.queue[self.sorted..].sort_unstable();
-        if self.sorted > 0
-            && self.sorted < self.queue.len()
-            && self.queue[self.sorted - 1] > self.queue[self.sorted]
-        {
-            self.queue.sort();
-        }
-        let below = self.queue.partition_point(|k| k.seq < bound);
-        self.staged.extend(self.queue.drain(..below));
-        self.sorted = self.queue.len();
-        self.staged_below = self.staged_below.max(bound);
-    }
-
-    /// Stage what the stream allows; whether a window is ready to plan
-    /// (streaming only).
-    fn ready(&mut self, opts: &ReplayOptions) -> bool {
-        if !opts.streaming {
-            return false;
-        }
-        self.stage(self.frontier.next.max(self.watermark));
-        self.staged.len() >= opts.window.max(1)
-    }
-
-    /// Plan the staged effects as a window (`None` when none are staged):
-    /// its nodes, their graph when they run on more than one thread, the
-    /// extents whose regions must grow. Records whose effects are all
-    /// planned leave the queue (their nodes keep them).
-    fn plan(
-        &mut self,
-        lazy: &mut Lazy,
-        cx: &plan::PlanCx,
-        max_bytes: u64,
-        pool: Option<&rayon::ThreadPool>,
-    ) -> Option<Planned> {
-        if self.staged.is_empty() {
-            return None;
-        }
-        let mut keys = std::mem::replace(&mut self.staged, std::mem::take(&mut self.spare_keys));
-        self.stats.windows += 1;
-        self.stats.max_window_effects = self.stats.max_window_effects.max(keys.len() as u64);
-        let mut reserve = Vec::new();
-        let pp = plan::PlanPlane {
-            lazy,
-            max_bytes,
-            reserve: &mut reserve,
-        };
-        let mut nodes = self.planner.plan(
-            pp,
-            &keys,
-            &self.ops,
-            &mut self.left,
-            cx,
-            &mut self.stats,
-            self.recycled.take_nodes(),
-        );
-        nodes.retain(|n| !n.is_empty());
-        let graph = exec::parallel(nodes.len(), pool).then(|| {
-            let written = plan::written_memories(&nodes);
-            graph::build(&nodes, &written)
-        });
-        // The records whose effects are all planned leave the queue.
-        let mut finished = Vec::new();
-        for k in &keys {
-            let slot = k.slot as usize;
-            if self.left[slot] == 0
-                && let Some(op) = self.ops[slot].take()
-            {
-                finished.push(op);
-                self.free.push(k.slot);
-                self.pending -= 1;
-            }
-        }
-        keys.clear();
-        self.spare_keys = keys;
-        Some(Planned {
-            nodes,
-            graph,
-            reserve,
-            finished,
-            recycled: self.recycled.clone(),
-        })
-    }
 }
 
 /// Run a planned window on `back`, on this thread (and the pool).
@@ -938,6 +494,7 @@ impl Feed<'_, '_> {
             tensors: &rep.tensors,
             elide: rep.opts.elide,
             fingerprints: rep.opts.fingerprints,
+            fuse: rep.opts.fuse,
         };
         let planned = rep.q.plan(&mut rep.lazy, &pcx, max_bytes, self.exec.pool);
         rep.work(start, true, |s| &mut s.plan_seconds);
@@ -1172,91 +729,6 @@ impl Replayer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_frontier_is_the_first_seq_not_seen() {
-        let mut f = Frontier::default();
-        for s in [1, 3, 0] {
-            f.see(s);
-        }
-        assert_eq!(f.next, 2);
-        f.see(2);
-        assert_eq!(f.next, 4);
-        // Duplicates and old seqs change nothing.
-        f.see(3);
-        f.see(0);
-        assert_eq!(f.next, 4);
-        f.see(5);
-        f.see(5);
-        f.see(4);
-        assert_eq!(f.next, 6);
-        assert!(f.ahead.is_empty());
-    }
-
-    #[test]
-    fn staging_hands_out_every_effect_below_the_bound_in_key_order() {
-        let mut q = Queue::new(&Meta::default());
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rand = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        let mut all = Vec::new();
-        let mut bound = 0;
-        for round in 0..40u64 {
-            // Arrivals nearly in order (reads late), some below the last
-            // bound's successors, with ties on seq.
-            for _ in 0..rand(80) {
-                let k = EffKey {
-                    seq: bound + rand(300),
-                    write: rand(2) == 1,
-                    op_id: rand(50),
-                    slot: round as u32,
-                };
-                q.queue.push(k);
-                all.push(k);
-            }
-            bound += rand(120);
-            q.stage(bound);
-            let mut want: Vec<EffKey> = all.iter().copied().filter(|k| k.seq < bound).collect();
-            want.sort();
-            assert_eq!(q.staged, want, "round {round}");
-            if round % 3 == 2 {
-                // A window takes what was staged.
-                all.retain(|k| k.seq >= bound);
-                q.staged.clear();
-            }
-        }
-        assert_eq!(q.staged_below, bound);
-    }
-
-    #[test]
-    fn only_records_no_node_shares_come_back_for_reuse() {
-        let op = |id| {
-            Arc::new(PendingOp {
-                rec: Record {
-                    op_id: id,
-                    ..Record::default()
-                },
-                plan: Plan::Skip,
-            })
-        };
-        let bin = Recycled::default();
-        let (a, b) = (op(1), op(2));
-        let held = b.clone();
-        bin.give(vec![a, b]);
-        let mut got = Vec::new();
-        bin.take_all(&mut got);
-        // `b` is still held (a node of a later window): it stays with it.
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].rec.op_id, 1);
-        assert!(Arc::get_mut(&mut got[0]).is_some());
-        assert_eq!(Arc::strong_count(&held), 1);
-        bin.take_all(&mut got);
-        assert_eq!(got.len(), 1, "taken once");
-    }
 
     #[test]
     fn waiting_on_a_pool_thread_runs_the_pool_work_it_waits_for() {
