@@ -2,6 +2,7 @@
 //! and come out in (t_start, op_id) order; a path target is written to a
 //! temporary file and renamed into place only on success.
 
+use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -48,6 +49,11 @@ impl<W: Write> Sink<W> {
 #[derive(Default)]
 struct Reorder {
     heap: BinaryHeap<Key>,
+    /// The effect seqs of the records in `heap`, for the least of them
+    /// (each records chunk's seq watermark) without a walk of the buffer,
+    /// which holds a record per op in flight: thousands on a large
+    /// machine, for every chunk.
+    seqs: SeqHeap,
     slab: Vec<Record>,
     free: Vec<usize>,
     spare_ranges: Vec<Vec<Extent>>,
@@ -97,9 +103,52 @@ impl PartialOrd for Key {
     }
 }
 
+/// A multiset of `u64`s with its least at hand: a min-heap of the values
+/// added and one of those removed (removal is lazy: a value leaves the
+/// first heap once it is the least of both). No allocation once grown.
+#[derive(Default)]
+struct SeqHeap {
+    added: BinaryHeap<Reverse<u64>>,
+    removed: BinaryHeap<Reverse<u64>>,
+}
+
+impl SeqHeap {
+    fn insert(&mut self, v: u64) {
+        self.added.push(Reverse(v));
+    }
+
+    /// Remove one `v`, which must be in the set.
+    fn remove(&mut self, v: u64) {
+        self.removed.push(Reverse(v));
+    }
+
+    /// The least value in the set.
+    fn min(&mut self) -> Option<u64> {
+        while let (Some(a), Some(r)) = (self.added.peek(), self.removed.peek()) {
+            if a != r {
+                break;
+            }
+            self.added.pop();
+            self.removed.pop();
+        }
+        self.added.peek().map(|r| r.0)
+    }
+}
+
+/// The seqs of a record's effects.
+fn effect_seqs(rec: &Record) -> impl Iterator<Item = u64> + '_ {
+    [rec.read.as_ref(), rec.write.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|e| e.seq)
+}
+
 impl Reorder {
     fn push(&mut self, rec: Record) {
         let key = (rec.t_start as u128) << 64 | rec.op_id as u128;
+        for seq in effect_seqs(&rec) {
+            self.seqs.insert(seq);
+        }
         let slot = match self.free.pop() {
             Some(i) => {
                 self.slab[i] = rec;
@@ -117,9 +166,19 @@ impl Reorder {
     /// removed from the heap (the caller frees the slot once done).
     fn pop_before(&mut self, watermark: Ps) -> Option<usize> {
         match self.heap.peek() {
-            Some(k) if k.t_start() < watermark => self.heap.pop().map(|k| k.slot),
+            Some(k) if k.t_start() < watermark => self.pop(),
             _ => None,
         }
+    }
+
+    /// The slot of the earliest record, removed from the heap (the caller
+    /// frees the slot once done).
+    fn pop(&mut self) -> Option<usize> {
+        let slot = self.heap.pop()?.slot;
+        for seq in effect_seqs(&self.slab[slot]) {
+            self.seqs.remove(seq);
+        }
+        Some(slot)
     }
 
     /// Drop the record in `slot`, keep its vectors, and reuse the slot.
@@ -380,19 +439,7 @@ impl<W: Write> TraceWriter<W> {
         let count = self.enc.count;
         // The payload starts with the seq watermark: no effect below it
         // is in a later chunk (buffered records still count against it).
-        let buffered = self
-            .reorder
-            .heap
-            .iter()
-            .flat_map(|k| {
-                let r = &self.reorder.slab[k.slot];
-                [r.read.as_ref(), r.write.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .map(|e| e.seq)
-            })
-            .min()
-            .unwrap_or(u64::MAX);
+        let buffered = self.reorder.seqs.min().unwrap_or(u64::MAX);
         let watermark = self.seq_floor.min(buffered);
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
@@ -496,8 +543,8 @@ impl<W: Write> TraceWriter<W> {
         self.seq_floor = u64::MAX;
         self.advance(Ps::MAX)?;
         // Records that start at Ps::MAX itself.
-        while let Some(k) = self.reorder.heap.pop() {
-            self.emit_slot(k.slot)?;
+        while let Some(slot) = self.reorder.pop() {
+            self.emit_slot(slot)?;
         }
         self.flush_records()?;
         self.flush_strings()?;
@@ -842,5 +889,38 @@ impl Write for AtomicFile {
 
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SeqHeap;
+
+    /// The least value of the multiset, against a sorted vector, through
+    /// inserts and removals in any order (duplicates included).
+    #[test]
+    fn seq_heap_keeps_the_least_value() {
+        let mut h = SeqHeap::default();
+        let mut naive: Vec<u64> = Vec::new();
+        assert_eq!(h.min(), None);
+        // A fixed pseudo-random walk: insert mostly, remove a present value.
+        let mut x: u64 = 12345;
+        for step in 0..2000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let v = (x >> 33) % 50;
+            if step % 3 == 2 && !naive.is_empty() {
+                let i = (v as usize) % naive.len();
+                let gone = naive.remove(i);
+                h.remove(gone);
+            } else {
+                naive.push(v);
+                h.insert(v);
+            }
+            assert_eq!(h.min(), naive.iter().copied().min(), "step {step}");
+        }
+        for v in naive.drain(..) {
+            h.remove(v);
+        }
+        assert_eq!(h.min(), None);
     }
 }
