@@ -2,7 +2,6 @@
 //! and come out in (t_start, op_id) order; a path target is written to a
 //! temporary file and renamed into place only on success.
 
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -49,12 +48,13 @@ impl<W: Write> Sink<W> {
 #[derive(Default)]
 struct Reorder {
     heap: BinaryHeap<Key>,
-    /// The effect seqs of the records in `heap`, for the least of them
-    /// (each records chunk's seq watermark) without a walk of the buffer,
-    /// which holds a record per op in flight: thousands on a large
-    /// machine, for every chunk.
-    seqs: SeqHeap,
     slab: Vec<Record>,
+    /// Per slab slot: the least effect seq of its record while the record
+    /// is in `heap`, else `u64::MAX`. Each records chunk's seq watermark
+    /// is the least of these: one pass over a dense array, not a walk of
+    /// the buffered records (a record per op in flight, thousands on a
+    /// large machine, each a cache miss).
+    min_seq: Vec<u64>,
     free: Vec<usize>,
     spare_ranges: Vec<Vec<Extent>>,
     spare_deps: Vec<Vec<Dep>>,
@@ -103,59 +103,29 @@ impl PartialOrd for Key {
     }
 }
 
-/// A multiset of `u64`s with its least at hand: a min-heap of the values
-/// added and one of those removed (removal is lazy: a value leaves the
-/// first heap once it is the least of both). No allocation once grown.
-#[derive(Default)]
-struct SeqHeap {
-    added: BinaryHeap<Reverse<u64>>,
-    removed: BinaryHeap<Reverse<u64>>,
-}
-
-impl SeqHeap {
-    fn insert(&mut self, v: u64) {
-        self.added.push(Reverse(v));
-    }
-
-    /// Remove one `v`, which must be in the set.
-    fn remove(&mut self, v: u64) {
-        self.removed.push(Reverse(v));
-    }
-
-    /// The least value in the set.
-    fn min(&mut self) -> Option<u64> {
-        while let (Some(a), Some(r)) = (self.added.peek(), self.removed.peek()) {
-            if a != r {
-                break;
-            }
-            self.added.pop();
-            self.removed.pop();
-        }
-        self.added.peek().map(|r| r.0)
-    }
-}
-
-/// The seqs of a record's effects.
-fn effect_seqs(rec: &Record) -> impl Iterator<Item = u64> + '_ {
+/// The least seq of a record's effects (`u64::MAX`: none).
+fn least_seq(rec: &Record) -> u64 {
     [rec.read.as_ref(), rec.write.as_ref()]
         .into_iter()
         .flatten()
         .map(|e| e.seq)
+        .min()
+        .unwrap_or(u64::MAX)
 }
 
 impl Reorder {
     fn push(&mut self, rec: Record) {
         let key = (rec.t_start as u128) << 64 | rec.op_id as u128;
-        for seq in effect_seqs(&rec) {
-            self.seqs.insert(seq);
-        }
+        let least = least_seq(&rec);
         let slot = match self.free.pop() {
             Some(i) => {
                 self.slab[i] = rec;
+                self.min_seq[i] = least;
                 i
             }
             None => {
                 self.slab.push(rec);
+                self.min_seq.push(least);
                 self.slab.len() - 1
             }
         };
@@ -175,9 +145,7 @@ impl Reorder {
     /// frees the slot once done).
     fn pop(&mut self) -> Option<usize> {
         let slot = self.heap.pop()?.slot;
-        for seq in effect_seqs(&self.slab[slot]) {
-            self.seqs.remove(seq);
-        }
+        self.min_seq[slot] = u64::MAX;
         Some(slot)
     }
 
@@ -196,6 +164,11 @@ impl Reorder {
 
     fn len(&self) -> usize {
         self.heap.len()
+    }
+
+    /// The least effect seq of the records in the heap (`u64::MAX`: none).
+    fn least_buffered_seq(&self) -> u64 {
+        self.min_seq.iter().copied().min().unwrap_or(u64::MAX)
     }
 }
 
@@ -439,7 +412,7 @@ impl<W: Write> TraceWriter<W> {
         let count = self.enc.count;
         // The payload starts with the seq watermark: no effect below it
         // is in a later chunk (buffered records still count against it).
-        let buffered = self.reorder.seqs.min().unwrap_or(u64::MAX);
+        let buffered = self.reorder.least_buffered_seq();
         let watermark = self.seq_floor.min(buffered);
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
@@ -894,33 +867,61 @@ impl Write for AtomicFile {
 
 #[cfg(test)]
 mod tests {
-    use super::SeqHeap;
+    use super::Reorder;
+    use crate::{Effect, Record};
 
-    /// The least value of the multiset, against a sorted vector, through
-    /// inserts and removals in any order (duplicates included).
+    fn rec(t_start: u64, op_id: u64, read: Option<u64>, write: Option<u64>) -> Record {
+        let effect = |seq| Effect {
+            time: t_start,
+            seq,
+            ranges: Vec::new(),
+        };
+        Record {
+            t_start,
+            t_end: t_start,
+            op_id,
+            read: read.map(effect),
+            write: write.map(effect),
+            ..Record::default()
+        }
+    }
+
+    /// The least effect seq of the buffered records, against a walk of
+    /// the records still buffered, as records enter, leave in time order
+    /// and their slots are reused.
     #[test]
-    fn seq_heap_keeps_the_least_value() {
-        let mut h = SeqHeap::default();
-        let mut naive: Vec<u64> = Vec::new();
-        assert_eq!(h.min(), None);
-        // A fixed pseudo-random walk: insert mostly, remove a present value.
+    fn least_buffered_seq_follows_the_buffer() {
+        let mut r = Reorder::default();
+        assert_eq!(r.least_buffered_seq(), u64::MAX);
+        let mut naive: Vec<(u64, Option<u64>, Option<u64>)> = Vec::new();
         let mut x: u64 = 12345;
-        for step in 0..2000 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let v = (x >> 33) % 50;
+        let mut op = 0;
+        for step in 0..3000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             if step % 3 == 2 && !naive.is_empty() {
-                let i = (v as usize) % naive.len();
-                let gone = naive.remove(i);
-                h.remove(gone);
+                let slot = r.pop().expect("a buffered record");
+                let t = r.slab[slot].t_start;
+                let i = naive.iter().position(|n| n.0 == t).expect("buffered");
+                naive.remove(i);
+                r.release(slot);
             } else {
-                naive.push(v);
-                h.insert(v);
+                // Distinct start times (the op id breaks no ties here).
+                let t = (x >> 20) % 1_000_000 * 4096 + op;
+                let seq = |k: u64| ((x >> k) % 7 != 0).then_some((x >> (k + 8)) % 500);
+                let (read, write) = (seq(3), seq(40));
+                naive.push((t, read, write));
+                r.push(rec(t, op, read, write));
+                op += 1;
             }
-            assert_eq!(h.min(), naive.iter().copied().min(), "step {step}");
+            let want = naive
+                .iter()
+                .flat_map(|n| [n.1, n.2])
+                .flatten()
+                .min()
+                .unwrap_or(u64::MAX);
+            assert_eq!(r.least_buffered_seq(), want, "step {step}");
         }
-        for v in naive.drain(..) {
-            h.remove(v);
-        }
-        assert_eq!(h.min(), None);
     }
 }

@@ -147,7 +147,11 @@ mod link_state_tests {
             let s = LinkState::new(&link);
             assert_eq!((s.free, s.bytes, s.latency_ps), (0, 0, lat));
             for bytes in [0, 1, 64, 4096, 1 << 20, 3 << 30] {
-                assert_eq!(s.serialize_ps(bytes), link.serialize_ps(bytes), "{bw} GB/s {bytes} B");
+                assert_eq!(
+                    s.serialize_ps(bytes),
+                    link.serialize_ps(bytes),
+                    "{bw} GB/s {bytes} B"
+                );
             }
         }
     }
