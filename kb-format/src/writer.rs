@@ -909,7 +909,7 @@ mod tests {
             } else {
                 // Distinct start times (the op id breaks no ties here).
                 let t = (x >> 20) % 1_000_000 * 4096 + op;
-                let seq = |k: u64| ((x >> k) % 7 != 0).then_some((x >> (k + 8)) % 500);
+                let seq = |k: u64| (!(x >> k).is_multiple_of(7)).then_some((x >> (k + 8)) % 500);
                 let (read, write) = (seq(3), seq(40));
                 naive.push((t, read, write));
                 r.push(rec(t, op, read, write));
