@@ -49,6 +49,12 @@ impl<W: Write> Sink<W> {
 struct Reorder {
     heap: BinaryHeap<Key>,
     slab: Vec<Record>,
+    /// Per slab slot: the least effect seq of its record while the record
+    /// is in `heap`, else `u64::MAX`. Each records chunk's seq watermark
+    /// is the least of these: one pass over a dense array, not a walk of
+    /// the buffered records (a record per op in flight, thousands on a
+    /// large machine, each a cache miss).
+    min_seq: Vec<u64>,
     free: Vec<usize>,
     spare_ranges: Vec<Vec<Extent>>,
     spare_deps: Vec<Vec<Dep>>,
@@ -97,16 +103,29 @@ impl PartialOrd for Key {
     }
 }
 
+/// The least seq of a record's effects (`u64::MAX`: none).
+fn least_seq(rec: &Record) -> u64 {
+    [rec.read.as_ref(), rec.write.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|e| e.seq)
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
 impl Reorder {
     fn push(&mut self, rec: Record) {
         let key = (rec.t_start as u128) << 64 | rec.op_id as u128;
+        let least = least_seq(&rec);
         let slot = match self.free.pop() {
             Some(i) => {
                 self.slab[i] = rec;
+                self.min_seq[i] = least;
                 i
             }
             None => {
                 self.slab.push(rec);
+                self.min_seq.push(least);
                 self.slab.len() - 1
             }
         };
@@ -117,9 +136,17 @@ impl Reorder {
     /// removed from the heap (the caller frees the slot once done).
     fn pop_before(&mut self, watermark: Ps) -> Option<usize> {
         match self.heap.peek() {
-            Some(k) if k.t_start() < watermark => self.heap.pop().map(|k| k.slot),
+            Some(k) if k.t_start() < watermark => self.pop(),
             _ => None,
         }
+    }
+
+    /// The slot of the earliest record, removed from the heap (the caller
+    /// frees the slot once done).
+    fn pop(&mut self) -> Option<usize> {
+        let slot = self.heap.pop()?.slot;
+        self.min_seq[slot] = u64::MAX;
+        Some(slot)
     }
 
     /// Drop the record in `slot`, keep its vectors, and reuse the slot.
@@ -137,6 +164,11 @@ impl Reorder {
 
     fn len(&self) -> usize {
         self.heap.len()
+    }
+
+    /// The least effect seq of the records in the heap (`u64::MAX`: none).
+    fn least_buffered_seq(&self) -> u64 {
+        self.min_seq.iter().copied().min().unwrap_or(u64::MAX)
     }
 }
 
@@ -380,19 +412,7 @@ impl<W: Write> TraceWriter<W> {
         let count = self.enc.count;
         // The payload starts with the seq watermark: no effect below it
         // is in a later chunk (buffered records still count against it).
-        let buffered = self
-            .reorder
-            .heap
-            .iter()
-            .flat_map(|k| {
-                let r = &self.reorder.slab[k.slot];
-                [r.read.as_ref(), r.write.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .map(|e| e.seq)
-            })
-            .min()
-            .unwrap_or(u64::MAX);
+        let buffered = self.reorder.least_buffered_seq();
         let watermark = self.seq_floor.min(buffered);
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
@@ -496,8 +516,8 @@ impl<W: Write> TraceWriter<W> {
         self.seq_floor = u64::MAX;
         self.advance(Ps::MAX)?;
         // Records that start at Ps::MAX itself.
-        while let Some(k) = self.reorder.heap.pop() {
-            self.emit_slot(k.slot)?;
+        while let Some(slot) = self.reorder.pop() {
+            self.emit_slot(slot)?;
         }
         self.flush_records()?;
         self.flush_strings()?;
@@ -842,5 +862,66 @@ impl Write for AtomicFile {
 
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reorder;
+    use crate::{Effect, Record};
+
+    fn rec(t_start: u64, op_id: u64, read: Option<u64>, write: Option<u64>) -> Record {
+        let effect = |seq| Effect {
+            time: t_start,
+            seq,
+            ranges: Vec::new(),
+        };
+        Record {
+            t_start,
+            t_end: t_start,
+            op_id,
+            read: read.map(effect),
+            write: write.map(effect),
+            ..Record::default()
+        }
+    }
+
+    /// The least effect seq of the buffered records, against a walk of
+    /// the records still buffered, as records enter, leave in time order
+    /// and their slots are reused.
+    #[test]
+    fn least_buffered_seq_follows_the_buffer() {
+        let mut r = Reorder::default();
+        assert_eq!(r.least_buffered_seq(), u64::MAX);
+        let mut naive: Vec<(u64, Option<u64>, Option<u64>)> = Vec::new();
+        let mut x: u64 = 12345;
+        let mut op = 0;
+        for step in 0..3000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if step % 3 == 2 && !naive.is_empty() {
+                let slot = r.pop().expect("a buffered record");
+                let t = r.slab[slot].t_start;
+                let i = naive.iter().position(|n| n.0 == t).expect("buffered");
+                naive.remove(i);
+                r.release(slot);
+            } else {
+                // Distinct start times (the op id breaks no ties here).
+                let t = (x >> 20) % 1_000_000 * 4096 + op;
+                let seq = |k: u64| (!(x >> k).is_multiple_of(7)).then_some((x >> (k + 8)) % 500);
+                let (read, write) = (seq(3), seq(40));
+                naive.push((t, read, write));
+                r.push(rec(t, op, read, write));
+                op += 1;
+            }
+            let want = naive
+                .iter()
+                .flat_map(|n| [n.1, n.2])
+                .flatten()
+                .min()
+                .unwrap_or(u64::MAX);
+            assert_eq!(r.least_buffered_seq(), want, "step {step}");
+        }
     }
 }

@@ -166,6 +166,11 @@ impl Group {
 #[derive(Debug)]
 pub(super) struct Dma {
     pub(super) pe: u32,
+    /// Its PE's coordinates and PE_DMA node, kept here: most of its
+    /// steps ask for them, and the machine's tables are cache misses
+    /// on a large machine.
+    pc: PeCoord,
+    node: NodeId,
     pub(super) op_id: u64,
     cmd: DmaCmd,
     /// An atomic's own state (`atomic.rs`); taken while its data step
@@ -231,7 +236,7 @@ pub(super) struct DmaEngines {
     pub(super) idle: u32,
     pub(super) waiting: VecDeque<u32>,
     /// The PE's DMAs issued and not finished, in issue order (`order.rs`).
-    pub(super) unfinished: Vec<u32>,
+    pub(super) unfinished: Vec<super::order::Unfinished>,
     /// Those held until an earlier one touching the same bytes finishes.
     pub(super) held: Vec<u32>,
 }
@@ -565,8 +570,11 @@ impl<W: Write> Engine<'_, W> {
             let seq = self.notify_seq(pe, &n);
             (n, self.release(pe), seq)
         });
+        let node = self.m.pe_node(pc, NodeKind::PeDma);
         let d = self.dmas.insert(Dma {
             pe,
+            pc,
+            node,
             op_id,
             cmd: c,
             atomic,
@@ -595,24 +603,23 @@ impl<W: Write> Engine<'_, W> {
             write: None,
             deps,
         });
-        self.engines[pe as usize].unfinished.push(d);
+        let x = self.dmas.peek(d);
+        let u = super::order::Unfinished::new(d, &x.src.pieces, &x.dst.pieces);
+        self.engines[pe as usize].unfinished.push(u);
         self.pes[pe as usize].outstanding += 1;
         if mode == DmaMode::Store {
             self.apply_at_issue(d)?;
         }
-        let (cpu, dma) = (
-            self.m.pe_node(pc, NodeKind::PeCpu),
-            self.m.pe_node(pc, NodeKind::PeDma),
-        );
-        self.send(cpu, dma, CONTROL_BYTES, DmaArrive::CmdAtDma(d));
+        let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
+        self.send(cpu, node, CONTROL_BYTES, DmaArrive::CmdAtDma(d));
         Ok(op_id)
     }
 
     /// Give `pe`'s loads in flight the race label `label` (see
     /// `Engine::release`).
     pub(super) fn relabel_loads_in_flight(&mut self, pe: u32, label: u32) {
-        for &d in &self.engines[pe as usize].unfinished {
-            let x = self.dmas.get(d);
+        for u in &self.engines[pe as usize].unfinished {
+            let x = self.dmas.get(u.dma);
             if !x.at_issue {
                 x.hb.label = label;
             }
@@ -711,8 +718,8 @@ impl<W: Write> Engine<'_, W> {
     }
 
     pub(super) fn dma_node(&mut self, d: u32) -> (PeCoord, NodeId) {
-        let pe = self.m.pe_coord(self.dmas.get(d).pe as usize);
-        (pe, self.m.pe_node(pe, NodeKind::PeDma))
+        let x = self.dmas.peek(d);
+        (x.pc, x.node)
     }
 
     pub(super) fn dma_arrive(&mut self, a: DmaArrive) {

@@ -9,7 +9,41 @@
 
 use kb_format::Ps;
 
-use crate::machine::{Machine, NodeKind};
+use crate::machine::{Link, Machine, NodeKind};
+
+/// A link as a hop uses it: its timing (copied from the machine's
+/// `Link`) beside when it is next free and the bytes it has carried, in
+/// one 32-byte entry: a hop touches one cache line of link state, where
+/// the machine's links and two per-link arrays were three (misses, once
+/// a large machine's events interleave).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LinkState {
+    /// When the link is free for the next message.
+    pub(super) free: Ps,
+    /// Bytes it has carried so far (launches take their share).
+    pub(super) bytes: u64,
+    pub(super) latency_ps: Ps,
+    bw_gbs: f64,
+}
+
+impl LinkState {
+    pub(super) fn new(l: &Link) -> Self {
+        LinkState {
+            free: 0,
+            bytes: 0,
+            latency_ps: l.latency_ps,
+            bw_gbs: l.bw_gbs,
+        }
+    }
+
+    /// Time to serialize `bytes` onto the link (as `Link::serialize_ps`).
+    #[inline]
+    pub(super) fn serialize_ps(&self, bytes: u64) -> Ps {
+        crate::event::ceil_ps(bytes as f64 * 1000.0 / self.bw_gbs)
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<LinkState>() == 32);
 
 /// One resource's share of a launch's traffic.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,5 +125,34 @@ impl FabricLoad {
                 }
             });
         FabricLoad { link, hbm }
+    }
+}
+
+#[cfg(test)]
+mod link_state_tests {
+    use super::LinkState;
+    use crate::machine::Link;
+
+    /// A hop's timing from the engine's copy equals the machine link's.
+    #[test]
+    fn link_state_times_as_its_link() {
+        for (bw, lat) in [(64.0, 1500), (12.8, 0), (1000.0, 7), (3.0, 250_000)] {
+            let link = Link {
+                from: 0,
+                to: 1,
+                latency_ps: lat,
+                bw_gbs: bw,
+                class: "noc",
+            };
+            let s = LinkState::new(&link);
+            assert_eq!((s.free, s.bytes, s.latency_ps), (0, 0, lat));
+            for bytes in [0, 1, 64, 4096, 1 << 20, 3 << 30] {
+                assert_eq!(
+                    s.serialize_ps(bytes),
+                    link.serialize_ps(bytes),
+                    "{bw} GB/s {bytes} B"
+                );
+            }
+        }
     }
 }

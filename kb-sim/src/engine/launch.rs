@@ -435,9 +435,9 @@ impl<W: Write> Engine<'_, W> {
                     // The links' bytes since its first kernel started (none
                     // started: no share).
                     let mut bytes = std::mem::take(&mut l.link_bytes_at_start);
-                    if bytes.len() == self.link_bytes.len() {
-                        for (b, now) in bytes.iter_mut().zip(&self.link_bytes) {
-                            *b = now - *b;
+                    if bytes.len() == self.links.len() {
+                        for (b, now) in bytes.iter_mut().zip(&self.links) {
+                            *b = now.bytes - *b;
                         }
                         l.fabric = super::FabricLoad::of(self.m, &bytes);
                     }
@@ -560,7 +560,9 @@ impl<W: Write> Engine<'_, W> {
         let pc = self.m.pe_coord(pe as usize);
         let l = &mut self.launches[launch as usize];
         if l.t_start.is_none() {
-            l.link_bytes_at_start.clone_from(&self.link_bytes);
+            l.link_bytes_at_start.clear();
+            l.link_bytes_at_start
+                .extend(self.links.iter().map(|k| k.bytes));
         }
         l.t_start = Some(l.t_start.map_or(now, |t| t.min(now)));
         let slot = l

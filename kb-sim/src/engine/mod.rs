@@ -176,7 +176,8 @@ const NO_VIA: NodeId = NodeId::MAX;
 #[derive(Debug)]
 struct Msg {
     route: Route,
-    hop: usize,
+    /// Links crossed so far (a route's length is a `u32`).
+    hop: u32,
     bytes: u64,
     /// When the tail is at the current node (at the source: when the last
     /// byte is ready there, for a streamed message).
@@ -347,9 +348,8 @@ impl<T: Copy> Live<T> {
 pub struct Engine<'m, W: Write> {
     m: &'m Machine,
     q: EventQueue<Ev>,
-    link_free: Vec<Ps>,
-    /// Bytes each link has carried so far (launches take their share).
-    link_bytes: Vec<u64>,
+    /// Per link: its timing, when it is free, the bytes it has carried.
+    links: Vec<fabric::LinkState>,
     comps: Vec<Option<Box<dyn Component>>>,
     engines: Vec<DmaEngines>,
     dma_setup_ps: Ps,
@@ -596,8 +596,7 @@ impl<'m, W: Write> Engine<'m, W> {
         Engine {
             m,
             q: EventQueue::default(),
-            link_free: vec![0; m.links.len()],
-            link_bytes: vec![0; m.links.len()],
+            links: m.links.iter().map(fabric::LinkState::new).collect(),
             comps,
             engines: (0..n_pes)
                 .map(|_| DmaEngines {
@@ -900,19 +899,19 @@ impl<'m, W: Write> Engine<'m, W> {
         let now = self.q.now();
         let flit = self.m.first_flit_ps;
         let msg = self.msgs.get(id);
-        let l = self.routes.links[(msg.route.start as usize) + msg.hop] as usize;
-        let link = &self.m.links[l];
-        let start = now.max(self.link_free[l]);
+        let l = self.routes.links[(msg.route.start + msg.hop) as usize] as usize;
+        let link = &mut self.links[l];
+        let start = now.max(link.free);
         // Saturating: a run that passes the time limit stops with an error
         // (`run_with_launches`), never wraps.
         let end = start
             .saturating_add(link.serialize_ps(msg.bytes))
             .max(msg.tail);
-        self.link_free[l] = end;
-        self.link_bytes[l] += msg.bytes;
+        link.free = end;
+        link.bytes += msg.bytes;
         msg.tail = end.saturating_add(link.latency_ps);
         msg.hop += 1;
-        if msg.hop == msg.route.len as usize {
+        if msg.hop == msg.route.len {
             msg.head = start.saturating_add(link.latency_ps);
             let at = if msg.on_head { msg.head } else { msg.tail };
             self.q.push(at, Ev::Arrive(id));
