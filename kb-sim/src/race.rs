@@ -597,7 +597,14 @@ impl Shadow {
         Self::buckets_of(x, &mut buckets);
         self.replaced.clear();
         let found = races.len();
+        // `x`'s span: its first byte to past its last.
+        let lo = x.pa;
+        let hi = match x.bytes() {
+            0 => lo,
+            _ => lo + (x.rows as u64 - 1) * x.stride + x.len,
+        };
         let mut v = Visit {
+            dedupe: buckets.len() > 1,
             entries: &self.entries,
             stamp: &mut self.stamp,
             query: self.query,
@@ -637,7 +644,9 @@ impl Shadow {
                     // one bucket only and this walk visits no `rest`, so
                     // each is met once (no stamp needed).
                     for &(id, ex) in &g.heads {
-                        if ex.bytes() > 0 && contains(x, &ex) {
+                        // A covered read starts at a byte of `x`: those
+                        // starting outside its span skip `contains`.
+                        if (lo..hi).contains(&ex.pa) && ex.bytes() > 0 && contains(x, &ex) {
                             v.replaced.push(id);
                         }
                     }
@@ -745,6 +754,10 @@ struct Visit<'a> {
     /// The last thread looked up in the access's clock, and its component
     /// (a bucket's entries are mostly a few threads').
     last: (u32, u32),
+    /// Whether an entry may be met twice (the access spans several
+    /// buckets); in one bucket each entry is listed once, and the stamps
+    /// (a cache miss each at scale) are left alone.
+    dedupe: bool,
 }
 
 impl Visit<'_> {
@@ -759,10 +772,12 @@ impl Visit<'_> {
     /// Check the access against entry `id` (once per access): a race, a
     /// replacement, or nothing.
     fn visit(&mut self, id: u32) {
-        if self.stamp[id as usize] == self.query {
-            return;
+        if self.dedupe {
+            if self.stamp[id as usize] == self.query {
+                return;
+            }
+            self.stamp[id as usize] = self.query;
         }
-        self.stamp[id as usize] = self.query;
         let entries = self.entries;
         let e = entries[id as usize].as_ref().expect("live entry");
         let (x, acc) = (self.x, self.acc);
@@ -923,6 +938,33 @@ mod tests {
         assert!(races.is_empty());
         s.clear();
         assert!(s.is_empty());
+    }
+
+    /// A read replaces its own thread's earlier reads that start inside
+    /// its span and that it covers (found among its buckets' heads), and
+    /// no others: not one starting at its end, nor one it only partly
+    /// covers. A strided read, one bucket and several.
+    #[test]
+    fn a_read_replaces_its_own_covered_reads_and_no_others() {
+        for (base, stride) in [(1 << 20, 256), (1 << 20, BUCKET)] {
+            let mut s = Shadow::default();
+            let mut races = Vec::new();
+            let read = |s: &mut Shadow, races: &mut Vec<Race>, x: Extent, id| {
+                s.access(&x, &acc(0, 1, &[1], false, id), races)
+            };
+            // Four 64-byte columns of 4 rows, one past the end, one
+            // straddling the end.
+            for k in 0..4 {
+                read(&mut s, &mut races, x(base + k * 64, 64, 4, stride), k);
+            }
+            read(&mut s, &mut races, x(base + 256, 64, 4, stride), 4);
+            read(&mut s, &mut races, x(base + 224, 64, 4, stride), 5);
+            assert_eq!(s.len(), 6);
+            // Columns 0..256 of the same rows cover the first four.
+            read(&mut s, &mut races, x(base, 256, 4, stride), 6);
+            assert_eq!(s.len(), 3, "stride {stride}");
+            assert!(races.is_empty());
+        }
     }
 
     /// The same decisions as [`Shadow`], by walking every access ever
