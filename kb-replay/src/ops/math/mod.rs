@@ -31,7 +31,7 @@
 //!   [`fmath`]'s, within 1 to 4 f64 ulps of the exact value (its table),
 //!   the same bits on every CPU; `sqrt` is IEEE's, `exp2` std's.
 //! - Float elementwise ops and reductions run a block of elements at a
-//!   time ([`kernels`], [`reduce`]): operands decoded where they lie into
+//!   time (`kernels`, `reduce`): operands decoded where they lie into
 //!   arrays on the stack (broadcasts read in place), one loop per op over
 //!   the block, which the compiler vectorises, results encoded straight
 //!   into the output; the result does not depend on how the tile is cut or
