@@ -109,6 +109,7 @@
 mod dataflow;
 mod exec;
 mod graph;
+mod memo;
 mod plan;
 mod queue;
 mod stats;

@@ -32,12 +32,13 @@
 use std::sync::Arc;
 
 use kb_format::{Extent, OpKind, Params, TensorMeta};
-use rustc_hash::{FxHashMap, FxHasher};
+use rustc_hash::FxHashMap;
 
+use super::memo::Memo;
 use super::{EffKey, Fingerprints, PendingOp, Stats};
 use crate::error::fmt_ns;
 use crate::ops::Plan;
-use crate::plane::lazy::{Lazy, SpanIndex, overlaps};
+use crate::plane::lazy::{Lazy, overlaps};
 use crate::plane::{PlaneError, extent_bytes_within, fmt_extents, mem_key, resolve_with, span};
 
 /// What a node does, on physical bytes.
@@ -115,7 +116,7 @@ pub(crate) struct DenseSlot {
 }
 
 impl DenseSlot {
-    fn new(len: usize) -> DenseSlot {
+    pub(crate) fn new(len: usize) -> DenseSlot {
         DenseSlot {
             cell: std::sync::OnceLock::new(),
             room: std::sync::Mutex::new(Vec::with_capacity(len)),
@@ -136,7 +137,7 @@ impl DenseSlot {
 
 /// How a [`Dense`] operand is read from its bytes: dtype, logical rows and
 /// columns, transposed, stored column-major.
-type DenseHow = (u8, usize, usize, bool, bool);
+pub(crate) type DenseHow = (u8, usize, usize, bool, bool);
 
 /// One node of a planned window.
 #[derive(Debug)]
@@ -196,23 +197,6 @@ impl PNode {
     }
 }
 
-/// Something true of the bytes of `src` until a physical write changes
-/// any of them (it is in `memo` under `hash`).
-#[derive(Debug)]
-struct Watch {
-    hash: u64,
-    src: Vec<Extent>,
-    what: Watched,
-}
-
-#[derive(Debug)]
-enum Watched {
-    /// Their fingerprint is checked: it is this.
-    Fp(u64),
-    /// They are decoded, read this way, in this slot.
-    Dense(DenseHow, Dense),
-}
-
 /// An op whose read is planned and whose write is not (a memory op's
 /// bytes must still be where they were at its write, or its read
 /// captures them; a compute op's read holds its output).
@@ -225,24 +209,15 @@ struct Pending {
     captured: bool,
 }
 
-/// Most fingerprint checks and decoded operands remembered.
-const MEMO_MAX: usize = 1 << 16;
-/// Most bytes of decoded operands remembered.
-const DENSE_MAX: usize = 256 << 20;
-
 /// The planner: its memory of checked fingerprints outlives a window.
 #[derive(Debug, Default)]
 pub(crate) struct Planner {
-    watches: Vec<Option<Watch>>,
-    free: Vec<u32>,
-    index: SpanIndex,
-    /// Fingerprint checks by hash of (extents, fingerprint).
-    memo: FxHashMap<u64, Vec<u32>>,
-    memo_len: usize,
-    /// Bytes of the decoded operands in `memo`.
-    dense_bytes: usize,
+    /// Checked fingerprints and decoded operands.
+    memo: Memo,
     /// This window's reads waiting for their writes, by op slot.
-    pending: FxHashMap<u32, Pending>,
+    /// (Indexed by slot: slots are small and reused; a hash map of
+    /// them cost a hash and a probe per memory op.)
+    pending: Vec<Option<Pending>>,
     /// This window's physical writes so far, per memory: (the count of
     /// writes before it, the extent).
     writes: FxHashMap<u64, Vec<(usize, Extent)>>,
@@ -332,14 +307,6 @@ pub fn sampled(op_id: u64) -> bool {
     op_id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60 == 0
 }
 
-fn memo_hash(src: &[Extent], tag: impl std::hash::Hash) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = FxHasher::default();
-    src.hash(&mut h);
-    tag.hash(&mut h);
-    h.finish()
-}
-
 /// One planning pass over a window.
 struct Pass<'p, 'c> {
     pl: &'p mut Planner,
@@ -355,98 +322,6 @@ struct Pass<'p, 'c> {
 }
 
 impl Planner {
-    fn watch(&mut self, w: Watch, src: &[Extent]) -> u32 {
-        let id = match self.free.pop() {
-            Some(id) => id,
-            None => {
-                self.watches.push(None);
-                (self.watches.len() - 1) as u32
-            }
-        };
-        for (i, e) in src.iter().enumerate() {
-            self.index.insert(e, id, i as u32);
-        }
-        self.watches[id as usize] = Some(w);
-        id
-    }
-
-    fn unwatch(&mut self, id: u32) -> Option<Watch> {
-        let w = self.watches[id as usize].take()?;
-        self.index.remove_id(id, &w.src);
-        self.free.push(id);
-        if let Watched::Dense((_, rows, cols, ..), _) = &w.what {
-            self.dense_bytes -= rows * cols * 4;
-        }
-        if let Some(v) = self.memo.get_mut(&w.hash) {
-            v.retain(|&x| x != id);
-            if v.is_empty() {
-                self.memo.remove(&w.hash);
-            }
-        }
-        self.memo_len -= 1;
-        Some(w)
-    }
-
-    /// Whether these bytes' fingerprint `fp` is checked already.
-    fn memo_has(&self, src: &[Extent], fp: u64) -> bool {
-        self.memo.get(&memo_hash(src, fp)).is_some_and(|ids| {
-            ids.iter().any(|&id| {
-                matches!(&self.watches[id as usize],
-                    Some(Watch { src: s, what: Watched::Fp(f), .. }) if *f == fp && s == src)
-            })
-        })
-    }
-
-    fn memo_insert(&mut self, src: &[Extent], hash: u64, what: Watched) {
-        if self.memo_len >= MEMO_MAX || self.dense_bytes >= DENSE_MAX {
-            let ids: Vec<u32> = self.memo.values().flatten().copied().collect();
-            for id in ids {
-                self.unwatch(id);
-            }
-        }
-        if let Watched::Dense((_, rows, cols, ..), _) = &what {
-            self.dense_bytes += rows * cols * 4;
-        }
-        let id = self.watch(
-            Watch {
-                hash,
-                src: src.to_vec(),
-                what,
-            },
-            src,
-        );
-        self.memo.entry(hash).or_default().push(id);
-        self.memo_len += 1;
-    }
-
-    fn memo_add(&mut self, src: &[Extent], fp: u64) {
-        self.memo_insert(src, memo_hash(src, fp), Watched::Fp(fp));
-    }
-
-    /// The slot of these bytes decoded `how`, shared with the GEMMs
-    /// before that read them so (a new one if none did since they last
-    /// changed).
-    fn dense(&mut self, src: &[Extent], how: DenseHow) -> Dense {
-        let hash = memo_hash(src, how);
-        if let Some(ids) = self.memo.get(&hash) {
-            for &id in ids {
-                if let Some(Watch {
-                    src: s,
-                    what: Watched::Dense(h, slot),
-                    ..
-                }) = &self.watches[id as usize]
-                    && *h == how
-                    && s == src
-                {
-                    return slot.clone();
-                }
-            }
-        }
-        let slot = Dense::new(DenseSlot::new(how.1 * how.2));
-        self.memo_insert(src, hash, Watched::Dense(how, slot.clone()));
-        slot
-    }
-
     /// Plan a window: `keys` sorted. Returns its nodes in effect order (in
     /// `nodes`, an empty vector to reuse). Bytes counts, fingerprints and
     /// lazy copies are counted here.
@@ -481,9 +356,10 @@ impl Planner {
             i += 1 + both as usize;
         }
         // Reads whose writes come in a later window hold their bytes.
-        let left: Vec<u32> = pass.pl.pending.keys().copied().collect();
-        for slot in left {
-            let p = pass.pl.pending.remove(&slot).expect("pending");
+        for k in keys {
+            let Some(p) = pass.pl.take_pending(k.slot) else {
+                continue;
+            };
             // (A compute op's read holds its output already.)
             if !p.captured {
                 pass.capture(p.node, p.src);
@@ -493,6 +369,18 @@ impl Planner {
         pass.pl.write_count = 0;
         pass.pl.chains.clear();
         pass.nodes
+    }
+
+    fn set_pending(&mut self, slot: u32, p: Pending) {
+        let i = slot as usize;
+        if self.pending.len() <= i {
+            self.pending.resize_with(i + 1, || None);
+        }
+        self.pending[i] = Some(p);
+    }
+
+    fn take_pending(&mut self, slot: u32) -> Option<Pending> {
+        self.pending.get_mut(slot as usize)?.take()
     }
 
     /// Whether a physical write planned after the first `since` of the
@@ -674,10 +562,10 @@ impl Pass<'_, '_> {
         let mut action = Action::None;
         if let Some(fp) = fp {
             self.stats.fingerprints_checked += 1;
-            if self.pl.memo_has(&src, fp) {
+            if self.pl.memo.has_fp(&src, fp) {
                 self.stats.fingerprints_reused += 1;
             } else {
-                self.pl.memo_add(&src, fp);
+                self.pl.memo.add_fp(&src, fp);
                 self.stats.fingerprint_bytes += n;
                 action = Action::Hash {
                     src: src.clone(),
@@ -688,7 +576,7 @@ impl Pass<'_, '_> {
         let node = self.push(slot, action);
         if has_write {
             let writes_then = self.pl.write_count;
-            self.pl.pending.insert(
+            self.pl.set_pending(
                 slot,
                 Pending {
                     node,
@@ -714,7 +602,7 @@ impl Pass<'_, '_> {
     }
 
     fn mem_write(&mut self, slot: u32) {
-        let Some(mut p) = self.pl.pending.remove(&slot) else {
+        let Some(mut p) = self.pl.take_pending(slot) else {
             // The read was in an earlier window (it captured), or there is
             // no read (nothing to write: an error unless the ranges are
             // empty).
@@ -814,20 +702,7 @@ impl Pass<'_, '_> {
             for a in cut {
                 self.materialize(a, slot);
             }
-            if let Some((s, end)) = span(e) {
-                let mut hit = Vec::new();
-                self.pl.index.query(s, end, |id, part| hit.push((id, part)));
-                hit.sort_unstable();
-                hit.dedup_by_key(|h| h.0);
-                for (id, _) in hit {
-                    let meets = self.pl.watches[id as usize]
-                        .as_ref()
-                        .is_some_and(|w| w.src.iter().any(|x| overlaps(x, e)));
-                    if meets {
-                        self.pl.unwatch(id);
-                    }
-                }
-            }
+            self.pl.memo.written(e);
             let count = self.pl.write_count;
             self.pl
                 .writes
@@ -938,7 +813,7 @@ impl Pass<'_, '_> {
                 },
             );
             self.nodes[i].hold = output;
-            self.pl.pending.insert(
+            self.pl.set_pending(
                 slot,
                 Pending {
                     node: i,
@@ -991,7 +866,7 @@ impl Pass<'_, '_> {
                     transpose,
                     layout == kb_format::Layout::ColMajor,
                 );
-                out[i] = Some(self.pl.dense(&pieces, how));
+                out[i] = Some(self.pl.memo.dense(&pieces, how));
             }
             self.pl.pieces = pieces;
         }
@@ -1126,7 +1001,7 @@ impl Pass<'_, '_> {
         };
         let w = r.write.clone().expect("a write");
         let had_read = r.read.is_some();
-        let held_here = self.pl.pending.remove(&slot);
+        let held_here = self.pl.take_pending(slot);
         if let Err(x) = self.plane.extent_bytes(&w.ranges) {
             let e = self.writing_error(slot, x);
             return self.fail(slot, e);

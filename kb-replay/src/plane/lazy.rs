@@ -383,6 +383,16 @@ impl Lazy {
         &t[from..to]
     }
 
+    /// The alias whose target is exactly `[start, start + len)`.
+    fn exact_target(&self, start: u64, len: u64) -> Option<u32> {
+        let t = self.targets.get(&mem_key(start))?;
+        let at = t.partition_point(|x| x.0 < start);
+        match t.get(at) {
+            Some(&(s, e, id)) if s == start && e == start + len => Some(id),
+            _ => None,
+        }
+    }
+
     /// Ids of the targets that overlap `[s, e)`, in address order.
     fn target_ids(&self, s: u64, e: u64) -> Vec<u32> {
         self.targets_in(s, e).iter().map(|x| x.2).collect()
@@ -479,6 +489,27 @@ impl Lazy {
     /// target) and must not overlap the target; the caller checks both.
     pub fn set(&mut self, start: u64, len: u64, src: Vec<Extent>) {
         let t = Extent::contiguous(start, len);
+        // The target exactly an alias's (a buffer loaded again): replaced
+        // in place, which is what trimming it away and inserting the new
+        // one do (the freed id is the one reused, at the same place in
+        // the memory's sorted targets), without moving that list twice.
+        if len > 0
+            && let Some(id) = self.exact_target(start, len)
+        {
+            debug_assert!(
+                !src.iter().any(|x| overlaps(x, &t)),
+                "a source overlaps its target"
+            );
+            let old = self.slab[id as usize].take().expect("live alias");
+            self.sources.remove_id(id, &old.src);
+            self.born[id as usize] = self.next_born;
+            self.next_born += 1;
+            for (i, e) in src.iter().enumerate() {
+                self.sources.insert(e, id, i as u32);
+            }
+            self.slab[id as usize] = Some(Alias { start, len, src });
+            return;
+        }
         let dropped = self.clear_target(&t);
         debug_assert!(dropped.is_empty(), "a contiguous write only trims");
         debug_assert!(
@@ -799,6 +830,32 @@ mod tests {
         out.clear();
         l.resolve_into(&Extent::contiguous(1000, 4), &mut out);
         assert_eq!(out, [Extent::contiguous(5000, 4)]);
+    }
+
+    #[test]
+    fn an_alias_onto_the_same_target_replaces_the_old_one() {
+        let mut l = Lazy::default();
+        l.set(1000, 16, vec![strided(5000, 4, 4, 16)]);
+        l.set(1016, 8, vec![Extent::contiguous(7000, 8)]);
+        // The same target again, from other bytes: the old alias is gone
+        // (its source no longer holds it), the neighbour stays.
+        l.set(1000, 16, vec![Extent::contiguous(6000, 16)]);
+        l.check();
+        assert_eq!(l.len(), 2);
+        assert!(l.take_sourced(&Extent::contiguous(5000, 64)).is_empty());
+        let mut out = Vec::new();
+        l.resolve_into(&Extent::contiguous(1008, 16), &mut out);
+        // (6008..6016 then 7000..7008: two equal runs, one strided extent.)
+        assert_eq!(out, [strided(6008, 8, 2, 992)]);
+        // It is the youngest: taken with an older one, it comes last.
+        l.set(2000, 4, vec![Extent::contiguous(6000, 4)]);
+        l.set(1000, 16, vec![Extent::contiguous(6000, 16)]);
+        let got = l.take_sourced(&Extent::contiguous(6000, 1));
+        assert_eq!(
+            got.iter().map(|a| a.start).collect::<Vec<_>>(),
+            [2000, 1000]
+        );
+        l.check();
     }
 
     #[test]
