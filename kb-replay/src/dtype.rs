@@ -236,6 +236,15 @@ pub fn encode_f32(d: Dtype, vals: &[f32], out: &mut [u8]) {
     }
 }
 
+/// Whether [`convert_f32_f16`] converts from `from` to `to` (one of them
+/// f32, the other f16).
+pub fn converts_f32_f16(from: Dtype, to: Dtype) -> bool {
+    matches!(
+        (from, to),
+        (Dtype::F32, Dtype::F16) | (Dtype::F16, Dtype::F32)
+    )
+}
+
 /// `b` (elements of `from`) converted into `out` (as many elements of
 /// `to`) when one dtype is f32 and the other f16; `false` (nothing
 /// written) otherwise: the same bits as going through f64 ([`to_f64`],

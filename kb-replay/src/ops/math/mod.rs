@@ -171,6 +171,7 @@ pub fn output_len(p: &MathParams) -> Option<u64> {
     tile_len(p.rows, p.cols, p.dtype)
 }
 
+#[derive(Clone, Copy)]
 enum Operand<'a> {
     Tile {
         rows: usize,
@@ -379,6 +380,141 @@ fn check_shapes(
     Ok(())
 }
 
+/// A math op's operands, in input order: at most three (every op's
+/// arity), held inline so that no op allocates for them.
+struct Operands<'a> {
+    v: [Operand<'a>; 3],
+    n: usize,
+}
+
+impl<'a> std::ops::Deref for Operands<'a> {
+    type Target = [Operand<'a>];
+    fn deref(&self) -> &[Operand<'a>] {
+        &self.v[..self.n]
+    }
+}
+
+impl<'a> Operands<'a> {
+    /// The operands of `p` (at most three inputs: [`arity`] checked
+    /// first), each tile's bytes from `bytes(k, len)` for the `k`-th tile
+    /// input of `len` bytes; `None` when `bytes` has none that size.
+    fn new(
+        p: &MathParams,
+        mut bytes: impl FnMut(usize, usize) -> Option<&'a [u8]>,
+    ) -> Option<Operands<'a>> {
+        let mut v = [Operand::Scalar(0.0); 3];
+        let mut k = 0;
+        for (o, i) in v.iter_mut().zip(&p.inputs) {
+            *o = match *i {
+                MathInput::Tile {
+                    rows, cols, dtype, ..
+                } => {
+                    let len = usize::try_from(tile_len(rows, cols, dtype)?).ok()?;
+                    let b = bytes(k, len).filter(|b| b.len() == len)?;
+                    k += 1;
+                    Operand::Tile {
+                        rows: rows as usize,
+                        cols: cols as usize,
+                        dtype,
+                        bytes: b,
+                    }
+                }
+                MathInput::Scalar(s) => Operand::Scalar(s),
+            };
+        }
+        Some(Operands {
+            v,
+            n: p.inputs.len().min(3),
+        })
+    }
+}
+
+/// How an elementwise op or reduction whose shapes and dtypes are
+/// checked runs: the one dispatch of [`execute`] and [`execute_tiles`].
+enum Route<'a> {
+    /// Only scalar inputs: one value, repeated ([`execute`] only).
+    Fill,
+    /// A copy or cast of a whole tile to its own dtype: these bytes.
+    Verbatim(&'a [u8]),
+    /// A copy or cast of a whole tile between f32 and f16: this tile.
+    Convert(Dtype, &'a [u8]),
+    /// `argmax` / `argmin` ([`execute`] only).
+    Arg,
+    /// Integer arithmetic in wrapping i64 ([`execute`] only).
+    Int,
+    /// A float elementwise op or reduction ([`float_into`]).
+    Float,
+}
+
+/// The checks and the choice of path every elementwise op and reduction
+/// goes through (not `arange` or the structural ops, which have their
+/// own rules): shapes, dtypes, then the fill, whole-tile copy or cast,
+/// arg, integer or float path, in that order.
+fn route<'a>(
+    p: &MathParams,
+    ops: &[Operand<'a>],
+    rows: usize,
+    cols: usize,
+    count: usize,
+) -> Result<Route<'a>, String> {
+    check_shapes(p, ops, rows, cols, count)?;
+    check_dtypes(p, ops)?;
+    if !is_reduction(p.op) && count > 1 && ops.iter().all(|o| matches!(o, Operand::Scalar(_))) {
+        return Ok(Route::Fill);
+    }
+    // Copies and casts of a whole tile: verbatim between equal dtypes;
+    // f32 <-> f16 through half's slice conversion (F16C where the CPU has
+    // it): the bits of the f64 path for every input (checked over all
+    // 2^32 f32 values and all 2^16 f16 ones).
+    if matches!(p.op, MathOp::Copy | MathOp::Cast)
+        && let Some(&Operand::Tile {
+            rows: r,
+            cols: c,
+            dtype,
+            bytes,
+        }) = ops.first()
+        && (r, c) == (rows, cols)
+    {
+        if dtype == p.dtype {
+            return Ok(Route::Verbatim(bytes));
+        }
+        if dtype::converts_f32_f16(dtype, p.dtype) {
+            return Ok(Route::Convert(dtype, bytes));
+        }
+    }
+    if matches!(p.op, MathOp::ArgMax | MathOp::ArgMin) {
+        return Ok(Route::Arg);
+    }
+    if int_op(p.op) && dtype::is_int(p.dtype) && ops.iter().all(Operand::is_integral) {
+        return Ok(Route::Int);
+    }
+    Ok(Route::Float)
+}
+
+/// Ops that run in wrapping i64 when the output and every input are
+/// integers (see the module docs).
+fn int_op(op: MathOp) -> bool {
+    matches!(
+        op,
+        MathOp::Add
+            | MathOp::Sub
+            | MathOp::Mul
+            | MathOp::Max
+            | MathOp::Min
+            | MathOp::Abs
+            | MathOp::Neg
+            | MathOp::Where
+            | MathOp::Cast
+            | MathOp::Copy
+            | MathOp::Sum
+            | MathOp::ReduceMax
+            | MathOp::ReduceMin
+            | MathOp::Floor
+            | MathOp::Ceil
+            | MathOp::Clamp
+    )
+}
+
 /// Run one math op on its concatenated tile bytes; returns the output bytes.
 pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
     let name = op_name(p.op);
@@ -398,157 +534,114 @@ pub fn execute(p: &MathParams, input: &[u8]) -> Result<Vec<u8>, String> {
     }
     let (rows, cols) = (p.rows as usize, p.cols as usize);
     let count = rows.checked_mul(cols).ok_or("math output size overflows")?;
+    // The tiles lie one after the other (their sizes add up: checked).
     let mut pos = 0usize;
-    let mut ops = Vec::with_capacity(p.inputs.len());
-    for i in &p.inputs {
-        ops.push(match *i {
-            MathInput::Tile {
-                rows, cols, dtype, ..
-            } => {
-                let n = rows as usize * cols as usize * dtype.size();
-                let bytes = &input[pos..pos + n];
-                pos += n;
-                Operand::Tile {
-                    rows: rows as usize,
-                    cols: cols as usize,
-                    dtype,
-                    bytes,
-                }
-            }
-            MathInput::Scalar(v) => Operand::Scalar(v),
-        });
-    }
+    let ops = Operands::new(p, |_, n| {
+        let b = input.get(pos..pos + n);
+        pos += n;
+        b
+    })
+    .ok_or("math tile sizes overflow")?;
 
     if p.op == MathOp::Arange {
-        let idx: Vec<i64> = match p.axis {
-            Some(0) => (0..rows)
-                .flat_map(|i| std::iter::repeat_n(i as i64, cols))
-                .collect(),
-            Some(1) => (0..rows).flat_map(|_| 0..cols as i64).collect(),
-            a => return Err(format!("math {name} needs axis 0 or 1, not {a:?}")),
-        };
-        let mut out = Vec::with_capacity(count * p.dtype.size());
-        if dtype::is_int(p.dtype) {
-            dtype::extend_i64(p.dtype, &idx, &mut out);
-        } else {
-            let v: Vec<f64> = idx.iter().map(|&i| i as f64).collect();
-            dtype::extend_f64(p.dtype, &v, &mut out);
-        }
-        return Ok(out);
+        return arange(p, rows, cols, count);
     }
-
     if is_structural(p.op) {
         return structural::structural(p, &ops);
     }
 
-    check_shapes(p, &ops, rows, cols, count)?;
-
-    check_dtypes(p, &ops)?;
-
+    let route = route(p, &ops, rows, cols, count)?;
     let size = p.dtype.size();
     let out_len = count * size;
     // The output's buffer comes from the pool the engine returns it to
     // once written, so an op allocates nothing in the steady state.
     let mut out = crate::pool::BYTES.take(out_len);
-
-    // Only scalar inputs (a fill): one value, repeated.
-    if !is_reduction(p.op) && count > 1 && ops.iter().all(|o| matches!(o, Operand::Scalar(_))) {
-        let one = MathParams {
-            rows: 1,
-            cols: 1,
-            ..p.clone()
-        };
-        let one = execute(&one, input)?;
-        out.resize(out_len, 0);
-        for c in out.chunks_exact_mut(size) {
-            c.copy_from_slice(&one);
-        }
-        crate::pool::BYTES.give(one);
-        return Ok(out);
-    }
-
-    // Copies and casts of a whole tile: verbatim between equal dtypes;
-    // f32 <-> f16 through half's slice conversion (F16C where the CPU has
-    // it): the bits of the f64 path for every input (checked over all
-    // 2^32 f32 values and all 2^16 f16 ones).
-    if matches!(p.op, MathOp::Copy | MathOp::Cast)
-        && let Operand::Tile {
-            rows: r,
-            cols: c,
-            dtype,
-            bytes,
-        } = ops[0]
-        && (r, c) == (rows, cols)
-    {
-        if dtype == p.dtype {
-            out.extend_from_slice(bytes);
-            return Ok(out);
-        }
-        out.resize(out_len, 0);
-        if dtype::convert_f32_f16(dtype, p.dtype, bytes, &mut out) {
-            return Ok(out);
-        }
-        out.clear();
-    }
-
     let axis = p.axis.unwrap_or(0);
-    let int_op = matches!(
-        p.op,
-        MathOp::Add
-            | MathOp::Sub
-            | MathOp::Mul
-            | MathOp::Max
-            | MathOp::Min
-            | MathOp::Abs
-            | MathOp::Neg
-            | MathOp::Where
-            | MathOp::Cast
-            | MathOp::Copy
-            | MathOp::Sum
-            | MathOp::ReduceMax
-            | MathOp::ReduceMin
-            | MathOp::Floor
-            | MathOp::Ceil
-            | MathOp::Clamp
-    );
-    if matches!(p.op, MathOp::ArgMax | MathOp::ArgMin) {
-        // Every dtype decodes exactly to f64, so comparing there is exact.
-        let x = ops[0].f64s();
-        let idx = if p.op == MathOp::ArgMax {
-            arg_reduce(&x, axis, |v, best| v > best)
-        } else {
-            arg_reduce(&x, axis, |v, best| v < best)
-        };
-        dtype::extend_i64(p.dtype, &idx, &mut out);
-    } else if int_op && dtype::is_int(p.dtype) && ops.iter().all(Operand::is_integral) {
-        let ins: Vec<Mat<i64>> = ops.iter().map(Operand::i64s).collect();
-        let vals = match p.op {
-            MathOp::Sum => reduce(&ins[0], axis, i64::wrapping_add),
-            MathOp::ReduceMax => reduce(&ins[0], axis, i64::max),
-            MathOp::ReduceMin => reduce(&ins[0], axis, i64::min),
-            op => elementwise(&ins, rows, cols, |a| match op {
-                MathOp::Add => a[0].wrapping_add(a[1]),
-                MathOp::Sub => a[0].wrapping_sub(a[1]),
-                MathOp::Mul => a[0].wrapping_mul(a[1]),
-                MathOp::Max => a[0].max(a[1]),
-                MathOp::Min => a[0].min(a[1]),
-                MathOp::Abs => a[0].wrapping_abs(),
-                MathOp::Neg => a[0].wrapping_neg(),
-                MathOp::Where => {
-                    if a[0] != 0 {
-                        a[1]
-                    } else {
-                        a[2]
+    match route {
+        Route::Fill => {
+            let one = MathParams {
+                rows: 1,
+                cols: 1,
+                ..p.clone()
+            };
+            let one = execute(&one, input)?;
+            out.resize(out_len, 0);
+            for c in out.chunks_exact_mut(size) {
+                c.copy_from_slice(&one);
+            }
+            crate::pool::BYTES.give(one);
+        }
+        Route::Verbatim(bytes) => out.extend_from_slice(bytes),
+        Route::Convert(from, bytes) => {
+            out.resize(out_len, 0);
+            dtype::convert_f32_f16(from, p.dtype, bytes, &mut out);
+        }
+        Route::Arg => {
+            // Every dtype decodes exactly to f64, so comparing there is exact.
+            let x = ops[0].f64s();
+            let idx = if p.op == MathOp::ArgMax {
+                arg_reduce(&x, axis, |v, best| v > best)
+            } else {
+                arg_reduce(&x, axis, |v, best| v < best)
+            };
+            dtype::extend_i64(p.dtype, &idx, &mut out);
+        }
+        Route::Int => {
+            let ins: Vec<Mat<i64>> = ops.iter().map(Operand::i64s).collect();
+            let vals = match p.op {
+                MathOp::Sum => reduce(&ins[0], axis, i64::wrapping_add),
+                MathOp::ReduceMax => reduce(&ins[0], axis, i64::max),
+                MathOp::ReduceMin => reduce(&ins[0], axis, i64::min),
+                op => elementwise(&ins, rows, cols, |a| match op {
+                    MathOp::Add => a[0].wrapping_add(a[1]),
+                    MathOp::Sub => a[0].wrapping_sub(a[1]),
+                    MathOp::Mul => a[0].wrapping_mul(a[1]),
+                    MathOp::Max => a[0].max(a[1]),
+                    MathOp::Min => a[0].min(a[1]),
+                    MathOp::Abs => a[0].wrapping_abs(),
+                    MathOp::Neg => a[0].wrapping_neg(),
+                    MathOp::Where => {
+                        if a[0] != 0 {
+                            a[1]
+                        } else {
+                            a[2]
+                        }
                     }
-                }
-                MathOp::Clamp => a[0].max(a[1]).min(a[2]),
-                _ => a[0],
-            }),
-        };
-        dtype::extend_i64(p.dtype, &vals, &mut out);
+                    MathOp::Clamp => a[0].max(a[1]).min(a[2]),
+                    _ => a[0],
+                }),
+            };
+            dtype::extend_i64(p.dtype, &vals, &mut out);
+        }
+        Route::Float => {
+            out.resize(out_len, 0);
+            float_into(p, &ops, rows, cols, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+/// `arange`: each element its index along `axis`, rounded to the output
+/// dtype.
+fn arange(p: &MathParams, rows: usize, cols: usize, count: usize) -> Result<Vec<u8>, String> {
+    let idx: Vec<i64> = match p.axis {
+        Some(0) => (0..rows)
+            .flat_map(|i| std::iter::repeat_n(i as i64, cols))
+            .collect(),
+        Some(1) => (0..rows).flat_map(|_| 0..cols as i64).collect(),
+        a => {
+            return Err(format!(
+                "math {} needs axis 0 or 1, not {a:?}",
+                op_name(p.op)
+            ));
+        }
+    };
+    let mut out = Vec::with_capacity(count * p.dtype.size());
+    if dtype::is_int(p.dtype) {
+        dtype::extend_i64(p.dtype, &idx, &mut out);
     } else {
-        out.resize(out_len, 0);
-        float_into(p, &ops, rows, cols, &mut out);
+        let v: Vec<f64> = idx.iter().map(|&i| i as f64).collect();
+        dtype::extend_f64(p.dtype, &v, &mut out);
     }
     Ok(out)
 }
@@ -576,60 +669,32 @@ pub fn tile_lens(p: &MathParams) -> Option<Vec<usize>> {
 /// the wrong sizes), nothing written: run [`execute`] instead. Errors are
 /// [`execute`]'s.
 pub fn execute_tiles(p: &MathParams, tiles: &[&[u8]], out: &mut [u8]) -> Result<bool, String> {
-    let direct = !(p.op == MathOp::Arange
-        || is_structural(p.op)
-        || matches!(p.op, MathOp::ArgMax | MathOp::ArgMin)
-        || p.inputs.len() != arity(p.op));
-    let lens_match = tile_lens(p)
-        .is_some_and(|l| l.len() == tiles.len() && l.iter().zip(tiles).all(|(&n, t)| t.len() == n));
+    if p.op == MathOp::Arange || is_structural(p.op) || p.inputs.len() != arity(p.op) {
+        return Ok(false);
+    }
     let (rows, cols) = (p.rows as usize, p.cols as usize);
     let Some(count) = rows.checked_mul(cols) else {
         return Ok(false);
     };
-    if !direct || !lens_match || output_len(p) != Some(out.len() as u64) {
-        return Ok(false);
-    }
-    let mut next = tiles.iter();
-    let ops: Vec<Operand> = p
+    let n_tiles = p
         .inputs
         .iter()
-        .map(|i| match *i {
-            MathInput::Tile {
-                rows, cols, dtype, ..
-            } => Operand::Tile {
-                rows: rows as usize,
-                cols: cols as usize,
-                dtype,
-                bytes: next.next().copied().unwrap_or_default(),
-            },
-            MathInput::Scalar(v) => Operand::Scalar(v),
-        })
-        .collect();
-    check_shapes(p, &ops, rows, cols, count)?;
-    check_dtypes(p, &ops)?;
-    let fill = count > 1 && ops.iter().all(|o| matches!(o, Operand::Scalar(_)));
-    let int = dtype::is_int(p.dtype) && ops.iter().all(Operand::is_integral);
-    if fill || int {
+        .filter(|i| matches!(i, MathInput::Tile { .. }))
+        .count();
+    if n_tiles != tiles.len() || output_len(p) != Some(out.len() as u64) {
         return Ok(false);
     }
-    if matches!(p.op, MathOp::Copy | MathOp::Cast)
-        && let Operand::Tile {
-            rows: r,
-            cols: c,
-            dtype,
-            bytes,
-        } = ops[0]
-        && (r, c) == (rows, cols)
-    {
-        if dtype == p.dtype {
-            out.copy_from_slice(bytes);
-            return Ok(true);
+    let Some(ops) = Operands::new(p, |k, _| tiles.get(k).copied()) else {
+        return Ok(false);
+    };
+    match route(p, &ops, rows, cols, count)? {
+        Route::Fill | Route::Arg | Route::Int => return Ok(false),
+        Route::Verbatim(bytes) => out.copy_from_slice(bytes),
+        Route::Convert(from, bytes) => {
+            dtype::convert_f32_f16(from, p.dtype, bytes, out);
         }
-        if dtype::convert_f32_f16(dtype, p.dtype, bytes, out) {
-            return Ok(true);
-        }
+        Route::Float => float_into(p, &ops, rows, cols, out),
     }
-    float_into(p, &ops, rows, cols, out);
     Ok(true)
 }
 

@@ -730,3 +730,94 @@ fn tiles_in_place_give_the_gathered_bits() {
         execute(&bad, &[x.clone(), x.clone()].concat()).unwrap_err()
     );
 }
+
+/// `execute` and `execute_tiles` share one dispatch (`route`): every op
+/// the in-place path takes gives `execute`'s bytes, including the
+/// integer ones that are not integer arithmetic (a verbatim copy, a
+/// division in f64), and the ones it declines (integer arithmetic, a
+/// fill) are declined before anything is written.
+#[test]
+fn one_dispatch_for_both_entry_points() {
+    let i = Dtype::I32;
+    let ints: Vec<u8> = [7i32, -3, 1 << 30, -1, 0, 12]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let twos: Vec<u8> = [2i32; 6].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let taken: Vec<(MathParams, Vec<&[u8]>)> = vec![
+        // An integer copy to its own dtype: the bytes, verbatim.
+        (
+            params(MathOp::Copy, vec![tile(2, 3, i)], 2, 3, i),
+            vec![&ints],
+        ),
+        // An integer division is float arithmetic (`div` has no integer
+        // form): in f64, truncated to the output.
+        (
+            params(MathOp::Div, vec![tile(2, 3, i), tile(2, 3, i)], 2, 3, i),
+            vec![&ints, &twos],
+        ),
+        // A reduction's float path, along each axis.
+        (
+            MathParams {
+                axis: Some(1),
+                ..params(MathOp::Sum, vec![tile(2, 3, i)], 2, 1, Dtype::F32)
+            },
+            vec![&ints],
+        ),
+    ];
+    for (p, parts) in &taken {
+        let want = execute(p, &parts.concat()).unwrap();
+        let mut got = vec![0xa5u8; want.len()];
+        assert_eq!(execute_tiles(p, parts, &mut got), Ok(true), "{:?}", p.op);
+        assert_eq!(got, want, "{:?}", p.op);
+    }
+    assert_eq!(
+        execute(&taken[0].0, &ints).unwrap(),
+        ints,
+        "a copy is verbatim"
+    );
+    assert_eq!(
+        dtype::to_i64(
+            i,
+            &execute(&taken[1].0, &[&ints[..], &twos].concat()).unwrap()
+        ),
+        vec![3, -1, 1 << 29, 0, 0, 6],
+        "division truncates toward zero"
+    );
+    // Declined, nothing written: integer arithmetic (a cast between
+    // integer dtypes is one) and a fill.
+    let bytes: Vec<u8> = vec![1, 2, 3, 4, 5, 6];
+    let declined: Vec<(MathParams, Vec<&[u8]>)> = vec![
+        (
+            params(MathOp::Cast, vec![tile(2, 3, Dtype::I8)], 2, 3, i),
+            vec![&bytes],
+        ),
+        (
+            params(MathOp::Max, vec![tile(2, 3, i), tile(2, 3, i)], 2, 3, i),
+            vec![&ints, &twos],
+        ),
+        (
+            params(
+                MathOp::Add,
+                vec![MathInput::Scalar(1.0), MathInput::Scalar(2.0)],
+                2,
+                3,
+                Dtype::F32,
+            ),
+            vec![],
+        ),
+    ];
+    for (p, parts) in &declined {
+        let n = output_len(p).unwrap() as usize;
+        let mut out = vec![0xa5u8; n];
+        assert_eq!(execute_tiles(p, parts, &mut out), Ok(false), "{:?}", p.op);
+        assert!(out.iter().all(|&b| b == 0xa5), "{:?} wrote", p.op);
+        // `execute` runs them.
+        assert_eq!(execute(p, &parts.concat()).unwrap().len(), n, "{:?}", p.op);
+    }
+    // A tile of the wrong size is declined, not misread.
+    let p = params(MathOp::Copy, vec![tile(2, 3, i)], 2, 3, i);
+    let mut out = vec![0xa5u8; 24];
+    assert_eq!(execute_tiles(&p, &[&ints[..20]], &mut out), Ok(false));
+    assert_eq!(execute_tiles(&p, &[&ints, &ints], &mut out), Ok(false));
+}
