@@ -93,20 +93,41 @@ fn peer_workload(ex: Executor, iters: u64) -> (u64, u64, f64, Option<f64>) {
         let body = kernel::body(peer_kernel, args.clone(), pe, i as u32, 64, rt.take_tcm(pe));
         programs.push(ex.spawn(format!("peer[{i}]"), body).unwrap());
     }
-    let writer = TraceWriter::new(std::io::sink(), &Meta::default()).unwrap();
-    let t = Instant::now();
-    let cpu0 = thread_cpu_s();
-    let (w, stats) = Engine::new(&m, writer, &rt.tensors, programs)
-        .run()
-        .unwrap();
-    w.finish(&VerifySpec::default()).unwrap();
-    let wall = t.elapsed().as_secs_f64();
-    let cpu = cpu0.zip(thread_cpu_s()).map(|(a, b)| b - a);
+    // KB_BENCH_TRACE=FILE writes the trace there (to compare two builds'
+    // traces byte for byte); otherwise it is encoded and dropped. One
+    // writer type either way: a second instantiation of the engine changes
+    // what the compiler inlines into the event loop (the queue's `pop` was
+    // left out of line, +5 % instructions).
+    let out: Box<dyn std::io::Write> = match std::env::var_os("KB_BENCH_TRACE") {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).unwrap(),
+        )),
+        None => Box::new(std::io::sink()),
+    };
+    let (stats, wall, cpu) = run_engine(&m, out, &rt, programs);
     // Kernel ops: the peer counts load, gemm and store records; ours also
     // include the host's deploy writes, which we leave out.
     let kernel_ops = 3 * 64 * iters;
     assert!(stats.records >= kernel_ops);
     (kernel_ops, stats.events, wall, cpu)
+}
+
+/// Run the engine over `programs`, writing the trace to `out`; returns
+/// its stats, wall seconds and CPU seconds of this thread (where known).
+fn run_engine(
+    m: &Machine,
+    out: Box<dyn std::io::Write>,
+    rt: &Runtime,
+    programs: Vec<Box<dyn PeProgram>>,
+) -> (kb_sim::engine::RunStats, f64, Option<f64>) {
+    let writer = TraceWriter::new(out, &Meta::default()).unwrap();
+    let t = Instant::now();
+    let cpu0 = thread_cpu_s();
+    let (w, stats) = Engine::new(m, writer, &rt.tensors, programs).run().unwrap();
+    w.finish(&VerifySpec::default()).unwrap();
+    let wall = t.elapsed().as_secs_f64();
+    let cpu = cpu0.zip(thread_cpu_s()).map(|(a, b)| b - a);
+    (stats, wall, cpu)
 }
 
 fn executors() -> Vec<Executor> {

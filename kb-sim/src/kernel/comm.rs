@@ -115,7 +115,7 @@ impl Tl<'_> {
             },
             label: Some("ipcq_copy"),
         };
-        self.port.call(Command::Send { cmd, notify });
+        self.port.post(Command::Send { cmd, notify });
     }
 
     /// Copy block `src` to block `dst` (same shape and dtype) by this PE's
@@ -153,7 +153,7 @@ impl Tl<'_> {
             },
             label: Some(label),
         };
-        self.port.call(Command::Send { cmd, notify });
+        self.port.post(Command::Send { cmd, notify });
     }
 
     /// Set or add to signal `signal` of PE `pe` (any PE of the machine,

@@ -95,7 +95,7 @@ impl<'p> Tl<'p> {
             layout_b: Layout::RowMajor,
             layout_out: Layout::RowMajor,
         };
-        self.port.call(Command::Gemm(Labeled {
+        self.port.post(Command::Gemm(Labeled {
             op: params,
             label: self.stage,
             useful_flops,
@@ -142,7 +142,7 @@ impl<'p> Tl<'p> {
             dtype,
             axis,
         };
-        self.port.call(Command::Math(Labeled {
+        self.port.post(Command::Math(Labeled {
             op: params,
             label: self.stage,
             useful_flops: valid.0 as u64 * valid.1 as u64,

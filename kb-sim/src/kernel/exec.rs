@@ -9,7 +9,10 @@
 //!   is a baton (an atomic turn flag plus a slot) that each side spins on
 //!   briefly before parking.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
@@ -23,6 +26,18 @@ use crate::program::{Command, PeProgram, Reply};
 pub trait Port {
     /// Hand `cmd` to the simulation and wait for its reply.
     fn call(&mut self, cmd: Command) -> Reply;
+
+    /// Hand `cmd` to the simulation without waiting for its reply: for a
+    /// command the simulation answers at once (a GEMM, a math op, a store,
+    /// a copy: `Reply::Issued`) whose reply the kernel does not use. The
+    /// simulation runs posted commands in the order they were posted,
+    /// before the next [`Port::call`]'s command and before the kernel's
+    /// end, at the same simulated time as calls in their place (no time
+    /// passes between commands the simulation answers at once), so the
+    /// trace is the same; an executor may hand several over in one switch.
+    fn post(&mut self, cmd: Command) {
+        self.call(cmd);
+    }
 }
 
 /// Which executor runs kernels.
@@ -138,16 +153,51 @@ fn run_body(body: KernelBody, port: &mut dyn Port) -> Result<(), String> {
 
 const STACK_BYTES: usize = 1 << 20;
 
+/// Commands a coroutine kernel posted ([`Port::post`]) and the simulation
+/// has not taken yet, shared by the kernel's port and its program.
+type Posted = Rc<RefCell<VecDeque<Command>>>;
+
+/// At most this many posted commands wait for the kernel's next switch;
+/// one more switches at once (a kernel that only posts, in a long loop,
+/// hands them over in batches instead of growing the queue without end).
+const MAX_POSTED: usize = 64;
+
 struct YieldPort<'y> {
     y: &'y Yielder<Reply, Command>,
+    posted: Posted,
 }
 
 impl Port for YieldPort<'_> {
+    /// Switch to the simulation with the first posted command (`cmd`
+    /// itself when none waits; else `cmd` joins the back of the queue):
+    /// [`CoroutineProgram::resume`] hands the simulation the rest in
+    /// order, without switching back, and resumes the kernel with the
+    /// reply to the last, `cmd`.
     fn call(&mut self, cmd: Command) -> Reply {
+        let first = {
+            let mut q = self.posted.borrow_mut();
+            match q.pop_front() {
+                None => cmd,
+                Some(first) => {
+                    q.push_back(cmd);
+                    first
+                }
+            }
+        };
         set_in_kernel(false);
-        let r = self.y.suspend(cmd);
+        let r = self.y.suspend(first);
         set_in_kernel(true);
         r
+    }
+
+    /// Queue `cmd` for the kernel's next switch (no switch now, unless
+    /// [`MAX_POSTED`] commands wait already).
+    fn post(&mut self, cmd: Command) {
+        if self.posted.borrow().len() >= MAX_POSTED {
+            self.call(cmd);
+        } else {
+            self.posted.borrow_mut().push_back(cmd);
+        }
     }
 }
 
@@ -157,6 +207,12 @@ type KernelCoroutine = Coroutine<Reply, Command, Result<(), String>, DefaultStac
 pub struct CoroutineProgram {
     name: String,
     co: Option<KernelCoroutine>,
+    /// Commands the kernel posted, handed to the simulation one per
+    /// [`PeProgram::resume`] before the kernel runs again.
+    posted: Posted,
+    /// How the kernel ended, held until its posted commands are handed
+    /// over (they ran before its end).
+    ended: Option<Result<(), String>>,
 }
 
 impl std::fmt::Debug for CoroutineProgram {
@@ -171,15 +227,37 @@ impl CoroutineProgram {
     fn new(name: String, body: KernelBody) -> Result<Self, String> {
         let stack = DefaultStack::new(STACK_BYTES)
             .map_err(|e| format!("allocating a kernel stack: {e}"))?;
+        let posted = Posted::default();
+        let port_posted = posted.clone();
         let co = Coroutine::with_stack(stack, move |y: &Yielder<Reply, Command>, _first: Reply| {
-            run_body(body, &mut YieldPort { y })
+            run_body(
+                body,
+                &mut YieldPort {
+                    y,
+                    posted: port_posted,
+                },
+            )
         });
-        Ok(CoroutineProgram { name, co: Some(co) })
+        Ok(CoroutineProgram {
+            name,
+            co: Some(co),
+            posted,
+            ended: None,
+        })
     }
 }
 
 impl PeProgram for CoroutineProgram {
+    /// The kernel's next command: a posted one while any waits (`reply`
+    /// answers the one before it, which the kernel posted and does not
+    /// read), else the kernel's, resumed with `reply`.
     fn resume(&mut self, reply: Reply) -> Result<Option<Command>, String> {
+        if let Some(cmd) = self.posted.borrow_mut().pop_front() {
+            return Ok(Some(cmd));
+        }
+        if let Some(r) = self.ended.take() {
+            return r.map(|()| None);
+        }
         let Some(co) = self.co.as_mut() else {
             return Ok(None);
         };
@@ -187,7 +265,14 @@ impl PeProgram for CoroutineProgram {
             CoroutineResult::Yield(cmd) => Ok(Some(cmd)),
             CoroutineResult::Return(r) => {
                 self.co = None;
-                r.map(|()| None)
+                // What it posted last runs before its end.
+                match self.posted.borrow_mut().pop_front() {
+                    Some(cmd) => {
+                        self.ended = Some(r);
+                        Ok(Some(cmd))
+                    }
+                    None => r.map(|()| None),
+                }
             }
         }
     }
@@ -387,6 +472,97 @@ mod tests {
                 "a finished kernel stays finished"
             );
         }
+    }
+
+    /// The commands a program hands over from `Go` on, each answered with
+    /// `Reply::Value(n)` (n = its place in the sequence), and how it ended.
+    fn drain(mut p: Box<dyn PeProgram>) -> (Vec<Command>, Result<(), String>) {
+        let mut cmds = Vec::new();
+        let mut reply = Reply::Go;
+        loop {
+            match p.resume(reply) {
+                Ok(Some(c)) => cmds.push(c),
+                Ok(None) => return (cmds, Ok(())),
+                Err(e) => return (cmds, Err(e)),
+            }
+            reply = Reply::Value(cmds.len() as u64);
+        }
+    }
+
+    /// Posted commands reach the simulation in order, before the next
+    /// call's command and before the kernel's end, and the kernel gets the
+    /// reply to its call; both executors hand over the same sequence.
+    #[test]
+    fn posted_commands_run_in_order_before_the_next_call_and_the_end() {
+        for ex in [Executor::Coroutine, Executor::Thread] {
+            let got = Arc::new(Mutex::new(Vec::new()));
+            let g = got.clone();
+            let body: KernelBody = Box::new(move |port: &mut dyn Port| {
+                port.post(Command::ReadSignal(1));
+                port.post(Command::ReadSignal(2));
+                let r = port.call(Command::ReadSignal(3));
+                g.lock().unwrap().push(r);
+                port.post(Command::ReadSignal(4));
+                let r = port.call(Command::ReadSignal(5));
+                g.lock().unwrap().push(r);
+                port.post(Command::ReadSignal(6));
+            });
+            let (cmds, end) = drain(ex.spawn("k".into(), body).unwrap());
+            let want: Vec<Command> = (1..=6).map(Command::ReadSignal).collect();
+            assert_eq!((cmds, end), (want, Ok(())), "{ex:?}");
+            // The replies to the calls: the 3rd and 5th command's.
+            assert_eq!(
+                *got.lock().unwrap(),
+                [Reply::Value(3), Reply::Value(5)],
+                "{ex:?}"
+            );
+        }
+    }
+
+    /// A kernel that panics after posting: what it posted runs first, then
+    /// the failure is reported.
+    #[test]
+    fn a_kernel_failing_after_posting_hands_over_its_posted_commands_first() {
+        for ex in [Executor::Coroutine, Executor::Thread] {
+            let body: KernelBody = Box::new(|port: &mut dyn Port| {
+                port.post(Command::ReadSignal(7));
+                port.post(Command::ReadSignal(8));
+                panic!("boom after posting");
+            });
+            let (cmds, end) = drain(ex.spawn("k".into(), body).unwrap());
+            assert_eq!(
+                cmds,
+                [Command::ReadSignal(7), Command::ReadSignal(8)],
+                "{ex:?}"
+            );
+            let e = end.expect_err("the kernel panicked");
+            assert!(e.ends_with("boom after posting"), "{ex:?}: {e}");
+        }
+    }
+
+    /// A kernel that only posts hands its commands over in batches of
+    /// `MAX_POSTED` + 1 (the one that found the queue full switches), not
+    /// all at its end: the simulation has the first batch before the
+    /// kernel posts past it.
+    #[test]
+    fn a_kernel_that_only_posts_switches_when_its_queue_is_full() {
+        let posted = Arc::new(AtomicU8::new(0));
+        let n = posted.clone();
+        let body: KernelBody = Box::new(move |port: &mut dyn Port| {
+            for i in 0..200u32 {
+                port.post(Command::ReadSignal(i));
+                n.store((i + 1).min(255) as u8, Ordering::SeqCst);
+            }
+        });
+        let mut p = Executor::Coroutine.spawn("k".into(), body).unwrap();
+        assert_eq!(p.resume(Reply::Go), Ok(Some(Command::ReadSignal(0))));
+        // The kernel stopped inside its post of command MAX_POSTED.
+        assert_eq!(posted.load(Ordering::SeqCst) as usize, MAX_POSTED);
+        for i in 1..200 {
+            assert_eq!(p.resume(Reply::Issued(0)), Ok(Some(Command::ReadSignal(i))));
+        }
+        assert_eq!(p.resume(Reply::Issued(0)), Ok(None));
+        assert_eq!(posted.load(Ordering::SeqCst), 200);
     }
 
     #[test]

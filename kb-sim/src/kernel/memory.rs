@@ -238,7 +238,7 @@ impl<'p> Tl<'p> {
                 },
                 label: self.stage,
             };
-            self.port.call(Command::Store(cmd));
+            self.port.post(Command::Store(cmd));
         }
     }
 
@@ -296,7 +296,7 @@ impl<'p> Tl<'p> {
                 axis: None,
             };
             // Padding: no useful FLOPs.
-            self.port.call(Command::Math(Labeled {
+            self.port.post(Command::Math(Labeled {
                 op: fill,
                 label: Some("fill"),
                 useful_flops: 0,
