@@ -567,7 +567,7 @@ mod tests {
                 .busy
                 .serve_deferred(start, end, ch as u32, &mut sink);
             assert_eq!(deferred[ch].busy.len(), direct[ch].busy.len());
-            if (x >> 30) % 997 == 0 || step % 4_000 == 3_999 {
+            if (x >> 30).is_multiple_of(997) || step % 4_000 == 3_999 {
                 sink.drain_into(&mut deferred);
             }
         }
