@@ -107,6 +107,15 @@ impl BusyLog {
     }
 
     fn close(&mut self, (start, end): (Ps, Ps)) {
+        self.make_room();
+        put_pair(&mut self.block, self.closed_end, (start, end));
+        self.closed_end = end;
+        self.closed += 1;
+    }
+
+    /// Room in the block for one more pair (a new block when it is full).
+    #[inline]
+    fn make_room(&mut self) {
         if self.block.capacity() - self.block.len() < 2 * crate::cursor::V {
             let size = (2 * self.block.capacity()).clamp(Self::FIRST_BLOCK, Self::BLOCK);
             let next = Vec::with_capacity(size);
@@ -115,9 +124,22 @@ impl BusyLog {
                 self.full.push(done);
             }
         }
-        put_pair(&mut self.block, self.closed_end, (start, end));
-        self.closed_end = end;
-        self.closed += 1;
+    }
+
+    /// [`BusyLog::serve`], but an interval it closes goes to `sink`, tagged
+    /// `ch`, not into this log's blocks: the log's own fields change now
+    /// (its length, the open interval), its blocks when
+    /// [`ClosedPairs::drain_into`] moves the pair here. A simulator with
+    /// thousands of channels closes intervals on one sequential buffer,
+    /// not on each channel's own block (a cache miss per close).
+    #[inline]
+    pub fn serve_deferred(&mut self, start: Ps, end: Ps, ch: u32, sink: &mut ClosedPairs) {
+        if let Some(iv) = extend_busy(&mut self.open, start, end) {
+            put_varint(&mut sink.bytes, ch as u64);
+            put_pair(&mut sink.bytes, self.closed_end, iv);
+            self.closed_end = iv.1;
+            self.closed += 1;
+        }
     }
 
     /// The blocks in order.
@@ -167,6 +189,44 @@ impl BusyLog {
         if let Some(iv) = self.open {
             put_pair(out, self.closed_end, iv);
         }
+    }
+}
+
+/// Closed intervals of many channels' [`BusyLog`]s, in the order they
+/// closed, in wire form, each tagged with its channel's index
+/// ([`BusyLog::serve_deferred`]); [`ClosedPairs::drain_into`] moves them
+/// into their logs. Each log's bytes are the ones `serve` would have
+/// written: the same pairs, in the same order.
+#[derive(Debug, Clone, Default)]
+pub struct ClosedPairs {
+    /// (channel index, gap, length) varint triples.
+    bytes: Vec<u8>,
+}
+
+impl ClosedPairs {
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Move every pair into the log of its channel, `logs[index]`, and
+    /// empty this (its allocation is kept).
+    pub fn drain_into(&mut self, logs: &mut [ChannelLog]) {
+        let mut cur = Cur::new(&self.bytes);
+        while cur.left() > 0 {
+            let ch = cur.varint() as usize;
+            let at = cur.p;
+            cur.varint();
+            cur.varint();
+            let log = &mut logs[ch].busy;
+            log.make_room();
+            log.block.extend_from_slice(&self.bytes[at..cur.p]);
+        }
+        self.bytes.clear();
     }
 }
 
@@ -470,6 +530,56 @@ mod tests {
 
     /// A log long enough to fill several blocks keeps every interval, in
     /// order, and encodes as postcard does.
+    /// Logs served through a shared [`ClosedPairs`], drained at arbitrary
+    /// points, encode to the bytes of logs served directly (the same pairs
+    /// in the same order, across block boundaries).
+    #[test]
+    fn deferred_closes_encode_as_direct_ones() {
+        let n = 5;
+        let mk = || -> Vec<ChannelLog> {
+            (0..n as u32)
+                .map(|channel| ChannelLog {
+                    channel,
+                    ..Default::default()
+                })
+                .collect()
+        };
+        let (mut direct, mut deferred) = (mk(), mk());
+        let mut sink = ClosedPairs::default();
+        let mut t = [0u64; 5];
+        let mut x: u64 = 7;
+        for step in 0..20_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let ch = (x >> 40) as usize % n;
+            // Gaps of 0 (merging), small and huge (long varints).
+            let gap = match (x >> 20) % 4 {
+                0 => 0,
+                1 => (x >> 8) % 100,
+                2 => 1 + (x >> 8) % 70_000,
+                _ => (x >> 3) % (1 << 50),
+            };
+            let (start, end) = (t[ch] + gap, t[ch] + gap + 1 + (x >> 50) % 300);
+            t[ch] = end;
+            direct[ch].busy.serve(start, end);
+            deferred[ch]
+                .busy
+                .serve_deferred(start, end, ch as u32, &mut sink);
+            assert_eq!(deferred[ch].busy.len(), direct[ch].busy.len());
+            if (x >> 30).is_multiple_of(997) || step % 4_000 == 3_999 {
+                sink.drain_into(&mut deferred);
+            }
+        }
+        sink.drain_into(&mut deferred);
+        assert!(sink.is_empty());
+        assert!(direct.iter().any(|c| c.busy.len() > 2_000));
+        assert_eq!(encode(&deferred), encode(&direct));
+        for (d, e) in direct.iter().zip(&deferred) {
+            assert_eq!(d.busy.intervals(), e.busy.intervals());
+        }
+    }
+
     #[test]
     fn a_log_across_blocks_keeps_every_interval() {
         let mut usage = ChannelUsage::default();

@@ -10,9 +10,15 @@
 //! striped services it missed, in order, before its next own service and
 //! at the end: every log is the one serving each channel in turn gives.
 
-use kb_format::{BusyLog, ChannelLog};
+use kb_format::{BusyLog, ChannelLog, ClosedPairs};
 
 use crate::event::Ps;
+
+/// Bytes of closed intervals held in [`Channels`]' shared buffer before
+/// they move into their channels' logs: small enough to stay in cache,
+/// large enough that each move touches a channel's block for many
+/// intervals at once.
+const CLOSED_KEPT: usize = if cfg!(test) { 64 } else { 32 << 10 };
 
 /// Striped services kept for parted channels before they all take them
 /// (few under test, so that the property test passes the limit often).
@@ -28,6 +34,10 @@ pub(super) struct Channels {
     max_free: Ps,
     /// Per channel: its own bytes, and its busy intervals once it parted.
     logs: Vec<ChannelLog>,
+    /// Intervals the parted channels' logs closed since they last took
+    /// them (one sequential buffer, not a store into each channel's own
+    /// block as each closes).
+    closed: ClosedPairs,
     /// Per channel: whether it served alone (its log parted), and how
     /// many of `striped` its log has taken since.
     parted: Vec<bool>,
@@ -56,6 +66,7 @@ impl Channels {
                     ..Default::default()
                 })
                 .collect(),
+            closed: ClosedPairs::default(),
             parted: vec![false; n],
             taken: vec![0; n],
             any_parted: false,
@@ -142,11 +153,15 @@ impl Channels {
             self.catch_up(ch);
         }
         let u = &mut self.logs[ch];
-        u.busy.serve(start, end);
+        u.busy
+            .serve_deferred(start, end, ch as u32, &mut self.closed);
         if write {
             u.bytes_written += bytes;
         } else {
             u.bytes_read += bytes;
+        }
+        if self.closed.len() >= CLOSED_KEPT {
+            self.closed.drain_into(&mut self.logs);
         }
         end
     }
@@ -160,14 +175,20 @@ impl Channels {
             self.logs[ch].busy = self.common.clone();
         } else {
             for &(s, e) in &self.striped[self.taken[ch]..] {
-                self.logs[ch].busy.serve(s, e);
+                self.logs[ch]
+                    .busy
+                    .serve_deferred(s, e, ch as u32, &mut self.closed);
             }
         }
         self.taken[ch] = self.striped.len();
+        if self.closed.len() >= CLOSED_KEPT {
+            self.closed.drain_into(&mut self.logs);
+        }
     }
 
     /// Each channel's log (those that served anything), handed over once.
     pub(super) fn take_logs(&mut self) -> Vec<ChannelLog> {
+        self.closed.drain_into(&mut self.logs);
         for ch in 0..self.logs.len() {
             if self.parted[ch] {
                 self.catch_up(ch);
@@ -177,6 +198,7 @@ impl Channels {
             self.logs[ch].bytes_read += self.striped_read;
             self.logs[ch].bytes_written += self.striped_written;
         }
+        self.closed.drain_into(&mut self.logs);
         self.striped_read = 0;
         self.striped_written = 0;
         std::mem::take(&mut self.logs)
