@@ -189,8 +189,12 @@ impl<'a> RecordChunk<'a> {
             ));
         }
         let n = self.defined;
-        if (r.component as u64) < n && (r.op_name as u64) < n && r.deps.is_empty() {
-            // Fast path: nothing to report.
+        if (r.component as u64) < n
+            && (r.op_name as u64) < n
+            && r.deps.iter().all(|d| d.op < r.op_id)
+        {
+            // Fast path: nothing to report (most records have
+            // dependencies: checked here, not through the cold path).
         } else {
             self.check_ids(r, at)?;
         }

@@ -552,7 +552,7 @@ pub(super) fn run_node(
                 let held = compute_node(
                     cx,
                     &l.op,
-                    &l.reads,
+                    c.reads_of(l),
                     Some(&c.dst),
                     &l.dense,
                     share_pool,

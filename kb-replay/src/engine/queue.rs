@@ -15,29 +15,85 @@ use crate::ops::{self, Plan};
 use crate::plane::lazy::Lazy;
 
 /// The smallest seq no effect has carried yet.
+///
+/// Seqs seen above it are kept as bits of a ring of words from `base`
+/// (seqs arrive close to the frontier: a window's reads and writes lie a
+/// few thousand apart), one bit per seq, so seeing one is a bit set and
+/// the frontier passes each seq with a bit test; a heap sifted a seq in
+/// and out (measured: 4 % of gemm_tiled's reading thread). Seqs further
+/// than `NEAR_BITS` ahead (a trace with wide gaps) go to a heap.
 #[derive(Debug, Default)]
 pub(super) struct Frontier {
     pub(super) next: u64,
+    /// Bit `i` of word `w`: seq `base + 64 w + i` was seen.
+    near: std::collections::VecDeque<u64>,
+    /// A multiple of 64, at most `next`, more than 64 below it only
+    /// after a far jump (the ring then empties as it passes).
+    base: u64,
+    /// Seqs seen at least `NEAR_BITS` above `base` when seen.
     pub(super) ahead: BinaryHeap<Reverse<u64>>,
 }
 
+/// How far above the ring's base a seq is kept as a bit (the ring's
+/// words: at most 16 K of them, 128 KiB).
+const NEAR_BITS: u64 = 1 << 20;
+
 impl Frontier {
     pub(super) fn see(&mut self, seq: u64) {
-        if seq > self.next {
-            self.ahead.push(Reverse(seq));
-            return;
-        }
         if seq < self.next {
             return;
         }
-        self.next = self.next.saturating_add(1);
-        while let Some(&Reverse(s)) = self.ahead.peek() {
-            if s > self.next {
-                break;
+        if seq > self.next {
+            let off = seq - self.base;
+            if off < NEAR_BITS {
+                let w = (off / 64) as usize;
+                if self.near.len() <= w {
+                    self.near.resize(w + 1, 0);
+                }
+                self.near[w] |= 1 << (off % 64);
+            } else {
+                self.ahead.push(Reverse(seq));
             }
-            self.ahead.pop();
-            if s == self.next {
-                self.next = self.next.saturating_add(1);
+            return;
+        }
+        self.next = self.next.saturating_add(1);
+        self.advance();
+    }
+
+    /// Move `next` past every seq seen.
+    fn advance(&mut self) {
+        loop {
+            let before = self.next;
+            // The ring: whole words of seen seqs at a time.
+            while let Some(&word) = self.near.front() {
+                let off = self.next.wrapping_sub(self.base);
+                if off >= 64 {
+                    self.near.pop_front();
+                    self.base += 64;
+                    continue;
+                }
+                let run = (word >> off).trailing_ones() as u64;
+                self.next = self.next.saturating_add(run.min(64 - off));
+                if off + run < 64 {
+                    break;
+                }
+            }
+            if self.near.is_empty() && self.next - self.base >= 64 {
+                // Nothing kept: the ring starts again at the frontier.
+                self.base = self.next & !63;
+            }
+            // The far ones the frontier has reached.
+            while let Some(&Reverse(s)) = self.ahead.peek() {
+                if s > self.next {
+                    break;
+                }
+                self.ahead.pop();
+                if s == self.next {
+                    self.next = self.next.saturating_add(1);
+                }
+            }
+            if self.next == before {
+                return;
             }
         }
     }
@@ -394,6 +450,50 @@ mod tests {
         f.see(4);
         assert_eq!(f.next, 6);
         assert!(f.ahead.is_empty());
+    }
+
+    #[test]
+    fn the_frontier_follows_a_set_of_seen_seqs_near_and_far() {
+        // Against a set: seqs close ahead (the ring), across word
+        // boundaries, repeated, and far ahead (the heap), some of which
+        // the frontier later reaches.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for case in 0..100 {
+            let mut f = Frontier::default();
+            let mut seen = std::collections::BTreeSet::new();
+            let mut want = 0u64;
+            let far = NEAR_BITS + rand(NEAR_BITS / 8);
+            for _ in 0..2000 {
+                let s = match rand(10) {
+                    0 => want + far + rand(200),
+                    1 => want.saturating_sub(rand(100)),
+                    2 => want,
+                    _ => want + rand(if case % 2 == 0 { 300 } else { 70 }),
+                };
+                f.see(s);
+                seen.insert(s);
+                while seen.contains(&want) {
+                    want += 1;
+                }
+                assert_eq!(f.next, want, "case {case}, after seeing {s}");
+            }
+            if case % 25 != 0 {
+                continue;
+            }
+            // Fill every gap: the frontier passes the far seqs too.
+            let top = *seen.iter().next_back().unwrap();
+            for s in want..=top {
+                f.see(s);
+            }
+            want = top + 1;
+            assert_eq!(f.next, want, "case {case}, gaps filled");
+        }
     }
 
     #[test]

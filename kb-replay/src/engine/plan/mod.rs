@@ -34,6 +34,11 @@ use std::sync::Arc;
 use kb_format::{Extent, OpKind, Params, TensorMeta};
 use rustc_hash::FxHashMap;
 
+mod kchain;
+
+pub(crate) use kchain::Chain;
+use kchain::{OpenChain, close_chains_read};
+
 use super::memo::Memo;
 use super::{EffKey, Fingerprints, PendingOp, Stats};
 use crate::error::fmt_ns;
@@ -73,28 +78,6 @@ pub(crate) enum Action {
     /// reading it as its accumulator, run one after another in effect
     /// order as one node (see [`Chain`]).
     Chain(Box<Chain>),
-}
-
-/// A K-chain of GEMMs planned as one node: each link is the compute a
-/// GEMM's node would have been (its operands' physical bytes, decoded
-/// operands, the shared output `dst`), run in order, each by the same
-/// backend call as alone, so the bits are those of the GEMMs run one by
-/// one. The node stands where the first GEMM's did; a GEMM joins only when
-/// running it there changes nothing (see `Pass::chain_to_join`).
-#[derive(Debug)]
-pub(crate) struct Chain {
-    pub dst: Vec<Extent>,
-    pub links: Vec<Link>,
-    /// Every link's reads (the node's accesses).
-    pub reads: Vec<Extent>,
-}
-
-/// One GEMM of a [`Chain`].
-#[derive(Debug)]
-pub(crate) struct Link {
-    pub op: Arc<PendingOp>,
-    pub reads: Vec<Extent>,
-    pub dense: [Option<Dense>; 2],
 }
 
 /// A GEMM operand decoded once into its logical row-major f32 matrix (by
@@ -224,37 +207,11 @@ pub(crate) struct Planner {
     write_count: usize,
     /// A GEMM operand's pieces, reused from one operand to the next.
     pieces: Vec<Extent>,
+    /// A compute op's resolved reads, reused from one op to the next (a
+    /// GEMM joining a chain copies them into the chain's).
+    reads: Vec<Extent>,
     /// This window's open K-chains, by the memory key of their output.
     chains: FxHashMap<u64, Vec<OpenChain>>,
-}
-
-/// A K-chain ([`Chain`]) more GEMMs may join: its node, its output, and
-/// where the window's log of physical writes stood at its first GEMM and
-/// at its last. It closes (leaves [`Planner::chains`]) when a node reads
-/// its output: a later GEMM run at the chain's node would then change
-/// bytes that node reads too early.
-#[derive(Debug)]
-struct OpenChain {
-    node: usize,
-    dst: Extent,
-    /// Physical writes planned before the chain's node ran (its first
-    /// GEMM's own write included) and before its last GEMM's write.
-    writes_first: usize,
-    writes_last: usize,
-    /// Its GEMMs' op ids.
-    members: Vec<u64>,
-}
-
-/// Close the open chains whose output `reads` touch.
-fn close_chains_read(chains: &mut FxHashMap<u64, Vec<OpenChain>>, reads: &[Extent]) {
-    if chains.is_empty() {
-        return;
-    }
-    for e in reads {
-        if let Some(open) = chains.get_mut(&mem_key(e.pa)) {
-            open.retain(|c| !overlaps(&c.dst, e));
-        }
-    }
 }
 
 /// What planning sees of the data plane: the aliases, which it changes;
@@ -280,6 +237,17 @@ impl PlanPlane<'_> {
 
     fn resolve(&self, extents: &[Extent]) -> Vec<Extent> {
         resolve_with(self.lazy, extents)
+    }
+
+    /// [`PlanPlane::resolve`] appending to `out`.
+    fn resolve_into(&self, extents: &[Extent], out: &mut Vec<Extent>) {
+        if self.lazy.is_empty() {
+            out.extend(extents.iter().filter(|e| e.bytes() > 0));
+            return;
+        }
+        for e in extents {
+            self.lazy.resolve_into(e, out);
+        }
     }
 
     fn extent_bytes(&self, extents: &[Extent]) -> Result<u64, PlaneError> {
@@ -736,12 +704,15 @@ impl Pass<'_, '_> {
     }
 
     fn compute_read(&mut self, slot: u32, both: bool) {
-        let Plan::Compute { input, output } = self.op(slot).plan else {
+        // (The record outlives the pass: no clone of it or its ranges.)
+        let ops = self.ops;
+        let op: &PendingOp = ops[slot as usize].as_ref().expect("live op");
+        let Plan::Compute { input, output } = op.plan else {
             unreachable!("a compute op");
         };
+        let r = &op.rec;
+        let read = r.read.as_ref().expect("a read");
         let checked = {
-            let r = &self.ops[slot as usize].as_ref().expect("live op").rec;
-            let read = r.read.as_ref().expect("a read");
             let wl = r
                 .write
                 .as_ref()
@@ -762,44 +733,47 @@ impl Pass<'_, '_> {
                 (Some((_, Ok(wl))), _) if wl != output => Err(format!(
                     "its output takes {output} bytes, but its write ranges hold {wl}"
                 )),
-                (w, Ok(total)) => {
-                    Ok((total, w.is_some().then(|| self.plane.resolve(&read.ranges))))
-                }
+                (w, Ok(total)) => Ok((total, w.is_some())),
             }
         };
-        let (total, reads) = match checked {
+        let (total, has_write) = match checked {
             Ok(x) => x,
             Err(e) => return self.fail(slot, e),
         };
         self.stats.bytes_read += total;
-        let Some(reads) = reads else {
+        if !has_write {
             // No write: nothing computed, nobody sees the output.
             return;
-        };
+        }
+        let mut reads = std::mem::take(&mut self.pl.reads);
+        reads.clear();
+        self.plane.resolve_into(&read.ranges, &mut reads);
         let dense = self.dense_operands(slot, &reads);
         if both {
-            let w = self.op(slot).rec.write.clone().expect("a write");
+            let w = &r.write.as_ref().expect("a write").ranges;
             self.stats.bytes_written += output;
-            let fusable = self.cx.fuse && is_gemm(self.op(slot));
+            let fusable = self.cx.fuse && is_gemm(op);
             let join = fusable
-                .then(|| self.chain_to_join(slot, &reads, &w.ranges))
+                .then(|| self.chain_to_join(slot, &reads, w))
                 .flatten();
             let before = self.pl.write_count;
-            self.phys_write(&w.ranges, slot);
+            self.phys_write(w, slot);
             if let Some(at) = join
-                && self.still_joins(at, before, &w.ranges)
+                && self.still_joins(at, before, w)
             {
-                self.join_chain(slot, at, reads, dense);
+                self.join_chain(slot, at, &reads, dense);
+                self.pl.reads = reads;
                 return;
             }
             let i = self.push(
                 slot,
                 Action::Compute {
-                    reads,
-                    dst: Some(w.ranges),
+                    reads: reads.clone(),
+                    dst: Some(w.clone()),
                     dense,
                 },
             );
+            self.pl.reads = reads;
             if fusable {
                 self.open_chain(slot, i);
             }
@@ -807,11 +781,12 @@ impl Pass<'_, '_> {
             let i = self.push(
                 slot,
                 Action::Compute {
-                    reads,
+                    reads: reads.clone(),
                     dst: None,
                     dense,
                 },
             );
+            self.pl.reads = reads;
             self.nodes[i].hold = output;
             self.pl.set_pending(
                 slot,
@@ -871,127 +846,6 @@ impl Pass<'_, '_> {
             self.pl.pieces = pieces;
         }
         out
-    }
-
-    /// The open chain (its index in `chains[key]`, `key`) that the GEMM
-    /// in `slot`, reading `reads` and writing `dst` (its effects planned
-    /// together), may join, before its write is planned. Running it at the
-    /// chain's node, right after the chain's GEMMs, is what running it
-    /// here does when, since that node:
-    ///
-    /// - nothing wrote the bytes it reads, but the chain's output (which
-    ///   only the chain's GEMMs wrote: nothing else did since its last);
-    /// - nothing read the output (the chain would be closed);
-    /// - its data dependencies are the chain's GEMMs (no node between
-    ///   must come first).
-    ///
-    /// Its write is then the chain's, and whatever the window does after
-    /// the chain's node and before this GEMM neither reads nor writes what
-    /// it touches (the output: not read, written only by the chain; its
-    /// operands: not written), so moving it there changes no byte anyone
-    /// reads. [`Pass::still_joins`] checks what planning its write did.
-    fn chain_to_join(&self, slot: u32, reads: &[Extent], dst: &[Extent]) -> Option<(u64, usize)> {
-        let [d] = dst else { return None };
-        let key = mem_key(d.pa);
-        let open = self.pl.chains.get(&key)?;
-        let at = open.iter().position(|c| c.dst == *d)?;
-        let c = &open[at];
-        let r = &self.op(slot).rec;
-        let deps_in = r
-            .deps
-            .iter()
-            .filter(|x| x.kind == kb_format::DepKind::Data)
-            .all(|x| c.members.contains(&x.op));
-        if !deps_in || self.pl.written_since(c.writes_last, dst) {
-            return None;
-        }
-        for e in reads {
-            if e == d {
-                continue;
-            }
-            if overlaps(e, d)
-                || self
-                    .pl
-                    .written_since(c.writes_first, std::slice::from_ref(e))
-            {
-                return None;
-            }
-        }
-        Some((key, at))
-    }
-
-    /// Whether the GEMM may still join the chain `at` once its write is
-    /// planned (from the write count `before`): only when that write
-    /// logged nothing but itself, so it materialized no alias (whose copy
-    /// might read the output or write the GEMM's operands).
-    fn still_joins(&self, (key, at): (u64, usize), before: usize, dst: &[Extent]) -> bool {
-        self.pl.write_count == before + 1
-            && self
-                .pl
-                .chains
-                .get(&key)
-                .and_then(|o| o.get(at))
-                .is_some_and(|c| [c.dst] == dst)
-    }
-
-    /// Make the GEMM in `slot` the last link of the open chain `at`.
-    fn join_chain(
-        &mut self,
-        slot: u32,
-        (key, at): (u64, usize),
-        reads: Vec<Extent>,
-        dense: [Option<Dense>; 2],
-    ) {
-        let op = self.op_arc(slot);
-        let write_count = self.pl.write_count;
-        let c = &mut self.pl.chains.get_mut(&key).expect("open")[at];
-        c.writes_last = write_count;
-        c.members.push(op.rec.op_id);
-        let node = &mut self.nodes[c.node];
-        if let Action::Compute { .. } = node.action {
-            let Action::Compute {
-                reads,
-                dst: Some(dst),
-                dense,
-            } = std::mem::replace(&mut node.action, Action::None)
-            else {
-                unreachable!("a chain's first node computes into its output");
-            };
-            node.action = Action::Chain(Box::new(Chain {
-                dst,
-                links: vec![Link {
-                    op: node.op.clone(),
-                    reads: reads.clone(),
-                    dense,
-                }],
-                reads,
-            }));
-        }
-        let Action::Chain(ch) = &mut node.action else {
-            unreachable!("a chain");
-        };
-        ch.reads.extend_from_slice(&reads);
-        ch.links.push(Link { op, reads, dense });
-        self.stats.gemms_fused += 1;
-    }
-
-    /// Open a chain at node `i`, the GEMM in `slot` computing into its
-    /// output (one extent), whose write was the last planned.
-    fn open_chain(&mut self, slot: u32, i: usize) {
-        let Action::Compute { dst: Some(dst), .. } = &self.nodes[i].action else {
-            return;
-        };
-        let [d] = dst[..] else { return };
-        let id = self.op(slot).rec.op_id;
-        let open = self.pl.chains.entry(mem_key(d.pa)).or_default();
-        open.retain(|c| !overlaps(&c.dst, &d));
-        open.push(OpenChain {
-            node: i,
-            dst: d,
-            writes_first: self.pl.write_count,
-            writes_last: self.pl.write_count,
-            members: vec![id],
-        });
     }
 
     fn compute_write(&mut self, slot: u32) {
