@@ -120,11 +120,9 @@ pub struct Clocks {
     scratch: Vec<(u32, u32)>,
 }
 
-/// Retired snapshots and spare published clocks kept at most. Published
-/// clocks in flight (notifying copies, signal updates) run to hundreds on
-/// a machine-wide collective; with 64 kept, each swing past that freed
-/// and reallocated them.
-const SPARE_CLOCKS: usize = 1024;
+/// Retired snapshots and spare published clocks kept at most (a snapshot
+/// looks for a free retired one by walking them).
+const SPARE_CLOCKS: usize = 64;
 
 impl Clocks {
     /// Clocks of `threads` threads: each at 1 in its own component (its
@@ -235,6 +233,27 @@ mod tests {
         join(&mut j, &d(&[3, 2, 4]));
         assert_eq!(j.to_dense(3), vec![3, 7, 4]);
         assert!(Clock::default().is_empty());
+    }
+
+    /// `acquire` and `join_into` say whether a component rose: the
+    /// engine skips a signal's later acquires on that (a join that raised
+    /// nothing leaves the signal's version, and re-joining an unchanged
+    /// clock raises nothing).
+    #[test]
+    fn joins_say_whether_a_component_rose() {
+        let d = Clock::from_dense;
+        let mut c = Clocks::new(3);
+        let mut signal = Clock::default();
+        assert!(c.join_into(&mut signal, &d(&[0, 2, 0])));
+        assert!(!c.join_into(&mut signal, &d(&[0, 1, 0])), "lower");
+        assert!(c.join_into(&mut signal, &d(&[1, 2, 0])), "a new thread");
+        assert_eq!(signal.to_dense(3), [1, 2, 0]);
+        assert!(c.acquire(2, &signal));
+        assert!(!c.acquire(2, &signal), "unchanged: nothing to raise");
+        assert_eq!(c.snapshot(2).to_dense(3), [1, 2, 1]);
+        assert!(c.join_into(&mut signal, &d(&[0, 3, 0])));
+        assert!(c.acquire(2, &signal));
+        assert_eq!(c.snapshot(2).to_dense(3), [1, 3, 1]);
     }
 
     /// Replaced snapshots are reused only once no one holds them, and a

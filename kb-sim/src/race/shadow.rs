@@ -365,10 +365,7 @@ impl Shadow {
             let mut touched = 0u64;
             for bucket in used.iter().flatten() {
                 touched ^= bucket.writes.first().map_or(0, |&id| id as u64);
-                touched ^= match bucket.read_keys.iter().position(|k| k.0 == acc.thread) {
-                    Some(gi) => bucket.reads[gi].heads.first().map_or(0, |h| h.1.pa),
-                    None => bucket.reads.first().map_or(0, |g| g.heads.len() as u64),
-                };
+                touched ^= bucket.read_keys.first().map_or(0, |k| k.0 as u64);
             }
             std::hint::black_box(touched);
             for bucket in used.iter().flatten() {
