@@ -43,7 +43,7 @@ use super::{Act, Arrive, CONTROL_BYTES, Engine, OpenOp, SimError, Slab, Wait, ns
 use crate::component::Request;
 use crate::machine::{Machine, NodeId, NodeKind, PeCoord};
 use crate::program::{Reply, SignalOp};
-use crate::race::{Access, Clock, Clocks, OpInfo, Race, Shadow, join};
+use crate::race::{Access, Clock, Clocks, OpInfo, Race, Shadow};
 
 /// What to do about data races (`kb-sim --races`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -128,6 +128,12 @@ struct Update {
 struct SignalState {
     value: u64,
     clock: Clock,
+    /// Raised whenever an update raises `clock`.
+    version: u64,
+    /// `version` when its PE (the only one that acquires it) last joined
+    /// `clock`: while they are equal, a join would raise nothing (a PE's
+    /// clock never goes down), so it is skipped.
+    acquired: u64,
 }
 
 /// One barrier instance (a group's n-th barrier in a launch).
@@ -227,8 +233,11 @@ impl Sync {
 
     /// PE `pe` observed its signal: it acquires every update so far.
     pub(super) fn acquire_signal(&mut self, launch: u32, pe: u32, signal: u32) {
-        if let Some(s) = self.signals.get(&(launch, pe, signal)) {
+        if let Some(s) = self.signals.get_mut(&(launch, pe, signal))
+            && s.acquired != s.version
+        {
             self.clocks.acquire(pe, &s.clock);
+            s.acquired = s.version;
         }
     }
 
@@ -578,7 +587,7 @@ impl<W: Write> Engine<'_, W> {
             kind: DepKind::Sync,
         });
         let bar = self.sync.barriers.get(b);
-        join(&mut bar.clock, &clock);
+        self.sync.clocks.join_into(&mut bar.clock, &clock);
         bar.last_cause = cause;
         self.sync.clocks.give_back(clock);
         let coordinator = self.m.pe_coord(bar.members[0] as usize);
@@ -640,7 +649,9 @@ impl<W: Write> Engine<'_, W> {
                     SignalOp::Set(v) => v,
                     SignalOp::Add(v) => s.value.saturating_add(v),
                 };
-                join(&mut s.clock, &clock);
+                if self.sync.clocks.join_into(&mut s.clock, &clock) {
+                    s.version += 1;
+                }
                 self.sync.clocks.give_back(clock);
                 let p = pe as usize;
                 if self.pe_launches[p].current == Some(launch)
@@ -684,15 +695,15 @@ impl<W: Write> Engine<'_, W> {
                 }
             }
             SyncAct::BarrierResume { barrier, pe } => {
-                let bar = self.sync.barriers.get(barrier);
+                let sync = &mut self.sync;
+                let bar = sync.barriers.get(barrier);
                 bar.released += 1;
-                let clock = bar.clock.clone();
                 let cause = bar.last_cause;
+                sync.clocks.acquire(pe, &bar.clock);
                 if bar.released as usize == bar.members.len() {
-                    let bar = self.sync.barriers.remove(barrier);
-                    self.sync.barrier_ids.remove(&bar.key);
+                    let bar = sync.barriers.remove(barrier);
+                    sync.barrier_ids.remove(&bar.key);
                 }
-                self.sync.clocks.acquire(pe, &clock);
                 self.pes[pe as usize].waiting = Wait::Nothing;
                 self.end_wait(pe, cause)?;
                 self.step_program(pe, Reply::Done)?;

@@ -1,280 +1,10 @@
-//! Race detection: the happens-before order Phase 1 knows, and the
-//! accesses checked against it.
-//!
-//! Threads are the PEs (dense index) and the host (the last index). Each
-//! has a vector clock ([`Clocks`]); its own component counts its releases.
-//! A release (a signal, a barrier arrival, a copy that notifies, a
-//! kernel's end, a launch by the host) publishes the thread's clock and
-//! then advances its own component; an acquire (a satisfied signal wait, a
-//! barrier release, a kernel's start, the host's wait for a launch) joins
-//! a published clock into the thread's. An access is labelled with its
-//! thread and the thread's own component when it was issued, and carries
-//! the thread's clock at issue: access `e` (thread u, label c) is ordered
-//! before access `a` of another thread iff `a`'s clock has `[u] >= c`.
-//!
-//! The engine makes every release fence what it covers (it waits for the
-//! effects issued before it), so an access issued before a release has
-//! happened when the release is published. Loads in flight are not
-//! covered: the engine relabels them with the label after the release.
-//!
-//! [`Shadow`] keeps the accesses that a later one may race with, by
-//! physical range: two accesses of different threads to overlapping bytes,
-//! one a write, neither ordered before the other, are a race. An access
-//! that is ordered after an earlier one and covers all of its bytes
-//! replaces it (a write replaces anything; a read replaces reads): any
-//! later access that would race with the earlier one races with it too.
-
-use std::rc::Rc;
+//! The shadow: accesses by physical range, checked against each other.
 
 use rustc_hash::FxHashMap;
 
-use kb_format::{Extent, Ps};
+use kb_format::Extent;
 
-/// A vector clock, sparse: the components that are not 0, by thread in
-/// increasing order. A PE's clock holds the threads it has synchronized
-/// with (directly or not), so its size and the cost of copying it follow
-/// them, not the machine's thread count.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Clock(Vec<(u32, u32)>);
-
-impl Clock {
-    /// Thread `t`'s component (0 if absent).
-    pub fn get(&self, t: u32) -> u32 {
-        match self.0.binary_search_by_key(&t, |c| c.0) {
-            Ok(i) => self.0[i].1,
-            Err(_) => 0,
-        }
-    }
-
-    /// Set thread `t`'s component to `v`.
-    fn set(&mut self, t: u32, v: u32) {
-        match self.0.binary_search_by_key(&t, |c| c.0) {
-            Ok(i) => self.0[i].1 = v,
-            Err(i) => {
-                if v != 0 {
-                    self.0.insert(i, (t, v));
-                }
-            }
-        }
-    }
-
-    /// The clock whose component `t` is `dense[t]`.
-    pub fn from_dense(dense: &[u32]) -> Clock {
-        Clock(
-            dense
-                .iter()
-                .enumerate()
-                .filter(|&(_, &v)| v != 0)
-                .map(|(t, &v)| (t as u32, v))
-                .collect(),
-        )
-    }
-
-    /// Components `0..n`, dense.
-    pub fn to_dense(&self, n: usize) -> Vec<u32> {
-        (0..n as u32).map(|t| self.get(t)).collect()
-    }
-
-    /// Components not 0.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether every component is 0.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Join `other` into this clock (component-wise maximum), with
-    /// `scratch` for a merge; whether any component rose.
-    fn join_with(&mut self, other: &Clock, scratch: &mut Vec<(u32, u32)>) -> bool {
-        let mut changed = false;
-        let mut missing = false;
-        let mut i = 0;
-        for &(t, v) in &other.0 {
-            while i < self.0.len() && self.0[i].0 < t {
-                i += 1;
-            }
-            match self.0.get_mut(i) {
-                Some(c) if c.0 == t => {
-                    if v > c.1 {
-                        c.1 = v;
-                        changed = true;
-                    }
-                }
-                _ => missing |= v != 0,
-            }
-        }
-        if missing {
-            // Present components already hold the maximum: add the rest.
-            scratch.clear();
-            let (a, b) = (&self.0, &other.0);
-            let (mut i, mut j) = (0, 0);
-            while i < a.len() || j < b.len() {
-                if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
-                    scratch.push(a[i]);
-                    i += 1;
-                } else if i == a.len() || b[j].0 < a[i].0 {
-                    if b[j].1 != 0 {
-                        scratch.push(b[j]);
-                    }
-                    j += 1;
-                } else {
-                    scratch.push(a[i]);
-                    i += 1;
-                    j += 1;
-                }
-            }
-            std::mem::swap(&mut self.0, scratch);
-            changed = true;
-        }
-        changed
-    }
-}
-
-/// Per-thread vector clocks.
-#[derive(Debug)]
-pub struct Clocks {
-    vc: Vec<Clock>,
-    /// Per thread: its clock as last snapshotted, until it acquires again
-    /// (a release changes only the own component, which checks never read).
-    snap: Vec<Option<Rc<Clock>>>,
-    /// Snapshots replaced by an acquire: once no op holds one any more,
-    /// a later snapshot reuses its allocation.
-    retired: Vec<Rc<Clock>>,
-    /// Published clocks handed back once joined, for later releases.
-    spare: Vec<Clock>,
-    /// Scratch for joins that add components.
-    scratch: Vec<(u32, u32)>,
-}
-
-/// Retired snapshots and spare published clocks kept at most.
-const SPARE_CLOCKS: usize = 64;
-
-impl Clocks {
-    /// Clocks of `threads` threads: each at 1 in its own component (its
-    /// first label) and 0 elsewhere (nothing acquired), so no access is
-    /// ordered before another thread until a release reaches it.
-    pub fn new(threads: usize) -> Clocks {
-        let vc = (0..threads as u32).map(|t| Clock(vec![(t, 1)])).collect();
-        Clocks {
-            vc,
-            snap: vec![None; threads],
-            retired: Vec::new(),
-            spare: Vec::new(),
-            scratch: Vec::new(),
-        }
-    }
-
-    /// The label of an access `t` issues now.
-    pub fn label(&self, t: u32) -> u32 {
-        self.vc[t as usize].get(t)
-    }
-
-    /// `t`'s clock, shared until it next acquires.
-    pub fn snapshot(&mut self, t: u32) -> Rc<Clock> {
-        let t = t as usize;
-        if self.snap[t].is_none() {
-            // A retired snapshot that nothing holds any more, if any.
-            let free = self.retired.iter().position(|r| Rc::strong_count(r) == 1);
-            let snap = match free {
-                Some(i) => {
-                    let mut r = self.retired.swap_remove(i);
-                    Rc::get_mut(&mut r)
-                        .expect("held only here")
-                        .0
-                        .clone_from(&self.vc[t].0);
-                    r
-                }
-                None => Rc::new(self.vc[t].clone()),
-            };
-            self.snap[t] = Some(snap);
-        }
-        self.snap[t].clone().expect("set above")
-    }
-
-    /// Publish `t`'s clock and advance its own component.
-    pub fn release(&mut self, t: u32) -> Clock {
-        let mut published = self.spare.pop().unwrap_or_default();
-        published.0.clear();
-        published.0.extend_from_slice(&self.vc[t as usize].0);
-        let own = &mut self.vc[t as usize];
-        own.set(t, own.get(t).saturating_add(1));
-        published
-    }
-
-    /// A published clock that was joined where it went, for a later
-    /// release to reuse.
-    pub fn give_back(&mut self, published: Clock) {
-        if self.spare.len() < SPARE_CLOCKS {
-            self.spare.push(published);
-        }
-    }
-
-    /// Join a published clock into `t`'s.
-    pub fn acquire(&mut self, t: u32, published: &Clock) {
-        let t = t as usize;
-        let changed = self.vc[t].join_with(published, &mut self.scratch);
-        if changed
-            && let Some(old) = self.snap[t].take()
-            && self.retired.len() < SPARE_CLOCKS
-        {
-            self.retired.push(old);
-        }
-    }
-}
-
-/// Join `b` into `a` (component-wise maximum).
-pub fn join(a: &mut Clock, b: &Clock) {
-    let mut scratch = Vec::new();
-    a.join_with(b, &mut scratch);
-}
-
-/// What an access belongs to, for reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OpInfo {
-    pub op_id: u64,
-    pub op_name: &'static str,
-    /// The launch whose kernel issued it.
-    pub launch: u32,
-    /// When its effect happened.
-    pub time: Ps,
-}
-
-/// An access about to be applied.
-#[derive(Debug, Clone)]
-pub struct Access {
-    pub thread: u32,
-    pub label: u32,
-    /// The thread's clock when the op was issued.
-    pub clock: Rc<Clock>,
-    pub write: bool,
-    /// An atomic read-modify-write (also a `write`): two atomics on the
-    /// same bytes never race, whatever their order; an atomic and a plain
-    /// access do, unordered.
-    pub atomic: bool,
-    pub op: OpInfo,
-}
-
-/// One side of a race.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Side {
-    pub thread: u32,
-    pub write: bool,
-    pub atomic: bool,
-    pub op: OpInfo,
-}
-
-/// Two unordered accesses to overlapping bytes, one a write: `first` was
-/// applied before `second` in this run; `bytes` is where they first
-/// overlap (PA and length).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Race {
-    pub first: Side,
-    pub second: Side,
-    pub pa: u64,
-    pub len: u64,
-}
+use super::{Access, OpInfo, Race, Side};
 
 impl Race {
     /// Earlier access `e` against `acc`, first overlapping at `pa`.
@@ -416,6 +146,9 @@ impl Bucket {
 }
 
 const BLOCK_BITS: u32 = 6;
+
+/// Buckets whose headers an access loads together (`Shadow::access`).
+const TOUCH: usize = 8;
 
 /// Buckets by number, in blocks of 64 neighbours: the rows of a tile fall
 /// in a few blocks, so an access costs a hash lookup per block, not per
@@ -615,51 +348,28 @@ impl Shadow {
             last: (u32::MAX, 0),
         };
         let mut block: Option<(u64, Option<&Block>)> = None;
-        for &b in &buckets {
-            let key = b >> BLOCK_BITS;
-            if block.is_none_or(|(k, _)| k != key) {
-                block = Some((key, self.buckets.blocks.get(&key)));
+        for chunk in buckets.chunks(TOUCH) {
+            // The chunk's buckets in use. Their headers, then the first
+            // lines of their lists, are loaded side by side: independent
+            // loads overlap, where the walk below met each as a cache
+            // miss of its own, one after another (a 64-row tile spans 8
+            // buckets).
+            let mut used = [None::<&Bucket>; TOUCH];
+            for (slot, &b) in used.iter_mut().zip(chunk) {
+                let key = b >> BLOCK_BITS;
+                if block.is_none_or(|(k, _)| k != key) {
+                    block = Some((key, self.buckets.blocks.get(&key)));
+                }
+                *slot = block.and_then(|(_, bl)| bl?.bucket(b));
             }
-            let Some(bucket) = block.and_then(|(_, bl)| bl?.bucket(b)) else {
-                continue;
-            };
-            for &id in &bucket.writes {
-                v.visit(id);
+            let mut touched = 0u64;
+            for bucket in used.iter().flatten() {
+                touched ^= bucket.writes.first().map_or(0, |&id| id as u64);
+                touched ^= bucket.read_keys.first().map_or(0, |k| k.0 as u64);
             }
-            for (gi, &(thread, min_label)) in bucket.read_keys.iter().enumerate() {
-                let seen = if thread == acc.thread {
-                    u32::MAX
-                } else {
-                    v.seen(thread)
-                };
-                // A read races only with a write, and replaces only reads
-                // it is ordered after.
-                if !acc.write && seen < min_label {
-                    continue;
-                }
-                let g = &bucket.reads[gi];
-                if thread == acc.thread && !acc.write {
-                    // Its own earlier reads: ordered before it, no race;
-                    // replaced where it covers them. A read is a head in
-                    // one bucket only and this walk visits no `rest`, so
-                    // each is met once (no stamp needed).
-                    for &(id, ex) in &g.heads {
-                        // A covered read starts at a byte of `x`: those
-                        // starting outside its span skip `contains`.
-                        if (lo..hi).contains(&ex.pa) && ex.bytes() > 0 && contains(x, &ex) {
-                            v.replaced.push(id);
-                        }
-                    }
-                    continue;
-                }
-                for &(id, _) in &g.heads {
-                    v.visit(id);
-                }
-                if acc.write {
-                    for &id in &g.rest {
-                        v.visit(id);
-                    }
-                }
+            std::hint::black_box(touched);
+            for bucket in used.iter().flatten() {
+                v.walk(bucket, lo, hi);
             }
         }
         races[found..].sort_by_key(|r| r.first.op.op_id);
@@ -769,6 +479,62 @@ impl Visit<'_> {
         self.last.1
     }
 
+    /// Walk `bucket` for the access (`lo..hi` its span): its writes, and
+    /// the read groups it may race with or replace.
+    fn walk(&mut self, bucket: &Bucket, lo: u64, hi: u64) {
+        self.touch(bucket.writes.iter().copied());
+        for &id in &bucket.writes {
+            self.visit(id);
+        }
+        for (gi, &(thread, min_label)) in bucket.read_keys.iter().enumerate() {
+            let seen = if thread == self.acc.thread {
+                u32::MAX
+            } else {
+                self.seen(thread)
+            };
+            // A read races only with a write, and replaces only reads
+            // it is ordered after.
+            if !self.acc.write && seen < min_label {
+                continue;
+            }
+            let g = &bucket.reads[gi];
+            if thread == self.acc.thread && !self.acc.write {
+                // Its own earlier reads: ordered before it, no race;
+                // replaced where it covers them. A read is a head in
+                // one bucket only and this walk visits no `rest`, so
+                // each is met once (no stamp needed).
+                for &(id, ex) in &g.heads {
+                    // A covered read starts at a byte of `x`: those
+                    // starting outside its span skip `contains`.
+                    if (lo..hi).contains(&ex.pa) && ex.bytes() > 0 && contains(self.x, &ex) {
+                        self.replaced.push(id);
+                    }
+                }
+                continue;
+            }
+            self.touch(g.heads.iter().map(|h| h.0));
+            for &(id, _) in &g.heads {
+                self.visit(id);
+            }
+            if self.acc.write {
+                self.touch(g.rest.iter().copied());
+                for &id in &g.rest {
+                    self.visit(id);
+                }
+            }
+        }
+    }
+
+    /// Load the entries `ids` side by side before they are visited one by
+    /// one (a cache miss each at scale; independent loads overlap).
+    fn touch(&self, ids: impl Iterator<Item = u32>) {
+        let mut touched = 0u32;
+        for id in ids {
+            touched ^= self.entries[id as usize].as_ref().map_or(0, |e| e.label);
+        }
+        std::hint::black_box(touched);
+    }
+
     /// Check the access against entry `id` (once per access): a race, a
     /// replacement, or nothing.
     fn visit(&mut self, id: u32) {
@@ -813,7 +579,10 @@ impl Visit<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::rc::Rc;
+
     use super::*;
+    use crate::race::Clock;
 
     const BUCKET: u64 = 1 << BUCKET_BITS;
 
@@ -1072,157 +841,6 @@ mod tests {
                 let ext = x(base + off, len, rows, if rows > 1 { len + gap } else { 0 });
                 let a = acc_kind(thread, label, &clock, write, i as u64);
                 same_access(&mut shadow, &mut naive, &ext, &a, i)?;
-            }
-        }
-    }
-
-    #[test]
-    fn clocks_publish_then_advance() {
-        let d = Clock::from_dense;
-        let mut c = Clocks::new(3);
-        assert_eq!(c.label(0), 1);
-        let p = c.release(0);
-        assert_eq!(p.to_dense(3), vec![1, 0, 0]);
-        assert_eq!(c.label(0), 2);
-        c.acquire(2, &p);
-        let before = c.snapshot(1);
-        c.acquire(1, &d(&[5, 0, 0]));
-        assert_eq!(before.to_dense(3), [0, 1, 0]);
-        assert_eq!(c.snapshot(1).to_dense(3), [5, 1, 0]);
-        assert_eq!(c.snapshot(1).len(), 2, "zeros are not stored");
-        let mut j = d(&[1, 7]);
-        join(&mut j, &d(&[3, 2, 4]));
-        assert_eq!(j.to_dense(3), vec![3, 7, 4]);
-        assert!(Clock::default().is_empty());
-    }
-
-    /// Replaced snapshots are reused only once no one holds them, and a
-    /// published clock given back is reused by the next release; neither
-    /// shows in the values.
-    #[test]
-    fn clock_allocations_are_reused_only_when_free() {
-        let d = Clock::from_dense;
-        let mut c = Clocks::new(2);
-        let held = c.snapshot(0);
-        c.acquire(0, &d(&[0, 3]));
-        let second = c.snapshot(0);
-        assert!(!Rc::ptr_eq(&held, &second), "the first is still held");
-        assert_eq!(
-            (held.to_dense(2), second.to_dense(2)),
-            (vec![1, 0], vec![1, 3])
-        );
-        let first = Rc::as_ptr(&held);
-        drop(held);
-        c.acquire(0, &d(&[0, 4]));
-        let third = c.snapshot(0);
-        assert_eq!(Rc::as_ptr(&third), first, "reused once free");
-        assert_eq!(third.to_dense(2), [1, 4]);
-        assert_eq!(
-            second.to_dense(2),
-            [1, 3],
-            "a held snapshot keeps its value"
-        );
-        let p = c.release(1);
-        let ptr = p.0.as_ptr();
-        c.give_back(p);
-        let q = c.release(1);
-        assert_eq!((q.0.as_ptr(), q.to_dense(2)), (ptr, vec![0, 2]));
-    }
-
-    /// The vector clocks as they were before they went sparse: a dense
-    /// vector of every thread's component per thread.
-    struct DenseClocks {
-        vc: Vec<Vec<u32>>,
-    }
-
-    impl DenseClocks {
-        fn new(threads: usize) -> DenseClocks {
-            let vc = (0..threads)
-                .map(|t| {
-                    let mut v = vec![0; threads];
-                    v[t] = 1;
-                    v
-                })
-                .collect();
-            DenseClocks { vc }
-        }
-
-        fn release(&mut self, t: usize) -> Vec<u32> {
-            let published = self.vc[t].clone();
-            self.vc[t][t] = self.vc[t][t].saturating_add(1);
-            published
-        }
-
-        fn acquire(&mut self, t: usize, published: &[u32]) {
-            for (mine, &theirs) in self.vc[t].iter_mut().zip(published) {
-                *mine = (*mine).max(theirs);
-            }
-        }
-    }
-
-    proptest::proptest! {
-        /// Sparse clocks give every component the dense ones give, through
-        /// releases, acquires of published clocks (each one's own or joins
-        /// of several, as signals and barriers hold them), and snapshots
-        /// taken and held across later acquires.
-        #[test]
-        fn sparse_clocks_match_dense_ones(
-            ops in proptest::collection::vec((0u8..4, 0usize..7, 0usize..8, 0usize..8), 1..120)
-        ) {
-            const N: usize = 7;
-            let mut sparse = Clocks::new(N);
-            let mut dense = DenseClocks::new(N);
-            // Published clocks, each kept both ways, and joins of them.
-            let mut pubs: Vec<(Clock, Vec<u32>)> = Vec::new();
-            let mut held: Vec<(Rc<Clock>, Vec<u32>)> = Vec::new();
-            // Snapshots held: each keeps the value it had when taken.
-            for (kind, t, a, b) in ops {
-                match kind {
-                    0 => {
-                        let p = sparse.release(t as u32);
-                        let q = dense.release(t);
-                        proptest::prop_assert_eq!(p.to_dense(N), q.clone());
-                        pubs.push((p, q));
-                    }
-                    1 if !pubs.is_empty() => {
-                        let (p, q) = &pubs[a % pubs.len()];
-                        sparse.acquire(t as u32, p);
-                        dense.acquire(t, q);
-                    }
-                    2 if !pubs.is_empty() => {
-                        let (mut p, mut q) = pubs[a % pubs.len()].clone();
-                        let (p2, q2) = &pubs[b % pubs.len()];
-                        join(&mut p, p2);
-                        for (x, &y) in q.iter_mut().zip(q2) {
-                            *x = (*x).max(y);
-                        }
-                        proptest::prop_assert_eq!(p.to_dense(N), q.clone());
-                        pubs.push((p, q));
-                    }
-                    3 => {
-                        // A snapshot is shared until the thread acquires:
-                        // its own component (which checks never read)
-                        // may be behind the releases since.
-                        let s = sparse.snapshot(t as u32);
-                        let mut want = dense.vc[t].clone();
-                        want[t] = s.get(t as u32);
-                        proptest::prop_assert!(s.get(t as u32) <= dense.vc[t][t]);
-                        proptest::prop_assert_eq!(s.to_dense(N), want.clone());
-                        held.push((s, want));
-                        if held.len() > a {
-                            held.remove(b % held.len());
-                        }
-                    }
-                    _ => {}
-                }
-                for u in 0..N {
-                    proptest::prop_assert_eq!(sparse.label(u as u32), dense.vc[u][u]);
-                    proptest::prop_assert_eq!(sparse.vc[u].to_dense(N), dense.vc[u].clone());
-                    proptest::prop_assert!(sparse.vc[u].0.windows(2).all(|w| w[0].0 < w[1].0));
-                }
-                for (s, v) in &held {
-                    proptest::prop_assert_eq!(&s.to_dense(N), v);
-                }
             }
         }
     }
