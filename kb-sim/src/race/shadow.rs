@@ -147,9 +147,6 @@ impl Bucket {
 
 const BLOCK_BITS: u32 = 6;
 
-/// Buckets whose headers an access loads together (`Shadow::access`).
-const TOUCH: usize = 8;
-
 /// Buckets by number, in blocks of 64 neighbours: the rows of a tile fall
 /// in a few blocks, so an access costs a hash lookup per block, not per
 /// bucket.
@@ -348,27 +345,12 @@ impl Shadow {
             last: (u32::MAX, 0),
         };
         let mut block: Option<(u64, Option<&Block>)> = None;
-        for chunk in buckets.chunks(TOUCH) {
-            // The chunk's buckets in use. Their headers, then the first
-            // lines of their lists, are loaded side by side: independent
-            // loads overlap, where the walk below met each as a cache
-            // miss of its own, one after another (a 64-row tile spans 8
-            // buckets).
-            let mut used = [None::<&Bucket>; TOUCH];
-            for (slot, &b) in used.iter_mut().zip(chunk) {
-                let key = b >> BLOCK_BITS;
-                if block.is_none_or(|(k, _)| k != key) {
-                    block = Some((key, self.buckets.blocks.get(&key)));
-                }
-                *slot = block.and_then(|(_, bl)| bl?.bucket(b));
+        for &b in &buckets {
+            let key = b >> BLOCK_BITS;
+            if block.is_none_or(|(k, _)| k != key) {
+                block = Some((key, self.buckets.blocks.get(&key)));
             }
-            let mut touched = 0u64;
-            for bucket in used.iter().flatten() {
-                touched ^= bucket.writes.first().map_or(0, |&id| id as u64);
-                touched ^= bucket.read_keys.first().map_or(0, |k| k.0 as u64);
-            }
-            std::hint::black_box(touched);
-            for bucket in used.iter().flatten() {
+            if let Some(bucket) = block.and_then(|(_, bl)| bl?.bucket(b)) {
                 v.walk(bucket, lo, hi);
             }
         }
@@ -482,7 +464,6 @@ impl Visit<'_> {
     /// Walk `bucket` for the access (`lo..hi` its span): its writes, and
     /// the read groups it may race with or replace.
     fn walk(&mut self, bucket: &Bucket, lo: u64, hi: u64) {
-        self.touch(bucket.writes.iter().copied());
         for &id in &bucket.writes {
             self.visit(id);
         }
@@ -512,27 +493,15 @@ impl Visit<'_> {
                 }
                 continue;
             }
-            self.touch(g.heads.iter().map(|h| h.0));
             for &(id, _) in &g.heads {
                 self.visit(id);
             }
             if self.acc.write {
-                self.touch(g.rest.iter().copied());
                 for &id in &g.rest {
                     self.visit(id);
                 }
             }
         }
-    }
-
-    /// Load the entries `ids` side by side before they are visited one by
-    /// one (a cache miss each at scale; independent loads overlap).
-    fn touch(&self, ids: impl Iterator<Item = u32>) {
-        let mut touched = 0u32;
-        for id in ids {
-            touched ^= self.entries[id as usize].as_ref().map_or(0, |e| e.label);
-        }
-        std::hint::black_box(touched);
     }
 
     /// Check the access against entry `id` (once per access): a race, a
