@@ -12,6 +12,14 @@ pub struct Clock(Vec<(u32, u32)>);
 impl Clock {
     /// Thread `t`'s component (0 if absent).
     pub fn get(&self, t: u32) -> u32 {
+        // Threads are distinct and sorted, so entry `t` is thread `t`'s
+        // when every thread below it is present (a clock that has joined
+        // a whole group's, as after a barrier over every PE): no search.
+        if let Some(&(u, v)) = self.0.get(t as usize)
+            && u == t
+        {
+            return v;
+        }
         match self.0.binary_search_by_key(&t, |c| c.0) {
             Ok(i) => self.0[i].1,
             Err(_) => 0,

@@ -7,14 +7,15 @@ use kb_format::Extent;
 use super::{Access, OpInfo, Race, Side};
 
 impl Race {
-    /// Earlier access `e` against `acc`, first overlapping at `pa`.
-    fn between(e: &Entry, acc: &Access, pa: u64, len: u64) -> Race {
+    /// Earlier access `e` (of op `op`) against `acc`, first overlapping at
+    /// `pa`.
+    fn between(e: &Meta, op: OpInfo, acc: &Access, pa: u64, len: u64) -> Race {
         Race {
             first: Side {
                 thread: e.thread,
                 write: e.write,
                 atomic: e.atomic,
-                op: e.op,
+                op,
             },
             second: Side {
                 thread: acc.thread,
@@ -28,15 +29,24 @@ impl Race {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Entry {
-    x: Extent,
+/// What a walk reads of a recorded access: its thread, label and kind,
+/// and the stamp of the last query that met it, in 16 bytes (four to a
+/// cache line). Its extent travels with its id in the bucket lists
+/// (`Item`), and its op is read only for a report.
+#[derive(Debug, Clone, Copy, Default)]
+struct Meta {
     thread: u32,
     label: u32,
+    /// The query that last visited it.
+    stamp: u32,
     write: bool,
     atomic: bool,
-    op: OpInfo,
 }
+
+/// A recorded access in a bucket's list: its id and extent (which never
+/// changes while it lives), so the walk skips those beside the access
+/// without loading anything else.
+type Item = (u32, Extent);
 
 /// Bucket size: 64 KiB. A DMA tile's strided rows touch every bucket of
 /// their span, each visited per access, so smaller buckets cost more
@@ -55,7 +65,7 @@ const BUCKET_BITS: u32 = 16;
 /// same rows would visit every one of them in every bucket.
 #[derive(Debug, Default)]
 struct Bucket {
-    writes: Vec<u32>,
+    writes: Vec<Item>,
     /// Per read group: (thread, at most its least label; not raised on
     /// removal), apart from the ids so that skipping groups reads little.
     read_keys: Vec<(u32, u32)>,
@@ -73,14 +83,14 @@ struct ReadGroup {
     /// without loading their entries (at 32 K-entry scale, a cache miss
     /// each; most of a read's walk in gemm_tiled, whose PEs read many
     /// tiles of the same rows).
-    heads: Vec<(u32, Extent)>,
+    heads: Vec<Item>,
     /// Reads that start in an earlier bucket.
-    rest: Vec<u32>,
+    rest: Vec<Item>,
 }
 
 /// Remove `id` from `ids` if it is there; whether it was.
-fn take_id(ids: &mut Vec<u32>, id: u32) -> bool {
-    match ids.iter().position(|&i| i == id) {
+fn take_id(ids: &mut Vec<Item>, id: u32) -> bool {
+    match ids.iter().position(|i| i.0 == id) {
         Some(k) => {
             ids.swap_remove(k);
             true
@@ -94,10 +104,11 @@ impl Bucket {
         self.writes.is_empty() && self.read_keys.is_empty()
     }
 
-    /// Add entry `id` (`e`), which starts in this bucket when `head`.
-    fn push(&mut self, id: u32, e: &Entry, head: bool) {
+    /// Add entry `id` (`e`, on `x`), which starts in this bucket when
+    /// `head`.
+    fn push(&mut self, id: u32, e: &Meta, x: &Extent, head: bool) {
         if e.write {
-            self.writes.push(id);
+            self.writes.push((id, *x));
             return;
         }
         let gi = match self.read_keys.iter().position(|k| k.0 == e.thread) {
@@ -114,26 +125,21 @@ impl Bucket {
         key.1 = key.1.min(e.label);
         let g = &mut self.reads[gi];
         if head {
-            g.heads.push((id, e.x));
+            g.heads.push((id, *x));
         } else {
-            g.rest.push(id);
+            g.rest.push((id, *x));
         }
     }
 
-    fn remove(&mut self, id: u32, e: &Entry) {
+    fn remove(&mut self, id: u32, e: &Meta) {
         if e.write {
             take_id(&mut self.writes, id);
             return;
         }
         if let Some(gi) = self.read_keys.iter().position(|k| k.0 == e.thread) {
             let g = &mut self.reads[gi];
-            match g.heads.iter().position(|h| h.0 == id) {
-                Some(k) => {
-                    g.heads.swap_remove(k);
-                }
-                None => {
-                    take_id(&mut g.rest, id);
-                }
+            if !take_id(&mut g.heads, id) {
+                take_id(&mut g.rest, id);
             }
             if g.heads.is_empty() && g.rest.is_empty() {
                 // The last group takes its place; it goes to the spares.
@@ -194,7 +200,7 @@ impl Buckets {
     }
 
     /// Remove entry `id` (`e`) from bucket `b`.
-    fn remove(&mut self, b: u64, id: u32, e: &Entry) {
+    fn remove(&mut self, b: u64, id: u32, e: &Meta) {
         let Some(block) = self.blocks.get_mut(&(b >> BLOCK_BITS)) else {
             return;
         };
@@ -222,17 +228,27 @@ impl Buckets {
 /// Accesses by physical range, bucketed by 64 KiB (`BUCKET_BITS`).
 #[derive(Debug, Default)]
 pub struct Shadow {
-    entries: Vec<Option<Entry>>,
+    /// Per entry id: what the walk reads (a free id's is stale).
+    meta: Vec<Meta>,
+    /// Per entry id: its extent and op, `None` while the id is free.
+    entries: Vec<Option<(Extent, OpInfo)>>,
     free: Vec<u32>,
     buckets: Buckets,
-    /// Per entry: the query that last visited it.
-    stamp: Vec<u32>,
     query: u32,
     /// Scratch: entries an access replaces.
     replaced: Vec<u32>,
     bucket_list: Vec<u64>,
     /// Scratch: the buckets of an entry being removed.
     removed_buckets: Vec<u64>,
+}
+
+/// `x`'s span: its first byte and past its last (empty if it has no
+/// bytes).
+fn span(x: &Extent) -> (u64, u64) {
+    match x.bytes() {
+        0 => (x.pa, x.pa),
+        _ => (x.pa, x.pa + (x.rows as u64 - 1) * x.stride + x.len),
+    }
 }
 
 /// `(pa, len, rows, stride)` with touching rows merged into one.
@@ -307,6 +323,16 @@ impl Shadow {
         if len == 0 {
             return;
         }
+        if stride < len + (1 << BUCKET_BITS) {
+            // No gap between rows holds a whole bucket, so every bucket
+            // from the first row's to the last row's is touched: one
+            // range, not a walk over the rows (a DMA tile's 128 rows cost
+            // ~20 instructions each; gemm_tiled's reads were most of the
+            // detector's instructions there).
+            let end = pa + (rows - 1) * stride + len;
+            out.extend(pa >> BUCKET_BITS..=(end - 1) >> BUCKET_BITS);
+            return;
+        }
         for r in 0..rows {
             let s = pa + r * stride;
             let (b0, b1) = (s >> BUCKET_BITS, (s + len - 1) >> BUCKET_BITS);
@@ -327,19 +353,15 @@ impl Shadow {
         Self::buckets_of(x, &mut buckets);
         self.replaced.clear();
         let found = races.len();
-        // `x`'s span: its first byte to past its last.
-        let lo = x.pa;
-        let hi = match x.bytes() {
-            0 => lo,
-            _ => lo + (x.rows as u64 - 1) * x.stride + x.len,
-        };
+        let (lo, hi) = span(x);
         let mut v = Visit {
             dedupe: buckets.len() > 1,
             entries: &self.entries,
-            stamp: &mut self.stamp,
+            meta: &mut self.meta,
             query: self.query,
             replaced: &mut self.replaced,
             x,
+            span: (lo, hi),
             acc,
             races,
             last: (u32::MAX, 0),
@@ -361,15 +383,16 @@ impl Shadow {
         // buckets and groups it is in stay the same, and a read group's
         // least label stays a lower bound while labels do not go down.
         if let [id] = self.replaced[..]
-            && let Some(e) = &mut self.entries[id as usize]
+            && let Some((ex, op)) = &mut self.entries[id as usize]
+            && let e = &mut self.meta[id as usize]
             && e.thread == acc.thread
             && e.write == acc.write
             && e.atomic == acc.atomic
-            && e.x == *x
+            && *ex == *x
             && e.label <= acc.label
         {
             e.label = acc.label;
-            e.op = acc.op;
+            *op = acc.op;
             self.bucket_list = buckets;
             return;
         }
@@ -377,36 +400,41 @@ impl Shadow {
             let id = self.replaced[i];
             self.remove(id);
         }
-        let entry = Entry {
-            x: *x,
-            thread: acc.thread,
-            label: acc.label,
-            write: acc.write,
-            atomic: acc.atomic,
-            op: acc.op,
-        };
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
                 self.entries.push(None);
-                self.stamp.push(0);
+                self.meta.push(Meta::default());
                 (self.entries.len() - 1) as u32
             }
         };
+        let meta = &mut self.meta[id as usize];
+        // The stamp stays: a query that already met this id (the entry
+        // it replaces) sees the new entry as met, which is right, since
+        // the new one is the access itself.
+        *meta = Meta {
+            thread: acc.thread,
+            label: acc.label,
+            write: acc.write,
+            atomic: acc.atomic,
+            stamp: meta.stamp,
+        };
+        let meta = *meta;
         for (i, &b) in buckets.iter().enumerate() {
-            self.buckets.get_or_insert(b).push(id, &entry, i == 0);
+            self.buckets.get_or_insert(b).push(id, &meta, x, i == 0);
         }
-        self.entries[id as usize] = Some(entry);
+        self.entries[id as usize] = Some((*x, acc.op));
         self.bucket_list = buckets;
     }
 
     fn remove(&mut self, id: u32) {
-        let Some(e) = self.entries[id as usize].take() else {
+        let Some((x, _)) = self.entries[id as usize].take() else {
             return;
         };
+        let e = self.meta[id as usize];
         let mut buckets = std::mem::take(&mut self.removed_buckets);
         buckets.clear();
-        Self::buckets_of(&e.x, &mut buckets);
+        Self::buckets_of(&x, &mut buckets);
         for &b in &buckets {
             self.buckets.remove(b, id, &e);
         }
@@ -418,9 +446,9 @@ impl Shadow {
     /// all of them (the host has waited for every launch).
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.meta.clear();
         self.free.clear();
         self.buckets.clear();
-        self.stamp.clear();
     }
 
     /// Accesses recorded.
@@ -436,11 +464,13 @@ impl Shadow {
 
 /// One access's walk over the entries it may meet.
 struct Visit<'a> {
-    entries: &'a [Option<Entry>],
-    stamp: &'a mut [u32],
+    entries: &'a [Option<(Extent, OpInfo)>],
+    meta: &'a mut [Meta],
     query: u32,
     replaced: &'a mut Vec<u32>,
     x: &'a Extent,
+    /// `x`'s span (`span`).
+    span: (u64, u64),
     acc: &'a Access,
     races: &'a mut Vec<Race>,
     /// The last thread looked up in the access's clock, and its component
@@ -448,7 +478,7 @@ struct Visit<'a> {
     last: (u32, u32),
     /// Whether an entry may be met twice (the access spans several
     /// buckets); in one bucket each entry is listed once, and the stamps
-    /// (a cache miss each at scale) are left alone.
+    /// are left alone.
     dedupe: bool,
 }
 
@@ -464,57 +494,67 @@ impl Visit<'_> {
     /// Walk `bucket` for the access (`lo..hi` its span): its writes, and
     /// the read groups it may race with or replace.
     fn walk(&mut self, bucket: &Bucket, lo: u64, hi: u64) {
-        for &id in &bucket.writes {
-            self.visit(id);
+        for item in &bucket.writes {
+            self.visit(item);
         }
+        let (acc_thread, acc_write) = (self.acc.thread, self.acc.write);
         for (gi, &(thread, min_label)) in bucket.read_keys.iter().enumerate() {
-            let seen = if thread == self.acc.thread {
-                u32::MAX
-            } else {
-                self.seen(thread)
-            };
             // A read races only with a write, and replaces only reads
-            // it is ordered after.
-            if !self.acc.write && seen < min_label {
+            // it is ordered after (its own thread's always are).
+            if !acc_write && thread != acc_thread && self.seen(thread) < min_label {
                 continue;
             }
             let g = &bucket.reads[gi];
-            if thread == self.acc.thread && !self.acc.write {
-                // Its own earlier reads: ordered before it, no race;
-                // replaced where it covers them. A read is a head in
-                // one bucket only and this walk visits no `rest`, so
-                // each is met once (no stamp needed).
-                for &(id, ex) in &g.heads {
-                    // A covered read starts at a byte of `x`: those
-                    // starting outside its span skip `contains`.
-                    if (lo..hi).contains(&ex.pa) && ex.bytes() > 0 && contains(self.x, &ex) {
-                        self.replaced.push(id);
+            if !acc_write {
+                // Reads: no race, only replacements, and a covered read
+                // starts at a byte of `x`: those starting outside its
+                // span are skipped here.
+                if thread == acc_thread {
+                    // Its own earlier reads: ordered before it. A read
+                    // is a head in one bucket only and this walk visits
+                    // no `rest`, so each is met once (no stamp needed).
+                    for &(id, ex) in &g.heads {
+                        if (lo..hi).contains(&ex.pa) && ex.bytes() > 0 && contains(self.x, &ex) {
+                            self.replaced.push(id);
+                        }
+                    }
+                } else {
+                    for item in &g.heads {
+                        if (lo..hi).contains(&item.1.pa) {
+                            self.visit(item);
+                        }
                     }
                 }
                 continue;
             }
-            for &(id, _) in &g.heads {
-                self.visit(id);
+            for item in &g.heads {
+                self.visit(item);
             }
-            if self.acc.write {
-                for &id in &g.rest {
-                    self.visit(id);
-                }
+            for item in &g.rest {
+                self.visit(item);
             }
         }
     }
 
-    /// Check the access against entry `id` (once per access): a race, a
-    /// replacement, or nothing.
-    fn visit(&mut self, id: u32) {
+    /// Check the access against entry `id` on `ex` (once per access): a
+    /// race, a replacement, or nothing.
+    fn visit(&mut self, &(id, ref ex): &Item) {
+        // Disjoint spans share no byte: neither a race (no overlap) nor a
+        // replacement (no containment). Most entries met in a 64 KiB
+        // bucket lie beside the access; this skips them on the list's
+        // extent alone, before loading anything of theirs.
+        let (elo, ehi) = span(ex);
+        if ehi <= self.span.0 || self.span.1 <= elo {
+            return;
+        }
+        let e = &mut self.meta[id as usize];
         if self.dedupe {
-            if self.stamp[id as usize] == self.query {
+            if e.stamp == self.query {
                 return;
             }
-            self.stamp[id as usize] = self.query;
+            e.stamp = self.query;
         }
-        let entries = self.entries;
-        let e = entries[id as usize].as_ref().expect("live entry");
+        let e = *e;
         let (x, acc) = (self.x, self.acc);
         let ordered = e.thread == acc.thread || self.seen(e.thread) >= e.label;
         if !ordered {
@@ -523,20 +563,21 @@ impl Visit<'_> {
             if !(e.write || acc.write) || (e.atomic && acc.atomic) {
                 return;
             }
-            let Some((pa, len)) = overlap(&e.x, x) else {
+            let Some((pa, len)) = overlap(ex, x) else {
                 return;
             };
+            let op = self.entries[id as usize].as_ref().expect("live entry").1;
             if !self
                 .races
                 .iter()
-                .any(|r| r.first.op.op_id == e.op.op_id && r.second.op.op_id == acc.op.op_id)
+                .any(|r| r.first.op.op_id == op.op_id && r.second.op.op_id == acc.op.op_id)
             {
-                self.races.push(Race::between(e, acc, pa, len));
+                self.races.push(Race::between(&e, op, acc, pa, len));
             }
         } else if (acc.write || !e.write)
             && (!acc.atomic || e.atomic)
-            && e.x.bytes() > 0
-            && contains(x, &e.x)
+            && ex.bytes() > 0
+            && contains(x, ex)
         {
             // Contained and not empty: they overlap. An atomic replaces
             // only atomics: a plain access it covered may still race with
@@ -705,6 +746,17 @@ mod tests {
         }
     }
 
+    /// A recorded access, whole, as the naive walk keeps it.
+    #[derive(Debug, Clone)]
+    struct Entry {
+        x: Extent,
+        thread: u32,
+        label: u32,
+        write: bool,
+        atomic: bool,
+        op: OpInfo,
+    }
+
     /// The same decisions as [`Shadow`], by walking every access ever
     /// recorded: no buckets, no groups, no skipping.
     #[derive(Default)]
@@ -726,7 +778,22 @@ mod tests {
                     if !races.iter().any(|r| {
                         r.first.op.op_id == e.op.op_id && r.second.op.op_id == acc.op.op_id
                     }) {
-                        races.push(Race::between(&e, acc, pa, len));
+                        races.push(Race {
+                            first: Side {
+                                thread: e.thread,
+                                write: e.write,
+                                atomic: e.atomic,
+                                op: e.op,
+                            },
+                            second: Side {
+                                thread: acc.thread,
+                                write: acc.write,
+                                atomic: acc.atomic,
+                                op: acc.op,
+                            },
+                            pa,
+                            len,
+                        });
                     }
                 } else if meet.is_some()
                     && ordered
@@ -768,7 +835,63 @@ mod tests {
         Ok(())
     }
 
+    /// The buckets every row of `x` touches, row by row: what
+    /// `Shadow::buckets_of` lists without walking the rows when no gap
+    /// between rows holds a whole bucket.
+    fn buckets_row_by_row(x: &Extent) -> Vec<u64> {
+        let mut out: Vec<u64> = Vec::new();
+        let rows = x.rows.max(1) as u64;
+        if x.len == 0 || x.rows == 0 {
+            return out;
+        }
+        for r in 0..rows {
+            let s = x.pa + r * if x.rows > 1 { x.stride } else { 0 };
+            for b in s >> BUCKET_BITS..=(s + x.len - 1) >> BUCKET_BITS {
+                if !out.contains(&b) {
+                    out.push(b);
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn buckets_of_strided_rows() {
+        let mut got = Vec::new();
+        // 4 rows of 64 bytes, 16 KiB apart, from just below bucket 1: the
+        // gaps are smaller than a bucket, so buckets 0 and 1 both.
+        Shadow::buckets_of(&x(BUCKET - 32, 64, 4, 16 << 10), &mut got);
+        assert_eq!(got, [0, 1]);
+        // Rows a bucket and a half apart skip the buckets in the gaps.
+        Shadow::buckets_of(&x(0, 64, 4, BUCKET * 3 / 2), &mut got);
+        assert_eq!(got, [0, 1, 3, 4]);
+        // Overlapping rows (stride below the length), and stride 0.
+        Shadow::buckets_of(&x(BUCKET - 8, 100, 3, 10), &mut got);
+        assert_eq!(got, [0, 1]);
+        Shadow::buckets_of(&x(BUCKET * 5, 8, 3, 0), &mut got);
+        assert_eq!(got, [5]);
+        Shadow::buckets_of(&x(BUCKET * 5, 0, 3, 64), &mut got);
+        assert!(got.is_empty());
+    }
+
     proptest::proptest! {
+        /// `buckets_of` lists the buckets the rows touch, in order, once
+        /// each, for any row length, count and stride (gaps around a
+        /// bucket's size).
+        #[test]
+        fn buckets_of_lists_what_the_rows_touch(
+            pa in 0u64..4 * BUCKET,
+            len in 0u64..BUCKET * 3 / 2,
+            rows in 0u32..6,
+            stride in 0u64..BUCKET * 3,
+        ) {
+            let ext = x(pa, len, rows, stride);
+            let mut got = Vec::new();
+            Shadow::buckets_of(&ext, &mut got);
+            proptest::prop_assert_eq!(got, buckets_row_by_row(&ext));
+        }
+
         /// Buckets, blocks, read groups and the skips give the races and
         /// the replacements of a walk over every recorded access (extents
         /// across bucket and block boundaries, any clocks).
