@@ -643,7 +643,10 @@ impl<W: Write> Engine<'_, W> {
         if l.last_end.is_none_or(|(t, _)| t <= now) {
             l.last_end = Some((now, end));
         }
-        crate::race::join(&mut l.end_clock, &clock);
+        // Merged in the clocks' scratch, the published clock kept for a
+        // later release: no allocation per kernel end.
+        self.sync.clocks.join_into(&mut l.end_clock, &clock);
+        self.sync.clocks.give_back(clock);
         let mcpu = self.m.cube_node(pc.sip, pc.cube, NodeKind::MCpu);
         self.send(
             cpu,

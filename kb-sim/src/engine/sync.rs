@@ -411,26 +411,40 @@ impl<W: Write> Engine<'_, W> {
         if self.sync.policy == RacePolicy::Off {
             return Ok(());
         }
-        let access = Access {
-            thread: pe,
-            label: hb.label,
-            clock: hb.clock.clone(),
-            write,
-            atomic,
-            op: OpInfo {
-                op_id,
-                op_name,
-                launch: hb.launch,
-                time: self.q.now(),
-            },
-        };
+        // Most ranges of a compute op are private TCM: the access is
+        // made for the first shared range only.
+        let mut access: Option<Access> = None;
         let mut found = std::mem::take(&mut self.sync.found);
         found.clear();
         for x in ranges {
             if self.shared(x) {
-                self.sync.shadow.access(x, &access, &mut found);
+                let access = access.get_or_insert_with(|| Access {
+                    thread: pe,
+                    label: hb.label,
+                    clock: hb.clock.clone(),
+                    write,
+                    atomic,
+                    op: OpInfo {
+                        op_id,
+                        op_name,
+                        launch: hb.launch,
+                        time: self.q.now(),
+                    },
+                });
+                self.sync.shadow.access(x, access, &mut found);
             }
         }
+        if found.is_empty() {
+            self.sync.found = found;
+            return Ok(());
+        }
+        self.report_races(&mut found)
+    }
+
+    /// Count and report (or fail on) the races in `found`, by the policy.
+    #[cold]
+    #[inline(never)]
+    fn report_races(&mut self, found: &mut Vec<Race>) -> Result<(), SimError> {
         let mut result = Ok(());
         for race in found.drain(..) {
             self.sync.race_count += 1;
@@ -443,7 +457,8 @@ impl<W: Write> Engine<'_, W> {
                 self.sync.reports.push(text);
             }
         }
-        self.sync.found = found;
+        found.clear();
+        self.sync.found = std::mem::take(found);
         result
     }
 

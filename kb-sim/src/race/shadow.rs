@@ -244,6 +244,7 @@ pub struct Shadow {
 
 /// `x`'s span: its first byte and past its last (empty if it has no
 /// bytes).
+#[inline(always)]
 fn span(x: &Extent) -> (u64, u64) {
     match x.bytes() {
         0 => (x.pa, x.pa),
@@ -376,7 +377,9 @@ impl Shadow {
                 v.walk(bucket, lo, hi);
             }
         }
-        races[found..].sort_by_key(|r| r.first.op.op_id);
+        if races.len() > found + 1 {
+            races[found..].sort_by_key(|r| r.first.op.op_id);
+        }
         // The common case, a thread's access replacing its own earlier one
         // of the same bytes and kind (a kernel loading or storing the
         // same tile again): the entry takes the new access in place. The
@@ -538,15 +541,38 @@ impl Visit<'_> {
 
     /// Check the access against entry `id` on `ex` (once per access): a
     /// race, a replacement, or nothing.
-    fn visit(&mut self, &(id, ref ex): &Item) {
+    #[inline(always)]
+    fn visit(&mut self, item: &Item) {
         // Disjoint spans share no byte: neither a race (no overlap) nor a
         // replacement (no containment). Most entries met in a 64 KiB
         // bucket lie beside the access; this skips them on the list's
         // extent alone, before loading anything of theirs.
-        let (elo, ehi) = span(ex);
+        let (elo, ehi) = span(&item.1);
         if ehi <= self.span.0 || self.span.1 <= elo {
             return;
         }
+        self.visit_meeting(item);
+    }
+
+    /// Entry `id` (`e`) races with the access, first at `pa` for `len`
+    /// bytes: record it unless its op already does.
+    #[cold]
+    #[inline(never)]
+    fn race(&mut self, id: u32, e: &Meta, pa: u64, len: u64) {
+        let op = self.entries[id as usize].as_ref().expect("live entry").1;
+        let acc = self.acc;
+        if !self
+            .races
+            .iter()
+            .any(|r| r.first.op.op_id == op.op_id && r.second.op.op_id == acc.op.op_id)
+        {
+            self.races.push(Race::between(e, op, acc, pa, len));
+        }
+    }
+
+    /// [`Visit::visit`] of an entry whose span meets the access's.
+    #[inline(never)]
+    fn visit_meeting(&mut self, &(id, ref ex): &Item) {
         let e = &mut self.meta[id as usize];
         if self.dedupe {
             if e.stamp == self.query {
@@ -563,16 +589,8 @@ impl Visit<'_> {
             if !(e.write || acc.write) || (e.atomic && acc.atomic) {
                 return;
             }
-            let Some((pa, len)) = overlap(ex, x) else {
-                return;
-            };
-            let op = self.entries[id as usize].as_ref().expect("live entry").1;
-            if !self
-                .races
-                .iter()
-                .any(|r| r.first.op.op_id == op.op_id && r.second.op.op_id == acc.op.op_id)
-            {
-                self.races.push(Race::between(&e, op, acc, pa, len));
+            if let Some((pa, len)) = overlap(ex, x) {
+                self.race(id, &e, pa, len);
             }
         } else if (acc.write || !e.write)
             && (!acc.atomic || e.atomic)
