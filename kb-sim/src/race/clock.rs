@@ -1,5 +1,6 @@
 //! Vector clocks: per-thread clocks, releases and acquires.
 
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 /// A vector clock, sparse: the components that are not 0, by thread in
@@ -119,18 +120,23 @@ pub struct Clocks {
     /// Per thread: its clock as last snapshotted, until it acquires again
     /// (a release changes only the own component, which checks never read).
     snap: Vec<Option<Rc<Clock>>>,
-    /// Snapshots replaced by an acquire: once no op holds one any more,
-    /// a later snapshot reuses its allocation.
-    retired: Vec<Rc<Clock>>,
+    /// Snapshots replaced by an acquire, oldest first: once no op holds
+    /// one any more, a later snapshot reuses its allocation.
+    retired: VecDeque<Rc<Clock>>,
     /// Published clocks handed back once joined, for later releases.
     spare: Vec<Clock>,
     /// Scratch for joins that add components.
     scratch: Vec<(u32, u32)>,
 }
 
-/// Retired snapshots and spare published clocks kept at most (a snapshot
-/// looks for a free retired one by walking them).
+/// Retired snapshots and spare published clocks kept at most.
 const SPARE_CLOCKS: usize = 64;
+
+/// Retired snapshots a snapshot looks at for a free one, oldest first;
+/// each one still held goes to the back. Looking at every one (each a
+/// cache miss on its count) cost allreduce group=all on large ~40 looks
+/// per snapshot, most of them at snapshots that ops in flight still hold.
+const RETIRED_LOOKS: usize = 4;
 
 impl Clocks {
     /// Clocks of `threads` threads: each at 1 in its own component (its
@@ -141,7 +147,7 @@ impl Clocks {
         Clocks {
             vc,
             snap: vec![None; threads],
-            retired: Vec::new(),
+            retired: VecDeque::new(),
             spare: Vec::new(),
             scratch: Vec::new(),
         }
@@ -156,11 +162,19 @@ impl Clocks {
     pub fn snapshot(&mut self, t: u32) -> Rc<Clock> {
         let t = t as usize;
         if self.snap[t].is_none() {
-            // A retired snapshot that nothing holds any more, if any.
-            let free = self.retired.iter().position(|r| Rc::strong_count(r) == 1);
+            // A retired snapshot that nothing holds any more, if one of
+            // the oldest few is.
+            let mut free = None;
+            for _ in 0..self.retired.len().min(RETIRED_LOOKS) {
+                let r = self.retired.pop_front().expect("counted");
+                if Rc::strong_count(&r) == 1 {
+                    free = Some(r);
+                    break;
+                }
+                self.retired.push_back(r);
+            }
             let snap = match free {
-                Some(i) => {
-                    let mut r = self.retired.swap_remove(i);
+                Some(mut r) => {
                     Rc::get_mut(&mut r)
                         .expect("held only here")
                         .0
@@ -200,7 +214,7 @@ impl Clocks {
             && let Some(old) = self.snap[t].take()
             && self.retired.len() < SPARE_CLOCKS
         {
-            self.retired.push(old);
+            self.retired.push_back(old);
         }
         changed
     }
@@ -295,6 +309,44 @@ mod tests {
         c.give_back(p);
         let q = c.release(1);
         assert_eq!((q.0.as_ptr(), q.to_dense(2)), (ptr, vec![0, 2]));
+    }
+
+    /// A snapshot looks at no more than `RETIRED_LOOKS` retired ones,
+    /// oldest first, and sends those still held to the back, so a free
+    /// one behind them is reused at a later snapshot.
+    #[test]
+    fn snapshots_look_at_a_few_retired_ones_in_turn() {
+        // Threads 0..=RETIRED_LOOKS+1 each take a snapshot and then
+        // acquire (retiring it), in that order; the last thread publishes.
+        let n = RETIRED_LOOKS + 3;
+        let last = (n - 1) as u32;
+        let mut c = Clocks::new(n);
+        let held: Vec<Rc<Clock>> = (0..last).map(|t| c.snapshot(t)).collect();
+        let published = c.release(last);
+        for t in 0..last {
+            c.acquire(t, &published);
+        }
+        let mut held: Vec<Option<Rc<Clock>>> = held.into_iter().map(Some).collect();
+        // The one after the first RETIRED_LOOKS is let go.
+        let freed_ptr = Rc::as_ptr(held[RETIRED_LOOKS].as_ref().expect("held"));
+        held[RETIRED_LOOKS] = None;
+        let fresh = c.snapshot(0);
+        assert_ne!(
+            Rc::as_ptr(&fresh),
+            freed_ptr,
+            "the free one is past the first looks: a new allocation"
+        );
+        assert_eq!((fresh.get(0), fresh.get(last)), (1, 1));
+        let again = c.release(last);
+        c.acquire(0, &again);
+        let next = c.snapshot(0);
+        assert_eq!(Rc::as_ptr(&next), freed_ptr, "now first in line");
+        assert_eq!((next.get(0), next.get(last)), (1, 2));
+        for (t, h) in held.iter().enumerate() {
+            if let Some(h) = h {
+                assert_eq!(h.to_dense(n), Clock(vec![(t as u32, 1)]).to_dense(n));
+            }
+        }
     }
 
     /// The vector clocks as they were before they went sparse: a dense
