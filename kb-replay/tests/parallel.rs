@@ -240,6 +240,16 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
                 },
             ),
             (
+                // Nearly every memory op's write in a later window than
+                // its read: deferred reads, captured when overwritten.
+                "windows of one effect",
+                2,
+                ReplayOptions {
+                    window: 1,
+                    ..d.clone()
+                },
+            ),
+            (
                 "no batching",
                 2,
                 ReplayOptions {

@@ -41,10 +41,13 @@
 //! strided). Before a physical write, the aliases whose sources it would
 //! change are materialized (copied, in nodes of their own before it), so
 //! every byte a later op or the verification reads is right. A memory op
-//! whose bytes something overwrote between its read and its write (or
-//! whose write comes in a later window) gathers them at its read and
-//! writes them at its write. With [`ReplayOptions::elide`] off every memory
-//! op copies.
+//! whose bytes something overwrote between its read and its write
+//! gathers them at its read and writes them at its write. One whose
+//! write comes in a later window, its bytes unchanged when its window
+//! ends, is *deferred*: its write copies (or aliases) them from where
+//! they still lie, and a physical write to them before that, in a later
+//! window, first gathers them in a node of its own. With
+//! [`ReplayOptions::elide`] off every memory op copies.
 //!
 //! Fingerprints are checked on the bytes where they lie, in nodes of
 //! their own (in parallel), by [`Fingerprints`]; an op that reads the same
