@@ -210,3 +210,38 @@ fn a_deferred_read_spans_windows_and_its_alias_outlives_them() {
     });
     assert!(split > 0);
 }
+
+#[test]
+fn reads_beyond_the_deferral_limit_are_captured_at_the_window_end() {
+    // 1,100 copies of 64-byte pieces of the input to TCM, every read
+    // (seqs 0..1100) before every write (seqs 1100..2200); windows of
+    // one effect, one record a chunk: each read is a window of its own
+    // but the last, whose window takes every write (the record carrying
+    // seq 1099 lets all the rest be staged). Of the 1,099 reads whose
+    // writes come in a later window, 1,024 are deferred, 75 captured.
+    let n = 1100u64;
+    let x: Vec<u8> = (0..n * N).map(|i| (i % 251) as u8).collect();
+    let tensors = vec![tensor("x", Dtype::U8, &[n * N], true, None)];
+    let ops: Vec<Op> = (0..n)
+        .map(|i| {
+            mem(
+                i,
+                i,
+                i,
+                vec![span(host(0, i * N), N)],
+                n + i,
+                vec![span(tcm(i * N), N)],
+            )
+        })
+        .collect();
+    let bytes = build_chunked(tensors, &[(0, x.clone())], &ops, vec![], Some(1));
+    for threads in [1, 2] {
+        for elide in [true, false] {
+            let l = replay(&bytes, threads, 1, elide);
+            let what = format!("{threads} threads, elide {elide}");
+            assert_eq!(l.stats.windows, n, "{what}");
+            assert_eq!(l.stats.captured, n - 1 - 1024, "{what}");
+            assert_eq!(read(&l, tcm(0), n * N), x, "{what}");
+        }
+    }
+}
