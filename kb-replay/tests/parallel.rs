@@ -240,6 +240,16 @@ fn thread_counts_windows_and_batching_give_identical_bits() {
                 },
             ),
             (
+                // Nearly every memory op's write in a later window than
+                // its read: deferred reads, captured when overwritten.
+                "windows of one effect",
+                2,
+                ReplayOptions {
+                    window: 1,
+                    ..d.clone()
+                },
+            ),
+            (
                 "no batching",
                 2,
                 ReplayOptions {
@@ -886,4 +896,36 @@ fn unknown_kinds_are_skipped_in_parallel_too() {
     let mut got = vec![0u8; 6];
     l.replayer.plane().read(hbm(0), &mut got).unwrap();
     assert_eq!(got, [7, 0, 7, 7, 0, 7]);
+}
+
+#[test]
+fn the_first_windows_ramp_up_within_a_chunk_the_same_on_every_thread_count() {
+    // 3,000 host -> HBM copies in one records chunk, effects in record
+    // order. The windows wait for 256, 512, 1,024, 2,048 effects, then
+    // the default 4,096: records 0..128, 128..384, 384..896, 896..1,920,
+    // and the last 1,080 (2,160 effects) at the end of the trace.
+    let n = 3000u64;
+    let x: Vec<u8> = (0..n * 8).map(|i| (i % 253) as u8).collect();
+    let tensors = vec![tensor("x", Dtype::U8, &[n * 8], true, None)];
+    let ops: Vec<_> = (0..n)
+        .map(|i| {
+            mem(
+                i,
+                i,
+                2 * i,
+                vec![span(host(0, i * 8), 8)],
+                2 * i + 1,
+                vec![span(hbm(i * 8), 8)],
+            )
+        })
+        .collect();
+    let bytes = build(tensors, &[(0, x.clone())], &ops, vec![]);
+    for threads in [1, 2, 3] {
+        let l = run(&bytes, threads, &ReplayOptions::default(), &GemmCrate);
+        assert_eq!(l.stats.windows, 5, "{threads} threads");
+        assert_eq!(l.stats.max_window_effects, 2160, "{threads} threads");
+        let mut got = vec![0u8; x.len()];
+        l.replayer.plane().read(hbm(0), &mut got).unwrap();
+        assert!(got == x, "{threads} threads");
+    }
 }

@@ -10,7 +10,12 @@
 //! effects and applies them in *windows*: once no effect with a seq below
 //! some bound can still arrive, every queued effect below the bound is
 //! staged, and when [`ReplayOptions::window`] effects are staged they are
-//! applied together and their records dropped. Memory is the live data
+//! applied together and their records dropped. The first windows are
+//! smaller: 256 effects, doubling up to the option (by the count of
+//! windows so far, so the same on every thread count), and while they
+//! ramp up the reading thread looks every 32 records instead of every
+//! chunk, so the pool gets a first window to run after a few hundred
+//! records rather than after a whole window's planning. Memory is the live data
 //! plane plus the records of one window and of the ops still in flight
 //! (their effects straddle the bound), never the whole op log.
 //!
@@ -41,10 +46,13 @@
 //! strided). Before a physical write, the aliases whose sources it would
 //! change are materialized (copied, in nodes of their own before it), so
 //! every byte a later op or the verification reads is right. A memory op
-//! whose bytes something overwrote between its read and its write (or
-//! whose write comes in a later window) gathers them at its read and
-//! writes them at its write. With [`ReplayOptions::elide`] off every memory
-//! op copies.
+//! whose bytes something overwrote between its read and its write
+//! gathers them at its read and writes them at its write. One whose
+//! write comes in a later window, its bytes unchanged when its window
+//! ends, is *deferred*: its write copies (or aliases) them from where
+//! they still lie, and a physical write to them before that, in a later
+//! window, first gathers them in a node of its own. With
+//! [`ReplayOptions::elide`] off every memory op copies.
 //!
 //! Fingerprints are checked on the bytes where they lie, in nodes of
 //! their own (in parallel), by [`Fingerprints`]; an op that reads the same
@@ -114,7 +122,7 @@ mod plan;
 mod queue;
 mod stats;
 
-use queue::{Planned, Queue};
+use queue::{Planned, Queue, RAMP_RECORDS};
 pub(crate) use stats::Delta;
 pub use stats::Stats;
 
@@ -467,21 +475,36 @@ impl Feed<'_, '_> {
     /// a window it completes is planned, then run (pipelined: started in
     /// the background, once the one before has finished).
     pub fn push_chunk(&mut self, mut c: RecordChunk<'_>) -> Result<()> {
-        let start = Instant::now();
         // When kb-format gives records chunks a seq watermark:
         // self.rep.set_watermark(c.watermark());
-        let res = self.rep.q.decode(&mut c);
-        let ready = res.is_ok() && self.rep.q.ready(&self.rep.opts);
-        self.rep.work(start, false, |s| &mut s.queue_seconds);
-        if let Err(e) = res {
-            // A window before these records comes first.
-            self.rep.settle()?;
-            return Err(e);
+        loop {
+            let start = Instant::now();
+            // While the first windows ramp up (`Queue::window_target`), a
+            // few records at a time, so that a small window can start
+            // before the chunk is decoded.
+            let max = if self.rep.q.window_target(&self.rep.opts) < self.rep.opts.window {
+                RAMP_RECORDS
+            } else {
+                usize::MAX
+            };
+            let res = self.rep.q.decode(&mut c, max);
+            let ready = res.is_ok() && self.rep.q.ready(&self.rep.opts);
+            self.rep.work(start, false, |s| &mut s.queue_seconds);
+            let more = match res {
+                Ok(more) => more,
+                Err(e) => {
+                    // A window before these records comes first.
+                    self.rep.settle()?;
+                    return Err(e);
+                }
+            };
+            if ready {
+                self.apply_staged(c.strings())?;
+            }
+            if !more {
+                return Ok(());
+            }
         }
-        if ready {
-            self.apply_staged(c.strings())?;
-        }
-        Ok(())
     }
 
     /// Plan the staged effects as a window and run it; whether it was

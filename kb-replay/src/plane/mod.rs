@@ -480,10 +480,12 @@ impl DataPlane {
     /// their caps). Every write reserves its bytes first, so bytes are
     /// paged only beyond a region's cap: a region never grows over pages.
     /// Each region grows at most once per call, straight to the size the
-    /// furthest of its extents needs: growing copies what the region holds
-    /// into fresh memory (page faults on every page copied), and a window
-    /// whose extents came in ascending order made each TCM double three or
-    /// four times (13 MB copied into fresh pages in the attention trace).
+    /// furthest of its extents needs. On Linux a region is an anonymous
+    /// mapping that grows by `mremap` (its pages move, nothing is
+    /// copied); elsewhere growing copies what the region holds into fresh
+    /// memory (page faults on every page copied: a window whose extents
+    /// came in ascending order made each TCM double three or four times,
+    /// 13 MB copied into fresh pages in the attention trace).
     pub fn reserve<'e, I>(&mut self, extents: I)
     where
         I: IntoIterator<Item = &'e Extent> + Clone,
@@ -540,6 +542,12 @@ impl DataPlane {
             return;
         }
         let len = end.next_power_of_two().clamp(REGION_MIN, cap) as usize;
+        if let Some(r) = self.regions.get_mut(&key)
+            && r.grow(len)
+        {
+            r.note_written(end.min(len as u64) as usize);
+            return;
+        }
         let Some(mut region) = Region::zeroed(len) else {
             return;
         };

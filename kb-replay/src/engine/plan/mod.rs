@@ -185,12 +185,23 @@ impl PNode {
 /// captures them; a compute op's read holds its output).
 #[derive(Debug)]
 struct Pending {
+    /// Its read's node (in the window being planned; none when deferred).
     node: usize,
     src: Vec<Extent>,
     /// How many physical writes the window had planned at the read.
     writes_then: usize,
     captured: bool,
+    /// A memory op's read from an earlier window whose bytes nothing has
+    /// written since: its write copies them from where they still lie,
+    /// and a physical write to them first captures them (a node of this
+    /// window, [`Pass::capture_deferred`]).
+    deferred: bool,
 }
+
+/// Reads a window leaves deferred at most (more are captured at its
+/// end, as before deferral): each physical write checks the deferred
+/// reads of its memory.
+const MAX_DEFERRED: usize = 1024;
 
 /// The planner: its memory of checked fingerprints outlives a window.
 #[derive(Debug, Default)]
@@ -212,6 +223,13 @@ pub(crate) struct Planner {
     reads: Vec<Extent>,
     /// This window's open K-chains, by the memory key of their output.
     chains: FxHashMap<u64, Vec<OpenChain>>,
+    /// The slots of deferred reads ([`Pending::deferred`]), by the memory
+    /// key of each extent they read, and how many there are.
+    deferred: FxHashMap<u64, Vec<u32>>,
+    deferred_count: usize,
+    /// Deferred reads this window captured (their pending entries hold
+    /// this window's node; at its end they go, as other captured reads').
+    captured_late: Vec<u32>,
 }
 
 /// What planning sees of the data plane: the aliases, which it changes;
@@ -323,15 +341,33 @@ impl Planner {
             pass.effect(k.slot, k.write, both);
             i += 1 + both as usize;
         }
-        // Reads whose writes come in a later window hold their bytes.
+        // Reads whose writes come in a later window: a memory op's whose
+        // bytes nothing wrote since is deferred (its write copies them
+        // from where they lie, unless a physical write comes first);
+        // others hold their bytes. (A compute op's read holds its output
+        // already.)
         for k in keys {
             let Some(p) = pass.pl.take_pending(k.slot) else {
                 continue;
             };
-            // (A compute op's read holds its output already.)
-            if !p.captured {
+            if p.captured || p.deferred {
+                // (A deferred read of an earlier window stays so.)
+                if p.deferred {
+                    pass.pl.set_pending(k.slot, p);
+                }
+                continue;
+            }
+            if pass.pl.deferred_count < MAX_DEFERRED
+                && !pass.pl.written_since(p.writes_then, &p.src)
+            {
+                pass.pl.defer(k.slot, p);
+            } else {
                 pass.capture(p.node, p.src);
             }
+        }
+        // (A write after the window finds no pending read: it releases.)
+        for slot in std::mem::take(&mut pass.pl.captured_late) {
+            pass.pl.take_pending(slot);
         }
         pass.pl.writes.clear();
         pass.pl.write_count = 0;
@@ -349,6 +385,34 @@ impl Planner {
 
     fn take_pending(&mut self, slot: u32) -> Option<Pending> {
         self.pending.get_mut(slot as usize)?.take()
+    }
+
+    /// Carry `p`, a memory op's read with its write in a later window,
+    /// over to the windows after this one, its bytes not captured.
+    fn defer(&mut self, slot: u32, mut p: Pending) {
+        p.deferred = true;
+        for e in &p.src {
+            let slots = self.deferred.entry(mem_key(e.pa)).or_default();
+            if !slots.contains(&slot) {
+                slots.push(slot);
+            }
+        }
+        self.deferred_count += 1;
+        self.set_pending(slot, p);
+    }
+
+    /// Forget the deferred read in `slot` (reading `src`).
+    fn undefer(&mut self, slot: u32, src: &[Extent]) {
+        for e in src {
+            let key = mem_key(e.pa);
+            if let Some(slots) = self.deferred.get_mut(&key) {
+                slots.retain(|&s| s != slot);
+                if slots.is_empty() {
+                    self.deferred.remove(&key);
+                }
+            }
+        }
+        self.deferred_count -= 1;
     }
 
     /// Whether a physical write planned after the first `since` of the
@@ -551,6 +615,7 @@ impl Pass<'_, '_> {
                     src,
                     writes_then,
                     captured: false,
+                    deferred: false,
                 },
             );
         }
@@ -588,6 +653,9 @@ impl Pass<'_, '_> {
         };
         let n: u64 = p.src.iter().map(Extent::bytes).sum();
         self.stats.bytes_written += n;
+        if p.deferred {
+            return self.deferred_write(slot, p);
+        }
         if !p.captured && self.pl.written_since(p.writes_then, &p.src) {
             p.captured = true;
             self.capture(p.node, p.src.clone());
@@ -662,6 +730,9 @@ impl Pass<'_, '_> {
     /// capture, grow regions.
     fn phys_write(&mut self, extents: &[Extent], slot: u32) {
         for e in extents {
+            if !self.pl.deferred.is_empty() {
+                self.capture_deferred(e);
+            }
             let taken = self.plane.lazy_mut().take_sourced(e);
             for a in taken {
                 self.materialize(a, slot);
@@ -680,6 +751,86 @@ impl Pass<'_, '_> {
             self.pl.write_count += 1;
         }
         self.plane.reserve(extents);
+    }
+
+    /// `e` is about to be written physically: the deferred reads of its
+    /// bytes capture them first, in a node of their op placed here.
+    fn capture_deferred(&mut self, e: &Extent) {
+        let Some(slots) = self.pl.deferred.get(&mem_key(e.pa)) else {
+            return;
+        };
+        let pending = &self.pl.pending;
+        let hit: Vec<u32> = slots
+            .iter()
+            .copied()
+            .filter(|&s| {
+                pending[s as usize]
+                    .as_ref()
+                    .is_some_and(|p| p.src.iter().any(|x| overlaps(x, e)))
+            })
+            .collect();
+        for s in hit {
+            let mut p = self.pl.take_pending(s).expect("a deferred read");
+            self.pl.undefer(s, &p.src);
+            let i = self.push(
+                s,
+                Action::Capture {
+                    src: p.src.clone(),
+                    fp: None,
+                },
+            );
+            self.stats.captured += 1;
+            self.nodes[i].hold = p.src.iter().map(Extent::bytes).sum();
+            p.node = i;
+            p.deferred = false;
+            p.captured = true;
+            self.pl.set_pending(s, p);
+            self.pl.captured_late.push(s);
+        }
+    }
+
+    /// The write of a deferred read `p` (see [`Pending::deferred`]): the
+    /// bytes still lie where it read them, so it aliases or copies them,
+    /// unless its own write (or what that materializes) changes them,
+    /// which captures them first.
+    fn deferred_write(&mut self, slot: u32, p: Pending) {
+        let w = self.op(slot).rec.write.clone().expect("a write");
+        let target = match &w.ranges[..] {
+            [e] if e.rows <= 1 || e.stride == e.len => Some(Extent::contiguous(e.pa, e.bytes())),
+            _ => None,
+        };
+        if let Some(t) = target.filter(|t| {
+            self.cx.elide
+                && span(t).is_some()
+                && aliasable(t)
+                && !p.src.iter().any(|s| overlaps(s, t))
+                && !self.plane.lazy().any_target(&p.src)
+        }) {
+            self.pl.undefer(slot, &p.src);
+            self.plane.lazy_mut().set(t.pa, t.len, p.src);
+            self.stats.copies_elided += 1;
+            return;
+        }
+        // Still deferred while the write is planned, so that what it
+        // disturbs captures the bytes first.
+        self.pl.set_pending(slot, p);
+        self.phys_write(&w.ranges, slot);
+        let p = self.pl.take_pending(slot).expect("a pending read");
+        if p.captured {
+            let hold = self.nodes[p.node].hold;
+            let i = self.push(slot, Action::Release { dst: w.ranges });
+            self.nodes[i].release = hold;
+            return;
+        }
+        self.pl.undefer(slot, &p.src);
+        self.push(
+            slot,
+            Action::Copy {
+                src: p.src,
+                dst: w.ranges,
+                fp: None,
+            },
+        );
     }
 
     /// Copy an alias's source to its target, after what that disturbs.
@@ -795,6 +946,7 @@ impl Pass<'_, '_> {
                     src: Vec::new(),
                     writes_then: 0,
                     captured: true,
+                    deferred: false,
                 },
             );
         }
