@@ -660,21 +660,10 @@ impl Pass<'_, '_> {
             p.captured = true;
             self.capture(p.node, p.src.clone());
         }
-        let target = match self.op(slot).rec.write.as_ref().map(|w| &w.ranges[..]) {
-            Some([e]) if e.rows <= 1 || e.stride == e.len => {
-                Some(Extent::contiguous(e.pa, e.bytes()))
-            }
-            _ => None,
-        };
-        let lazy_ok = |pass: &Pass, t: &Extent| {
-            pass.cx.elide
-                && !p.captured
-                && span(t).is_some()
-                && aliasable(t)
-                && !p.src.iter().any(|s| overlaps(s, t))
-                && !pass.plane.lazy().any_target(&p.src)
-        };
-        if let Some(t) = target.filter(|t| lazy_ok(self, t)) {
+        let target = (!p.captured)
+            .then(|| self.lazy_target(slot, &p.src))
+            .flatten();
+        if let Some(t) = target {
             self.plane.lazy_mut().set(t.pa, t.len, p.src);
             self.stats.copies_elided += 1;
             return;
@@ -753,6 +742,23 @@ impl Pass<'_, '_> {
         self.plane.reserve(extents);
     }
 
+    /// Where the memory op in `slot`, having read the physical bytes `src`,
+    /// may write as a lazy copy (an alias of them): its one contiguous
+    /// destination range, when elision is on, the range can be a target,
+    /// and neither overlaps `src` nor is `src` an alias's target.
+    fn lazy_target(&self, slot: u32, src: &[Extent]) -> Option<Extent> {
+        let t = match self.op(slot).rec.write.as_ref().map(|w| &w.ranges[..]) {
+            Some([e]) if e.rows <= 1 || e.stride == e.len => Extent::contiguous(e.pa, e.bytes()),
+            _ => return None,
+        };
+        (self.cx.elide
+            && span(&t).is_some()
+            && aliasable(&t)
+            && !src.iter().any(|s| overlaps(s, &t))
+            && !self.plane.lazy().any_target(src))
+        .then_some(t)
+    }
+
     /// `e` is about to be written physically: the deferred reads of its
     /// bytes capture them first, in a node of their op placed here.
     fn capture_deferred(&mut self, e: &Extent) {
@@ -795,17 +801,7 @@ impl Pass<'_, '_> {
     /// which captures them first.
     fn deferred_write(&mut self, slot: u32, p: Pending) {
         let w = self.op(slot).rec.write.clone().expect("a write");
-        let target = match &w.ranges[..] {
-            [e] if e.rows <= 1 || e.stride == e.len => Some(Extent::contiguous(e.pa, e.bytes())),
-            _ => None,
-        };
-        if let Some(t) = target.filter(|t| {
-            self.cx.elide
-                && span(t).is_some()
-                && aliasable(t)
-                && !p.src.iter().any(|s| overlaps(s, t))
-                && !self.plane.lazy().any_target(&p.src)
-        }) {
+        if let Some(t) = self.lazy_target(slot, &p.src) {
             self.pl.undefer(slot, &p.src);
             self.plane.lazy_mut().set(t.pa, t.len, p.src);
             self.stats.copies_elided += 1;
