@@ -4,6 +4,7 @@
 //! tensor's 2-D view a [`Block::of`] of it (so its parts, DMAs and timing
 //! are `Block::of`'s).
 
+use super::block::Parts;
 use super::*;
 
 impl Block {
