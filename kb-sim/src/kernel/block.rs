@@ -160,16 +160,7 @@ impl Block {
                 });
             }
         }
-        TensorBlock {
-            rows,
-            cols,
-            dtype: t.dtype,
-            parts: if parts.len() == 1 {
-                Parts::One(parts[0])
-            } else {
-                Parts::Many(parts)
-            },
-        }
+        TensorBlock::from_parts(rows, cols, t.dtype, parts)
     }
 
     /// The block of rows [r0, r0+rows) x cols [c0, c0+cols) of a shard
@@ -211,11 +202,11 @@ pub struct TensorBlock {
     pub(super) rows: u32,
     pub(super) cols: u32,
     pub(super) dtype: Dtype,
-    pub(super) parts: Parts,
+    parts: Parts,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Parts {
+enum Parts {
     One(Part),
     Many(Vec<Part>),
 }
@@ -233,6 +224,20 @@ pub struct Part {
 }
 
 impl TensorBlock {
+    /// A `rows` x `cols` block of `dtype` made of `parts` (at least one).
+    pub(super) fn from_parts(rows: u32, cols: u32, dtype: Dtype, parts: Vec<Part>) -> TensorBlock {
+        TensorBlock {
+            rows,
+            cols,
+            dtype,
+            parts: if parts.len() == 1 {
+                Parts::One(parts[0])
+            } else {
+                Parts::Many(parts)
+            },
+        }
+    }
+
     /// (rows, cols) of the whole block.
     pub fn shape(&self) -> (u32, u32) {
         (self.rows, self.cols)

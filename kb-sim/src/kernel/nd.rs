@@ -4,7 +4,6 @@
 //! tensor's 2-D view a [`Block::of`] of it (so its parts, DMAs and timing
 //! are `Block::of`'s).
 
-use super::block::Parts;
 use super::*;
 
 impl Block {
@@ -102,16 +101,7 @@ impl Block {
             let mut k = j;
             loop {
                 if k == 0 {
-                    return TensorBlock {
-                        rows: tile_rows,
-                        cols,
-                        dtype: t.dtype,
-                        parts: if parts.len() == 1 {
-                            Parts::One(parts[0])
-                        } else {
-                            Parts::Many(parts)
-                        },
-                    };
+                    return TensorBlock::from_parts(tile_rows, cols, t.dtype, parts);
                 }
                 k -= 1;
                 idx[k] += 1;
