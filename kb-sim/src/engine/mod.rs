@@ -9,10 +9,11 @@
 //! hop is an event, so contention is resolved in simulated-time order.
 //!
 //! Op-log hook (`oplog`): `hook_start` / `hook_end` are the only places
-//! records are made; they wrap the service of a data-op message at the component that
-//! serves it (pe_dma for DMA commands, hbm_ctrl for host writes). Every data
-//! effect is applied to the data plane by an event at the simulated time the
-//! record states, and numbered in application order (`seq`).
+//! records are made; they wrap the service of a data-op message at the
+//! component that serves it (pe_dma for DMA commands, hbm_ctrl for host
+//! writes). Every data effect is applied to the data plane by an event at
+//! the simulated time the record states, and numbered in application order
+//! (`seq`).
 
 use std::collections::VecDeque;
 
