@@ -134,7 +134,30 @@ struct Search {
     seen: Vec<u32>,
     via: Vec<LinkId>,
     q: VecDeque<NodeId>,
+    /// Far searches (see [`Machine::route`]) toward each destination and
+    /// from each source: those that met more than [`FAR_NODES`] nodes.
+    far_destinations: HashMap<NodeId, u32>,
+    far_sources: HashMap<NodeId, u32>,
+    /// Per far destination, every node's hop count to it (`u32::MAX`:
+    /// none).
+    destination_trees: HashMap<NodeId, Vec<u32>>,
+    /// Per far source, the link its search reaches each node by
+    /// (`LinkId::MAX`: none, or the source itself).
+    source_trees: HashMap<NodeId, Vec<LinkId>>,
+    /// Per node, the nodes with a link to it (built with the first
+    /// destination tree).
+    into: Vec<Vec<NodeId>>,
 }
+
+/// A route search that meets more nodes than this before reaching its
+/// destination is far; the second far search toward one destination, or
+/// from one source, builds that node's tree. (A PE's own TCM or cube is a
+/// few nodes away; a shared HBM across a 4,096-PE machine, or every PE
+/// from the host, most of its 27 K nodes.)
+const FAR_NODES: u32 = 1024;
+/// Trees of each kind kept at most (4 bytes a node each: 7 MB for 64 of
+/// a 4,096-PE machine); routes beyond them are searched.
+const MAX_TREES: usize = 64;
 
 impl Search {
     /// Begin a search over `n` nodes: none seen, the queue empty; returns
@@ -430,30 +453,75 @@ impl Machine {
 
     /// The shortest route (fewest hops; ties by link creation order) from
     /// `from` to `to`, as link ids. Computed once per pair.
+    ///
+    /// A breadth-first search from `from` finds it: of the shortest routes,
+    /// the one whose sequence of link positions in each node's list is
+    /// least (the search reaches a node first through the earliest node of
+    /// the previous level, by that node's earliest link to it).
+    ///
+    /// A far route costs a search over most of a large machine. Toward a
+    /// far destination that many sources ask for (every PE's route to one
+    /// HBM), the destination's tree of hop counts is built once, and a
+    /// route is walked from `from` taking at each node its first link that
+    /// gets one hop closer: the least such sequence, so the same route
+    /// (tested against the search on every built-in topology). From a far
+    /// source that asks for many (the host to every PE), its search is run
+    /// to the end once and each route read back from it.
     pub fn route(&self, from: NodeId, to: NodeId) -> Rc<[LinkId]> {
         if let Some(r) = self.routes.borrow().get(&(from, to)) {
             return r.clone();
         }
-        let r: Rc<[LinkId]> = self.bfs(from, to).into();
+        let r: Rc<[LinkId]> = {
+            let search = &mut *self.search.borrow_mut();
+            if let Some(dist) = search.destination_trees.get(&to) {
+                self.walk(dist, from, to)
+            } else if let Some(via) = search.source_trees.get(&from) {
+                self.back(via, from, to)
+            } else {
+                let (path, met) = self.bfs(search, from, to);
+                if met > FAR_NODES {
+                    let n = search.far_destinations.entry(to).or_insert(0);
+                    *n += 1;
+                    if *n >= 2 && search.destination_trees.len() < MAX_TREES {
+                        let dist = self.destination_tree(&mut search.into, to);
+                        search.destination_trees.insert(to, dist);
+                    }
+                    let n = search.far_sources.entry(from).or_insert(0);
+                    *n += 1;
+                    if *n >= 2 && search.source_trees.len() < MAX_TREES {
+                        let via = self.source_tree(search, from);
+                        search.source_trees.insert(from, via);
+                    }
+                }
+                path
+            }
+        }
+        .into();
         self.routes.borrow_mut().insert((from, to), r.clone());
         r
     }
 
-    fn bfs(&self, from: NodeId, to: NodeId) -> Vec<LinkId> {
-        let search = &mut *self.search.borrow_mut();
+    /// The search's route from `from` to `to`, and the nodes it met.
+    fn bfs(&self, search: &mut Search, from: NodeId, to: NodeId) -> (Vec<LinkId>, u32) {
         let mark = search.start(self.nodes.len());
         let Search { seen, via, q, .. } = search;
         seen[from as usize] = mark;
         q.push_back(from);
-        while let Some(u) = q.pop_front() {
-            if u == to {
-                break;
-            }
+        let mut met = 1;
+        // Done once `to` is reached: the link it was reached by is then
+        // final (a node is reached once), and so are its predecessors'.
+        let mut reached = from == to;
+        while !reached && let Some(u) = q.pop_front() {
             for &(v, l) in &self.adj[u as usize] {
                 if seen[v as usize] != mark {
                     seen[v as usize] = mark;
                     via[v as usize] = l;
                     q.push_back(v);
+                    met += 1;
+                    if v == to {
+                        reached = true;
+                        break;
+                    }
                 }
             }
         }
@@ -466,6 +534,85 @@ impl Machine {
             at = self.links[l as usize].from;
         }
         path.reverse();
+        (path, met)
+    }
+
+    /// The search from `from` run to the end: the link it reaches each
+    /// node by (`LinkId::MAX`: none, or `from` itself), the same a search
+    /// stopped at any of them would have set, since the order nodes are
+    /// reached in does not depend on where the search stops.
+    fn source_tree(&self, search: &mut Search, from: NodeId) -> Vec<LinkId> {
+        let mark = search.start(self.nodes.len());
+        let Search { seen, q, .. } = search;
+        let mut tree = vec![LinkId::MAX; self.nodes.len()];
+        seen[from as usize] = mark;
+        q.push_back(from);
+        while let Some(u) = q.pop_front() {
+            for &(v, l) in &self.adj[u as usize] {
+                if seen[v as usize] != mark {
+                    seen[v as usize] = mark;
+                    tree[v as usize] = l;
+                    q.push_back(v);
+                }
+            }
+        }
+        tree
+    }
+
+    /// The route from `from` to `to` back up `from`'s search tree.
+    fn back(&self, via: &[LinkId], from: NodeId, to: NodeId) -> Vec<LinkId> {
+        let mut path = Vec::new();
+        let mut at = to;
+        while at != from {
+            let l = via[at as usize];
+            assert_ne!(l, LinkId::MAX, "the fabric is connected");
+            path.push(l);
+            at = self.links[l as usize].from;
+        }
+        path.reverse();
+        path
+    }
+
+    /// Every node's hop count to `to` (`u32::MAX`: none), by a
+    /// breadth-first search over the links' reverse (`into`, built here on
+    /// first use).
+    fn destination_tree(&self, into: &mut Vec<Vec<NodeId>>, to: NodeId) -> Vec<u32> {
+        if into.len() != self.nodes.len() {
+            *into = vec![Vec::new(); self.nodes.len()];
+            for l in &self.links {
+                into[l.to as usize].push(l.from);
+            }
+        }
+        let mut dist = vec![u32::MAX; self.nodes.len()];
+        let mut q = VecDeque::from([to]);
+        dist[to as usize] = 0;
+        while let Some(v) = q.pop_front() {
+            let d = dist[v as usize] + 1;
+            for &u in &into[v as usize] {
+                if dist[u as usize] == u32::MAX {
+                    dist[u as usize] = d;
+                    q.push_back(u);
+                }
+            }
+        }
+        dist
+    }
+
+    /// The route from `from` to `to` down `to`'s tree of hop counts: at
+    /// each node its first link one hop closer.
+    fn walk(&self, dist: &[u32], from: NodeId, to: NodeId) -> Vec<LinkId> {
+        assert_ne!(dist[from as usize], u32::MAX, "the fabric is connected");
+        let mut path = Vec::with_capacity(dist[from as usize] as usize);
+        let mut at = from;
+        while at != to {
+            let closer = dist[at as usize] - 1;
+            let &(next, l) = self.adj[at as usize]
+                .iter()
+                .find(|&&(v, _)| dist[v as usize] == closer)
+                .expect("a node with a hop count has a link one hop closer");
+            path.push(l);
+            at = next;
+        }
         path
     }
 
@@ -553,5 +700,136 @@ mod tests {
             }
             assert_eq!(at, b);
         }
+    }
+
+    /// The search's route from `a` to `b` on `m`.
+    fn searched(m: &Machine, a: NodeId, b: NodeId) -> Vec<LinkId> {
+        m.bfs(&mut m.search.borrow_mut(), a, b).0
+    }
+
+    /// Walking a destination's tree of hop counts gives the search's route,
+    /// on every built-in topology and topology file (destinations and
+    /// sources sampled), ties between equal routes included.
+    #[test]
+    fn tree_walks_give_the_searchs_routes() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../topologies");
+        let mut topos: Vec<Topology> = ["small", "default", "large"]
+            .iter()
+            .map(|n| Topology::load(n).expect("built-in topology"))
+            .collect();
+        for e in std::fs::read_dir(&dir).expect("topologies/") {
+            let path = e.expect("entry").path();
+            topos.push(Topology::load(path.to_str().expect("utf-8")).expect("topology file"));
+        }
+        let mut compared = 0;
+        for topo in &topos {
+            let m = Machine::build(topo);
+            let n = m.nodes.len() as NodeId;
+            let step = (n / 40).max(1);
+            let mut into = Vec::new();
+            for b in (0..n).step_by(step as usize) {
+                let tree = m.destination_tree(&mut into, b);
+                for a in (0..n).step_by((step / 2).max(1) as usize) {
+                    assert_eq!(m.walk(&tree, a, b), searched(&m, a, b), "{a} -> {b}");
+                    compared += 1;
+                }
+                // And `b` as a source.
+                let via = m.source_tree(&mut m.search.borrow_mut(), b);
+                for a in (0..n).step_by((step / 2).max(1) as usize) {
+                    assert_eq!(m.back(&via, b, a), searched(&m, b, a), "{b} -> {a}");
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared > 10_000, "{compared}");
+    }
+
+    /// Many equal routes and doubled links: a ladder of rungs, each rung's
+    /// nodes linked to the next rung's in both orders, plus a second link
+    /// beside some. Both trees give the search's choice among them.
+    #[test]
+    fn tree_walks_break_ties_as_the_search_does() {
+        let mut m = Machine::build(&Topology::load("small").expect("built-in topology"));
+        let spec = m.topo.links.noc_pe;
+        let first = m.nodes.len() as NodeId;
+        let (rungs, width) = (6, 4);
+        for i in 0..rungs * width {
+            m.add_node(format!("t{i}"), NodeKind::Noc, 0, 0, 0);
+        }
+        let at = |r: u32, c: u32| first + r * width + c;
+        for r in 0..rungs - 1 {
+            for c in 0..width {
+                // Later columns first from even rungs: the first link in a
+                // list is not always the lowest column.
+                let order: Vec<u32> = if r % 2 == 0 {
+                    (0..width).rev().collect()
+                } else {
+                    (0..width).collect()
+                };
+                for &d in &order {
+                    if (c + d) % 3 != 1 {
+                        m.connect(at(r, c), at(r + 1, d), spec, "test");
+                    }
+                }
+                if c % 2 == 0 {
+                    m.connect(at(r, c), at(r + 1, c), spec, "test");
+                }
+            }
+        }
+        let mut into = Vec::new();
+        let nodes: Vec<NodeId> = (first..first + rungs * width).collect();
+        for &b in &nodes {
+            let tree = m.destination_tree(&mut into, b);
+            let via = m.source_tree(&mut m.search.borrow_mut(), b);
+            for &a in &nodes {
+                assert_eq!(m.walk(&tree, a, b), searched(&m, a, b), "{a} -> {b}");
+                assert_eq!(m.back(&via, b, a), searched(&m, b, a), "{b} -> {a}");
+            }
+        }
+    }
+
+    /// Routes from many PEs to one HBM across a large machine build that
+    /// destination's tree (after two searches), routes from the host to
+    /// many PEs the host's, and all stay the search's.
+    #[test]
+    fn far_destinations_get_a_tree() {
+        let mut topo = Topology::load("large").expect("built-in topology");
+        topo.counts.sips = 8;
+        let m = Machine::build(&topo);
+        let hbm = m.cube_node(0, 0, NodeKind::HbmCtrl);
+        let pes = m.topo.total_pes() as usize;
+        let srcs: Vec<NodeId> = (0..pes)
+            .step_by(7)
+            .map(|i| m.pe_node(m.pe_coord(i), NodeKind::PeDma))
+            .collect();
+        let routes: Vec<Rc<[LinkId]>> = srcs.iter().map(|&a| m.route(a, hbm)).collect();
+        assert!(
+            m.search.borrow().destination_trees.contains_key(&hbm),
+            "no tree for the shared HBM"
+        );
+        let other = Machine::build(&topo);
+        for (&a, r) in srcs.iter().zip(&routes) {
+            assert_eq!(r[..], searched(&other, a, hbm)[..], "{a}");
+        }
+        let host = m.host();
+        let back: Vec<Rc<[LinkId]>> = srcs.iter().map(|&b| m.route(host, b)).collect();
+        assert!(
+            m.search.borrow().source_trees.contains_key(&host),
+            "no tree for the host"
+        );
+        for (&b, r) in srcs.iter().zip(&back) {
+            assert_eq!(r[..], searched(&other, host, b)[..], "host -> {b}");
+        }
+        // A PE's own TCM is near: searched, no tree.
+        let pc = m.pe_coord(3);
+        let tcm = m.pe_node(pc, NodeKind::Tcm);
+        m.route(m.pe_node(pc, NodeKind::PeDma), tcm);
+        assert!(!m.search.borrow().destination_trees.contains_key(&tcm));
+        assert!(
+            !m.search
+                .borrow()
+                .source_trees
+                .contains_key(&m.pe_node(pc, NodeKind::PeDma))
+        );
     }
 }

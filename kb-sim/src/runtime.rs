@@ -918,13 +918,18 @@ impl<'m> Runtime<'m> {
                 Replicas::One => (0, 0, 0),
             }
         };
-        // Replica groups: the shards each group of PEs sees, in order.
+        // Replica groups: the shards each group of PEs sees, in order (by
+        // key through a map: a search of the list per PE, and of every PE
+        // per group below, were quadratic in the PEs when replicated per
+        // PE: 8 % of atomics' CPU at 4,096 PEs).
         let mut groups: Vec<((u32, u32, u32), Vec<usize>)> = Vec::new();
+        let mut group_of: rustc_hash::FxHashMap<(u32, u32, u32), usize> = Default::default();
         for (k, p) in pes.iter().enumerate() {
-            match groups.iter_mut().find(|(g, _)| *g == key(p)) {
-                Some((_, v)) => v.push(k),
-                None => groups.push((key(p), vec![k])),
-            }
+            let g = *group_of.entry(key(p)).or_insert_with(|| {
+                groups.push((key(p), Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(k);
         }
         let sizes = |g: &[usize]| -> Vec<u64> {
             g.iter()
@@ -960,15 +965,16 @@ impl<'m> Runtime<'m> {
                 let n = layout[i].div_ceil(page);
                 pages.extend((0..n).map(|j| (addrs[k] + j * page, shards[k].pa + j * page)));
             }
-            let targets = self
-                .machine
-                .pes()
-                .filter(|p| match replicas {
-                    Replicas::PerPe => (p.sip, p.cube, p.pe) == *g,
-                    Replicas::PerCube => (p.sip, p.cube) == (g.0, g.1),
-                    Replicas::One => true,
-                })
-                .collect();
+            // The PEs that map this replica, in the machine's order: the
+            // PE itself, its cube's (by PE within the cube), or all.
+            let (sip, cube) = (g.0, g.1);
+            let targets = match replicas {
+                Replicas::PerPe => vec![PeCoord { sip, cube, pe: g.2 }],
+                Replicas::PerCube => (0..self.machine.topo.counts.pes_per_cube)
+                    .map(|pe| PeCoord { sip, cube, pe })
+                    .collect(),
+                Replicas::One => self.machine.pes().collect(),
+            };
             mappings.push(Mapping {
                 targets,
                 pages,
