@@ -707,9 +707,9 @@ mod tests {
         m.bfs(&mut m.search.borrow_mut(), a, b).0
     }
 
-    /// Walking a destination's tree of hop counts gives the search's route,
-    /// on every built-in topology and topology file (destinations and
-    /// sources sampled), ties between equal routes included.
+    /// Walking a destination's tree of hop counts, and reading back a
+    /// source's whole search, give the search's route on every built-in
+    /// topology and topology file (nodes sampled), ties included.
     #[test]
     fn tree_walks_give_the_searchs_routes() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../topologies");
