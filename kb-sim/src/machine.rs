@@ -159,6 +159,13 @@ const FAR_NODES: u32 = 1024;
 /// a 4,096-PE machine); routes beyond them are searched.
 const MAX_TREES: usize = 64;
 
+/// Count a far search at `node`; whether it had one before.
+fn far_again(counts: &mut HashMap<NodeId, u32>, node: NodeId) -> bool {
+    let n = counts.entry(node).or_insert(0);
+    *n += 1;
+    *n >= 2
+}
+
 impl Search {
     /// Begin a search over `n` nodes: none seen, the queue empty; returns
     /// its mark.
@@ -480,17 +487,17 @@ impl Machine {
             } else {
                 let (path, met) = self.bfs(search, from, to);
                 if met > FAR_NODES {
-                    let n = search.far_destinations.entry(to).or_insert(0);
-                    *n += 1;
-                    if *n >= 2 && search.destination_trees.len() < MAX_TREES {
+                    if far_again(&mut search.far_destinations, to)
+                        && search.destination_trees.len() < MAX_TREES
+                    {
                         let dist = self.destination_tree(&mut search.into, to);
                         search.destination_trees.insert(to, dist);
                     }
-                    let n = search.far_sources.entry(from).or_insert(0);
-                    *n += 1;
-                    if *n >= 2 && search.source_trees.len() < MAX_TREES {
-                        let via = self.source_tree(search, from);
-                        search.source_trees.insert(from, via);
+                    if far_again(&mut search.far_sources, from)
+                        && search.source_trees.len() < MAX_TREES
+                    {
+                        let tree = self.source_tree(search, from);
+                        search.source_trees.insert(from, tree);
                     }
                 }
                 path
@@ -503,14 +510,23 @@ impl Machine {
 
     /// The search's route from `from` to `to`, and the nodes it met.
     fn bfs(&self, search: &mut Search, from: NodeId, to: NodeId) -> (Vec<LinkId>, u32) {
+        let (mark, met) = self.reach(search, from, Some(to));
+        let Search { seen, via, .. } = search;
+        let path = self.path_back(from, to, |v| (seen[v] == mark).then(|| via[v]));
+        (path, met)
+    }
+
+    /// Breadth-first from `from` until `to` is reached (every node with
+    /// `None`): the search's mark and the nodes it met. Stopping early
+    /// changes no link a node was reached by (a node is reached once, and
+    /// in an order that does not depend on where the search stops).
+    fn reach(&self, search: &mut Search, from: NodeId, to: Option<NodeId>) -> (u32, u32) {
         let mark = search.start(self.nodes.len());
         let Search { seen, via, q, .. } = search;
         seen[from as usize] = mark;
         q.push_back(from);
         let mut met = 1;
-        // Done once `to` is reached: the link it was reached by is then
-        // final (a node is reached once), and so are its predecessors'.
-        let mut reached = from == to;
+        let mut reached = to == Some(from);
         while !reached && let Some(u) = q.pop_front() {
             for &(v, l) in &self.adj[u as usize] {
                 if seen[v as usize] != mark {
@@ -518,54 +534,49 @@ impl Machine {
                     via[v as usize] = l;
                     q.push_back(v);
                     met += 1;
-                    if v == to {
+                    if to == Some(v) {
                         reached = true;
                         break;
                     }
                 }
             }
         }
-        let mut path = Vec::new();
-        let mut at = to;
-        while at != from {
-            assert_eq!(seen[at as usize], mark, "the fabric is connected");
-            let l = via[at as usize];
-            path.push(l);
-            at = self.links[l as usize].from;
-        }
-        path.reverse();
-        (path, met)
+        (mark, met)
     }
 
     /// The search from `from` run to the end: the link it reaches each
-    /// node by (`LinkId::MAX`: none, or `from` itself), the same a search
-    /// stopped at any of them would have set, since the order nodes are
-    /// reached in does not depend on where the search stops.
+    /// node by (`LinkId::MAX`: none, or `from` itself).
     fn source_tree(&self, search: &mut Search, from: NodeId) -> Vec<LinkId> {
-        let mark = search.start(self.nodes.len());
-        let Search { seen, q, .. } = search;
-        let mut tree = vec![LinkId::MAX; self.nodes.len()];
-        seen[from as usize] = mark;
-        q.push_back(from);
-        while let Some(u) = q.pop_front() {
-            for &(v, l) in &self.adj[u as usize] {
-                if seen[v as usize] != mark {
-                    seen[v as usize] = mark;
-                    tree[v as usize] = l;
-                    q.push_back(v);
+        let (mark, _) = self.reach(search, from, None);
+        let Search { seen, via, .. } = search;
+        (0..self.nodes.len())
+            .map(|v| {
+                if seen[v] == mark && v != from as usize {
+                    via[v]
+                } else {
+                    LinkId::MAX
                 }
-            }
-        }
-        tree
+            })
+            .collect()
     }
 
     /// The route from `from` to `to` back up `from`'s search tree.
-    fn back(&self, via: &[LinkId], from: NodeId, to: NodeId) -> Vec<LinkId> {
+    fn back(&self, tree: &[LinkId], from: NodeId, to: NodeId) -> Vec<LinkId> {
+        self.path_back(from, to, |v| (tree[v] != LinkId::MAX).then_some(tree[v]))
+    }
+
+    /// The route to `to` read back from the link each node was reached by
+    /// (`reached_by`, `None`: not reached).
+    fn path_back(
+        &self,
+        from: NodeId,
+        to: NodeId,
+        reached_by: impl Fn(usize) -> Option<LinkId>,
+    ) -> Vec<LinkId> {
         let mut path = Vec::new();
         let mut at = to;
         while at != from {
-            let l = via[at as usize];
-            assert_ne!(l, LinkId::MAX, "the fabric is connected");
+            let l = reached_by(at as usize).expect("the fabric is connected");
             path.push(l);
             at = self.links[l as usize].from;
         }
