@@ -297,8 +297,41 @@ pub struct Comparison {
     pub worst: Option<(usize, f64)>,
 }
 
-/// Compare `got` with `expected` (same length) under `tol`.
+/// Compare `got` with `expected` (same length) under `tol`: pieces of
+/// [`reference::PAR_CHUNK`] elements on the current rayon pool, merged in
+/// order, so the result is the one pass's (the first mismatch, the first
+/// of equally worst elements) for every thread count.
 pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
+    use rayon::prelude::*;
+    let pieces: Vec<Comparison> = got
+        .par_chunks(reference::PAR_CHUNK)
+        .zip(expected.par_chunks(reference::PAR_CHUNK))
+        .enumerate()
+        .map(|(p, (g, e))| compare_piece(g, e, tol, p * reference::PAR_CHUNK))
+        .collect();
+    let mut c = Comparison {
+        max_abs_err: 0.0,
+        max_rel_err: 0.0,
+        mismatches: 0,
+        first: None,
+        worst: None,
+    };
+    for p in pieces {
+        c.max_abs_err = c.max_abs_err.max(p.max_abs_err);
+        c.max_rel_err = c.max_rel_err.max(p.max_rel_err);
+        c.mismatches += p.mismatches;
+        c.first = c.first.or(p.first);
+        if let Some((i, m)) = p.worst
+            && c.worst.is_none_or(|(_, w)| m > w)
+        {
+            c.worst = Some((i, m));
+        }
+    }
+    c
+}
+
+/// [`compare`] of one piece, whose first element is element `base`.
+fn compare_piece(got: &[f64], expected: &[f64], tol: Tolerance, base: usize) -> Comparison {
     let mut c = Comparison {
         max_abs_err: 0.0,
         max_rel_err: 0.0,
@@ -307,6 +340,7 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
         worst: None,
     };
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        let i = base + i;
         let ok = if g.is_nan() || e.is_nan() {
             g.is_nan() && e.is_nan()
         } else if g.is_infinite() || e.is_infinite() {
@@ -327,7 +361,10 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
             } else {
                 abs / allowed
             };
-            if c.worst.is_none_or(|(_, m)| margin > m) {
+            // A NaN margin (an infinite difference within an infinite
+            // allowance) ranks nowhere, so the pieces' worst merge as one
+            // pass's would.
+            if !margin.is_nan() && c.worst.is_none_or(|(_, m)| margin > m) {
                 c.worst = Some((i, margin));
             }
             abs <= allowed
@@ -562,6 +599,45 @@ mod tests {
         // Near zero only atol counts.
         assert_eq!(compare(&[0.0009], &[0.0], TOL).mismatches, 0);
         assert_eq!(compare(&[0.0011], &[0.0], TOL).mismatches, 1);
+    }
+
+    #[test]
+    fn pieces_merge_as_one_pass_for_every_thread_count() {
+        // Four pieces and a part: mismatches in the second and fourth,
+        // the two worst margins equal (the earlier, in the second piece,
+        // must win).
+        let p = reference::PAR_CHUNK;
+        let n = 4 * p + 100;
+        let expected: Vec<f64> = (0..n).map(|i| 1.0 + (i % 2) as f64 * 1e-12).collect();
+        let mut got = expected.clone();
+        // |d| <= 1e-3 + 1e-3 |e|: e = 1 allows 0.002.
+        let at = |piece: usize, i: usize| piece * p + 2 * i; // e = 1 there
+        got[at(1, 10)] += 0.01; // margin 5, mismatch
+        got[at(3, 2)] += 0.01; // margin 5 again: not the worst (later)
+        got[at(3, 5)] -= 0.004; // margin 2, mismatch
+        got[at(2, 1)] += 0.001; // margin 0.5, passes
+        got[n - 1] = f64::NAN; // NaN against a number: mismatch
+        let want = |c: &Comparison| {
+            assert_eq!(c.mismatches, 4);
+            assert_eq!(c.first.map(|f| f.0), Some(at(1, 10)));
+            assert_eq!(c.worst.map(|w| w.0), Some(at(1, 10)));
+            assert!((c.worst.unwrap().1 - 0.01 / 0.002).abs() < 1e-9);
+            assert!((c.max_abs_err - 0.01).abs() < 1e-12);
+        };
+        for threads in [1, 2, 5] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let c = pool.install(|| compare(&got, &expected, TOL));
+            want(&c);
+            // The same as one piece over the whole.
+            assert_eq!(
+                c,
+                compare_piece(&got, &expected, TOL, 0),
+                "{threads} threads"
+            );
+        }
     }
 
     #[test]
