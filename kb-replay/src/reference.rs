@@ -143,6 +143,76 @@ impl std::fmt::Debug for Evaluator<'_> {
 
 const MAX_DEPTH: usize = 256;
 
+/// The matmuls an expression holds more than once, each evaluated once:
+/// specs repeat subtrees (GELU's `x` appears twice in
+/// `x * 0.5 * (1 + erf(x / sqrt 2))`, and there `x` is a layer's matmul:
+/// measured, a third of an mlp trace's reference). Subtrees are the same
+/// when their `Debug` texts are (every scalar printed so that it reads
+/// back to its bits; NaNs of any payload print alike, and compare alike),
+/// and evaluation is deterministic, so a reused value is the one a second
+/// evaluation would give. Only matmuls are kept: elsewhere a repeat costs
+/// less than the copy that reusing it takes.
+struct Repeats {
+    /// Key, uses left, the value once evaluated.
+    entries: Vec<(String, usize, Option<Matrix>)>,
+}
+
+impl Repeats {
+    fn of(e: &Expr) -> Repeats {
+        let mut seen: rustc_hash::FxHashMap<String, usize> = Default::default();
+        let mut stack = vec![e];
+        while let Some(x) = stack.pop() {
+            if Repeats::kept(x) {
+                *seen.entry(format!("{x:?}")).or_default() += 1;
+            }
+            stack.extend(x.children());
+        }
+        let mut entries: Vec<_> = seen
+            .into_iter()
+            .filter(|&(_, uses)| uses > 1)
+            .map(|(key, uses)| (key, uses, None))
+            .collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        Repeats { entries }
+    }
+
+    fn kept(e: &Expr) -> bool {
+        matches!(e, Expr::Matmul(..) | Expr::BatchedMatmul { .. })
+    }
+
+    /// `e`'s entry, if it is a repeated matmul.
+    fn find(&self, e: &Expr) -> Option<usize> {
+        if self.entries.is_empty() || !Repeats::kept(e) {
+            return None;
+        }
+        let key = format!("{e:?}");
+        self.entries.binary_search_by(|x| x.0.cmp(&key)).ok()
+    }
+
+    /// Entry `i`'s value when it was evaluated before: a copy, or the
+    /// value itself at its last use.
+    fn reuse(&mut self, i: usize) -> Option<Matrix> {
+        let (_, uses, value) = &mut self.entries[i];
+        value.as_ref()?;
+        *uses -= 1;
+        if *uses == 0 {
+            value.take()
+        } else {
+            value.clone()
+        }
+    }
+
+    /// Entry `i` was evaluated (its first use) as `m`: kept for the rest.
+    fn keep(&mut self, i: usize, m: Matrix) -> Matrix {
+        let (_, uses, value) = &mut self.entries[i];
+        *uses -= 1;
+        if *uses > 0 {
+            *value = Some(m.clone());
+        }
+        m
+    }
+}
+
 fn max_nan(a: f64, b: f64) -> f64 {
     if a.is_nan() || b.is_nan() {
         f64::NAN
@@ -153,7 +223,7 @@ fn max_nan(a: f64, b: f64) -> f64 {
 
 impl Evaluator<'_> {
     pub fn eval(&self, e: &Expr) -> Result<Matrix, String> {
-        self.eval_at(e, 0)
+        self.eval_at(e, 0, &mut Repeats::of(e))
     }
 
     fn alloc_check(&self, rows: usize, cols: usize) -> Result<usize, String> {
@@ -165,15 +235,23 @@ impl Evaluator<'_> {
     // The recursion evaluates operands only; `apply` (many arms, a large
     // frame in debug builds) runs outside it, so deep nesting stays cheap
     // on the stack.
-    fn eval_at(&self, e: &Expr, depth: usize) -> Result<Matrix, String> {
+    fn eval_at(&self, e: &Expr, depth: usize, repeats: &mut Repeats) -> Result<Matrix, String> {
         if depth > MAX_DEPTH {
             return Err(format!("expression nests deeper than {MAX_DEPTH} levels"));
         }
+        let repeat = repeats.find(e);
+        if let Some(m) = repeat.and_then(|i| repeats.reuse(i)) {
+            return Ok(m);
+        }
         let mut args = Vec::with_capacity(3);
         for x in e.children() {
-            args.push(self.eval_at(x, depth + 1)?);
+            args.push(self.eval_at(x, depth + 1, repeats)?);
         }
-        self.apply(e, args)
+        let m = self.apply(e, args)?;
+        Ok(match repeat {
+            Some(i) => repeats.keep(i, m),
+            None => m,
+        })
     }
 
     /// `e`'s op on its evaluated operands (in [`Expr::children`] order).
@@ -747,6 +825,69 @@ mod tests {
             max_elems: 1 << 20,
         }
         .eval(&e)
+    }
+
+    #[test]
+    fn a_repeated_matmul_is_evaluated_once() {
+        // GELU's shape: x * 0.5 * (1 + erf(x * c)) with x = a . b twice,
+        // and a . b a third time inside another repeated product.
+        let x = || Box::new(Expr::Matmul(t("a"), t("b")));
+        let gelu = |x: Box<Expr>, x2: Box<Expr>| {
+            Expr::Mul(
+                Box::new(Expr::Mul(x, Box::new(Expr::Scalar(0.5)))),
+                Box::new(Expr::Add(
+                    Box::new(Expr::Scalar(1.0)),
+                    Box::new(Expr::Erf(Box::new(Expr::Mul(
+                        x2,
+                        Box::new(Expr::Scalar(0.7)),
+                    )))),
+                )),
+            )
+        };
+        let outer = |x: Box<Expr>| Box::new(Expr::Matmul(t("q"), Box::new(Expr::Transpose(x))));
+        let e = Expr::Add(
+            Box::new(gelu(x(), x())),
+            Box::new(Expr::Matmul(
+                Box::new(Expr::Transpose(outer(x()))),
+                outer(x()),
+            )),
+        );
+        let lookups = std::cell::Cell::new(0);
+        let counting = |name: &str| {
+            lookups.set(lookups.get() + 1);
+            inputs(name)
+        };
+        let ev = Evaluator {
+            tensor: &counting,
+            max_elems: 1 << 20,
+        };
+        let got = ev.eval(&e).unwrap();
+        // a and b for the first x; q for the first outer product (whose
+        // x is the first x again); the second outer product reused.
+        assert_eq!(lookups.get(), 3);
+        // The same expression with every repeat spelled differently (b
+        // under another name), evaluated in full, gives the same bits.
+        let renamed = |name: &str| inputs(if name.starts_with('b') { "b" } else { name });
+        let full = Evaluator {
+            tensor: &renamed,
+            max_elems: 1 << 20,
+        };
+        let y = |i: usize| Box::new(Expr::Matmul(t("a"), t(&format!("b{i}"))));
+        let e2 = Expr::Add(
+            Box::new(gelu(y(0), y(1))),
+            Box::new(Expr::Matmul(
+                Box::new(Expr::Transpose(outer(y(2)))),
+                Box::new(Expr::Matmul(t("q"), Box::new(Expr::Transpose(y(3))))),
+            )),
+        );
+        let want = full.eval(&e2).unwrap();
+        assert_eq!((got.rows, got.cols), (2, 2));
+        assert!(
+            got.data
+                .iter()
+                .zip(&want.data)
+                .all(|(g, w)| g.to_bits() == w.to_bits())
+        );
     }
 
     #[test]
