@@ -1560,6 +1560,15 @@ mod tests {
         assert_eq!(decode(Dtype::I8, &[0xff]), [-1.0]);
         assert_eq!(decode(Dtype::U8, &[0xff]), [255.0]);
         assert_eq!(decode(Dtype::I32, &(-5i32).to_le_bytes()), [-5.0]);
+        // Every f16, against the `half` crate's conversion.
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        for (h, got) in (0..=u16::MAX).zip(decode(Dtype::F16, &all)) {
+            let want = half::f16::from_bits(h).to_f64();
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
+        }
         assert_eq!(matrix_shape(&[]), Some((1, 1)));
         assert_eq!(matrix_shape(&[5]), Some((1, 5)));
         assert_eq!(matrix_shape(&[2, 3, 4]), Some((6, 4)));
