@@ -601,6 +601,84 @@ mod tests {
         assert_eq!(compare(&[0.0011], &[0.0], TOL).mismatches, 1);
     }
 
+    /// `Comparison`s equal bit for bit (NaNs in `first` included).
+    fn same(a: &Comparison, b: &Comparison) -> bool {
+        let bits = |c: &Comparison| {
+            (
+                c.max_abs_err.to_bits(),
+                c.max_rel_err.to_bits(),
+                c.mismatches,
+                c.first.map(|(i, g, e)| (i, g.to_bits(), e.to_bits())),
+                c.worst.map(|(i, m)| (i, m.to_bits())),
+            )
+        };
+        bits(a) == bits(b)
+    }
+
+    #[test]
+    fn pieces_merge_as_one_pass_on_special_values_and_tolerances() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(38);
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MAX,
+            -f64::MAX,
+            f64::MIN_POSITIVE / 4.0,
+            1e-3,
+        ];
+        let value = |rng: &mut rand::rngs::StdRng, near: f64| -> f64 {
+            match rng.random_range(0..6) {
+                0 => specials[rng.random_range(0..specials.len())],
+                1 => near,
+                2 => near + rng.random_range(-1e-3..1e-3),
+                _ => near * (1.0 + rng.random_range(-1e-2..1e-2)),
+            }
+        };
+        let tols = [
+            TOL,
+            Tolerance {
+                rtol: 0.0,
+                atol: 0.0,
+            },
+            Tolerance {
+                rtol: -1e-3,
+                atol: 1e-3,
+            },
+            Tolerance {
+                rtol: f64::NAN,
+                atol: 0.0,
+            },
+            Tolerance {
+                rtol: 1.0,
+                atol: f64::INFINITY,
+            },
+            Tolerance {
+                rtol: 1e300,
+                atol: 1e300,
+            },
+        ];
+        for case in 0..12 {
+            let n = 3 * reference::PAR_CHUNK + 17;
+            let expected: Vec<f64> = (0..n)
+                .map(|_| {
+                    let near = rng.random_range(-10.0..10.0);
+                    value(&mut rng, near)
+                })
+                .collect();
+            let got: Vec<f64> = expected.iter().map(|&e| value(&mut rng, e)).collect();
+            let tol = tols[case % tols.len()];
+            let one = compare_piece(&got, &expected, tol, 0);
+            let pieces = compare(&got, &expected, tol);
+            assert!(same(&pieces, &one), "case {case}: {pieces:?} vs {one:?}");
+        }
+    }
+
     #[test]
     fn pieces_merge_as_one_pass_for_every_thread_count() {
         // Four pieces and a part: mismatches in the second and fourth,
