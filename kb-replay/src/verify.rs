@@ -284,8 +284,9 @@ impl OutputReport {
     }
 }
 
-/// Element comparison statistics.
-#[derive(Debug, Clone, PartialEq)]
+/// Element comparison statistics (the default: no elements, nothing
+/// wrong).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Comparison {
     pub max_abs_err: f64,
     pub max_rel_err: f64,
@@ -309,13 +310,7 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
         .enumerate()
         .map(|(p, (g, e))| compare_piece(g, e, tol, p * reference::PAR_CHUNK))
         .collect();
-    let mut c = Comparison {
-        max_abs_err: 0.0,
-        max_rel_err: 0.0,
-        mismatches: 0,
-        first: None,
-        worst: None,
-    };
+    let mut c = Comparison::default();
     for p in pieces {
         c.max_abs_err = c.max_abs_err.max(p.max_abs_err);
         c.max_rel_err = c.max_rel_err.max(p.max_rel_err);
@@ -332,13 +327,7 @@ pub fn compare(got: &[f64], expected: &[f64], tol: Tolerance) -> Comparison {
 
 /// [`compare`] of one piece, whose first element is element `base`.
 fn compare_piece(got: &[f64], expected: &[f64], tol: Tolerance, base: usize) -> Comparison {
-    let mut c = Comparison {
-        max_abs_err: 0.0,
-        max_rel_err: 0.0,
-        mismatches: 0,
-        first: None,
-        worst: None,
-    };
+    let mut c = Comparison::default();
     for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
         let i = base + i;
         let ok = if g.is_nan() || e.is_nan() {
