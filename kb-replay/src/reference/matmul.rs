@@ -182,29 +182,21 @@ fn row_block_body<const TILES: u8>(
             let ps = p0..(p0 + DEPTH).min(k);
             for r in (0..tiled).step_by(TILE_ROWS) {
                 let c = &mut block[r * n..];
+                let ps = ps.clone();
                 #[cfg(target_arch = "x86_64")]
-                if TILES == AVX512 {
-                    // SAFETY: `TILES` is AVX512 only in `row_block`'s
-                    // AVX-512 version, which runs where `Isa::best` found
-                    // AVX-512F.
+                match TILES {
+                    // SAFETY (both): `TILES` is AVX512 only in
+                    // `row_block`'s AVX-512 version, which runs where
+                    // `Isa::best` found AVX-512F, and AVX2 only in its AVX2
+                    // version, which runs where it found AVX2 and FMA.
                     #[allow(unsafe_code)]
-                    unsafe {
-                        tile_avx512(a, panel, k, n, i0 + r, j0, ps.clone(), c)
-                    };
-                    continue;
-                }
-                #[cfg(target_arch = "x86_64")]
-                if TILES == AVX2 {
-                    // SAFETY: `TILES` is AVX2 only in `row_block`'s AVX2
-                    // version, which runs where `Isa::best` found AVX2 and
-                    // FMA.
+                    AVX512 => unsafe { tile_avx512(a, panel, k, n, i0 + r, j0, ps, c) },
                     #[allow(unsafe_code)]
-                    unsafe {
-                        tile_avx2(a, panel, k, n, i0 + r, j0, ps.clone(), c)
-                    };
-                    continue;
+                    AVX2 => unsafe { tile_avx2(a, panel, k, n, i0 + r, j0, ps, c) },
+                    _ => tile(a, panel, k, n, i0 + r, j0, ps, c),
                 }
-                tile(a, panel, k, n, i0 + r, j0, ps.clone(), c);
+                #[cfg(not(target_arch = "x86_64"))]
+                tile(a, panel, k, n, i0 + r, j0, ps, c);
             }
         }
         for r in tiled..rows {
