@@ -22,7 +22,10 @@
 use kb_format::{Dtype, Expr};
 
 mod batched;
+mod lanes;
 mod matmul;
+
+use lanes::Func;
 
 use matmul::matmul_into;
 
@@ -88,27 +91,15 @@ fn f16_to_f64(h: u16) -> f64 {
     sign * mag
 }
 
-/// Elements one task of [`decode`] (and of the verifier's comparison)
-/// takes: large tensors run on the pool, a few pieces per thread.
+/// Elements one task of the reference's element-wise work takes (the
+/// verifier's decoding and comparison too): large tensors run on the
+/// pool, a few pieces per thread.
 pub const PAR_CHUNK: usize = 1 << 16;
 
-/// Decode little-endian elements of `dtype` as f64 (exact for every dtype),
-/// [`PAR_CHUNK`] elements a task on the current rayon pool (the output's
-/// pages are first touched there too: a 2048 x 2048 f32 output was 40 ms
-/// of a GEMM trace's serial `--verify`).
-pub fn decode(dtype: Dtype, b: &[u8]) -> Vec<f64> {
-    use rayon::prelude::*;
-    let size = dtype.size();
-    let mut out = vec![0.0; b.len() / size];
-    out.par_chunks_mut(PAR_CHUNK)
-        .zip(b.par_chunks(PAR_CHUNK * size))
-        .for_each(|(o, src)| decode_into(dtype, src, o));
-    out
-}
-
-/// [`decode`] of one piece: `out` has one element per `dtype` element of
-/// `b` (a trailing partial element is ignored), the dtype chosen once.
-fn decode_into(dtype: Dtype, b: &[u8], out: &mut [f64]) {
+/// Decode little-endian elements of `dtype` as f64 (exact for every
+/// dtype): `out` gets one element per `dtype` element of `b` (a trailing
+/// partial element is ignored), the dtype chosen once.
+pub fn decode_into(dtype: Dtype, b: &[u8], out: &mut [f64]) {
     fn each<const N: usize>(b: &[u8], out: &mut [f64], f: impl Fn([u8; N]) -> f64) {
         for (o, c) in out.iter_mut().zip(b.chunks_exact(N)) {
             *o = f(c.try_into().expect("N bytes"));
@@ -306,15 +297,15 @@ impl Evaluator<'_> {
                     if v[0] != 0.0 { v[1] } else { v[2] }
                 })?
             }
-            Expr::Exp(_) => map(arg()?, f64::exp),
+            Expr::Exp(_) => map_lanes(arg()?, Func::Exp),
             Expr::Sqrt(_) => map(arg()?, f64::sqrt),
             Expr::Rsqrt(_) => map(arg()?, |v| 1.0 / v.sqrt()),
             Expr::Log(_) => map(arg()?, f64::ln),
             Expr::Abs(_) => map(arg()?, f64::abs),
             Expr::Neg(_) => map(arg()?, |v| -v),
             Expr::Tanh(_) => map(arg()?, f64::tanh),
-            Expr::Erf(_) => map(arg()?, erf),
-            Expr::Sigmoid(_) => map(arg()?, |v| 1.0 / (1.0 + (-v).exp())),
+            Expr::Erf(_) => map_lanes(arg()?, Func::Erf),
+            Expr::Sigmoid(_) => map_lanes(arg()?, Func::Sigmoid),
             Expr::Softmax { axis, .. } => softmax(arg()?, *axis)?,
             Expr::Sum { axis, .. } => reduce(&arg()?, *axis, 0.0, |a, b| a + b)?,
             Expr::Max { axis, .. } => reduce(&arg()?, *axis, f64::NEG_INFINITY, max_nan)?,
@@ -679,6 +670,15 @@ fn philox_words(mut c: [u64; 4], seed: u64) -> [u64; 4] {
     c
 }
 
+/// [`lanes::map`] over `m`, [`PAR_CHUNK`] elements a task.
+fn map_lanes(mut m: Matrix, f: Func) -> Matrix {
+    use rayon::prelude::*;
+    m.data
+        .par_chunks_mut(PAR_CHUNK)
+        .for_each(|piece| lanes::map(f, piece));
+    m
+}
+
 fn map(mut m: Matrix, f: impl Fn(f64) -> f64 + Sync) -> Matrix {
     let cols = m.cols;
     rows_in_parallel(&mut m.data, cols, |_, row| {
@@ -715,13 +715,6 @@ fn min_nan(a: f64, b: f64) -> f64 {
     } else {
         a.min(b)
     }
-}
-
-/// The error function: the `libm` crate's (fdlibm's rational
-/// approximations, within 1 ulp; about 10 ns). Deliberately not the
-/// algorithm op replay uses (`ops::fmath`), so the two check each other.
-pub(crate) fn erf(x: f64) -> f64 {
-    libm::erf(x)
 }
 
 fn check_axis(axis: u8) -> Result<(), String> {
@@ -776,11 +769,9 @@ fn softmax(mut m: Matrix, axis: u8) -> Result<Matrix, String> {
             let mx = row
                 .iter()
                 .fold(f64::NEG_INFINITY, |acc, &v| max_nan(acc, v));
-            let mut sum = 0.0;
-            for v in row.iter_mut() {
-                *v = (*v - mx).exp();
-                sum += *v;
-            }
+            row.iter_mut().for_each(|v| *v -= mx);
+            lanes::map(Func::Exp, row);
+            let sum = row.iter().fold(0.0, |acc, &v| acc + v);
             row.iter_mut().for_each(|v| *v /= sum);
         });
         return Ok(m);
@@ -791,7 +782,7 @@ fn softmax(mut m: Matrix, axis: u8) -> Result<Matrix, String> {
             .fold(f64::NEG_INFINITY, |acc, &k| max_nan(acc, m.data[k]));
         let mut sum = 0.0;
         for &k in &lane {
-            let e = (m.data[k] - mx).exp();
+            let e = lanes::exp(m.data[k] - mx);
             m.data[k] = e;
             sum += e;
         }
@@ -804,7 +795,14 @@ fn softmax(mut m: Matrix, axis: u8) -> Result<Matrix, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::lanes::erf;
     use super::*;
+
+    fn decode(dtype: Dtype, b: &[u8]) -> Vec<f64> {
+        let mut out = vec![0.0; b.len() / dtype.size()];
+        decode_into(dtype, b, &mut out);
+        out
+    }
 
     fn t(name: &str) -> Box<Expr> {
         Box::new(Expr::Tensor(name.into()))
@@ -1008,8 +1006,9 @@ mod tests {
                 .unwrap_err()
                 .contains("broadcast")
         );
+        // fdlibm's exp(1) is e rounded up, one ulp above the nearest.
         let e = eval(Expr::Exp(Box::new(Expr::Scalar(1.0)))).unwrap();
-        assert_eq!(e.data, [std::f64::consts::E]);
+        assert_eq!(e.data, [f64::from_bits(std::f64::consts::E.to_bits() + 1)]);
     }
 
     /// The smaller operand first: `f(x, y)` keeps its operand order
@@ -1069,6 +1068,14 @@ mod tests {
                 .iter()
                 .zip(&full.data)
                 .all(|(g, x)| g.to_bits() == x.exp().to_bits())
+        );
+        // The vector functions, in parallel pieces: libm's bits.
+        let got = map_lanes(full.clone(), Func::Erf);
+        assert!(
+            got.data
+                .iter()
+                .zip(&full.data)
+                .all(|(g, x)| g.to_bits() == libm::erf(*x).to_bits())
         );
     }
 
