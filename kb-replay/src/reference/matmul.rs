@@ -169,43 +169,101 @@ fn row_block_body<const TILES: u8>(
 ) {
     let rows = block.len() / n;
     let full = n - n % TILE_COLS;
-    // Register tiles of TILE_ROWS x TILE_COLS elements of C, running down
-    // k a DEPTH slice at a time; the rows and columns a tile cannot cover
-    // go one row at a time (`row_span`).
-    let tiled = rows - rows % TILE_ROWS;
-    for j0 in (0..full).step_by(TILE_COLS) {
-        let panel = &packed[j0 * k..(j0 + TILE_COLS) * k];
-        // A slice of DEPTH rows of the panel stays in L1 while the block's
-        // tiles run down it; each tile's sums wait in C in between (still
-        // in ascending k).
-        for p0 in (0..k).step_by(DEPTH) {
-            let ps = p0..(p0 + DEPTH).min(k);
-            for r in (0..tiled).step_by(TILE_ROWS) {
-                let c = &mut block[r * n..];
-                let ps = ps.clone();
-                #[cfg(target_arch = "x86_64")]
-                match TILES {
-                    // SAFETY (both): `TILES` is AVX512 only in
-                    // `row_block`'s AVX-512 version, which runs where
-                    // `Isa::best` found AVX-512F, and AVX2 only in its AVX2
-                    // version, which runs where it found AVX2 and FMA.
-                    #[allow(unsafe_code)]
-                    AVX512 => unsafe { tile_avx512(a, panel, k, n, i0 + r, j0, ps, c) },
-                    #[allow(unsafe_code)]
-                    AVX2 => unsafe { tile_avx2(a, panel, k, n, i0 + r, j0, ps, c) },
-                    _ => tile(a, panel, k, n, i0 + r, j0, ps, c),
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                tile(a, panel, k, n, i0 + r, j0, ps, c);
+    // Register tiles of `step` x TILE_COLS elements of C (AVX2: 6 rows,
+    // then one tile of 4 if 4 or more rows are left), running down k a
+    // DEPTH slice at a time; the rows and columns no tile covers go one
+    // row at a time (`row_span`).
+    let step = if TILES == AVX2 { AVX2_ROWS } else { TILE_ROWS };
+    let big = rows - rows % step;
+    let tiled = if TILES == AVX2 && rows - big >= TILE_ROWS {
+        big + TILE_ROWS
+    } else {
+        big
+    };
+    A_TILES.with_borrow_mut(|a_tiles| {
+        if TILES == AVX2 {
+            a_tiles.clear();
+            a_tiles.resize(tiled * k, 0.0);
+            for (t, out) in a_tiles[..big * k]
+                .chunks_exact_mut(AVX2_ROWS * k)
+                .enumerate()
+            {
+                interleave::<AVX2_ROWS>(a, k, i0 + t * AVX2_ROWS, out);
+            }
+            if tiled > big {
+                interleave::<TILE_ROWS>(a, k, i0 + big, &mut a_tiles[big * k..]);
             }
         }
-        for r in tiled..rows {
-            row_span(a, b, k, n, i0 + r, j0..j0 + TILE_COLS, &mut block[r * n..]);
+        for j0 in (0..full).step_by(TILE_COLS) {
+            let panel = &packed[j0 * k..(j0 + TILE_COLS) * k];
+            // A slice of DEPTH rows of the panel stays in L1 while the
+            // block's tiles run down it; each tile's sums wait in C in
+            // between (still in ascending k).
+            for p0 in (0..k).step_by(DEPTH) {
+                let ps = p0..(p0 + DEPTH).min(k);
+                for r in (0..big).step_by(step) {
+                    let c = &mut block[r * n..];
+                    let ps = ps.clone();
+                    #[cfg(target_arch = "x86_64")]
+                    match TILES {
+                        // SAFETY (all): `TILES` is AVX512 only in
+                        // `row_block`'s AVX-512 version, which runs where
+                        // `Isa::best` found AVX-512F, and AVX2 only in its
+                        // AVX2 version, which runs where it found AVX2 and
+                        // FMA.
+                        #[allow(unsafe_code)]
+                        AVX512 => unsafe { tile_avx512(a, panel, k, n, i0 + r, j0, ps, c) },
+                        #[allow(unsafe_code)]
+                        AVX2 => unsafe {
+                            let at = &a_tiles[r * k..(r + AVX2_ROWS) * k];
+                            tile_avx2::<AVX2_ROWS>(at, panel, n, j0, ps, c)
+                        },
+                        _ => tile(a, panel, k, n, i0 + r, j0, ps, c),
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    tile(a, panel, k, n, i0 + r, j0, ps, c);
+                }
+                #[cfg(target_arch = "x86_64")]
+                if tiled > big {
+                    // SAFETY: as above (`tiled > big` only for AVX2).
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        let at = &a_tiles[big * k..tiled * k];
+                        tile_avx2::<TILE_ROWS>(at, panel, n, j0, ps, &mut block[big * n..])
+                    }
+                }
+            }
+            for r in tiled..rows {
+                row_span(a, b, k, n, i0 + r, j0..j0 + TILE_COLS, &mut block[r * n..]);
+            }
         }
-    }
+    });
     if full < n {
         for r in 0..rows {
             row_span(a, b, k, n, i0 + r, full..n, &mut block[r * n..]);
+        }
+    }
+}
+
+thread_local! {
+    /// A row block's tiles of A, interleaved for [`tile_avx2`]: kept by
+    /// each pool thread for its next block (its pages first touched once).
+    static A_TILES: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Rows `i..i + R` of `a` (`k` columns) into `out` (`k x R`): k step `p`'s
+/// `R` values side by side, so a tile's strips read its A as one stream.
+/// Read in place, a tile's rows of A were R streams k apart, and a
+/// block's rows over a depth slice crowded the panel's out of L1.
+/// Measured with 6-row tiles against 4-row tiles read in place (2048 x
+/// 1024 by 1024 x 2048, seven alternating pairs on two cores): 1.07 x the
+/// GFLOP/s (median; 1.01-1.14), best 70.7 against 65.0.
+fn interleave<const R: usize>(a: &[f64], k: usize, i: usize, out: &mut [f64]) {
+    let out = &mut out[..k * R];
+    for r in 0..R {
+        let row = &a[(i + r) * k..(i + r + 1) * k];
+        for (o, &x) in out[r..].iter_mut().step_by(R).zip(row) {
+            *o = x;
         }
     }
 }
@@ -233,12 +291,17 @@ fn row_span(
 }
 
 /// Rows and columns of C one tile keeps running: 4 x 32 f64 are 16
-/// AVX-512 registers ([`tile_avx512`]); in AVX2 a tile runs as four
-/// strips of 8 columns ([`tile_avx2`]); the portable [`tile`] spills them
+/// AVX-512 registers ([`tile_avx512`]); in AVX2 a tile has
+/// [`AVX2_ROWS`] rows (a block's last may have 4) and runs as four strips
+/// of 8 columns ([`tile_avx2`]); the portable [`tile`] spills them
 /// (still ahead of a row at a time, which loads and stores C for every
 /// k).
 const TILE_ROWS: usize = 4;
 const TILE_COLS: usize = 32;
+/// Rows of an AVX2 tile: its strips' 6 x 8 running sums are 12 of the 16
+/// registers (with A interleaved, 4 x 8 strips ran at 50 and 6 x 8 at
+/// 61-62 GFLOP/s on two cores in alternating runs; alike on one).
+const AVX2_ROWS: usize = 6;
 /// Rows of k a tile runs down at a time: a 64 x 32 slice of a panel is
 /// 16 KiB, half an L1 data cache, leaving room for the rows of A (64 and
 /// 128 measured alike, within the loaded VM's noise).
@@ -312,56 +375,48 @@ fn tile_avx512(
     }
 }
 
-/// [`tile`] in AVX2 registers, its 32 columns as four strips of 8
-/// ([`strip_avx2`]): the portable version's 4 x 32 running sums spilled
+/// [`tile`] in AVX2 registers for `R` rows, its 32 columns as four
+/// strips of 8 ([`strip_avx2`]), A read from the tile's [`interleave`]d
+/// rows (`a_tile`, k x R): the portable version's running sums spilled
 /// to the stack and its rows of A went through a call per element
-/// (measured: the reference of a 2048 x 2048 x 1024 GEMM at 8 GFLOP/s
-/// on two cores). The same operations in the same order for every
-/// element (a fused multiply-add per k, ascending), so the same bits.
+/// (measured: the reference of a 2048 x 2048 x 1024 GEMM at 8 GFLOP/s on
+/// two cores). The same operations in the same order for every element
+/// (a fused multiply-add per k, ascending), so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-fn tile_avx2(
-    a: &[f64],
+fn tile_avx2<const R: usize>(
+    a_tile: &[f64],
     panel: &[f64],
-    k: usize,
     n: usize,
-    i: usize,
     j0: usize,
     ps: std::ops::Range<usize>,
     c: &mut [f64],
 ) {
-    const _: () = assert!(TILE_ROWS == 4 && TILE_COLS.is_multiple_of(STRIP));
-    let a = &a[i * k..(i + TILE_ROWS) * k];
+    const _: () = assert!(TILE_COLS.is_multiple_of(STRIP));
     let len = ps.len();
-    let rows: [&[f64]; TILE_ROWS] = [
-        &a[ps.start..][..len],
-        &a[k + ps.start..][..len],
-        &a[2 * k + ps.start..][..len],
-        &a[3 * k + ps.start..][..len],
-    ];
+    let a_steps = &a_tile[ps.start * R..][..len * R];
     let steps = &panel[ps.start * TILE_COLS..][..len * TILE_COLS];
-    let c = &mut c[..(TILE_ROWS - 1) * n + j0 + TILE_COLS];
+    let c = &mut c[..(R - 1) * n + j0 + TILE_COLS];
     for q in (0..TILE_COLS).step_by(STRIP) {
-        strip_avx2(rows, steps, n, j0, q, c);
+        strip_avx2::<R>(a_steps, steps, n, j0, q, c);
     }
 }
 
-/// Columns of C a [`strip_avx2`] keeps in registers: 4 x 8 running sums
-/// are 8 of the 16 AVX2 registers, with the panel's two vectors and A's
-/// broadcast beside them (strips of 12, 12 and 8 columns, 12 sums, ran
-/// slower here: measured 19 against 24-29 GFLOP/s on one core).
+/// Columns of C a [`strip_avx2`] keeps in registers: 6 x 8 running sums
+/// are 12 of the 16 AVX2 registers, with the panel's two vectors and A's
+/// broadcast beside them (4 x 12 strips ran slower: 19 against 24-29
+/// GFLOP/s on one core, with A read in place).
 const STRIP: usize = 8;
 
-/// Columns `q..q + STRIP` of a [`tile_avx2`]: `rows` are the tile's rows
-/// of A over its k slice, `steps` the panel's rows over the same slice
-/// (`TILE_COLS` apart), `c` the tile's rows of C (`n` apart, from column
-/// `j0`).
+/// Columns `q..q + STRIP` of a [`tile_avx2`]: `a_steps` are the tile's R
+/// rows of A over its k slice, interleaved (`R` values a step), `steps`
+/// the panel's rows over the same slice (`TILE_COLS` apart), `c` the
+/// tile's rows of C (`n` apart, from column `j0`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn strip_avx2(
-    rows: [&[f64]; TILE_ROWS],
+fn strip_avx2<const R: usize>(
+    a_steps: &[f64],
     steps: &[f64],
     n: usize,
     j0: usize,
@@ -371,12 +426,12 @@ fn strip_avx2(
     use std::arch::x86_64::{_mm256_fmadd_pd, _mm256_loadu_pd, _mm256_set1_pd, _mm256_storeu_pd};
     const V: usize = STRIP / 4;
     let len = steps.len() / TILE_COLS;
-    assert!(q + STRIP <= TILE_COLS && rows.iter().all(|r| r.len() == len));
-    assert!(c.len() >= (TILE_ROWS - 1) * n + j0 + q + STRIP);
-    let mut acc = [[_mm256_set1_pd(0.0); V]; TILE_ROWS];
+    assert!(q + STRIP <= TILE_COLS && a_steps.len() == len * R);
+    assert!(R > 0 && c.len() >= (R - 1) * n + j0 + q + STRIP);
+    let mut acc = [[_mm256_set1_pd(0.0); V]; R];
     for (r, row) in acc.iter_mut().enumerate() {
         for (h, v) in row.iter_mut().enumerate() {
-            // SAFETY: r < TILE_ROWS and h < V, so the 4 lanes at
+            // SAFETY: r < R and h < V, so the 4 lanes at
             // r * n + j0 + q + 4h end within `c` (asserted above).
             #[allow(unsafe_code)]
             unsafe {
@@ -397,10 +452,10 @@ fn strip_avx2(
                 *bh = _mm256_loadu_pd(steps.as_ptr().add(t * TILE_COLS + q + h * 4));
             }
         }
-        for (row, ar) in acc.iter_mut().zip(rows) {
-            // SAFETY: each of `rows` is `len` long (asserted) and t < len.
+        for (r, row) in acc.iter_mut().enumerate() {
+            // SAFETY: `a_steps` is len * R long (asserted), t < len, r < R.
             #[allow(unsafe_code)]
-            let av = _mm256_set1_pd(unsafe { *ar.get_unchecked(t) });
+            let av = _mm256_set1_pd(unsafe { *a_steps.get_unchecked(t * R + r) });
             for (v, bh) in row.iter_mut().zip(b) {
                 *v = _mm256_fmadd_pd(av, bh, *v);
             }
