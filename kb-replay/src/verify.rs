@@ -299,6 +299,10 @@ pub struct Comparison {
     pub worst: Option<(usize, f64)>,
 }
 
+/// Elements decoded at a time into a stack buffer, reading inputs and
+/// comparing outputs.
+const PART: usize = 2048;
+
 /// Compare `got` with `expected` (same length) under `tol`: pieces of
 /// [`reference::PAR_CHUNK`] elements on the current rayon pool, merged in
 /// order, so the result is the one pass's (the first mismatch, the first
@@ -330,7 +334,6 @@ fn compare_by(
     fill: impl Fn(usize, &mut [f64]) + Sync,
 ) -> Comparison {
     use rayon::prelude::*;
-    const PART: usize = 2048;
     let pieces: Vec<Comparison> = expected
         .par_chunks(reference::PAR_CHUNK)
         .enumerate()
@@ -509,7 +512,6 @@ pub fn input_matrix(plane: &DataPlane, meta: &Meta, name: &str) -> Result<Matrix
     // touched there (no copy of the bytes: a 2048 x 2048 f32 input's was
     // 16 MB of page faults).
     use rayon::prelude::*;
-    const PART: usize = 2048;
     let size = t.dtype.size();
     let mut data = vec![0.0; nbytes as usize / size];
     data.par_chunks_mut(reference::PAR_CHUNK)

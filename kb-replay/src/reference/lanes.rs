@@ -354,13 +354,8 @@ mod tests {
             }
         }
         // Dense sweeps, ranges by their scale.
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(26);
         for (lo, hi, n) in [
             (-1e-8, 1e-8, 2_000),
             (-1.0, 1.0, 40_000),
@@ -368,15 +363,10 @@ mod tests {
             (-30.0, 30.0, 20_000),
             (-760.0, 720.0, 40_000),
         ] {
-            for _ in 0..n {
-                let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
-                xs.push(lo + (hi - lo) * u);
-            }
+            xs.extend((0..n).map(|_| rng.random_range(lo..hi)));
         }
         // Random bit patterns: every exponent.
-        for _ in 0..20_000 {
-            xs.push(f64::from_bits(next()));
-        }
+        xs.extend((0..20_000).map(|_| f64::from_bits(rng.random())));
         xs
     }
 
