@@ -120,6 +120,17 @@ impl std::fmt::Display for PeCoord {
     }
 }
 
+/// The run of `sorted` (PEs in the machine's order, repeats allowed)
+/// whose (SIP, cube) lies in `from..=to`, found by two searches: a
+/// fanout to each SIP or cube that scanned every PE of a launch or a
+/// mapping was O(cubes x PEs).
+pub(crate) fn pes_within(sorted: &[PeCoord], from: (u32, u32), to: (u32, u32)) -> &[PeCoord] {
+    debug_assert!(sorted.windows(2).all(|w| w[0] <= w[1]), "PEs in order");
+    let lo = sorted.partition_point(|p| (p.sip, p.cube) < from);
+    let hi = sorted.partition_point(|p| (p.sip, p.cube) <= to);
+    &sorted[lo..hi.max(lo)]
+}
+
 /// Routes by (from, to), filled on first use.
 type RouteCache = HashMap<(NodeId, NodeId), Rc<[LinkId]>>;
 /// Routes by (from, via, to), filled on first use.
@@ -663,6 +674,32 @@ impl Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// PEs of a SIP or cube found by search are those a scan of every
+        /// PE filters, in the same order, for any SIP or cube (present
+        /// or not).
+        #[test]
+        fn pes_within_a_sip_or_cube_are_those_a_scan_finds(
+            list in prop::collection::vec((0u32..4, 0u32..4, 0u32..3), 0..40),
+            sip in 0u32..5,
+            cube in 0u32..5,
+        ) {
+            let mut targets: Vec<PeCoord> =
+                list.into_iter().map(|(sip, cube, pe)| PeCoord { sip, cube, pe }).collect();
+            targets.sort();
+            let in_sip: Vec<PeCoord> = targets.iter().filter(|p| p.sip == sip).copied().collect();
+            prop_assert_eq!(pes_within(&targets, (sip, 0), (sip, u32::MAX)), &in_sip[..]);
+            let in_cube: Vec<PeCoord> = targets
+                .iter()
+                .filter(|p| (p.sip, p.cube) == (sip, cube))
+                .copied()
+                .collect();
+            prop_assert_eq!(pes_within(&targets, (sip, cube), (sip, cube)), &in_cube[..]);
+        }
+
+    }
 
     /// The coordinates table agrees with the arithmetic, and with
     /// `pe_index`, on every PE of the built-in topologies.

@@ -441,6 +441,10 @@ impl<'m> Runtime<'m> {
             dims: t.meta.shape.clone(),
             space: t.memory.space(),
             shards: t.kernel_shards.clone(),
+            shards_in_order: crate::kernel::TensorArg::holders_in_order(
+                t.memory.space(),
+                &t.kernel_shards,
+            ),
             peers_reach: !(t.memory.space() == Space::Hbm
                 && self.machine.topo.address_model == AddressModel::La),
         }

@@ -15,7 +15,7 @@ use super::{Arrive, CONTROL_BYTES, Engine, SimError};
 use crate::component::Request;
 use crate::event::ns_to_ps;
 use crate::kernel::{self, Executor, Grid, KernelArgs, KernelFn};
-use crate::machine::{NodeKind, PeCoord};
+use crate::machine::{NodeKind, PeCoord, pes_within};
 use crate::program::{PeProgram, Reply};
 
 /// What a launch runs on its PEs.
@@ -111,6 +111,13 @@ pub(super) struct LaunchState {
     /// Its PEs, shared by its kernels' bodies (made at its first kernel
     /// start: a copy per kernel was P x P coordinates at P PEs).
     pes_shared: Option<Arc<[PeCoord]>>,
+    /// Its PEs in the machine's order (the fanouts take each SIP's and
+    /// cube's run of them), and beside each its slot in `spec.pes`, the
+    /// slots of a PE listed twice in order: a kernel start finds its slot
+    /// by a search (a scan of `spec.pes` per start was P x P comparisons
+    /// at P PEs).
+    sorted_pes: Vec<PeCoord>,
+    sorted_slots: Vec<u32>,
 }
 
 impl LaunchState {
@@ -283,6 +290,9 @@ impl<W: Write> Engine<'_, W> {
             cube_left[cube] += 1;
         }
         let sips_left = sip_left.iter().filter(|&&n| n > 0).count() as u32;
+        let mut order: Vec<(PeCoord, u32)> = spec.pes.iter().copied().zip(0..).collect();
+        order.sort_unstable();
+        let (sorted_pes, sorted_slots) = order.into_iter().unzip();
         let start_clock = self.sync.clocks.release(self.sync.host);
         let record = LaunchRecord::Open(self.sync_open(self.m.host(), "launch"));
         let cause = self.host_last.map(|(_, op)| Dep {
@@ -307,6 +317,8 @@ impl<W: Write> Engine<'_, W> {
             link_bytes_at_start: Vec::new(),
             fabric: super::FabricLoad::default(),
             pes_shared: None,
+            sorted_pes,
+            sorted_slots,
         });
         if sips_left == 0 {
             // No PE: done at once.
@@ -348,23 +360,24 @@ impl<W: Write> Engine<'_, W> {
     fn launch_lead(&self, launch: u32, sip: u32) -> Ps {
         let io = self.m.sip_node(sip, NodeKind::IoCpu);
         let handle = ns_to_ps(self.m.topo.cpu.handle_ns.0);
-        self.launches[launch as usize]
-            .spec
-            .pes
-            .iter()
-            .filter(|p| p.sip == sip)
-            .map(|p| {
-                let mcpu = self.m.cube_node(sip, p.cube, NodeKind::MCpu);
-                let cpu = self.m.pe_node(*p, NodeKind::PeCpu);
-                self.m
-                    .uncontended_ps(&self.m.route(io, mcpu), CONTROL_BYTES)
-                    + self
-                        .m
-                        .uncontended_ps(&self.m.route(mcpu, cpu), CONTROL_BYTES)
-                    + 2 * handle
-            })
-            .max()
-            .unwrap_or(0)
+        pes_within(
+            &self.launches[launch as usize].sorted_pes,
+            (sip, 0),
+            (sip, u32::MAX),
+        )
+        .iter()
+        .map(|p| {
+            let mcpu = self.m.cube_node(sip, p.cube, NodeKind::MCpu);
+            let cpu = self.m.pe_node(*p, NodeKind::PeCpu);
+            self.m
+                .uncontended_ps(&self.m.route(io, mcpu), CONTROL_BYTES)
+                + self
+                    .m
+                    .uncontended_ps(&self.m.route(mcpu, cpu), CONTROL_BYTES)
+                + 2 * handle
+        })
+        .max()
+        .unwrap_or(0)
     }
 
     pub(super) fn launch_arrive(&mut self, a: LaunchArrive) -> Result<(), SimError> {
@@ -471,14 +484,14 @@ impl<W: Write> Engine<'_, W> {
                 target,
             } => {
                 let io = self.m.sip_node(sip, NodeKind::IoCpu);
-                let mut cubes: Vec<u32> = self.launches[launch as usize]
-                    .spec
-                    .pes
-                    .iter()
-                    .filter(|p| p.sip == sip)
-                    .map(|p| p.cube)
-                    .collect();
-                cubes.sort_unstable();
+                let mut cubes: Vec<u32> = pes_within(
+                    &self.launches[launch as usize].sorted_pes,
+                    (sip, 0),
+                    (sip, u32::MAX),
+                )
+                .iter()
+                .map(|p| p.cube)
+                .collect();
                 cubes.dedup();
                 for cube in cubes {
                     let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
@@ -502,14 +515,12 @@ impl<W: Write> Engine<'_, W> {
                 target,
             } => {
                 let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
-                let mut pes: Vec<PeCoord> = self.launches[launch as usize]
-                    .spec
-                    .pes
-                    .iter()
-                    .filter(|p| p.sip == sip && p.cube == cube)
-                    .copied()
-                    .collect();
-                pes.sort_unstable();
+                let pes: Vec<PeCoord> = pes_within(
+                    &self.launches[launch as usize].sorted_pes,
+                    (sip, cube),
+                    (sip, cube),
+                )
+                .to_vec();
                 for pc in pes {
                     let cpu = self.m.pe_node(pc, NodeKind::PeCpu);
                     let pe = self.m.pe_index(pc) as u32;
@@ -565,12 +576,12 @@ impl<W: Write> Engine<'_, W> {
                 .extend(self.links.iter().map(|k| k.bytes));
         }
         l.t_start = Some(l.t_start.map_or(now, |t| t.min(now)));
-        let slot = l
-            .spec
-            .pes
-            .iter()
-            .position(|&p| p == pc)
-            .expect("a launch starts only on its PEs");
+        let at = l.sorted_pes.partition_point(|&p| p < pc);
+        assert!(
+            l.sorted_pes.get(at) == Some(&pc),
+            "a launch starts only on its PEs"
+        );
+        let slot = l.sorted_slots[at] as usize;
         let program: Box<dyn PeProgram> = match &mut l.spec.body {
             LaunchBody::Kernel {
                 kernel,

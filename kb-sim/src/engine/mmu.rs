@@ -13,7 +13,7 @@ use kb_format::{Dep, DepKind, Extent, Ps, Space};
 use super::host::HostArrive;
 use super::{Arrive, Engine};
 use crate::component::Request;
-use crate::machine::{NodeKind, PeCoord};
+use crate::machine::{NodeKind, PeCoord, pes_within};
 
 /// Bytes of one page-table entry in a map message.
 const ENTRY_BYTES: u64 = 16;
@@ -212,10 +212,8 @@ impl<W: Write> Engine<'_, W> {
         match a {
             MmuAct::IoFanout { msg, sip } => {
                 let io = self.m.sip_node(sip, NodeKind::IoCpu);
-                let mut cubes: Vec<u32> = self
-                    .targets(&msg)
+                let mut cubes: Vec<u32> = pes_within(self.targets(&msg), (sip, 0), (sip, u32::MAX))
                     .iter()
-                    .filter(|p| p.sip == sip)
                     .map(|p| p.cube)
                     .collect();
                 cubes.dedup();
@@ -227,12 +225,8 @@ impl<W: Write> Engine<'_, W> {
             }
             MmuAct::McpuFanout { msg, sip, cube } => {
                 let mcpu = self.m.cube_node(sip, cube, NodeKind::MCpu);
-                let pes: Vec<PeCoord> = self
-                    .targets(&msg)
-                    .iter()
-                    .filter(|p| (p.sip, p.cube) == (sip, cube))
-                    .copied()
-                    .collect();
+                let pes: Vec<PeCoord> =
+                    pes_within(self.targets(&msg), (sip, cube), (sip, cube)).to_vec();
                 let bytes = self.group_bytes(&msg);
                 for pc in pes {
                     let node = self.install_node(&msg, pc);

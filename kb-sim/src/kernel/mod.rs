@@ -65,22 +65,43 @@ pub struct TensorArg {
     /// Each PE's part, as kernels address it (in SRAM, each cube's part,
     /// held by its PE 0).
     pub shards: Vec<ShardArg>,
+    /// Whether `shards` are in the machine's order of their holders, each
+    /// holder once (as the runtime makes them): [`TensorArg::shard`] then
+    /// finds one by a search rather than a scan (a scan per PE was P x P
+    /// comparisons per launch at P PEs). False is always correct.
+    pub shards_in_order: bool,
     /// Whether other PEs can address a PE's shard at its `addr`: false in
     /// HBM under the LA model, whose addresses are each PE's own logical
     /// ones (another PE resolves them through its own segments).
     pub peers_reach: bool,
 }
 
+/// What names a shard's holder in `space`: its PE, or in SRAM its cube.
+fn holder_key(space: Space) -> fn(&PeCoord) -> (u32, u32, u32) {
+    match space {
+        Space::Sram => |p| (p.sip, p.cube, 0),
+        _ => |p| (p.sip, p.cube, p.pe),
+    }
+}
+
 impl TensorArg {
     /// The shard held by `pe` (in SRAM: by `pe`'s cube).
     pub fn shard(&self, pe: PeCoord) -> Option<&ShardArg> {
-        match self.space {
-            Space::Sram => self
-                .shards
-                .iter()
-                .find(|s| (s.pe.sip, s.pe.cube) == (pe.sip, pe.cube)),
-            _ => self.shards.iter().find(|s| s.pe == pe),
+        let key = holder_key(self.space);
+        let want = key(&pe);
+        if self.shards_in_order {
+            let i = self.shards.partition_point(|s| key(&s.pe) < want);
+            self.shards.get(i).filter(|s| key(&s.pe) == want)
+        } else {
+            self.shards.iter().find(|s| key(&s.pe) == want)
         }
+    }
+
+    /// Whether `shards` are in the machine's order of their holders, each
+    /// once (what [`TensorArg::shards_in_order`] says of them).
+    pub fn holders_in_order(space: Space, shards: &[ShardArg]) -> bool {
+        let key = holder_key(space);
+        shards.windows(2).all(|w| key(&w[0].pe) < key(&w[1].pe))
     }
 
     /// Bytes per element.
@@ -851,6 +872,69 @@ mod tests {
             .cloned()
             .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_default()
+    }
+
+    /// A shard is found by search exactly as by a scan, in every memory
+    /// (SRAM by cube), for holders present and absent; shards out of order
+    /// or repeated are never said to be in order, and are scanned.
+    #[test]
+    fn shards_found_by_search_are_those_a_scan_finds() {
+        let pe = |sip, cube, pe| PeCoord { sip, cube, pe };
+        let shard = |p: PeCoord, addr| ShardArg {
+            pe: p,
+            addr,
+            rows: 1,
+            row_bytes: 4,
+            row0: 0,
+            col0: 0,
+        };
+        let in_order: Vec<ShardArg> = [(0, 0, 1), (0, 1, 0), (0, 1, 2), (1, 0, 0), (1, 3, 1)]
+            .into_iter()
+            .zip(1..)
+            .map(|((s, c, p), a)| shard(pe(s, c, p), a))
+            .collect();
+        let mut shuffled = in_order.clone();
+        shuffled.swap(0, 3);
+        let mut repeated = in_order.clone();
+        repeated.insert(2, shard(pe(0, 1, 0), 99));
+        let cubes: Vec<ShardArg> = [(0, 0), (0, 2), (1, 1)]
+            .into_iter()
+            .zip(10..)
+            .map(|((s, c), a)| shard(pe(s, c, 0), a))
+            .collect();
+        let cases = [
+            (Space::Hbm, in_order, true),
+            (Space::Tcm, shuffled, false),
+            (Space::Hbm, repeated, false),
+            (Space::Sram, cubes, true),
+        ];
+        for (space, shards, ordered) in cases {
+            assert_eq!(TensorArg::holders_in_order(space, &shards), ordered);
+            let arg = |shards_in_order| TensorArg {
+                name: "t".into(),
+                dtype: Dtype::F32,
+                shape: [8, 1],
+                dims: vec![8, 1],
+                space,
+                shards: shards.clone(),
+                shards_in_order,
+                peers_reach: true,
+            };
+            let (searched, scanned) = (arg(ordered), arg(false));
+            for s in 0..3 {
+                for c in 0..4 {
+                    for p in 0..3 {
+                        let at = pe(s, c, p);
+                        let want = shards.iter().find(|x| match space {
+                            Space::Sram => (x.pe.sip, x.pe.cube) == (s, c),
+                            _ => x.pe == at,
+                        });
+                        assert_eq!(searched.shard(at), want, "{space:?} {at}");
+                        assert_eq!(scanned.shard(at), want, "{space:?} {at}");
+                    }
+                }
+            }
+        }
     }
 
     /// A misspelled argument name says which names the launch passed.

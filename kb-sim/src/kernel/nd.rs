@@ -141,6 +141,7 @@ mod tests {
                 row0: 0,
                 col0: 0,
             }],
+            shards_in_order: true,
             peers_reach: true,
         }
     }
