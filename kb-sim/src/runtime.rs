@@ -213,10 +213,24 @@ pub enum SetupError {
 pub struct Mapping {
     /// The PEs that get it.
     pub targets: Vec<PeCoord>,
-    /// (VA page, PA page) pairs (VA model).
-    pub pages: Vec<(u64, u64)>,
+    /// Its VA pages, in order, as runs onto contiguous PAs (VA model). A
+    /// list of (VA page, PA page) pairs per mapping was O(PEs^2) memory
+    /// for a tensor replicated per PE whose size follows the PEs (268 MB
+    /// of `atomics` at 4,096 PEs).
+    pub runs: Vec<PageRun>,
+    /// How many pages its runs map (a map message's size follows it).
+    pub pages: u64,
     /// A BAAW segment (LA model).
     pub segment: Option<Segment>,
+}
+
+/// `pages` VA pages from `va` mapped onto as many contiguous PA pages
+/// from `pa`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRun {
+    pub va: u64,
+    pub pa: u64,
+    pub pages: u64,
 }
 
 /// A BAAW segment (docs/design.md A3): a PE-local LA range and where its bytes
@@ -877,7 +891,8 @@ impl<'m> Runtime<'m> {
             });
             out.mappings.push(Mapping {
                 targets: vec![pe],
-                pages: Vec::new(),
+                runs: Vec::new(),
+                pages: 0,
                 segment: Some(seg),
             });
         }
@@ -963,11 +978,18 @@ impl<'m> Runtime<'m> {
         let mut addrs = vec![0; shards.len()];
         let mut mappings = Vec::new();
         for (g, members) in &groups {
-            let mut pages = Vec::new();
+            let mut runs: Vec<PageRun> = Vec::new();
             for (i, &k) in members.iter().enumerate() {
                 addrs[k] = base + offsets[i];
-                let n = layout[i].div_ceil(page);
-                pages.extend((0..n).map(|j| (addrs[k] + j * page, shards[k].pa + j * page)));
+                let pages = layout[i].div_ceil(page);
+                let (va, pa) = (addrs[k], shards[k].pa);
+                match runs.last_mut() {
+                    Some(r) if r.va + r.pages * page == va && r.pa + r.pages * page == pa => {
+                        r.pages += pages
+                    }
+                    _ if pages > 0 => runs.push(PageRun { va, pa, pages }),
+                    _ => {}
+                }
             }
             // The PEs that map this replica, in the machine's order: the
             // PE itself, its cube's (by PE within the cube), or all.
@@ -981,7 +1003,8 @@ impl<'m> Runtime<'m> {
             };
             mappings.push(Mapping {
                 targets,
-                pages,
+                pages: runs.iter().map(|r| r.pages).sum(),
+                runs,
                 segment: None,
             });
         }

@@ -14,6 +14,7 @@ use super::host::HostArrive;
 use super::{Arrive, Engine};
 use crate::component::Request;
 use crate::machine::{NodeKind, PeCoord, pes_within};
+use crate::runtime::PageRun;
 
 /// Bytes of one page-table entry in a map message.
 const ENTRY_BYTES: u64 = 16;
@@ -69,7 +70,7 @@ impl<W: Write> Engine<'_, W> {
         match &m.segment {
             // A BaawSegmentInstallMsg: the descriptor and a PA per channel.
             Some(seg) => SEGMENT_BYTES + 8 * seg.channel_pas.len() as u64,
-            None => m.pages.len() as u64 * ENTRY_BYTES,
+            None => m.pages * ENTRY_BYTES,
         }
     }
 
@@ -176,7 +177,7 @@ impl<W: Write> Engine<'_, W> {
                         pe as usize,
                         msg.tensor,
                         msg.group,
-                        &mapping.pages,
+                        &mapping.runs,
                         page,
                         msg.unmap,
                     );
@@ -306,21 +307,26 @@ pub(super) struct PageRuns {
 }
 
 impl PageRuns {
-    /// Map (or unmap) `pages` (VA page, PA page), in order, each `page`
-    /// bytes long.
-    pub(super) fn apply(&mut self, pages: &[(u64, u64)], page: u64, unmap: bool) {
+    /// Map (or unmap) the pages of `runs`, in order, each `page` bytes
+    /// long: as each page in turn would, a run continuing the one gathered
+    /// (in VA, and in PA unless unmapping) joins it.
+    pub(super) fn apply(&mut self, runs: &[PageRun], page: u64, unmap: bool) {
         self.recent.set(Default::default());
         // (VA start, VA end, PA of the start) of the run being gathered.
         let mut run: Option<(u64, u64, u64)> = None;
-        for &(va, pa) in pages {
+        for &PageRun { va, pa, pages } in runs {
+            if pages == 0 {
+                continue;
+            }
+            let len = pages * page;
             if let Some((s, e, p)) = &mut run
                 && *e == va
                 && (unmap || *p + (*e - *s) == pa)
             {
-                *e += page;
+                *e += len;
                 continue;
             }
-            if let Some(r) = run.replace((va, va + page, pa)) {
+            if let Some(r) = run.replace((va, va + len, pa)) {
                 self.put(r, unmap);
             }
         }
@@ -440,11 +446,53 @@ pub(super) fn fold_rows(pieces: &[Extent], out: &mut Vec<Extent>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Each (VA page, PA page) pair as a run of one page.
+    pub(crate) fn single_pages(pages: &[(u64, u64)]) -> Vec<PageRun> {
+        pages
+            .iter()
+            .map(|&(va, pa)| PageRun { va, pa, pages: 1 })
+            .collect()
+    }
+
     proptest! {
+        /// A message's pages given as runs of several pages (as the runtime
+        /// builds them, each VA- and PA-contiguous, split anywhere) leave
+        /// the same runs as the same pages given one by one, for maps and
+        /// unmaps in any sequence.
+        #[test]
+        fn runs_of_pages_apply_as_their_pages_one_by_one(
+            groups in prop::collection::vec(
+                (any::<bool>(), prop::collection::vec((0u64..24, 0u64..40, 0u64..3), 1..12)),
+                1..10,
+            )
+        ) {
+            const PAGE: u64 = 4096;
+            let (mut by_runs, mut by_pages) = (PageRuns::default(), PageRuns::default());
+            for (unmap, pieces) in groups {
+                // Runs of 1 to 3 pages, mostly following on in VA and PA.
+                let (mut va, mut pa) = (0u64, 0u64);
+                let mut runs = Vec::new();
+                for (dv, dp, extra) in pieces {
+                    va = if dv < 16 { va } else { dv * PAGE };
+                    pa = if dp < 30 { pa } else { dp * 7 * PAGE };
+                    let pages = 1 + extra;
+                    runs.push(PageRun { va, pa, pages });
+                    (va, pa) = (va + pages * PAGE, pa + pages * PAGE);
+                }
+                let pages: Vec<(u64, u64)> = runs
+                    .iter()
+                    .flat_map(|r| (0..r.pages).map(move |i| (r.va + i * PAGE, r.pa + i * PAGE)))
+                    .collect();
+                by_runs.apply(&runs, PAGE, unmap);
+                by_pages.apply(&single_pages(&pages), PAGE, unmap);
+                prop_assert_eq!(&by_runs.runs, &by_pages.runs);
+            }
+        }
+
         /// Page runs answer every lookup as a table of pages does, after
         /// any sequence of maps and unmaps (overlapping, out of order,
         /// contiguous or not).
@@ -469,7 +517,7 @@ mod tests {
                         Some((*va * PAGE, *pa * PAGE))
                     })
                     .collect();
-                runs.apply(&pages, PAGE, unmap);
+                runs.apply(&single_pages(&pages), PAGE, unmap);
                 for &(va, pa) in &pages {
                     if unmap {
                         model.remove(&va);
@@ -521,7 +569,7 @@ mod tests {
                 })
                 .collect();
             let mut tables = super::super::va_tables::VaTables::new(1, [1]);
-            tables.apply(0, 0, 0, &pages, PAGE, false);
+            tables.apply(0, 0, 0, &single_pages(&pages), PAGE, false);
             let model: std::collections::HashMap<u64, u64> = pages.iter().copied().collect();
             // Each row byte by page through the model; None if unmapped.
             let mut pieces: Vec<Extent> = Vec::new();

@@ -9,6 +9,7 @@
 //! holds nothing.
 
 use super::mmu::PageRuns;
+use crate::runtime::PageRun;
 
 /// One mapping group's pages as runs, and the VA span they lie in.
 #[derive(Debug)]
@@ -63,13 +64,13 @@ impl VaTables {
     }
 
     /// PE `pe` takes the map (or unmap) message of `tensor`'s `group`,
-    /// whose `pages` (VA page, PA page) are `page` bytes each.
+    /// whose pages (`runs` of them) are `page` bytes each.
     pub(super) fn apply(
         &mut self,
         pe: usize,
         tensor: u32,
         group: u32,
-        pages: &[(u64, u64)],
+        pages: &[PageRun],
         page: u64,
         unmap: bool,
     ) {
@@ -183,6 +184,7 @@ impl VaTables {
 
 #[cfg(test)]
 mod tests {
+    use super::super::mmu::tests::single_pages;
     use super::*;
     use proptest::prelude::*;
 
@@ -218,7 +220,7 @@ mod tests {
             for (pe, g, unmap) in msgs {
                 let g = g.index(groups.len());
                 let (tensor, group) = if g < split { (0, g) } else { (1, g - split) };
-                tables.apply(pe, tensor, group as u32, &groups[g], PAGE, unmap);
+                tables.apply(pe, tensor, group as u32, &single_pages(&groups[g]), PAGE, unmap);
                 for &(va, pa) in &groups[g] {
                     if unmap {
                         model[pe].remove(&va);
@@ -256,7 +258,7 @@ mod tests {
             .collect();
         let mut tables = VaTables::new(4, [1]);
         for pe in 0..4 {
-            tables.apply(pe, 0, 0, &pages, PAGE, false);
+            tables.apply(pe, 0, 0, &single_pages(&pages), PAGE, false);
         }
         assert_eq!(tables.built(), 1);
         for pe in 0..4 {
@@ -269,7 +271,7 @@ mod tests {
         }
         // Unmapped on one PE, still mapped on the others; the unmap undoes
         // the map, and the PE holds nothing again.
-        tables.apply(2, 0, 0, &pages, PAGE, true);
+        tables.apply(2, 0, 0, &single_pages(&pages), PAGE, true);
         assert_eq!(tables.run_at(2, 0), None);
         assert_eq!(tables.held(2), 0);
         assert_eq!(tables.run_at(1, 0), Some((0, 4 * PAGE, 100 * PAGE)));
@@ -279,9 +281,9 @@ mod tests {
     fn a_pe_that_maps_nothing_holds_nothing() {
         let pages = [(0, 7 * PAGE)];
         let mut tables = VaTables::new(3, [1, 1]);
-        tables.apply(0, 1, 0, &pages, PAGE, false);
+        tables.apply(0, 1, 0, &single_pages(&pages), PAGE, false);
         // An unmap that names nothing the PE has is not kept either.
-        tables.apply(1, 0, 0, &pages, PAGE, true);
+        tables.apply(1, 0, 0, &single_pages(&pages), PAGE, true);
         assert_eq!((tables.held(1), tables.held(2)), (0, 0));
         assert_eq!(tables.run_at(1, 0), None);
         assert_eq!(tables.run_at(2, 0), None);
@@ -294,8 +296,8 @@ mod tests {
         let g0: Vec<(u64, u64)> = (0..8).map(|i| (i * PAGE, (50 + i) * PAGE)).collect();
         let g1 = [(5 * PAGE, 3 * PAGE)];
         let mut tables = VaTables::new(1, [2]);
-        tables.apply(0, 0, 0, &g0, PAGE, false);
-        tables.apply(0, 0, 1, &g1, PAGE, false);
+        tables.apply(0, 0, 0, &single_pages(&g0), PAGE, false);
+        tables.apply(0, 0, 1, &single_pages(&g1), PAGE, false);
         assert_eq!(tables.run_at(0, 2 * PAGE), Some((0, 5 * PAGE, 50 * PAGE)));
         assert_eq!(
             tables.run_at(0, 5 * PAGE),
