@@ -8,6 +8,11 @@
 # SMALL_REPEATS (default 16) runs the 256-PE point that many times back to
 # back inside one timing: alone it takes 0.1-0.2 CPU s, which
 # /usr/bin/time resolves to 10 ms, too coarse for the share it decides.
+# CALLGRIND=1 counts instructions instead (valgrind's callgrind, each point
+# once per round; minutes at 4,096 PEs): the same on every run, where this
+# VM's CPU seconds move 2 x between rounds. It prints instructions per
+# record and the 4,096-PE point's share of the 256-PE point's records per
+# instruction; the bar itself is in CPU time.
 set -euo pipefail
 rounds=${1:?rounds}; shift
 [ $# -gt 0 ] || { echo "usage: $0 ROUNDS KB_SIM [KB_SIM...]" >&2; exit 2; }
@@ -15,6 +20,28 @@ inspect=${KB_INSPECT:-kb-inspect}
 bins=("$@")
 small_repeats=${SMALL_REPEATS:-16}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+if [ "${CALLGRIND:-}" = 1 ]; then
+  command -v valgrind > /dev/null || { echo "CALLGRIND=1 needs valgrind" >&2; exit 2; }
+  for _ in $(seq "$rounds"); do
+    for bin in "${bins[@]}"; do
+      per=()
+      for cfg in "4 8" "32 16"; do
+        read -r sips cubes <<< "$cfg"
+        all=$((sips * cubes)); pes=$((all * 8))
+        valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" -q -t large -b gemm_tiled \
+          -p grid=2d -p m=$((64 * all)) -p n=512 -p k=1024 \
+          --set counts.sips="$sips" --set counts.cubes_per_sip="$cubes" -o "$tmp/ws.kbt" 2> "$tmp/cg"
+        ir=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$tmp/cg")
+        [ -n "$ir" ] || { cat "$tmp/cg" >&2; exit 1; }
+        records=$("$inspect" summary "$tmp/ws.kbt" | awk '/^records:/ {print $2}')
+        per+=("$(awk -v i="$ir" -v r="$records" 'BEGIN { printf "%.1f", i / r }')")
+        echo "$bin PEs=$pes records=$records instructions=$ir instructions_per_record=${per[-1]}"
+      done
+      awk -v b="$bin" -v s="${per[0]}" -v l="${per[1]}" 'BEGIN { printf "%s share (256-PE instructions per record / 4,096-PE): %.1f %%\n", b, 100 * s / l }'
+    done
+  done
+  exit 0
+fi
 for _ in $(seq "$rounds"); do
   for bin in "${bins[@]}"; do
     for cfg in "4 8" "32 16"; do
