@@ -430,8 +430,8 @@ mod tests {
         /// Both ways of joining give the component-wise maximum of the two
         /// clocks, in the same sorted components (zeros kept where the
         /// clock had them, none added) and the same answer to whether any
-        /// rose, whichever is the larger; and `join_with` takes the search
-        /// for a small clock into a large one.
+        /// rose, whichever is the larger; and so does `join_with`, whichever
+        /// of the two it picks.
         #[test]
         fn searched_and_merged_joins_agree(
             a in proptest::collection::btree_map(0u32..400, 0u32..5, 0..300),
