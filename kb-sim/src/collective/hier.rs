@@ -14,15 +14,16 @@ use crate::machine::PeCoord;
 /// The cubes of `group` in order of first appearance, each with its
 /// members in group order.
 fn cubes(group: &[PeCoord]) -> Vec<Vec<PeCoord>> {
+    // Each cube's index by a map: a scan of the cubes per member was
+    // O(PEs x cubes) for each member that calls this.
     let mut cubes: Vec<Vec<PeCoord>> = Vec::new();
+    let mut index = rustc_hash::FxHashMap::default();
     for &p in group {
-        match cubes
-            .iter_mut()
-            .find(|c| (c[0].sip, c[0].cube) == (p.sip, p.cube))
-        {
-            Some(c) => c.push(p),
-            None => cubes.push(vec![p]),
-        }
+        let i = *index.entry((p.sip, p.cube)).or_insert_with(|| {
+            cubes.push(Vec::new());
+            cubes.len() - 1
+        });
+        cubes[i].push(p);
     }
     cubes
 }
@@ -48,7 +49,7 @@ impl Comm<'_> {
         );
         let mine = all
             .iter()
-            .position(|c| c.contains(&me))
+            .position(|c| (c[0].sip, c[0].cube) == (me.sip, me.cube))
             .expect("a member is in one of the group's cubes");
         let i = all[mine]
             .iter()
@@ -77,5 +78,35 @@ impl Comm<'_> {
             handshake: false,
         };
         self.direct(tl, &cube, i, part, dout, gather);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cubes come in order of their first member, each with its members in
+    /// group order; sizes are reported only when every cube has as many.
+    #[test]
+    fn cubes_in_order_of_first_appearance() {
+        let pe = |sip, cube, pe| PeCoord { sip, cube, pe };
+        let group = [
+            pe(1, 0, 0),
+            pe(0, 2, 1),
+            pe(1, 0, 3),
+            pe(0, 2, 0),
+            pe(0, 0, 5),
+        ];
+        assert_eq!(
+            cubes(&group),
+            vec![
+                vec![pe(1, 0, 0), pe(1, 0, 3)],
+                vec![pe(0, 2, 1), pe(0, 2, 0)],
+                vec![pe(0, 0, 5)],
+            ]
+        );
+        assert_eq!(cube_sizes(&group), None);
+        assert_eq!(cube_sizes(&group[..4]), Some(2));
+        assert_eq!(cube_sizes(&[]), None);
     }
 }

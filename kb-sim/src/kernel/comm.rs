@@ -20,8 +20,12 @@ impl Group {
     /// is empty or names a PE twice.
     pub fn new(pes: &[PeCoord]) -> Group {
         assert!(!pes.is_empty(), "a group needs at least one PE");
-        for (i, p) in pes.iter().enumerate() {
-            assert!(!pes[..i].contains(p), "group: {p} is listed twice");
+        // A set, not a scan of the members before each: every PE of a
+        // launch builds its groups, so a scan was O(PEs^3) per launch for
+        // a group of all of them.
+        let mut seen = rustc_hash::FxHashSet::default();
+        for p in pes {
+            assert!(seen.insert(*p), "group: {p} is listed twice");
         }
         Group { pes: pes.to_vec() }
     }
@@ -219,5 +223,30 @@ impl Tl<'_> {
             Reply::Done => {}
             other => panic!("barrier: the simulation answered {other:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pe(sip: u32, cube: u32, pe: u32) -> PeCoord {
+        PeCoord { sip, cube, pe }
+    }
+
+    /// A group names the first member that repeats an earlier one, and
+    /// keeps its members in the order given.
+    #[test]
+    fn a_group_refuses_a_repeated_member_and_keeps_order() {
+        let (a, b, c) = (pe(0, 0, 1), pe(0, 1, 0), pe(1, 0, 0));
+        let e = std::panic::catch_unwind(|| Group::new(&[a, b, c, b, a]))
+            .expect_err("b is listed twice");
+        let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert_eq!(msg, format!("group: {b} is listed twice"));
+        let g = Group::new(&[c, a, b]);
+        assert_eq!(g.pes(), &[c, a, b]);
+        assert_eq!((g.rank(a), g.rank(pe(2, 0, 0))), (Some(1), None));
+        assert_eq!(g.cube_of(pe(0, 0, 7)).pes(), &[a]);
+        assert_eq!(g.sip_of(a).pes(), &[a, b]);
     }
 }
