@@ -698,7 +698,6 @@ mod tests {
                 .collect();
             prop_assert_eq!(pes_within(&targets, (sip, cube), (sip, cube)), &in_cube[..]);
         }
-
     }
 
     /// The coordinates table agrees with the arithmetic, and with

@@ -218,7 +218,8 @@ pub struct Mapping {
     /// for a tensor replicated per PE whose size follows the PEs (268 MB
     /// of `atomics` at 4,096 PEs).
     pub runs: Vec<PageRun>,
-    /// How many pages its runs map (a map message's size follows it).
+    /// How many pages its runs map (a map message's size follows it;
+    /// kept, as every fanout step sends one).
     pub pages: u64,
     /// A BAAW segment (LA model).
     pub segment: Option<Segment>,
@@ -978,18 +979,16 @@ impl<'m> Runtime<'m> {
         let mut addrs = vec![0; shards.len()];
         let mut mappings = Vec::new();
         for (g, members) in &groups {
-            let mut runs: Vec<PageRun> = Vec::new();
+            // A run per member: `PageRuns::apply` joins those that follow
+            // on in VA and PA.
+            let mut runs: Vec<PageRun> = Vec::with_capacity(members.len());
             for (i, &k) in members.iter().enumerate() {
                 addrs[k] = base + offsets[i];
-                let pages = layout[i].div_ceil(page);
-                let (va, pa) = (addrs[k], shards[k].pa);
-                match runs.last_mut() {
-                    Some(r) if r.va + r.pages * page == va && r.pa + r.pages * page == pa => {
-                        r.pages += pages
-                    }
-                    _ if pages > 0 => runs.push(PageRun { va, pa, pages }),
-                    _ => {}
-                }
+                runs.push(PageRun {
+                    va: addrs[k],
+                    pa: shards[k].pa,
+                    pages: layout[i].div_ceil(page),
+                });
             }
             // The PEs that map this replica, in the machine's order: the
             // PE itself, its cube's (by PE within the cube), or all.

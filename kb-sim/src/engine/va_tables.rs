@@ -70,16 +70,20 @@ impl VaTables {
         pe: usize,
         tensor: u32,
         group: u32,
-        pages: &[PageRun],
+        runs: &[PageRun],
         page: u64,
         unmap: bool,
     ) {
         let id = self.first_group[tensor as usize] + group;
         let g = self.groups[id as usize].get_or_insert_with(|| {
-            let mut runs = PageRuns::default();
-            runs.apply(pages, page, false);
-            let (lo, hi) = runs.span().unwrap_or((0, 0));
-            Group { runs, lo, hi }
+            let mut table = PageRuns::default();
+            table.apply(runs, page, false);
+            let (lo, hi) = table.span().unwrap_or((0, 0));
+            Group {
+                runs: table,
+                lo,
+                hi,
+            }
         });
         let (lo, hi) = (g.lo, g.hi);
         let t = &mut self.pes[pe];
