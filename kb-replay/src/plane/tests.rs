@@ -177,6 +177,44 @@ fn fingerprints_match_the_gathered_bytes_in_one_piece_or_many() {
     }
 }
 
+/// The piece hasher gives the one-pass fingerprint of the concatenation
+/// whatever the pieces: one piece, rows gathered into one pass, more than
+/// a gathering's worth (streamed in parts), pieces larger than a
+/// gathering between small ones, and the gathering's edges.
+#[test]
+fn piece_hasher_matches_the_one_pass_fingerprint_however_the_bytes_are_cut() {
+    let data: Vec<u8> = (0..3 * HASH_GATHER as u32 + 1234)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let g = HASH_GATHER;
+    let cuts: [&[usize]; 9] = [
+        &[],
+        &[256],
+        &[1],
+        &[4096],
+        &[g],
+        &[g - 1, 1],
+        &[100, g + 5, 3],
+        &[g / 2, g / 2, g / 2],
+        &[7, 256, 1000, 2 * g, 13],
+    ];
+    for total in [0, 1, 300, g - 1, g, g + 1, 2 * g + 17, data.len()] {
+        let want = kb_format::fingerprint(&data[..total]);
+        for cut in cuts {
+            let mut h = PieceHasher::new(total as u64);
+            // The cut's sizes over and over (none: one piece).
+            let mut sizes = cut.iter().cycle();
+            let mut at = 0;
+            while at < total {
+                let n = sizes.next().map_or(total - at, |&n| n.min(total - at));
+                h.feed(&data[at..at + n]);
+                at += n;
+            }
+            assert_eq!(h.digest(), want, "total {total}, pieces {cut:?}");
+        }
+    }
+}
+
 #[test]
 fn host_space_reads_tensor_data_and_keeps_the_input_pristine() {
     let mut p = plane();
