@@ -591,6 +591,15 @@ impl DataPlane {
         (end - start <= (r.len() - off) as u64).then_some((r, off))
     }
 
+    /// The region of device memory (not host space, whose written bytes
+    /// are pages) holding every byte of `e`, and `e`'s offset in it.
+    fn device_region_holding(&self, e: &Extent) -> Option<(&Region, usize)> {
+        if pa::space_of(e.pa)? == Space::Host {
+            return None;
+        }
+        self.region_holding(e)
+    }
+
     /// The region holding the byte at `addr`, and its offset there.
     fn region_at(&self, addr: u64) -> Option<(&Region, usize)> {
         let r = self.regions.get(&mem_key(addr))?;
@@ -819,6 +828,41 @@ impl DataPlane {
         let m = self.extent_bytes(dst)?;
         if n != m {
             return Err(PlaneError::LengthMismatch { data: n, ranges: m });
+        }
+        let one_region = match dst {
+            [d] => self.device_region_holding(d).map(|held| (d, held)),
+            _ => None,
+        };
+        if let Some((d, (r, off))) = one_region {
+            // A tile stored to one region (the common case): its rows
+            // are written where they lie, with one lookup in all
+            // rather than two a row.
+            let (len, rows, stride) = (d.len as usize, d.rows as usize, d.stride as usize);
+            let (row_len, stride) = if rows <= 1 || stride == len {
+                (len * rows.max(1), 0)
+            } else {
+                (len, stride)
+            };
+            let (mut row, mut at) = (0, 0);
+            self.for_each_piece(src, |mut piece| {
+                while !piece.is_empty() {
+                    let k = (row_len - at).min(piece.len());
+                    // SAFETY: every row lies in the region (checked by
+                    // `device_region_holding`; the sizes match, so no
+                    // byte is written past the last row) and, by the
+                    // plane's contract, nothing else touches it while
+                    // this copy runs; the source does not overlap it
+                    // (the caller's promise). The slice lives for this
+                    // statement.
+                    unsafe { r.bytes_mut(off + row * stride + at, k) }.copy_from_slice(&piece[..k]);
+                    piece = &piece[k..];
+                    at += k;
+                    if at == row_len {
+                        (row, at) = (row + 1, 0);
+                    }
+                }
+            })?;
+            return Ok(n);
         }
         let mut dst_runs: Vec<(u64, u64)> = Vec::with_capacity(dst.len());
         let mut direct = true;

@@ -504,6 +504,89 @@ fn copies_and_views_move_physical_bytes() {
     assert_eq!(a, b);
 }
 
+#[test]
+fn a_copy_into_one_region_writes_each_row_where_it_lies_however_the_source_is_cut() {
+    let mut p = plane();
+    let hbm = dev(Space::Hbm, 0);
+    p.write(hbm, &(0..=255u8).cycle().take(4096).collect::<Vec<_>>())
+        .unwrap();
+    // Pieces that end inside destination rows and rows that end inside
+    // pieces: 5 rows of 7 bytes 19 apart, one run of 11, 3 rows of 4.
+    let src = [
+        Extent {
+            pa: hbm + 3,
+            len: 7,
+            rows: 5,
+            stride: 19,
+        },
+        Extent::contiguous(hbm + 700, 11),
+        Extent {
+            pa: hbm + 1000,
+            len: 4,
+            rows: 3,
+            stride: 40,
+        },
+    ];
+    let mut bytes = Vec::new();
+    p.gather(&src, &mut bytes).unwrap();
+    assert_eq!(bytes.len(), 58);
+    let tcm = dev(Space::Tcm, 0);
+    let fill = vec![0xeeu8; 2048];
+    for (dst, row_len, stride) in [
+        // Rows of 29 bytes, 100 apart; rows back to back; one run.
+        (
+            Extent {
+                pa: tcm + 5,
+                len: 29,
+                rows: 2,
+                stride: 100,
+            },
+            29,
+            100,
+        ),
+        (
+            Extent {
+                pa: tcm + 64,
+                len: 29,
+                rows: 2,
+                stride: 29,
+            },
+            58,
+            0,
+        ),
+        (Extent::contiguous(tcm + 7, 58), 58, 0),
+    ] {
+        p.write(tcm, &fill).unwrap();
+        // SAFETY: nothing else uses the plane while the view lives.
+        #[allow(unsafe_code)]
+        let shared = unsafe { p.shared() };
+        assert_eq!(shared.copy(&src, &[dst]).unwrap(), 58);
+        // What a plain row-by-row scatter of the gathered bytes writes,
+        // the bytes between the rows untouched.
+        let mut want = fill.clone();
+        let base = (dst.pa - tcm) as usize;
+        for (r, chunk) in bytes.chunks(row_len).enumerate() {
+            let at = base + r * stride;
+            want[at..at + chunk.len()].copy_from_slice(chunk);
+        }
+        assert_eq!(read(&p, tcm, 2048), want, "{dst:?}");
+    }
+    // A last row past the region goes the general way, the same bytes.
+    let region = p.regions.get(&mem_key(tcm)).expect("a TCM region").len() as u64;
+    let across = Extent {
+        pa: tcm + region - 60,
+        len: 29,
+        rows: 2,
+        stride: 40,
+    };
+    #[allow(unsafe_code)]
+    let shared = unsafe { p.shared() };
+    shared.copy(&src, &[across]).unwrap();
+    let mut back = Vec::new();
+    p.gather(&[across], &mut back).unwrap();
+    assert_eq!(back, bytes);
+}
+
 /// One step of the lazy-copy model check.
 #[derive(Debug, Clone)]
 enum Step {
