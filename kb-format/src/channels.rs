@@ -69,6 +69,58 @@ pub struct ChannelLog {
     pub busy: BusyLog,
 }
 
+/// The part of a channel's [`BusyLog`] that each service changes: the
+/// interval still growing, the end of the last closed one and how many
+/// closed, in 32 bytes. A simulator with thousands of channels keeps their
+/// heads in one dense array ([`BusyLog::head`], [`BusyLog::set_head`]), a
+/// service touching its channel's head and not the log around it (whose
+/// blocks change only when closed pairs move in).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BusyHead {
+    open_start: Ps,
+    /// 0 while no interval is open (a service is non-empty, so an open
+    /// one ends after 0).
+    open_end: Ps,
+    /// End of the last closed interval (0 before the first).
+    closed_end: Ps,
+    closed: u64,
+}
+
+impl BusyHead {
+    /// The interval still growing.
+    #[inline]
+    fn open(&self) -> Option<(Ps, Ps)> {
+        (self.open_end > 0).then_some((self.open_start, self.open_end))
+    }
+
+    /// Service `[start, end)` by the rule of [`extend_busy`]: the interval
+    /// it closes, if any.
+    #[inline]
+    fn serve(&mut self, start: Ps, end: Ps) -> Option<(Ps, Ps)> {
+        let mut open = self.open();
+        let closed = extend_busy(&mut open, start, end);
+        if let Some((s, e)) = open {
+            (self.open_start, self.open_end) = (s, e);
+        }
+        closed
+    }
+
+    /// [`BusyLog::serve`] for the log whose head this is, but an interval
+    /// it closes goes to `sink`, tagged `ch`, not into the log's blocks:
+    /// [`ClosedPairs::drain_into`] moves it there. A simulator with
+    /// thousands of channels closes intervals on one sequential buffer,
+    /// not on each channel's own block (a cache miss per close).
+    #[inline]
+    pub fn serve_deferred(&mut self, start: Ps, end: Ps, ch: u32, sink: &mut ClosedPairs) {
+        if let Some(iv) = self.serve(start, end) {
+            put_varint(&mut sink.bytes, ch as u64);
+            put_pair(&mut sink.bytes, self.closed_end, iv);
+            self.closed_end = iv.1;
+            self.closed += 1;
+        }
+    }
+}
+
 /// A channel's busy intervals, served in order (the rule of
 /// [`extend_busy`]): the one still growing, and the closed ones encoded
 /// as the channels chunk holds them, (gap after the previous end, length)
@@ -78,10 +130,7 @@ pub struct ChannelLog {
 /// went on).
 #[derive(Debug, Clone, Default)]
 pub struct BusyLog {
-    open: Option<(Ps, Ps)>,
-    /// End of the last closed interval (0 before the first).
-    closed_end: Ps,
-    closed: u64,
+    head: BusyHead,
     /// The block being filled, and the full ones before it: whole pairs
     /// only, a pair never straddles two blocks.
     block: Vec<u8>,
@@ -101,16 +150,16 @@ impl BusyLog {
     /// before it started; it merges into the open interval when they touch.
     #[inline]
     pub fn serve(&mut self, start: Ps, end: Ps) {
-        if let Some(iv) = extend_busy(&mut self.open, start, end) {
+        if let Some(iv) = self.head.serve(start, end) {
             self.close(iv);
         }
     }
 
     fn close(&mut self, (start, end): (Ps, Ps)) {
         self.make_room();
-        put_pair(&mut self.block, self.closed_end, (start, end));
-        self.closed_end = end;
-        self.closed += 1;
+        put_pair(&mut self.block, self.head.closed_end, (start, end));
+        self.head.closed_end = end;
+        self.head.closed += 1;
     }
 
     /// Room in the block for one more pair (a new block when it is full).
@@ -126,20 +175,25 @@ impl BusyLog {
         }
     }
 
-    /// [`BusyLog::serve`], but an interval it closes goes to `sink`, tagged
-    /// `ch`, not into this log's blocks: the log's own fields change now
-    /// (its length, the open interval), its blocks when
-    /// [`ClosedPairs::drain_into`] moves the pair here. A simulator with
-    /// thousands of channels closes intervals on one sequential buffer,
-    /// not on each channel's own block (a cache miss per close).
+    /// [`BusyHead::serve_deferred`] on this log's own head.
     #[inline]
     pub fn serve_deferred(&mut self, start: Ps, end: Ps, ch: u32, sink: &mut ClosedPairs) {
-        if let Some(iv) = extend_busy(&mut self.open, start, end) {
-            put_varint(&mut sink.bytes, ch as u64);
-            put_pair(&mut sink.bytes, self.closed_end, iv);
-            self.closed_end = iv.1;
-            self.closed += 1;
-        }
+        self.head.serve_deferred(start, end, ch, sink);
+    }
+
+    /// The part each service changes, for a caller that keeps it apart
+    /// while serving ([`BusyHead::serve_deferred`]) and puts it back
+    /// ([`BusyLog::set_head`]) before the log is read; meanwhile the
+    /// log's own head is stale.
+    pub fn head(&self) -> BusyHead {
+        self.head
+    }
+
+    /// Put back a head taken with [`BusyLog::head`] and served since (the
+    /// pairs it closed moved into this log's blocks by
+    /// [`ClosedPairs::drain_into`]).
+    pub fn set_head(&mut self, head: BusyHead) {
+        self.head = head;
     }
 
     /// The blocks in order.
@@ -152,7 +206,7 @@ impl BusyLog {
 
     /// How many intervals there are.
     pub fn len(&self) -> u64 {
-        self.closed + self.open.is_some() as u64
+        self.head.closed + self.head.open().is_some() as u64
     }
 
     pub fn is_empty(&self) -> bool {
@@ -171,7 +225,7 @@ impl BusyLog {
                 out.push((start, end));
             }
         }
-        out.extend(self.open);
+        out.extend(self.head.open());
         out
     }
 
@@ -186,8 +240,8 @@ impl BusyLog {
         for b in self.blocks() {
             out.extend_from_slice(b);
         }
-        if let Some(iv) = self.open {
-            put_pair(out, self.closed_end, iv);
+        if let Some(iv) = self.head.open() {
+            put_pair(out, self.head.closed_end, iv);
         }
     }
 }
@@ -245,9 +299,10 @@ impl ChannelLog {
             }
             prev = end;
             // Touching intervals stay apart, as given.
-            if let Some(iv) = busy.open.replace((start, end)) {
+            if let Some(iv) = busy.head.open() {
                 busy.close(iv);
             }
+            (busy.head.open_start, busy.head.open_end) = (start, end);
         }
         Ok(ChannelLog {
             sip: usage.sip,

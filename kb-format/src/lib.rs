@@ -33,7 +33,7 @@ pub mod usage;
 pub mod writer;
 
 pub use atomic::{AtomicOp, AtomicParams, AtomicValues};
-pub use channels::{BusyLog, ChannelLog, ChannelUsage, ClosedPairs};
+pub use channels::{BusyHead, BusyLog, ChannelLog, ChannelUsage, ClosedPairs};
 pub use error::{FormatError, Result};
 pub use expr::TensorShape;
 pub use footer::{Footer, IndexEntry};

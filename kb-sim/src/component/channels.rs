@@ -10,7 +10,7 @@
 //! striped services it missed, in order, before its next own service and
 //! at the end: every log is the one serving each channel in turn gives.
 
-use kb_format::{BusyLog, ChannelLog, ClosedPairs};
+use kb_format::{BusyHead, BusyLog, ChannelLog, ClosedPairs};
 
 use crate::event::Ps;
 
@@ -24,24 +24,42 @@ const CLOSED_KEPT: usize = if cfg!(test) { 64 } else { 32 << 10 };
 /// (few under test, so that the property test passes the limit often).
 const STRIPED_KEPT: usize = if cfg!(test) { 8 } else { 1024 };
 
+/// What one channel's service changes, in one cache line: a request
+/// spread over a controller's channels (64 on the default HBM) walks them
+/// in order, and with each channel's state in its log (two lines, and
+/// three more arrays) the walk missed the cache at every channel on a
+/// machine of thousands of PEs.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(align(64))]
+struct Chan {
+    /// When it is free (stale while `same_free` is set).
+    free: Ps,
+    /// Its log's head, once the log parted from the common one (the
+    /// log's own head is stale until `take_logs` puts this back).
+    head: BusyHead,
+    /// Its own bytes (striped services' are counted once for all).
+    read: u64,
+    written: u64,
+    /// How many of `striped` its log has taken since it parted.
+    taken: u32,
+    /// Whether it served alone (its log parted from the common one).
+    parted: bool,
+}
+
 #[derive(Debug)]
 pub(super) struct Channels {
-    /// Per channel: when it is free (stale while `same_free` is set).
-    free: Vec<Ps>,
+    chans: Vec<Chan>,
     /// When every channel is free, while that is one time.
     same_free: Option<Ps>,
     /// The latest time any channel is free.
     max_free: Ps,
-    /// Per channel: its own bytes, and its busy intervals once it parted.
+    /// Per channel: its busy intervals once it parted (the closed pairs;
+    /// its head is in `chans`), and its identity.
     logs: Vec<ChannelLog>,
     /// Intervals the parted channels' logs closed since they last took
     /// them (one sequential buffer, not a store into each channel's own
     /// block as each closes).
     closed: ClosedPairs,
-    /// Per channel: whether it served alone (its log parted), and how
-    /// many of `striped` its log has taken since.
-    parted: Vec<bool>,
-    taken: Vec<usize>,
     any_parted: bool,
     /// The busy log of every channel that never served alone.
     common: BusyLog,
@@ -55,7 +73,7 @@ pub(super) struct Channels {
 impl Channels {
     pub(super) fn new(sip: u32, cube: u32, n: usize) -> Self {
         Channels {
-            free: vec![0; n],
+            chans: vec![Chan::default(); n],
             same_free: Some(0),
             max_free: 0,
             logs: (0..n as u32)
@@ -67,8 +85,6 @@ impl Channels {
                 })
                 .collect(),
             closed: ClosedPairs::default(),
-            parted: vec![false; n],
-            taken: vec![0; n],
             any_parted: false,
             common: BusyLog::default(),
             striped: Vec::new(),
@@ -78,20 +94,20 @@ impl Channels {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.free.len()
+        self.chans.len()
     }
 
     /// Channel `ch`'s free time; call [`Channels::split`] first.
     #[inline]
     pub(super) fn free(&self, ch: usize) -> Ps {
-        self.free[ch]
+        self.chans[ch].free
     }
 
     /// Before serving channels one by one: their free times apart.
     #[inline]
     pub(super) fn split(&mut self) {
         if let Some(f) = self.same_free.take() {
-            self.free.fill(f);
+            self.chans.iter_mut().for_each(|c| c.free = f);
         }
     }
 
@@ -116,13 +132,13 @@ impl Channels {
         self.common.serve(start, end);
         if self.any_parted {
             if self.striped.len() == STRIPED_KEPT {
-                for ch in 0..self.free.len() {
-                    if self.parted[ch] {
+                for ch in 0..self.chans.len() {
+                    if self.chans[ch].parted {
                         self.catch_up(ch);
                     }
                 }
                 self.striped.clear();
-                self.taken.fill(0);
+                self.chans.iter_mut().for_each(|c| c.taken = 0);
             }
             self.striped.push((start, end));
         }
@@ -147,18 +163,19 @@ impl Channels {
         write: bool,
     ) -> Ps {
         let end = start.saturating_add(busy);
-        self.free[ch] = end;
         self.max_free = self.max_free.max(end);
-        if !self.parted[ch] || self.taken[ch] < self.striped.len() {
+        let c = &self.chans[ch];
+        if !c.parted || (c.taken as usize) < self.striped.len() {
             self.catch_up(ch);
         }
-        let u = &mut self.logs[ch];
-        u.busy
+        let c = &mut self.chans[ch];
+        c.free = end;
+        c.head
             .serve_deferred(start, end, ch as u32, &mut self.closed);
         if write {
-            u.bytes_written += bytes;
+            c.written += bytes;
         } else {
-            u.bytes_read += bytes;
+            c.read += bytes;
         }
         if self.closed.len() >= CLOSED_KEPT {
             self.closed.drain_into(&mut self.logs);
@@ -169,18 +186,18 @@ impl Channels {
     /// Bring channel `ch`'s own log up to every striped service so far:
     /// on parting, the common log; after, the striped services since.
     fn catch_up(&mut self, ch: usize) {
-        if !self.parted[ch] {
-            self.parted[ch] = true;
+        let c = &mut self.chans[ch];
+        if !c.parted {
+            c.parted = true;
             self.any_parted = true;
             self.logs[ch].busy = self.common.clone();
+            c.head = self.common.head();
         } else {
-            for &(s, e) in &self.striped[self.taken[ch]..] {
-                self.logs[ch]
-                    .busy
-                    .serve_deferred(s, e, ch as u32, &mut self.closed);
+            for &(s, e) in &self.striped[c.taken as usize..] {
+                c.head.serve_deferred(s, e, ch as u32, &mut self.closed);
             }
         }
-        self.taken[ch] = self.striped.len();
+        c.taken = self.striped.len() as u32;
         if self.closed.len() >= CLOSED_KEPT {
             self.closed.drain_into(&mut self.logs);
         }
@@ -190,15 +207,21 @@ impl Channels {
     pub(super) fn take_logs(&mut self) -> Vec<ChannelLog> {
         self.closed.drain_into(&mut self.logs);
         for ch in 0..self.logs.len() {
-            if self.parted[ch] {
+            if self.chans[ch].parted {
                 self.catch_up(ch);
             } else {
                 self.logs[ch].busy = self.common.clone();
             }
-            self.logs[ch].bytes_read += self.striped_read;
-            self.logs[ch].bytes_written += self.striped_written;
         }
         self.closed.drain_into(&mut self.logs);
+        for (log, c) in self.logs.iter_mut().zip(&mut self.chans) {
+            if c.parted {
+                log.busy.set_head(c.head);
+            }
+            log.bytes_read += c.read + self.striped_read;
+            log.bytes_written += c.written + self.striped_written;
+            (c.read, c.written) = (0, 0);
+        }
         self.striped_read = 0;
         self.striped_written = 0;
         std::mem::take(&mut self.logs)
