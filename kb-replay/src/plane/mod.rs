@@ -694,16 +694,11 @@ impl DataPlane {
         for e in extents {
             if let Some((r, off)) = self.region_holding(e) {
                 // Every row in one region: no lookup per row.
-                let (len, rows, stride) = (e.len as usize, e.rows as usize, e.stride as usize);
-                if rows <= 1 || stride == len {
-                    // SAFETY: a read; the plane's contract (`shared`) rules
-                    // out a write to these bytes while it runs.
-                    f(unsafe { r.bytes(off, len * rows.max(1)) });
-                } else {
-                    for row in 0..rows {
-                        // SAFETY: as above.
-                        f(unsafe { r.bytes(off + row * stride, len) });
-                    }
+                for (addr, len) in runs(e)? {
+                    // SAFETY: a read of a run inside the region (checked
+                    // by `region_holding`); the plane's contract (`shared`)
+                    // rules out a write to these bytes while it runs.
+                    f(unsafe { r.bytes(off + (addr - e.pa) as usize, len as usize) });
                 }
                 continue;
             }
@@ -829,59 +824,35 @@ impl DataPlane {
         if n != m {
             return Err(PlaneError::LengthMismatch { data: n, ranges: m });
         }
+        // One destination extent inside one region of device memory (a
+        // tile stored to HBM or TCM): its runs are written there, with no
+        // lookup of each run's region.
         let one_region = match dst {
-            [d] => self.device_region_holding(d).map(|held| (d, held)),
+            [d] => self.device_region_holding(d).map(|(r, off)| (r, off, d.pa)),
             _ => None,
         };
-        if let Some((d, (r, off))) = one_region {
-            // A tile stored to one region (the common case): its rows
-            // are written where they lie, with one lookup in all
-            // rather than two a row.
-            let (len, rows, stride) = (d.len as usize, d.rows as usize, d.stride as usize);
-            let (row_len, stride) = if rows <= 1 || stride == len {
-                (len * rows.max(1), 0)
-            } else {
-                (len, stride)
-            };
-            let (mut row, mut at) = (0, 0);
-            self.for_each_piece(src, |mut piece| {
-                while !piece.is_empty() {
-                    let k = (row_len - at).min(piece.len());
-                    // SAFETY: every row lies in the region (checked by
-                    // `device_region_holding`; the sizes match, so no
-                    // byte is written past the last row) and, by the
-                    // plane's contract, nothing else touches it while
-                    // this copy runs; the source does not overlap it
-                    // (the caller's promise). The slice lives for this
-                    // statement.
-                    unsafe { r.bytes_mut(off + row * stride + at, k) }.copy_from_slice(&piece[..k]);
-                    piece = &piece[k..];
-                    at += k;
-                    if at == row_len {
-                        (row, at) = (row + 1, 0);
-                    }
-                }
-            })?;
-            return Ok(n);
-        }
         let mut dst_runs: Vec<(u64, u64)> = Vec::with_capacity(dst.len());
-        let mut direct = true;
-        for e in dst {
-            for (addr, len) in runs(e)? {
-                let space = pa::space_of(addr).ok_or(PlaneError::BadAddress { addr })?;
-                direct &= space != Space::Host
-                    && self
-                        .region_at(addr)
-                        .is_some_and(|(r, off)| len <= (r.len() - off) as u64);
-                dst_runs.push((addr, len));
+        if one_region.is_some() {
+            dst_runs.extend(runs(&dst[0])?);
+        } else {
+            let mut direct = true;
+            for e in dst {
+                for (addr, len) in runs(e)? {
+                    let space = pa::space_of(addr).ok_or(PlaneError::BadAddress { addr })?;
+                    direct &= space != Space::Host
+                        && self
+                            .region_at(addr)
+                            .is_some_and(|(r, off)| len <= (r.len() - off) as u64);
+                    dst_runs.push((addr, len));
+                }
             }
-        }
-        if !direct {
-            let mut buf = crate::pool::BYTES.take(n as usize);
-            self.gather_phys(src, &mut buf)?;
-            let res = self.scatter_shared(dst, &buf);
-            crate::pool::BYTES.give(buf);
-            return res.map(|_| n);
+            if !direct {
+                let mut buf = crate::pool::BYTES.take(n as usize);
+                self.gather_phys(src, &mut buf)?;
+                let res = self.scatter_shared(dst, &buf);
+                crate::pool::BYTES.give(buf);
+                return res.map(|_| n);
+            }
         }
         let mut next = dst_runs.into_iter();
         let mut cur: Option<(u64, u64)> = None;
@@ -892,7 +863,10 @@ impl DataPlane {
                     _ => next.next().expect("sizes checked"),
                 };
                 let k = (left as usize).min(piece.len());
-                let (r, off) = self.region_at(addr).expect("checked: in a region");
+                let (r, off) = match one_region {
+                    Some((r, off, base)) => (r, off + (addr - base) as usize),
+                    None => self.region_at(addr).expect("checked: in a region"),
+                };
                 // SAFETY: the destination lies in a region (checked above)
                 // and, by the plane's contract, nothing else touches it
                 // while this copy runs; the source does not overlap it (the
