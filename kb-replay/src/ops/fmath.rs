@@ -300,82 +300,59 @@ fn erf_one(x: f64) -> f64 {
     sel(x.is_nan(), x, 1.0f64.copysign(x))
 }
 
-/// erf on 1 <= |x| < 6, as 1 - e^(-x^2) erfcx(|x|) (any other x: a
-/// meaningless value).
-#[inline(always)]
-fn erf_mid(x: f64) -> f64 {
-    let a = x.abs();
-    // Each element picks its interval's coefficients.
-    let (i2, i3) = (a >= 2.0, a >= 3.5);
-    let pick = |k: usize| sel(i3, ERFCX[2][k], sel(i2, ERFCX[1][k], ERFCX[0][k]));
-    let t = a - sel(
-        i3,
-        ERFCX_CENTRE[2],
-        sel(i2, ERFCX_CENTRE[1], ERFCX_CENTRE[0]),
-    );
-    let mut g = pick(16);
-    for k in (0..16).rev() {
-        g = g * t + pick(k);
-    }
-    (1.0 - exp(-(a * a)) * g).copysign(x)
-}
-
-/// erf outside [1, 6) in magnitude, NaN included (for |x| in [1, 6): a
-/// meaningless value).
-#[inline(always)]
-fn erf_outside(x: f64) -> f64 {
-    let res = sel(x.abs() < 1.0, erf_small(x), erf_one(x));
-    sel(x.is_nan(), x, res)
-}
-
 /// The error function: x (1 + ERF_SMALL_0 + x^2 Q(x^2)) for |x| < 1,
 /// 1 - e^(-x^2) erfcx(|x|) up to 6, +-1 beyond (erfc(6) < 2.2e-17).
 /// Error <= 2 ulp.
 #[inline(always)]
 pub fn erf(x: f64) -> f64 {
     let a = x.abs();
-    // `erf_mid` of x clamped to 6 in magnitude (NaN: 6), so that it
-    // computes on finite values in every lane.
-    let mid = erf_mid(sel(a < 6.0, a, 6.0).copysign(x));
-    sel((1.0..6.0).contains(&a), mid, erf_outside(x))
+    let small = erf_small(x);
+    // 1 <= |x| < 6: each element picks its interval's coefficients.
+    let ac = sel(a < 6.0, a, 6.0);
+    let (i2, i3) = (ac >= 2.0, ac >= 3.5);
+    let pick = |k: usize| sel(i3, ERFCX[2][k], sel(i2, ERFCX[1][k], ERFCX[0][k]));
+    let t = ac
+        - sel(
+            i3,
+            ERFCX_CENTRE[2],
+            sel(i2, ERFCX_CENTRE[1], ERFCX_CENTRE[0]),
+        );
+    let mut g = pick(16);
+    for k in (0..16).rev() {
+        g = g * t + pick(k);
+    }
+    let large = (1.0 - exp(-(ac * ac)) * g).copysign(x);
+    let res = sel(a < 1.0, small, sel(a < 6.0, large, erf_one(x)));
+    sel(x.is_nan(), x, res)
 }
 
-/// [`erf`] of every element, in blocks of [`ERF_BLOCK`]: every element
-/// first takes the cheap formulas in place ([`erf_outside`]), and those in
-/// [1, 6) in magnitude, gathered into one dense run, take [`erf_mid`] and
-/// go back to their places. Each element gets the value [`erf`] selects
-/// for it, and a vector lane computes `erf_mid` only for elements that
-/// need it (a layer's activations mix the three ranges within a few
-/// elements: GELU's on the mlp trace are 15 % below 1, 59 % in [1, 6) and
-/// 26 % beyond, so that every run computed every range).
+/// [`erf`] of every element. A run of 32 elements all below 1 in
+/// magnitude, or all at least 6, takes only that range's formula (the
+/// same bits as [`erf`]: it is the value [`erf`] selects there); other
+/// runs compute every range.
 #[inline(always)]
 fn erf_loop(xs: &mut [f64]) {
-    let mut mid = [0.0f64; ERF_BLOCK];
-    let mut at = [0u16; ERF_BLOCK];
-    for block in xs.chunks_mut(ERF_BLOCK) {
-        // Branch-free gather: every element is written at `n`, which
-        // moves on past it only if it is in [1, 6).
-        let mut n = 0;
-        for (i, &v) in block.iter().enumerate() {
-            let a = v.abs();
-            mid[n] = v;
-            at[n] = i as u16;
-            n += usize::from((1.0..6.0).contains(&a));
-        }
-        for v in block.iter_mut() {
-            *v = erf_outside(*v);
-        }
-        for v in &mut mid[..n] {
-            *v = erf_mid(*v);
-        }
-        for (&i, &v) in at[..n].iter().zip(&mid[..n]) {
-            block[usize::from(i)] = v;
+    for run in xs.chunks_mut(32) {
+        // NaNs are left out of both bounds: the small formula and
+        // `erf_one` give them NaN as `erf` does.
+        let (lo, hi) = run.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), v| {
+            (lo.min(v.abs()), hi.max(v.abs()))
+        });
+        if hi < 1.0 {
+            for v in run {
+                *v = erf_small(*v);
+            }
+        } else if lo >= 6.0 {
+            for v in run {
+                *v = erf_one(*v);
+            }
+        } else {
+            for v in run {
+                *v = erf(*v);
+            }
         }
     }
 }
-
-/// Elements [`erf_loop`] gathers at a time (its buffers are on the stack).
-const ERF_BLOCK: usize = 256;
 
 /// Which vector instructions a slice kernel is compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -669,7 +646,7 @@ mod tests {
 
     /// The slice forms give the scalar functions' bits, in every vector
     /// width this CPU runs (the `unsafe` calls of the AVX2 and AVX-512
-    /// versions), and erf's gather whichever ranges a block holds (all
+    /// versions), and erf's shortcuts whichever ranges a run holds (all
     /// small, all large, mixed, with NaNs).
     #[test]
     fn slice_forms_match_the_scalar_functions_in_every_width() {
@@ -692,8 +669,6 @@ mod tests {
         xs.extend([1.0, -1.0, 6.0, -6.0, 5.999, -1.0000001, 0.9999999]);
         xs.extend([f64::INFINITY, f64::NEG_INFINITY, 2.0, 3.5, -2.0, -3.5]);
         xs.extend((0..19).map(|i| i as f64 * 0.01));
-        // More than a whole gather block in [1, 6), both signs.
-        xs.extend((0..600).map(|i| (1.0 + i as f64 * 0.008) * if i % 3 == 0 { -1.0 } else { 1.0 }));
         xs.extend(inputs().into_iter().take(20_000));
         type Slice = fn(&mut [f64], Isa);
         type Scalar = fn(f64) -> f64;
